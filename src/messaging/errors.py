@@ -1,0 +1,52 @@
+"""The project's exception tree: every error we raise derives from :class:`ProjectionsError`."""
+
+from __future__ import annotations
+
+
+class ProjectionsError(Exception):
+    """Root of every error this framework raises on purpose."""
+
+
+class ConfigError(ProjectionsError, ValueError):
+    """A setting is missing, malformed or breaks a validation rule; the message names the key."""
+
+
+class RegistrationError(ProjectionsError, TypeError):
+    """A message type, consumer or plugin cannot be registered as declared."""
+
+
+class DecodeError(ProjectionsError, ValueError):
+    """A stored message cannot be turned into its typed message."""
+
+    def __init__(self, reason: str, *, position: int | None, type_name: str) -> None:
+        where = f"message at position {position}" if position is not None else "message"
+        super().__init__(f"cannot decode {where} of type {type_name!r}: {reason}")
+        self.reason = reason
+        self.position = position
+        self.type_name = type_name
+
+
+class VersionConflict(ProjectionsError):
+    """An append expected a source version the store does not have (optimistic concurrency)."""
+
+    def __init__(self, *, topic: str, source: str, expected: int, actual: int) -> None:
+        super().__init__(
+            f"version conflict on {topic}/{source}: expected version {expected}, found {actual}"
+        )
+        self.topic = topic
+        self.source = source
+        self.expected = expected
+        self.actual = actual
+
+
+class SchemaError(ProjectionsError):
+    """The database schema is missing, behind or ahead of what this code expects."""
+
+
+class OwnershipLost(ProjectionsError):
+    """A fenced checkpoint update matched no row: another instance owns the partition now."""
+
+    def __init__(self, consumer: str, partitions: list[int]) -> None:
+        super().__init__(f"ownership of {consumer} partitions {partitions} was lost; rolled back")
+        self.consumer = consumer
+        self.partitions = partitions
