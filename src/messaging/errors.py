@@ -29,9 +29,10 @@ class DecodeError(ProjectionsError, ValueError):
 class VersionConflict(ProjectionsError):
     """An append expected a source version the store does not have (optimistic concurrency)."""
 
-    def __init__(self, *, topic: str, source: str, expected: int, actual: int) -> None:
+    def __init__(self, *, topic: str, source: str, expected: int, actual: int | None) -> None:
+        found = f"found {actual}" if actual is not None else "a concurrent append got there first"
         super().__init__(
-            f"version conflict on {topic}/{source}: expected version {expected}, found {actual}"
+            f"version conflict on {topic}/{source}: expected version {expected}, {found}"
         )
         self.topic = topic
         self.source = source

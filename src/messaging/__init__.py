@@ -1,0 +1,61 @@
+"""Messaging: messages, the store, consumers, distribution and the runtime that applies them."""
+
+from messaging.assignor import assign
+from messaging.clock import Clock, DatabaseClock, ManualClock
+from messaging.config import load_settings, parse_duration, settings_from_mapping
+from messaging.consumers import ConsumerKind, ConsumerOptions, ConsumerSpec, handler
+from messaging.context import HandlerContext
+from messaging.database import Database
+from messaging.errors import (
+    ConfigError,
+    DecodeError,
+    OwnershipLost,
+    ProjectionsError,
+    RegistrationError,
+    SchemaError,
+    VersionConflict,
+)
+from messaging.hookspecs import hookimpl, hookspec
+from messaging.messages import Envelope, MessageRegistry, message, registry
+from messaging.plugins import collect_consumers, create_plugin_manager
+from messaging.runtime import Instance
+from messaging.settings import Distribution, Settings
+from messaging.store import MessageStore, NewMessage, partition_hash, partition_of
+
+__all__ = [
+    "Clock",
+    "ConfigError",
+    "ConsumerKind",
+    "ConsumerOptions",
+    "ConsumerSpec",
+    "Database",
+    "DatabaseClock",
+    "DecodeError",
+    "Distribution",
+    "Envelope",
+    "HandlerContext",
+    "Instance",
+    "ManualClock",
+    "MessageRegistry",
+    "MessageStore",
+    "NewMessage",
+    "OwnershipLost",
+    "ProjectionsError",
+    "RegistrationError",
+    "SchemaError",
+    "Settings",
+    "VersionConflict",
+    "assign",
+    "collect_consumers",
+    "create_plugin_manager",
+    "handler",
+    "hookimpl",
+    "hookspec",
+    "load_settings",
+    "message",
+    "parse_duration",
+    "partition_hash",
+    "partition_of",
+    "registry",
+    "settings_from_mapping",
+]

@@ -1,0 +1,55 @@
+"""Where "now" comes from: the database's clock in production, a settable one in tests.
+
+Liveness is judged by comparing heartbeats in SQL, so every timestamp the protocol
+writes or compares is produced by :meth:`Clock.now` as an SQL expression. With the
+database clock, skew between hosts cannot make a live instance look dead.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from sqlalchemy import Float, literal, literal_column
+from sqlalchemy.sql.elements import ColumnElement
+
+_NOW_SQL = {
+    # julianday() has sub-millisecond resolution, unlike CURRENT_TIMESTAMP.
+    "sqlite": "((julianday('now') - 2440587.5) * 86400.0)",
+    "mysql": "UNIX_TIMESTAMP(NOW(6))",
+    "mariadb": "UNIX_TIMESTAMP(NOW(6))",
+}
+
+
+class Clock(Protocol):
+    """Gives the current time, in seconds since the Unix epoch, as an SQL expression."""
+
+    def now(self) -> ColumnElement[float]:
+        """An SQL expression evaluating to the current time in seconds."""
+        ...
+
+
+class DatabaseClock:
+    """The database server's clock: one clock for every host sharing the database."""
+
+    def __init__(self, dialect_name: str) -> None:
+        try:
+            self._expression = literal_column(_NOW_SQL[dialect_name], Float)
+        except KeyError:
+            raise ValueError(f"no clock expression for dialect {dialect_name!r}") from None
+
+    def now(self) -> ColumnElement[float]:
+        return self._expression
+
+
+class ManualClock:
+    """A clock that moves only when told to: for unit and property tests."""
+
+    def __init__(self, start: float = 1_000_000.0) -> None:
+        self.value = start
+
+    def advance(self, seconds: float) -> None:
+        """Move time forward by ``seconds``."""
+        self.value += seconds
+
+    def now(self) -> ColumnElement[float]:
+        return literal(self.value, Float)

@@ -1,0 +1,154 @@
+"""One shared database: engine set-up per backend, transactions, and schema preparation.
+
+SQLite (file, WAL) is the embedded default; MySQL/MariaDB through PyMySQL is the
+production backend. Write transactions on SQLite begin ``IMMEDIATE`` so that a
+transaction that reads and then writes waits for the busy timeout instead of
+failing at once with ``SQLITE_BUSY`` when another process wrote in between.
+MySQL sessions run at READ COMMITTED so pollers never sit on an old snapshot.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from sqlalchemy import Connection, Engine, create_engine, event, insert, select
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError, IntegrityError
+from sqlalchemy.pool import NullPool
+
+from messaging.clock import Clock, DatabaseClock
+from messaging.errors import ConfigError
+from messaging.schema import Schema
+
+SQLITE_BUSY_TIMEOUT = 30.0
+"""Seconds a SQLite connection waits for another process's write lock."""
+
+_READ_ONLY = "projections_read_only"
+
+
+def _normalize_url(url: str) -> str:
+    try:
+        parsed = make_url(url)
+    except ArgumentError as exc:
+        raise ConfigError(f"invalid database URL {url!r}: {exc}") from None
+    backend = parsed.get_backend_name()
+    if backend == "sqlite":
+        if parsed.database in (None, "", ":memory:"):
+            raise ConfigError(
+                "database: SQLite needs a file (sqlite:///path.db); "
+                "an in-memory database cannot be shared between processes"
+            )
+        return url
+    if backend in ("mysql", "mariadb"):
+        driver = parsed.get_driver_name()
+        if driver not in ("pymysql", "mysqldb") or "+" not in parsed.drivername:
+            parsed = parsed.set(drivername=f"{backend}+pymysql")
+        return parsed.render_as_string(hide_password=False)
+    raise ConfigError(f"database: unsupported backend {backend!r}; use sqlite:/// or mysql://")
+
+
+def _sqlite_engine(url: str, pool: bool) -> Engine:
+    engine = create_engine(
+        url,
+        connect_args={"timeout": SQLITE_BUSY_TIMEOUT, "check_same_thread": False},
+        **({} if pool else {"poolclass": NullPool}),
+    )
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        # Take transaction control from the driver so that BEGIN is ours to issue.
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(connection: Connection) -> None:
+        if connection.get_execution_options().get(_READ_ONLY):
+            connection.exec_driver_sql("BEGIN")
+        else:
+            connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+    return engine
+
+
+def _mysql_engine(url: str, pool: bool) -> Engine:
+    return create_engine(
+        url,
+        isolation_level="READ COMMITTED",
+        pool_pre_ping=True,
+        pool_recycle=3600,
+        connect_args={"charset": "utf8mb4"},
+        **({} if pool else {"poolclass": NullPool}),
+    )
+
+
+class Database:
+    """The shared database of one deployment: engine, tables, tenant and clock."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        tenant: str = "default",
+        table_prefix: str = "prj_",
+        clock: Clock | None = None,
+        pool: bool = True,
+    ) -> None:
+        self.url = _normalize_url(url)
+        backend = make_url(self.url).get_backend_name()
+        self.is_sqlite = backend == "sqlite"
+        self.engine = (_sqlite_engine if self.is_sqlite else _mysql_engine)(self.url, pool)
+        self.tenant = tenant
+        self.schema = Schema(table_prefix)
+        self.clock: Clock = clock or DatabaseClock(self.engine.dialect.name)
+
+    @contextmanager
+    def transaction(self) -> Iterator[Connection]:
+        """A write transaction: committed on success, rolled back on any exception."""
+        with self.engine.begin() as connection:
+            yield connection
+
+    @contextmanager
+    def read(self) -> Iterator[Connection]:
+        """A short read-only transaction (deferred on SQLite, READ COMMITTED on MySQL)."""
+        with self.engine.connect() as connection:
+            connection = connection.execution_options(**{_READ_ONLY: True})
+            with connection.begin():
+                yield connection
+
+    def prepare(self) -> None:
+        """Make the schema ready: created on SQLite, checked on MySQL."""
+        from messaging.migrations import check_schema, create_sqlite_schema
+
+        if self.is_sqlite:
+            create_sqlite_schema(self)
+        else:
+            check_schema(self)
+        self.ensure_tenant()
+
+    def ensure_tenant(self) -> None:
+        """Create this tenant's position counter if it does not exist yet."""
+        positions = self.schema.positions
+        with self.transaction() as conn:
+            exists = conn.execute(
+                select(positions.c.tenant).where(positions.c.tenant == self.tenant)
+            ).first()
+            if exists is None:
+                try:
+                    with conn.begin_nested():
+                        conn.execute(insert(positions).values(tenant=self.tenant, last_position=0))
+                except IntegrityError:
+                    pass  # another process created it first
+
+    def dispose(self) -> None:
+        """Close every pooled connection."""
+        self.engine.dispose()
+
+    def __repr__(self) -> str:
+        safe_url = make_url(self.url).render_as_string(hide_password=True)
+        return f"Database({safe_url!r}, tenant={self.tenant!r})"

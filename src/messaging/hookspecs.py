@@ -1,0 +1,88 @@
+"""Every hook the framework calls, in one place. Hook names carry the ``projections_`` prefix.
+
+Implement them in any plugin: an application module named on the command line, an
+installed package registered under the ``projections`` entry-point group, or an
+object passed to :func:`messaging.plugins.create_plugin_manager`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pluggy
+
+hookspec = pluggy.HookspecMarker("projections")
+hookimpl = pluggy.HookimplMarker("projections")
+
+
+# -------------------------------------------------------------------------------------
+# Collection: which consumers an instance runs
+# -------------------------------------------------------------------------------------
+
+
+@hookspec
+def projections_consumers() -> Sequence[type]:
+    """Return consumer classes (decorated with ``@projection`` and the like) to run.
+
+    Called once at start. The built-in plugin returns the decorated classes defined in
+    the application modules; other plugins may contribute their own. Duplicate
+    consumer names across all results fail the start.
+    """
+    raise NotImplementedError
+
+
+# -------------------------------------------------------------------------------------
+# Lifecycle events: called from the runtime's threads; must be quick and must not raise
+# -------------------------------------------------------------------------------------
+
+
+@hookspec
+def projections_instance_started(instance_id: str, name: str, consumers: Sequence[str]) -> None:
+    """Called after an instance registered itself and before it applies anything."""
+
+
+@hookspec
+def projections_instance_stopping(instance_id: str, name: str) -> None:
+    """Called when an instance begins a graceful stop, before it finishes work in flight."""
+
+
+@hookspec
+def projections_partition_claimed(
+    consumer: str, partition: int, epoch: int, instance_id: str
+) -> None:
+    """Called after this instance claimed a partition under a new epoch."""
+
+
+@hookspec
+def projections_partition_released(consumer: str, partition: int, instance_id: str) -> None:
+    """Called after this instance released a partition (or learnt that it lost it)."""
+
+
+@hookspec
+def projections_batch_applied(
+    consumer: str,
+    partitions: Sequence[int],
+    count: int,
+    last_position: int,
+    seconds: float,
+) -> None:
+    """Called after a batch of ``count`` messages committed with its checkpoints."""
+
+
+@hookspec
+def projections_message_failed(
+    consumer: str, partition: int, position: int, type_name: str, error: BaseException
+) -> None:
+    """Called when a message could not be decoded or handled."""
+
+
+@hookspec
+def projections_partition_halted(
+    consumer: str, partition: int, position: int, type_name: str, error: str
+) -> None:
+    """Called after a partition was halted at a poison message (recorded in the database)."""
+
+
+@hookspec
+def projections_retrying(what: str, error: BaseException) -> None:
+    """Called before a transient database error is retried (``conflict-retry``)."""

@@ -1,0 +1,265 @@
+"""Partition ownership: claims with epochs, the fenced checkpoint, release and halt.
+
+Every claim bumps the partition's epoch. A checkpoint (and so every effect written in
+the same transaction) commits only with ``WHERE owner = me AND epoch = my_epoch``; if
+that matches fewer rows than expected, ownership moved on and the whole transaction
+rolls back. Two instances may briefly *believe* they own a partition, but only the
+holder of the current epoch can *commit*.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+
+import attrs
+from sqlalchemy import Connection, Select, case, delete, insert, or_, select, tuple_, update
+from sqlalchemy.sql.elements import ColumnElement
+
+from messaging.database import Database
+from messaging.errors import OwnershipLost
+
+RUNNING = "running"
+HALTED = "halted"
+
+
+@attrs.define(frozen=True, kw_only=True)
+class Claim:
+    """A partition this instance owns, under ``epoch``, applied up to ``checkpoint``."""
+
+    partition: int
+    epoch: int
+    checkpoint: int
+
+
+@attrs.define(frozen=True, kw_only=True)
+class PartitionRow:
+    """One row of ``consumer_partitions``, for reports."""
+
+    consumer: str
+    partition: int
+    owner: str | None
+    epoch: int
+    checkpoint: int
+    status: str
+    halted_position: int | None
+    halted_type: str | None
+    error: str | None
+
+
+class Ownership:
+    """Reads and writes the ``consumer_partitions`` table of one tenant."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+        self.table = db.schema.partitions
+
+    def _consumer(self, consumer: str) -> list[ColumnElement[bool]]:
+        t = self.table
+        return [t.c.tenant == self.db.tenant, t.c.consumer == consumer]
+
+    def ensure_partitions(self, conn: Connection, consumer: str, count: int) -> None:
+        """Create the missing rows of partitions ``0..count-1`` (unowned, checkpoint 0)."""
+        t = self.table
+        existing = set(
+            conn.execute(select(t.c.partition_no).where(*self._consumer(consumer))).scalars()
+        )
+        missing = [p for p in range(count) if p not in existing]
+        if missing:
+            now = conn.execute(select(self.db.clock.now())).scalar_one()
+            conn.execute(
+                insert(t),
+                [
+                    {
+                        "tenant": self.db.tenant,
+                        "consumer": consumer,
+                        "partition_no": p,
+                        "owner": None,
+                        "epoch": 0,
+                        "checkpoint": 0,
+                        "status": RUNNING,
+                        "updated_at": now,
+                    }
+                    for p in missing
+                ],
+            )
+
+    def reset(self, conn: Connection, consumer: str, count: int) -> None:
+        """Drop every partition row of ``consumer`` and recreate ``count`` fresh ones."""
+        conn.execute(delete(self.table).where(*self._consumer(consumer)))
+        self.ensure_partitions(conn, consumer, count)
+
+    def claim(
+        self,
+        conn: Connection,
+        consumer: str,
+        partitions: Iterable[int],
+        instance_id: str,
+        live_ids: Select[tuple[str]],
+    ) -> list[Claim]:
+        """Claim those of ``partitions`` that are unowned or owned by a non-live instance.
+
+        A compare-and-set: the ``UPDATE`` matches only such rows and bumps their epoch.
+        Returns the partitions claimed now, with their new epochs.
+        """
+        t = self.table
+        wanted = sorted(partitions)
+        if not wanted:
+            return []
+        conn.execute(
+            update(t)
+            .where(
+                *self._consumer(consumer),
+                t.c.partition_no.in_(wanted),
+                or_(t.c.owner.is_(None), t.c.owner.not_in(live_ids)),
+            )
+            .values(owner=instance_id, epoch=t.c.epoch + 1, updated_at=self.db.clock.now())
+            .execution_options(synchronize_session=False)
+        )
+        rows = conn.execute(
+            select(t.c.partition_no, t.c.epoch, t.c.checkpoint, t.c.status).where(
+                *self._consumer(consumer), t.c.partition_no.in_(wanted), t.c.owner == instance_id
+            )
+        )
+        return [Claim(partition=r[0], epoch=r[1], checkpoint=r[2]) for r in rows]
+
+    def owned(self, conn: Connection, consumer: str, instance_id: str) -> list[Claim]:
+        """The running partitions of ``consumer`` that ``instance_id`` owns now."""
+        t = self.table
+        rows = conn.execute(
+            select(t.c.partition_no, t.c.epoch, t.c.checkpoint).where(
+                *self._consumer(consumer), t.c.owner == instance_id, t.c.status == RUNNING
+            )
+        )
+        return [Claim(partition=r[0], epoch=r[1], checkpoint=r[2]) for r in rows]
+
+    def commit_checkpoint(
+        self,
+        conn: Connection,
+        consumer: str,
+        instance_id: str,
+        epochs: Mapping[int, int],
+        position: int,
+    ) -> None:
+        """Advance the checkpoints of ``epochs``' partitions to at least ``position``, fenced.
+
+        Raises :class:`OwnershipLost` when any partition is no longer owned by
+        ``instance_id`` under the given epoch; the caller must roll back.
+        """
+        if not epochs:
+            return
+        t = self.table
+        pairs = sorted(epochs.items())
+        result = conn.execute(
+            update(t)
+            .where(
+                *self._consumer(consumer),
+                t.c.owner == instance_id,
+                t.c.status == RUNNING,
+                tuple_(t.c.partition_no, t.c.epoch).in_(pairs),
+            )
+            .values(
+                checkpoint=case((t.c.checkpoint < position, position), else_=t.c.checkpoint),
+            )
+        )
+        if result.rowcount != len(pairs):
+            lost = self._lost(conn, consumer, instance_id, epochs)
+            raise OwnershipLost(consumer, lost)
+
+    def _lost(
+        self, conn: Connection, consumer: str, instance_id: str, epochs: Mapping[int, int]
+    ) -> list[int]:
+        t = self.table
+        held = set(
+            conn.execute(
+                select(t.c.partition_no).where(
+                    *self._consumer(consumer),
+                    t.c.owner == instance_id,
+                    t.c.status == RUNNING,
+                    tuple_(t.c.partition_no, t.c.epoch).in_(sorted(epochs.items())),
+                )
+            ).scalars()
+        )
+        return sorted(p for p in epochs if p not in held)
+
+    def release(
+        self, conn: Connection, consumer: str, instance_id: str, partitions: Iterable[int]
+    ) -> None:
+        """Give up ``partitions`` that ``instance_id`` still owns."""
+        t = self.table
+        wanted = sorted(partitions)
+        if wanted:
+            conn.execute(
+                update(t)
+                .where(
+                    *self._consumer(consumer),
+                    t.c.owner == instance_id,
+                    t.c.partition_no.in_(wanted),
+                )
+                .values(owner=None, updated_at=self.db.clock.now())
+            )
+
+    def halt(
+        self,
+        conn: Connection,
+        consumer: str,
+        claim: Claim,
+        instance_id: str,
+        *,
+        position: int,
+        type_name: str,
+        error: str,
+    ) -> bool:
+        """Halt a partition at a poison message, fenced like a checkpoint; False if not owned."""
+        t = self.table
+        result = conn.execute(
+            update(t)
+            .where(
+                *self._consumer(consumer),
+                t.c.partition_no == claim.partition,
+                t.c.owner == instance_id,
+                t.c.epoch == claim.epoch,
+            )
+            .values(
+                status=HALTED,
+                halted_position=position,
+                halted_type=type_name,
+                error=error,
+                halted_at=self.db.clock.now(),
+                updated_at=self.db.clock.now(),
+            )
+        )
+        return result.rowcount == 1
+
+    def partitions(
+        self, conn: Connection, consumers: Sequence[str] | None = None
+    ) -> list[PartitionRow]:
+        """Every partition row of the tenant (or of ``consumers``), ordered."""
+        t = self.table
+        query = select(
+            t.c.consumer,
+            t.c.partition_no,
+            t.c.owner,
+            t.c.epoch,
+            t.c.checkpoint,
+            t.c.status,
+            t.c.halted_position,
+            t.c.halted_type,
+            t.c.error,
+        ).where(t.c.tenant == self.db.tenant)
+        if consumers is not None:
+            query = query.where(t.c.consumer.in_(consumers))
+        rows = conn.execute(query.order_by(t.c.consumer, t.c.partition_no))
+        return [
+            PartitionRow(
+                consumer=r[0],
+                partition=r[1],
+                owner=r[2],
+                epoch=r[3],
+                checkpoint=r[4],
+                status=r[5],
+                halted_position=r[6],
+                halted_type=r[7],
+                error=r[8],
+            )
+            for r in rows
+        ]

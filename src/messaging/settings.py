@@ -1,0 +1,270 @@
+"""The typed settings tree (DESIGN.md §5) and the start-up rules that check it.
+
+Every class here is a frozen, keyword-only attrs class whose defaults are the
+documented defaults. Durations are ``float`` seconds. YAML names are the field
+names in kebab-case (``rebalance_interval`` is ``rebalance-interval``); see
+:mod:`messaging.config` for loading them from a file.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import re
+from decimal import Decimal
+
+import attrs
+
+from messaging.errors import ConfigError
+
+__all__ = [
+    "ConflictRetrySettings",
+    "ConsumerGroupSettings",
+    "ConsumerOverride",
+    "ConsumerSettings",
+    "Distribution",
+    "ExecutorSettings",
+    "MessagingSettings",
+    "Settings",
+    "format_duration",
+    "validate",
+]
+
+
+class Distribution(enum.Enum):
+    """How a consumer's partitions are spread over the live instances."""
+
+    #: Partitions are balanced over all live instances.
+    PARTITIONED = "partitioned"
+    #: One elected instance owns every partition and applies in global order.
+    SINGLE_OWNER = "single-owner"
+
+
+@attrs.frozen(kw_only=True)
+class ExecutorSettings:
+    """The thread pool that applies batches.
+
+    :ivar max_workers: Upper bound on worker threads (``max-workers``).
+    """
+
+    max_workers: int = 8
+
+
+@attrs.frozen(kw_only=True)
+class ConflictRetrySettings:
+    """Capped exponential backoff for transient database errors (lock waits, deadlocks, busy).
+
+    :ivar max_retries: Retries after the first attempt; 0 disables retrying (``max-retries``).
+    :ivar max_delay: Cap on a single backoff delay, in seconds (``max-delay``).
+    """
+
+    max_retries: int = 5
+    max_delay: float = 1.0
+
+
+@attrs.frozen(kw_only=True)
+class ConsumerSettings:
+    """Timings and sizes of the consumer loops (heartbeat, rebalance, apply).
+
+    :ivar rebalance_interval: Seconds between rebalances.
+    :ivar stale_instance_timeout: Seconds without a heartbeat after which an instance is dead.
+    :ivar graceful_shutdown_timeout: Seconds a clean stop may spend finishing work in flight.
+    :ivar heartbeat_interval: Seconds between heartbeats.
+    :ivar batch_size: Messages fetched and committed at once.
+    :ivar idle_poll_interval: Seconds to wait after an empty fetch.
+    :ivar executor: The apply thread pool.
+    :ivar conflict_retry: Backoff for transient database errors.
+    """
+
+    rebalance_interval: float = 10.0
+    stale_instance_timeout: float = 30.0
+    graceful_shutdown_timeout: float = 20.0
+    heartbeat_interval: float = 5.0
+    batch_size: int = 500
+    idle_poll_interval: float = 0.2
+    executor: ExecutorSettings = attrs.field(factory=ExecutorSettings)
+    conflict_retry: ConflictRetrySettings = attrs.field(factory=ConflictRetrySettings)
+
+
+@attrs.frozen(kw_only=True)
+class MessagingSettings:
+    """The ``messaging`` section: settings shared by every kind of consumer.
+
+    :ivar consumer: Loop timings and sizes.
+    """
+
+    consumer: ConsumerSettings = attrs.field(factory=ConsumerSettings)
+
+
+@attrs.frozen(kw_only=True)
+class ConsumerOverride:
+    """Per-consumer settings that win over the group's; ``None`` means "use the group's".
+
+    :ivar distribution: Distribution mode for this consumer only.
+    :ivar concurrency_limit: Most partitions of this consumer applied at once
+        in one instance (``concurrency-limit``); ``None`` means no limit.
+    """
+
+    distribution: Distribution | None = None
+    concurrency_limit: int | None = None
+
+
+@attrs.frozen(kw_only=True)
+class ConsumerGroupSettings:
+    """Settings of one kind of consumer (projections, routing or sagas).
+
+    :ivar distribution: Default distribution mode of every consumer in the group.
+    :ivar consumers: Overrides by consumer name.
+    """
+
+    distribution: Distribution = Distribution.PARTITIONED
+    consumers: dict[str, ConsumerOverride] = attrs.field(factory=dict)
+
+    def distribution_for(self, name: str) -> Distribution:
+        """The distribution mode of consumer ``name``: its override, else the group default."""
+        override = self.consumers.get(name)
+        if override is not None and override.distribution is not None:
+            return override.distribution
+        return self.distribution
+
+    def concurrency_limit_for(self, name: str) -> int | None:
+        """The concurrency limit of consumer ``name``, or ``None`` when it has none."""
+        override = self.consumers.get(name)
+        return override.concurrency_limit if override is not None else None
+
+
+@attrs.frozen(kw_only=True)
+class Settings:
+    """The whole configuration of one deployment.
+
+    :ivar database: SQLAlchemy URL of the shared database.
+    :ivar tenant: Rows and instances of other tenants in the same database are invisible.
+    :ivar table_prefix: Prefix of every table name (``table-prefix``).
+    :ivar messaging: Settings shared by every consumer.
+    :ivar projections: Projection consumers.
+    :ivar routing: Route consumers.
+    :ivar sagas: Sagas.
+    """
+
+    database: str = "sqlite:///projections.db"
+    tenant: str = "default"
+    table_prefix: str = "prj_"
+    messaging: MessagingSettings = attrs.field(factory=MessagingSettings)
+    projections: ConsumerGroupSettings = attrs.field(factory=ConsumerGroupSettings)
+    routing: ConsumerGroupSettings = attrs.field(factory=ConsumerGroupSettings)
+    sagas: ConsumerGroupSettings = attrs.field(factory=ConsumerGroupSettings)
+
+
+_TABLE_PREFIX = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,20}")
+_UNIT_SECONDS = (("h", 3600), ("m", 60), ("s", 1))
+
+
+def format_duration(seconds: float) -> str:
+    """Write ``seconds`` the way config files do: ``0.5`` → ``"500ms"``, ``10.0`` → ``"10s"``.
+
+    Whole hours and minutes use ``h`` and ``m``, other whole seconds ``s``, anything
+    below one second ``ms``. The result parses back to the same float.
+    """
+    if not math.isfinite(seconds):
+        return f"{seconds}s"
+    if seconds < 0:
+        return "-" + format_duration(-seconds)
+    if seconds == 0:
+        return "0s"
+    exact = Decimal(repr(seconds))
+    if exact < 1:
+        return f"{(exact * 1000).normalize():f}ms"
+    if exact == exact.to_integral_value():
+        whole = int(exact)
+        for unit, size in _UNIT_SECONDS:
+            if whole % size == 0:
+                return f"{whole // size}{unit}"
+    return f"{exact.normalize():f}s"
+
+
+def validate(settings: Settings) -> None:
+    """Check the start-up rules; raise :class:`ConfigError` listing every broken one.
+
+    Each line of the message names the setting by its YAML path.
+    """
+    problems = _problems(settings)
+    if problems:
+        raise ConfigError("invalid configuration:\n" + "\n".join(f"  {p}" for p in problems))
+
+
+def _problems(settings: Settings) -> list[str]:
+    problems: list[str] = []
+    c = settings.messaging.consumer
+    p = "messaging.consumer."
+    d = format_duration
+
+    durations = (
+        ("rebalance-interval", c.rebalance_interval),
+        ("stale-instance-timeout", c.stale_instance_timeout),
+        ("graceful-shutdown-timeout", c.graceful_shutdown_timeout),
+        ("heartbeat-interval", c.heartbeat_interval),
+        ("idle-poll-interval", c.idle_poll_interval),
+        ("conflict-retry.max-delay", c.conflict_retry.max_delay),
+    )
+    for key, value in durations:
+        if not value > 0:
+            problems.append(f"{p}{key} ({d(value)}) must be above 0s")
+
+    if c.stale_instance_timeout < 1.0:
+        problems.append(
+            f"{p}stale-instance-timeout ({d(c.stale_instance_timeout)}) must be 1s or more"
+        )
+    if not c.rebalance_interval < c.stale_instance_timeout:
+        problems.append(
+            f"{p}rebalance-interval ({d(c.rebalance_interval)}) must be below "
+            f"{p}stale-instance-timeout ({d(c.stale_instance_timeout)})"
+        )
+    if not c.heartbeat_interval < c.stale_instance_timeout / 2:
+        problems.append(
+            f"{p}heartbeat-interval ({d(c.heartbeat_interval)}) must be below half of "
+            f"{p}stale-instance-timeout ({d(c.stale_instance_timeout)})"
+        )
+    retry = c.conflict_retry
+    if not retry.max_delay < c.stale_instance_timeout:
+        problems.append(
+            f"{p}conflict-retry.max-delay ({d(retry.max_delay)}) must be below "
+            f"{p}stale-instance-timeout ({d(c.stale_instance_timeout)})"
+        )
+    worst_case = retry.max_retries * retry.max_delay
+    if not worst_case < c.graceful_shutdown_timeout:
+        problems.append(
+            f"{p}conflict-retry.max-retries ({retry.max_retries}) * "
+            f"{p}conflict-retry.max-delay ({d(retry.max_delay)}) = {d(worst_case)} must be below "
+            f"{p}graceful-shutdown-timeout ({d(c.graceful_shutdown_timeout)})"
+        )
+
+    if c.batch_size < 1:
+        problems.append(f"{p}batch-size ({c.batch_size}) must be 1 or more")
+    if c.executor.max_workers < 1:
+        problems.append(f"{p}executor.max-workers ({c.executor.max_workers}) must be 1 or more")
+    if retry.max_retries < 0:
+        problems.append(f"{p}conflict-retry.max-retries ({retry.max_retries}) must be 0 or more")
+
+    groups = (
+        ("projections", settings.projections),
+        ("routing", settings.routing),
+        ("sagas", settings.sagas),
+    )
+    for group_key, group in groups:
+        for name, override in group.consumers.items():
+            limit = override.concurrency_limit
+            if limit is not None and limit < 1:
+                problems.append(
+                    f"{group_key}.consumers.{name}.concurrency-limit ({limit}) must be 1 or more"
+                )
+
+    if not settings.database.strip():
+        problems.append("database must not be empty")
+    if not settings.tenant.strip():
+        problems.append("tenant must not be empty")
+    if _TABLE_PREFIX.fullmatch(settings.table_prefix) is None:
+        problems.append(
+            f"table-prefix ({settings.table_prefix!r}) must be a letter or underscore followed "
+            "by at most 20 letters, digits or underscores"
+        )
+    return problems

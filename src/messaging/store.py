@@ -1,0 +1,280 @@
+"""The message store: append to topics inside the caller's transaction, read in position order.
+
+Positions never skip. Every append takes this tenant's row in the ``positions`` table
+with an ``UPDATE`` before it inserts, and holds that row lock until its transaction
+commits. Position assignment is therefore serialized per tenant, and a transaction
+that got a higher position commits strictly after every one that got a lower
+position: a reader that sees position *n* already sees every position below it, so a
+consumer can checkpoint *n* without ever skipping a message that commits late. (On
+SQLite the single writer lock gives the same order.) The price is that appends of one
+tenant commit one at a time; keep the work after an append in the same transaction
+short.
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import attrs
+from sqlalchemy import Connection, and_, func, insert, or_, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.sql.elements import ColumnElement
+
+from messaging.database import Database
+from messaging.errors import VersionConflict
+from messaging.messages import MessageRegistry
+from messaging.messages import registry as default_registry
+
+
+def partition_hash(key: str) -> int:
+    """CRC32 of a partition key: the same value on every backend and every host."""
+    return zlib.crc32(key.encode("utf-8"))
+
+
+def partition_of(key: str, partitions: int) -> int:
+    """The partition a key falls into for a consumer with ``partitions`` partitions."""
+    return partition_hash(key) % partitions
+
+
+@attrs.define(frozen=True, kw_only=True)
+class NewMessage:
+    """A message ready to append: already encoded, with an optional expected source version."""
+
+    topic: str
+    source: str
+    type: str
+    payload: str
+    headers: Mapping[str, Any] | None = None
+
+
+class MessageStore:
+    """Appends messages and reads them back by topic, position and partition."""
+
+    def __init__(self, db: Database, registry: MessageRegistry = default_registry) -> None:
+        self.db = db
+        self.registry = registry
+        self._messages = db.schema.messages
+        self._positions = db.schema.positions
+
+    # -- appending ---------------------------------------------------------------------
+
+    def append(
+        self,
+        conn: Connection,
+        topic: str,
+        source: str,
+        messages: Sequence[object],
+        *,
+        expected_version: int | None = None,
+        headers: Mapping[str, Any] | None = None,
+    ) -> list[int]:
+        """Append messages of one source inside ``conn``'s transaction; return their positions.
+
+        With ``expected_version`` the append succeeds only if the source's current
+        version in this topic is exactly that (0 for a new source); otherwise it
+        raises :class:`VersionConflict` and the caller's transaction should roll back.
+        """
+        encoded = []
+        for message in messages:
+            type_name, payload = self.registry.encode(message)
+            encoded.append(
+                NewMessage(
+                    topic=topic, source=source, type=type_name, payload=payload, headers=headers
+                )
+            )
+        return self.append_encoded(
+            conn, encoded, expected_versions={(topic, source): expected_version}
+        )
+
+    def append_encoded(
+        self,
+        conn: Connection,
+        messages: Sequence[NewMessage],
+        *,
+        expected_versions: Mapping[tuple[str, str], int | None] | None = None,
+    ) -> list[int]:
+        """Append already-encoded messages (any topics and sources) in order; return positions."""
+        if not messages:
+            return []
+        expected_versions = expected_versions or {}
+        # Reserve first: holding the tenant's counter row, no other append can change a
+        # source's version until we commit, so the versions read below are current.
+        first = self._reserve_positions(conn, len(messages))
+        versions = self._current_versions(conn, {(m.topic, m.source) for m in messages})
+        for key, expected in expected_versions.items():
+            if expected is not None and versions.get(key, 0) != expected:
+                raise VersionConflict(
+                    topic=key[0], source=key[1], expected=expected, actual=versions.get(key, 0)
+                )
+        now = conn.execute(select(self.db.clock.now())).scalar_one()
+        rows = []
+        for offset, message in enumerate(messages):
+            key = (message.topic, message.source)
+            versions[key] = version = versions.get(key, 0) + 1
+            rows.append(
+                {
+                    "tenant": self.db.tenant,
+                    "position": first + offset,
+                    "topic": message.topic,
+                    "source": message.source,
+                    "version": version,
+                    "type": message.type,
+                    "payload": message.payload,
+                    "headers": json.dumps(message.headers) if message.headers else None,
+                    "partition_hash": partition_hash(message.source),
+                    "recorded_at": now,
+                }
+            )
+        try:
+            conn.execute(insert(self._messages), rows)
+        except IntegrityError as exc:
+            # Only reachable when the caller's snapshot hid a concurrent append (REPEATABLE READ).
+            first_key = (messages[0].topic, messages[0].source)
+            raise VersionConflict(
+                topic=first_key[0],
+                source=first_key[1],
+                expected=expected_versions.get(first_key) or versions.get(first_key, 0),
+                actual=None,
+            ) from exc
+        return list(range(first, first + len(rows)))
+
+    def _current_versions(
+        self, conn: Connection, keys: Iterable[tuple[str, str]]
+    ) -> dict[tuple[str, str], int]:
+        m = self._messages
+        found: dict[tuple[str, str], int] = {}
+        by_topic: dict[str, list[str]] = {}
+        for topic, source in keys:
+            by_topic.setdefault(topic, []).append(source)
+        for topic, sources in by_topic.items():
+            for chunk in _chunks(sorted(sources), 500):
+                result = conn.execute(
+                    select(m.c.source, func.max(m.c.version))
+                    .where(m.c.tenant == self.db.tenant, m.c.topic == topic, m.c.source.in_(chunk))
+                    .group_by(m.c.source)
+                )
+                found.update({(topic, source): version for source, version in result})
+        return found
+
+    def _reserve_positions(self, conn: Connection, count: int) -> int:
+        """Reserve ``count`` positions under the tenant's row lock; return the first one."""
+        p = self._positions
+        where = p.c.tenant == self.db.tenant
+        updated = conn.execute(
+            update(p).where(where).values(last_position=p.c.last_position + count)
+        ).rowcount
+        if updated != 1:
+            raise RuntimeError(
+                f"no position counter for tenant {self.db.tenant!r}; call Database.prepare() first"
+            )
+        last: int = conn.execute(select(p.c.last_position).where(where)).scalar_one()
+        return last - count + 1
+
+    # -- reading -----------------------------------------------------------------------
+
+    def read(
+        self,
+        conn: Connection,
+        topics: Sequence[str],
+        *,
+        after: int = 0,
+        partitions: Mapping[int, int] | None = None,
+        partition_count: int = 1,
+        types: Sequence[str] | None = None,
+        limit: int = 500,
+    ) -> Sequence[Any]:
+        """Messages of ``topics`` in position order, at most ``limit``.
+
+        Without ``partitions``: every message after ``after``. With ``partitions``
+        (partition number → its checkpoint), only messages of those partitions of a
+        ``partition_count``-way split, each after its own checkpoint. The partition
+        filter runs in SQL, and so does the ``types`` filter (stored type names).
+        Rows have the columns of :meth:`row_columns`.
+        """
+        m = self._messages
+        where: list[ColumnElement[bool]] = [m.c.tenant == self.db.tenant, m.c.topic.in_(topics)]
+        if types is not None:
+            where.append(m.c.type.in_(types))
+        if partitions is None:
+            where.append(m.c.position > after)
+        else:
+            if not partitions:
+                return []
+            where.append(m.c.position > max(after, min(partitions.values())))
+            where.append(self._partition_filter(partitions, partition_count))
+        query = select(*self.row_columns()).where(and_(*where)).order_by(m.c.position).limit(limit)
+        return conn.execute(query).all()
+
+    def _partition_filter(
+        self, partitions: Mapping[int, int], partition_count: int
+    ) -> ColumnElement[bool]:
+        m = self._messages
+        by_checkpoint: dict[int, list[int]] = {}
+        for partition, checkpoint in partitions.items():
+            by_checkpoint.setdefault(checkpoint, []).append(partition)
+        bucket = m.c.partition_hash % partition_count
+        if len(by_checkpoint) == 1:
+            (members,) = by_checkpoint.values()
+            if len(members) == partition_count:
+                return m.c.position > -1  # every partition, one checkpoint: no filter needed
+            return bucket.in_(sorted(members))
+        return or_(
+            *(
+                and_(bucket.in_(sorted(members)), m.c.position > checkpoint)
+                for checkpoint, members in sorted(by_checkpoint.items())
+            )
+        )
+
+    def row_columns(self) -> tuple[Any, ...]:
+        """The columns :meth:`read` returns: the Envelope fields in order, then the payload."""
+        m = self._messages
+        return (
+            m.c.position,
+            m.c.topic,
+            m.c.source,
+            m.c.version,
+            m.c.type,
+            m.c.partition_hash,
+            m.c.recorded_at,
+            m.c.headers,
+            m.c.payload,
+        )
+
+    def head(self, conn: Connection) -> int:
+        """The highest position committed for this tenant (0 when empty)."""
+        p = self._positions
+        value = conn.execute(
+            select(p.c.last_position).where(p.c.tenant == self.db.tenant)
+        ).scalar_one_or_none()
+        return int(value or 0)
+
+    def count_after(
+        self,
+        conn: Connection,
+        topics: Sequence[str],
+        partition: int,
+        partition_count: int,
+        after: int,
+    ) -> int:
+        """How many messages of one partition lie after ``after``: that partition's lag."""
+        m = self._messages
+        return int(
+            conn.execute(
+                select(func.count())
+                .select_from(m)
+                .where(
+                    m.c.tenant == self.db.tenant,
+                    m.c.topic.in_(topics),
+                    m.c.position > after,
+                    m.c.partition_hash % partition_count == partition,
+                )
+            ).scalar_one()
+        )
+
+
+def _chunks(items: Sequence[str], size: int) -> Iterable[Sequence[str]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]

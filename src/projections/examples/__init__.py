@@ -1,0 +1,3 @@
+"""Example applications shipped with the package."""
+
+__all__: list[str] = []

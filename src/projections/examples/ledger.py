@@ -1,0 +1,168 @@
+"""The ledger example: accounts, deposits, withdrawals and transfers, and two projections.
+
+Every account is a source on the ``ledger`` topic, so all of an account's messages
+fall in one partition and arrive in order. A transfer is two messages, one on each
+account, appended in one transaction: each partition only ever touches its own
+account's row.
+
+Run it with ``projections run projections.examples.ledger``; ``projections demo``
+writes traffic, runs it and checks the read model against a sequential replay.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import attrs
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    bindparam,
+    insert,
+    update,
+)
+
+from messaging import HandlerContext, handler, message
+from projections import in_memory_projection, projection
+
+TOPIC = "ledger"
+
+
+@message("ledger.account-opened")
+@attrs.define(frozen=True)
+class AccountOpened:
+    account_id: str
+    owner: str
+
+
+@message("ledger.deposited")
+@attrs.define(frozen=True)
+class Deposited:
+    account_id: str
+    amount: int
+
+
+@message("ledger.withdrawn")
+@attrs.define(frozen=True)
+class Withdrawn:
+    account_id: str
+    amount: int
+
+
+@message("ledger.transfer-sent")
+@attrs.define(frozen=True)
+class TransferSent:
+    account_id: str
+    to_account: str
+    amount: int
+
+
+@message("ledger.transfer-received")
+@attrs.define(frozen=True)
+class TransferReceived:
+    account_id: str
+    from_account: str
+    amount: int
+
+
+metadata = MetaData()
+balances = Table(
+    "ledger_balances",
+    metadata,
+    Column("account_id", String(64), primary_key=True),
+    Column("owner", String(200), nullable=False),
+    Column("balance", BigInteger, nullable=False),
+    Column("entries", Integer, nullable=False),
+)
+
+OPEN_ACCOUNT = insert(balances).values(
+    account_id=bindparam("account"), owner=bindparam("owner_name"), balance=0, entries=0
+)
+CHANGE_BALANCE = (
+    update(balances)
+    .where(balances.c.account_id == bindparam("account"))
+    .values(balance=balances.c.balance + bindparam("delta"), entries=balances.c.entries + 1)
+)
+
+
+@projection("ledger-balances", topics=TOPIC, partitions=8, tables=[balances])
+class Balances:
+    """Each account's balance and number of entries, in the ``ledger_balances`` table."""
+
+    @handler
+    def opened(self, event: AccountOpened, ctx: HandlerContext) -> None:
+        ctx.execute(OPEN_ACCOUNT, {"account": event.account_id, "owner_name": event.owner})
+
+    @handler
+    def deposited(self, event: Deposited, ctx: HandlerContext) -> None:
+        ctx.execute(CHANGE_BALANCE, {"account": event.account_id, "delta": event.amount})
+
+    @handler
+    def withdrawn(self, event: Withdrawn, ctx: HandlerContext) -> None:
+        ctx.execute(CHANGE_BALANCE, {"account": event.account_id, "delta": -event.amount})
+
+    @handler
+    def sent(self, event: TransferSent, ctx: HandlerContext) -> None:
+        ctx.execute(CHANGE_BALANCE, {"account": event.account_id, "delta": -event.amount})
+
+    @handler
+    def received(self, event: TransferReceived, ctx: HandlerContext) -> None:
+        ctx.execute(CHANGE_BALANCE, {"account": event.account_id, "delta": event.amount})
+
+
+@in_memory_projection("ledger-activity", topics=TOPIC)
+class Activity:
+    """How many messages of each kind this process has seen, and the money moved."""
+
+    def __init__(self) -> None:
+        self.counts: Counter[str] = Counter()
+        self.moved = 0
+
+    @handler
+    def opened(self, event: AccountOpened) -> None:
+        self.counts["opened"] += 1
+
+    @handler
+    def deposited(self, event: Deposited) -> None:
+        self.counts["deposited"] += 1
+        self.moved += event.amount
+
+    @handler
+    def withdrawn(self, event: Withdrawn) -> None:
+        self.counts["withdrawn"] += 1
+        self.moved += event.amount
+
+    @handler
+    def sent(self, event: TransferSent) -> None:
+        self.counts["transfers"] += 1
+        self.moved += event.amount
+
+
+def replay(messages: Iterable[object]) -> dict[str, tuple[str, int, int]]:
+    """Balances by sequential replay of ``messages``: account → (owner, balance, entries)."""
+    state: dict[str, list[Any]] = {}
+    for event in messages:
+        if isinstance(event, AccountOpened):
+            state[event.account_id] = [event.owner, 0, 0]
+            continue
+        delta = {
+            Deposited: 1,
+            Withdrawn: -1,
+            TransferSent: -1,
+            TransferReceived: 1,
+        }[type(event)] * event.amount  # type: ignore[attr-defined]
+        row = state[event.account_id]  # type: ignore[attr-defined]
+        row[1] += delta
+        row[2] += 1
+    return {account: (row[0], row[1], row[2]) for account, row in state.items()}
+
+
+def read_model(rows: Iterable[Mapping[str, Any]]) -> dict[str, tuple[str, int, int]]:
+    """The balances table as the same mapping :func:`replay` returns."""
+    return {r["account_id"]: (r["owner"], int(r["balance"]), int(r["entries"])) for r in rows}
