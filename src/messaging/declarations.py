@@ -8,6 +8,7 @@ partitions reset to checkpoint 0, and the old fingerprint kept as the one back.
 
 from __future__ import annotations
 
+import json
 import logging
 
 import attrs
@@ -45,6 +46,8 @@ def declare(
         "kind": spec.kind.value,
         "distribution": distribution.value,
         "partitions": spec.partitions,
+        "topics": json.dumps(sorted(spec.topics)),
+        "types": json.dumps(spec.type_names()),
         "fingerprint": fingerprint,
         "state": STATE_RUNNING,
         "updated_at": db.clock.now(),

@@ -76,6 +76,8 @@ class Schema:
             Column("kind", String(32), nullable=False),
             Column("distribution", String(32), nullable=False),
             Column("partitions", Integer, nullable=False),
+            Column("topics", _TEXT, nullable=False),
+            Column("types", _TEXT, nullable=False),
             Column("fingerprint", String(64), nullable=False),
             Column("previous_fingerprint", String(64), nullable=True),
             Column("state", String(32), nullable=False),

@@ -27,6 +27,8 @@ CREATE TABLE IF NOT EXISTS {prefix}consumers (
     kind VARCHAR(32) NOT NULL,
     distribution VARCHAR(32) NOT NULL,
     partitions INTEGER NOT NULL,
+    topics LONGTEXT NOT NULL,
+    types LONGTEXT NOT NULL,
     fingerprint VARCHAR(64) NOT NULL,
     previous_fingerprint VARCHAR(64) NULL,
     state VARCHAR(32) NOT NULL,

@@ -1,0 +1,101 @@
+"""``projections append``: JSON lines ``{"topic", "source", "type", "payload"}`` into the store.
+
+Lines are validated a batch at a time before anything is written; a bad line is
+reported with its line number and nothing of its batch is written (earlier batches
+stay committed, and the error says how many lines they held).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from typing import Any, TextIO
+
+from messaging.database import Database
+from messaging.errors import ProjectionsError
+from messaging.messages import MessageRegistry
+from messaging.store import MessageStore, NewMessage
+
+_REQUIRED = ("topic", "source", "type", "payload")
+_ALLOWED = {*_REQUIRED, "headers"}
+
+
+class AppendError(ProjectionsError, ValueError):
+    """A line of input cannot be appended; carries its line number."""
+
+    def __init__(self, line: int, reason: str, written: int) -> None:
+        super().__init__(
+            f"line {line}: {reason} (nothing of its batch was written; "
+            f"{written} earlier lines were appended)"
+        )
+        self.line = line
+        self.written = written
+
+
+def parse_line(number: int, text: str, registry: MessageRegistry | None) -> NewMessage:
+    """One JSON line as a :class:`NewMessage`; ValueError says what is wrong with it."""
+    try:
+        data: Any = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"invalid JSON: {exc.msg} at column {exc.colno}") from None
+    if not isinstance(data, dict):
+        raise ValueError("expected a JSON object")
+    missing = [key for key in _REQUIRED if key not in data]
+    if missing:
+        raise ValueError(f"missing key(s) {', '.join(missing)}")
+    unknown = sorted(set(data) - _ALLOWED)
+    if unknown:
+        raise ValueError(f"unknown key(s) {', '.join(unknown)}")
+    for key in ("topic", "source", "type"):
+        if not isinstance(data[key], str) or not data[key]:
+            raise ValueError(f"{key!r} must be a non-empty string")
+    if not isinstance(data["payload"], dict):
+        raise ValueError("'payload' must be a JSON object")
+    headers = data.get("headers")
+    if headers is not None and not isinstance(headers, dict):
+        raise ValueError("'headers' must be a JSON object")
+    payload = json.dumps(data["payload"], separators=(",", ":"))
+    if registry is not None:
+        registry.decode(data["type"], payload)  # DecodeError names the type and the reason
+    return NewMessage(
+        topic=data["topic"],
+        source=data["source"],
+        type=data["type"],
+        payload=payload,
+        headers=headers,
+    )
+
+
+def _batches(lines: Iterable[str], size: int) -> Iterator[list[tuple[int, str]]]:
+    batch: list[tuple[int, str]] = []
+    for number, line in enumerate(lines, 1):
+        if line.strip():
+            batch.append((number, line))
+        if len(batch) >= size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def append_lines(
+    db: Database,
+    stream: TextIO,
+    *,
+    batch_size: int = 1000,
+    registry: MessageRegistry | None = None,
+) -> int:
+    """Append every line of ``stream``; return how many messages were appended."""
+    store = MessageStore(db)
+    written = 0
+    for batch in _batches(stream, batch_size):
+        messages = []
+        for number, line in batch:
+            try:
+                messages.append(parse_line(number, line, registry))
+            except (ValueError, ProjectionsError) as exc:
+                raise AppendError(number, str(exc), written) from None
+        with db.transaction() as conn:
+            store.append_encoded(conn, messages)
+        written += len(messages)
+    return written

@@ -1,0 +1,233 @@
+"""The ``projections`` command line: run instances, report, migrate, append, demo.
+
+Errors exit non-zero with one clear line; ``--traceback`` shows the whole story.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from messaging.config import load_settings
+from messaging.database import Database
+from messaging.errors import ProjectionsError
+from messaging.migrations import migrate
+from messaging.plugins import collect_consumers, create_plugin_manager, import_module
+from messaging.runtime import Instance
+from messaging.settings import Settings
+
+EXIT_ERROR = 1
+
+
+def _add_database_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", "-c", help="YAML settings file")
+    parser.add_argument(
+        "--database",
+        help="database URL (default: $PROJECTIONS_DATABASE_URL, the config, "
+        "or sqlite:///projections.db)",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of every subcommand."""
+    parser = argparse.ArgumentParser(
+        prog="projections", description="Partitioned CQRS projections over one SQL database."
+    )
+    parser.add_argument(
+        "--traceback", action="store_true", help="show the full traceback of an error"
+    )
+    parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    run = commands.add_parser("run", help="run an instance with the application's consumers")
+    run.add_argument("modules", nargs="+", metavar="MODULE", help="application module(s)")
+    run.add_argument("--instance-name", help="this instance's name (default host:pid)")
+    _add_database_options(run)
+
+    status = commands.add_parser("status", help="each consumer's partitions: owner, state, lag")
+    status.add_argument("--json", action="store_true", help="print JSON")
+    _add_database_options(status)
+
+    instances = commands.add_parser("instances", help="the registered instances")
+    instances.add_argument("--json", action="store_true", help="print JSON")
+    _add_database_options(instances)
+
+    db = commands.add_parser("db", help="database schema commands")
+    db_commands = db.add_subparsers(dest="db_command", required=True, metavar="DB_COMMAND")
+    db_migrate = db_commands.add_parser("migrate", help="apply missing schema migrations")
+    _add_database_options(db_migrate)
+
+    append = commands.add_parser(
+        "append", help='append JSON lines {"topic", "source", "type", "payload"}'
+    )
+    append.add_argument("file", nargs="?", default="-", help="input file, or - for stdin")
+    append.add_argument("--batch-size", type=int, default=1000, help="lines per transaction")
+    append.add_argument(
+        "--module",
+        action="append",
+        default=[],
+        help="import this module and check each payload against its message types",
+    )
+    _add_database_options(append)
+
+    demo = commands.add_parser("demo", help="run the ledger example end to end and verify it")
+    demo.add_argument("--messages", type=int, default=20_000, help="messages of traffic to write")
+    demo.add_argument("--workers", type=int, default=2, help="instance processes to run")
+    demo.add_argument(
+        "--database", default="sqlite:///projections-demo.db", help="demo database (recreated)"
+    )
+    demo.add_argument("--seed", type=int, default=7, help="random seed of the traffic")
+    return parser
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    return load_settings(args.config, database=args.database)
+
+
+def _database(settings: Settings) -> Database:
+    return Database(settings.database, tenant=settings.tenant, table_prefix=settings.table_prefix)
+
+
+def _print_json(data: Any) -> None:
+    print(json.dumps(data, indent=2, sort_keys=False))
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    manager = create_plugin_manager(args.modules)
+    specs = collect_consumers(manager)
+    db = _database(settings)
+    instance = Instance(db, specs, settings, manager.hook, name=args.instance_name)
+    try:
+        instance.run()
+    finally:
+        db.dispose()
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from projections.reports import consumers_report, format_consumers
+
+    settings = _settings(args)
+    db = _database(settings)
+    try:
+        db.prepare()
+        report = consumers_report(db, settings.messaging.consumer)
+    finally:
+        db.dispose()
+    if args.json:
+        _print_json(report)
+    else:
+        print(format_consumers(report))
+    return 0
+
+
+def cmd_instances(args: argparse.Namespace) -> int:
+    from projections.reports import instances_report
+
+    settings = _settings(args)
+    db = _database(settings)
+    try:
+        db.prepare()
+        report = instances_report(db, settings.messaging.consumer)
+    finally:
+        db.dispose()
+    if args.json:
+        _print_json(report)
+    else:
+        for row in report["instances"]:
+            state = "live" if row["live"] else "stale"
+            print(f"{row['name']:<30} {state:<6} {row['host']}:{row['pid']}  {row['id']}")
+        if not report["instances"]:
+            print("no instances registered")
+    return 0
+
+
+def cmd_db(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    db = _database(settings)
+    try:
+        applied = migrate(db)
+    finally:
+        db.dispose()
+    print("applied " + ", ".join(applied) if applied else "schema is up to date")
+    return 0
+
+
+def cmd_append(args: argparse.Namespace) -> int:
+    from messaging.messages import registry
+    from projections.appending import append_lines
+
+    settings = _settings(args)
+    for module in args.module:
+        import_module(module)
+    db = _database(settings)
+    try:
+        db.prepare()
+        if args.file == "-":
+            count = append_lines(
+                db,
+                sys.stdin,
+                batch_size=args.batch_size,
+                registry=registry if args.module else None,
+            )
+        else:
+            try:
+                stream = open(args.file, encoding="utf-8")  # noqa: SIM115
+            except OSError as exc:
+                raise ProjectionsError(f"cannot read {args.file}: {exc.strerror}") from None
+            with stream:
+                count = append_lines(
+                    db,
+                    stream,
+                    batch_size=args.batch_size,
+                    registry=registry if args.module else None,
+                )
+    finally:
+        db.dispose()
+    print(f"appended {count} messages")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from projections.demo import run_demo
+
+    return run_demo(
+        database=args.database, messages=args.messages, workers=args.workers, seed=args.seed
+    )
+
+
+_COMMANDS = {
+    "run": cmd_run,
+    "status": cmd_status,
+    "instances": cmd_instances,
+    "db": cmd_db,
+    "append": cmd_append,
+    "demo": cmd_demo,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``projections`` console script."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        return _COMMANDS[args.command](args)
+    except ProjectionsError as exc:
+        if args.traceback:
+            raise
+        print(f"projections: error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

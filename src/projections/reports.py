@@ -1,0 +1,147 @@
+"""Reports on the cluster as the database records it: consumers, partitions, instances.
+
+A partition is OWNED while a live instance owns it, ORPHANED when its owner is no
+longer live, and UNCLAIMED when nobody owns it. Lag is the number of messages of the
+partition (in the consumer's topics and types) after its checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from sqlalchemy import and_, func, select
+
+from messaging.database import Database
+from messaging.membership import Membership
+from messaging.settings import ConsumerSettings
+
+OWNED = "OWNED"
+ORPHANED = "ORPHANED"
+UNCLAIMED = "UNCLAIMED"
+
+
+def consumers_report(db: Database, settings: ConsumerSettings) -> dict[str, Any]:
+    """``{"consumers": [{"name", "kind", "distribution", "partitions": [...]}]}``."""
+    schema = db.schema
+    consumers, parts, messages = schema.consumers, schema.partitions, schema.messages
+    with db.read() as conn:
+        instances = {
+            row.id: row for row in Membership(db).instances(conn, settings.stale_instance_timeout)
+        }
+        declared = (
+            conn.execute(
+                select(consumers).where(consumers.c.tenant == db.tenant).order_by(consumers.c.name)
+            )
+            .mappings()
+            .all()
+        )
+        report = []
+        for consumer in declared:
+            topics, types = json.loads(consumer["topics"]), json.loads(consumer["types"])
+            lag = (
+                select(parts.c.partition_no, func.count(messages.c.position).label("lag"))
+                .select_from(
+                    parts.outerjoin(
+                        messages,
+                        and_(
+                            messages.c.tenant == parts.c.tenant,
+                            messages.c.topic.in_(topics),
+                            messages.c.type.in_(types),
+                            messages.c.position > parts.c.checkpoint,
+                            messages.c.partition_hash % consumer["partitions"]
+                            == parts.c.partition_no,
+                        ),
+                    )
+                )
+                .where(parts.c.tenant == db.tenant, parts.c.consumer == consumer["name"])
+                .group_by(parts.c.partition_no)
+            )
+            lags = dict(conn.execute(lag).tuples().all())
+            rows = conn.execute(
+                select(parts)
+                .where(parts.c.tenant == db.tenant, parts.c.consumer == consumer["name"])
+                .order_by(parts.c.partition_no)
+            ).mappings()
+            partitions = []
+            for row in rows:
+                owner = instances.get(row["owner"]) if row["owner"] else None
+                if row["owner"] is None:
+                    state = UNCLAIMED
+                elif owner is not None and owner.live:
+                    state = OWNED
+                else:
+                    state = ORPHANED
+                entry: dict[str, Any] = {
+                    "partition": row["partition_no"],
+                    "instance": owner.name if owner is not None else row["owner"],
+                    "instance_id": row["owner"],
+                    "state": state,
+                    "status": row["status"],
+                    "epoch": row["epoch"],
+                    "checkpoint": row["checkpoint"],
+                    "lag": int(lags.get(row["partition_no"], 0)),
+                }
+                if row["halted_position"] is not None:
+                    entry["halted"] = {
+                        "position": row["halted_position"],
+                        "type": row["halted_type"],
+                        "error": row["error"],
+                    }
+                partitions.append(entry)
+            report.append(
+                {
+                    "name": consumer["name"],
+                    "kind": consumer["kind"],
+                    "distribution": consumer["distribution"],
+                    "state": consumer["state"],
+                    "partitions": partitions,
+                }
+            )
+    return {"consumers": report}
+
+
+def instances_report(db: Database, settings: ConsumerSettings) -> dict[str, Any]:
+    """``{"instances": [{"id", "name", "host", "pid", "started_at", "heartbeat_at", "live"}]}``."""
+    with db.read() as conn:
+        rows = Membership(db).instances(conn, settings.stale_instance_timeout)
+    return {
+        "instances": [
+            {
+                "id": r.id,
+                "name": r.name,
+                "host": r.host,
+                "pid": r.pid,
+                "started_at": r.started_at,
+                "heartbeat_at": r.heartbeat_at,
+                "live": r.live,
+                "stopping": r.stopping,
+            }
+            for r in rows
+        ]
+    }
+
+
+def format_consumers(report: dict[str, Any]) -> str:
+    """The consumers report as a plain-text table."""
+    lines = []
+    for consumer in report["consumers"]:
+        lines.append(
+            f"{consumer['name']}  ({consumer['kind']}, {consumer['distribution']}, "
+            f"{consumer['state']})"
+        )
+        lines.append(
+            f"  {'partition':>9}  {'state':<10} {'status':<8} {'checkpoint':>10} "
+            f"{'lag':>8}  instance"
+        )
+        for p in consumer["partitions"]:
+            lines.append(
+                f"  {p['partition']:>9}  {p['state']:<10} {p['status']:<8} {p['checkpoint']:>10} "
+                f"{p['lag']:>8}  {p['instance'] or '-'}"
+            )
+            if "halted" in p:
+                h = p["halted"]
+                lines.append(
+                    f"  {'':>9}  halted at position {h['position']} ({h['type']}): {h['error']}"
+                )
+    return "\n".join(lines) if lines else "no consumers declared yet"

@@ -1,0 +1,84 @@
+"""Shared fixtures: a real database per test, on SQLite and on MySQL/MariaDB.
+
+MySQL tests find their server through ``PROJECTIONS_TEST_MYSQL_URL``. When it is set,
+an unreachable server fails the tests (never a skip); ``.ci/run`` always sets it.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from sqlalchemy import MetaData, create_engine, inspect, text
+
+from messaging import Database
+from messaging.migrations import migrate
+
+MYSQL_URL_ENV = "PROJECTIONS_TEST_MYSQL_URL"
+
+
+def mysql_url() -> str:
+    """The test server's URL; skips only when the variable is unset (local runs)."""
+    url = os.environ.get(MYSQL_URL_ENV)
+    if not url:
+        pytest.skip(f"{MYSQL_URL_ENV} is not set")
+    try:
+        engine = create_engine(url if "+" in url.split("://")[0] else url.replace("://", "+pymysql://", 1))
+        with engine.connect() as conn:
+            conn.execute(text("SELECT 1"))
+        engine.dispose()
+    except Exception as exc:  # the server must be there when the variable says so
+        pytest.fail(f"{MYSQL_URL_ENV}={url} is set but the server cannot be reached: {exc}")
+    return url
+
+
+def _drop_prefixed(db: Database, extra: list[str]) -> None:
+    with db.engine.begin() as conn:
+        names = inspect(conn).get_table_names()
+        for name in names:
+            if name.startswith(db.schema.prefix) or name in extra:
+                conn.execute(text(f"DROP TABLE IF EXISTS `{name}`"))
+
+
+@pytest.fixture(params=["sqlite", pytest.param("mysql", marks=pytest.mark.mysql)])
+def backend(request: pytest.FixtureRequest) -> str:
+    """Each test that uses it runs once per backend."""
+    return str(request.param)
+
+
+@pytest.fixture
+def database_url(backend: str, tmp_path: os.PathLike[str]) -> str:
+    """A fresh database URL for this test on the chosen backend."""
+    if backend == "sqlite":
+        return f"sqlite:///{tmp_path}/test.db"
+    return mysql_url()
+
+
+@pytest.fixture
+def table_prefix(backend: str) -> str:
+    """A table prefix unique to this test, so MySQL tests never see each other's rows."""
+    return "prj_" if backend == "sqlite" else f"t{uuid.uuid4().hex[:8]}_"
+
+
+@pytest.fixture
+def read_model_metadata() -> list[MetaData]:
+    """Read-model metadata whose tables a test creates; dropped after MySQL tests."""
+    from projections.examples import ledger
+
+    return [ledger.metadata]
+
+
+@pytest.fixture
+def db(database_url: str, table_prefix: str, read_model_metadata: list[MetaData]) -> Iterator[Database]:
+    """A prepared database (schema created on SQLite, migrated on MySQL)."""
+    database = Database(database_url, table_prefix=table_prefix)
+    if not database.is_sqlite:
+        _drop_prefixed(database, [t for m in read_model_metadata for t in m.tables])
+        migrate(database)
+    database.prepare()
+    yield database
+    if not database.is_sqlite:
+        _drop_prefixed(database, [t for m in read_model_metadata for t in m.tables])
+    database.dispose()
