@@ -11,8 +11,9 @@ writes traffic, runs it and checks the read model against a sequential replay.
 
 from __future__ import annotations
 
+import random
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import attrs
@@ -163,6 +164,51 @@ def replay(messages: Iterable[object]) -> dict[str, tuple[str, int, int]]:
     return {account: (row[0], row[1], row[2]) for account, row in state.items()}
 
 
-def read_model(rows: Iterable[Mapping[str, Any]]) -> dict[str, tuple[str, int, int]]:
+def read_model(rows: Iterable[Any]) -> dict[str, tuple[str, int, int]]:
     """The balances table as the same mapping :func:`replay` returns."""
     return {r["account_id"]: (r["owner"], int(r["balance"]), int(r["entries"])) for r in rows}
+
+
+def traffic(seed: int, count: int, accounts: int = 200) -> Iterator[list[tuple[str, object]]]:
+    """A realistic stream of about ``count`` messages, as commands of (source, message) lists.
+
+    Each command's messages belong in one transaction (a transfer is two). Balances
+    never go below zero.
+    """
+    rng = random.Random(seed)
+    balance: dict[str, int] = {}
+    owners = ("ada", "bob", "cy", "dee", "eve", "fay", "gus", "hal")
+    produced = 0
+    while produced < count:
+        if len(balance) < accounts and (not balance or rng.random() < 0.05):
+            account = f"acct-{len(balance):05d}"
+            balance[account] = 0
+            command: list[tuple[str, object]] = [
+                (account, AccountOpened(account, rng.choice(owners)))
+            ]
+        else:
+            account = (
+                rng.choice(sorted(balance)) if len(balance) < 50 else rng.choice(list(balance))
+            )
+            roll = rng.random()
+            if roll < 0.5 or balance[account] == 0:
+                amount = rng.randint(1, 500)
+                balance[account] += amount
+                command = [(account, Deposited(account, amount))]
+            elif roll < 0.8 or len(balance) < 2:
+                amount = rng.randint(1, balance[account])
+                balance[account] -= amount
+                command = [(account, Withdrawn(account, amount))]
+            else:
+                other = rng.choice([a for a in list(balance)[:50] if a != account] or [account])
+                if other == account:
+                    continue
+                amount = rng.randint(1, balance[account])
+                balance[account] -= amount
+                balance[other] += amount
+                command = [
+                    (account, TransferSent(account, other, amount)),
+                    (other, TransferReceived(other, account, amount)),
+                ]
+        produced += len(command)
+        yield command
