@@ -25,7 +25,9 @@ def mysql_url() -> str:
     if not url:
         pytest.skip(f"{MYSQL_URL_ENV} is not set")
     try:
-        engine = create_engine(url if "+" in url.split("://")[0] else url.replace("://", "+pymysql://", 1))
+        engine = create_engine(
+            url if "+" in url.split("://")[0] else url.replace("://", "+pymysql://", 1)
+        )
         with engine.connect() as conn:
             conn.execute(text("SELECT 1"))
         engine.dispose()
@@ -71,7 +73,9 @@ def read_model_metadata() -> list[MetaData]:
 
 
 @pytest.fixture
-def db(database_url: str, table_prefix: str, read_model_metadata: list[MetaData]) -> Iterator[Database]:
+def db(
+    database_url: str, table_prefix: str, read_model_metadata: list[MetaData]
+) -> Iterator[Database]:
     """A prepared database (schema created on SQLite, migrated on MySQL)."""
     database = Database(database_url, table_prefix=table_prefix)
     if not database.is_sqlite:

@@ -57,7 +57,7 @@ def consumers_report(db: Database, settings: ConsumerSettings) -> dict[str, Any]
                 .where(parts.c.tenant == db.tenant, parts.c.consumer == consumer["name"])
                 .group_by(parts.c.partition_no)
             )
-            lags: dict[int, int] = dict(conn.execute(lag).tuples().all())
+            lags: dict[int, int] = {int(p): int(n) for p, n in conn.execute(lag)}
             rows = conn.execute(
                 select(parts)
                 .where(parts.c.tenant == db.tenant, parts.c.consumer == consumer["name"])

@@ -1,0 +1,115 @@
+"""Helpers for tests that run real ``projections`` processes against a shared database."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import select
+
+from messaging import Database, MessageStore, registry
+from messaging.settings import ConsumerSettings
+from projections.examples import ledger
+from projections.reports import consumers_report
+
+FAST_CONSUMER_CONFIG = """\
+database: {url}
+table-prefix: {prefix}
+messaging:
+  consumer:
+    rebalance-interval: 300ms
+    stale-instance-timeout: 1s
+    heartbeat-interval: 200ms
+    graceful-shutdown-timeout: 3s
+    idle-poll-interval: 50ms
+    batch-size: {batch_size}
+    conflict-retry: {{max-retries: 5, max-delay: 100ms}}
+"""
+
+
+def write_config(path: Path, db: Database, *, batch_size: int = 100) -> Path:
+    """A config file pointing at ``db`` with sub-second intervals."""
+    path.write_text(
+        FAST_CONSUMER_CONFIG.format(url=db.url, prefix=db.schema.prefix, batch_size=batch_size),
+        encoding="utf-8",
+    )
+    return path
+
+
+def start_instance(config: Path, name: str, *modules: str) -> subprocess.Popen[bytes]:
+    """Start ``projections run`` as a real OS process."""
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "projections.cli",
+            "--log-level",
+            "WARNING",
+            "run",
+            *(modules or ("projections.examples.ledger",)),
+            "--config",
+            str(config),
+            "--instance-name",
+            name,
+        ],
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+
+
+def stop_instance(process: subprocess.Popen[bytes], timeout: float = 30) -> int:
+    """SIGTERM a process and wait for its exit code."""
+    process.send_signal(signal.SIGTERM)
+    return process.wait(timeout=timeout)
+
+
+def wait_until(condition: Callable[[], Any], *, timeout: float, what: str) -> Any:
+    """Poll ``condition`` until it returns a truthy value; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.02)
+
+
+def seed_ledger(db: Database, messages: int, seed: int = 1) -> int:
+    """Append about ``messages`` ledger messages; return how many were appended."""
+    store = MessageStore(db)
+    written = 0
+    commands = list(ledger.traffic(seed, messages))
+    for start in range(0, len(commands), 200):
+        with db.transaction() as conn:
+            for command in commands[start : start + 200]:
+                for source, event in command:
+                    store.append(conn, ledger.TOPIC, source, [event])
+                    written += 1
+    return written
+
+
+def lag(db: Database, consumer: str = "ledger-balances") -> int | None:
+    """Total lag of a consumer, or None while it is not declared yet."""
+    report = consumers_report(db, ConsumerSettings())
+    for entry in report["consumers"]:
+        if entry["name"] == consumer:
+            return sum(p["lag"] for p in entry["partitions"])
+    return None
+
+
+def ledger_matches_replay(db: Database) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(read model, sequential replay) of the ledger balances."""
+    m = db.schema.messages
+    with db.read() as conn:
+        rows = conn.execute(
+            select(m.c.type, m.c.payload).where(m.c.tenant == db.tenant).order_by(m.c.position)
+        ).all()
+        stored = conn.execute(select(ledger.balances)).mappings().all()
+    expected = ledger.replay(registry.decode(t, p) for t, p in rows)
+    return ledger.read_model(stored), expected
