@@ -96,7 +96,8 @@ class Ownership:
         instance_id: str,
         live_ids: Select[tuple[str]],
     ) -> list[Claim]:
-        """Claim those of ``partitions`` that are unowned or owned by a non-live instance.
+        """Claim those of ``partitions`` that are unowned, owned by a non-live instance or already
+        by this one (re-claimed under a new epoch).
 
         A compare-and-set: the ``UPDATE`` matches only such rows and bumps their epoch.
         Returns the partitions claimed now, with their new epochs.
@@ -110,14 +111,22 @@ class Ownership:
             .where(
                 *self._consumer(consumer),
                 t.c.partition_no.in_(wanted),
-                or_(t.c.owner.is_(None), t.c.owner.not_in(live_ids)),
+                t.c.status == RUNNING,
+                or_(
+                    t.c.owner.is_(None),
+                    t.c.owner == instance_id,
+                    t.c.owner.not_in(live_ids),
+                ),
             )
             .values(owner=instance_id, epoch=t.c.epoch + 1, updated_at=self.db.clock.now())
             .execution_options(synchronize_session=False)
         )
         rows = conn.execute(
-            select(t.c.partition_no, t.c.epoch, t.c.checkpoint, t.c.status).where(
-                *self._consumer(consumer), t.c.partition_no.in_(wanted), t.c.owner == instance_id
+            select(t.c.partition_no, t.c.epoch, t.c.checkpoint).where(
+                *self._consumer(consumer),
+                t.c.partition_no.in_(wanted),
+                t.c.owner == instance_id,
+                t.c.status == RUNNING,
             )
         )
         return [Claim(partition=r[0], epoch=r[1], checkpoint=r[2]) for r in rows]

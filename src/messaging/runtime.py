@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from types import FrameType
 
 import pluggy
+from sqlalchemy import Connection
 
 from messaging.consumers import ConsumerKind, ConsumerSpec
 from messaging.database import Database
@@ -27,6 +28,7 @@ from messaging.membership import InstanceInfo, Membership
 from messaging.messages import MessageRegistry
 from messaging.messages import registry as default_registry
 from messaging.ownership import Ownership
+from messaging.rebalance import plan
 from messaging.retry import retry_transient
 from messaging.settings import Distribution, Settings
 from messaging.worker import ConsumerWorker, InMemoryWorker
@@ -69,6 +71,8 @@ class Instance:
         self.workers: dict[str, ConsumerWorker] = {}
         self.in_memory: dict[str, InMemoryWorker] = {}
         self._started = False
+        self.distributions: dict[str, Distribution] = {}
+        self._waiting: dict[str, str | None] = {}
 
     def distribution(self, spec: ConsumerSpec) -> Distribution:
         """The configured distribution of a consumer."""
@@ -91,7 +95,7 @@ class Instance:
         runs = {}
         for spec in self.specs:
             if spec.transactional:
-                distribution = self.distribution(spec)
+                distribution = self.distributions[spec.name] = self.distribution(spec)
                 declared = self._retry(
                     lambda spec=spec, d=distribution: self._declare(spec, d), f"declare {spec.name}"
                 )
@@ -125,13 +129,23 @@ class Instance:
         self.hooks.projections_instance_started(
             instance_id=self.id, name=self.name, consumers=[s.name for s in self.specs]
         )
-        self.claim_partitions()
+        self.rebalance()
         self._spawn("heartbeat", self._heartbeat_loop, self._stop_loops)
-        self._spawn("claims", self._claim_loop, self._stop_loops)
+        self._spawn("rebalance", self._rebalance_loop, self._stop_loops)
         for name, worker in self.workers.items():
             self._spawn(f"apply:{name}", worker.run, self._stop_workers)
         for name, memory in self.in_memory.items():
             self._spawn(f"memory:{name}", memory.run, self._stop_workers)
+
+    def _register(self, conn: Connection, info: InstanceInfo) -> None:
+        timeout = self.consumer_settings.stale_instance_timeout
+        for other in self.membership.instances(conn, timeout):
+            if other.name == info.name and other.live:
+                raise ProjectionsError(
+                    f"instance name {info.name!r} is taken by a live instance "
+                    f"(pid {other.pid} on {other.host}); choose another with --instance-name"
+                )
+        self.membership.register(conn, info)
 
     def _declare(self, spec: ConsumerSpec, distribution: Distribution) -> str:
         with self.db.transaction() as conn:
@@ -151,38 +165,68 @@ class Instance:
 
     # -- loops -------------------------------------------------------------------------
 
-    def claim_partitions(self) -> None:
-        """Claim every partition of each consumer that is unowned or owned by a dead instance."""
-        live = self.membership.live_ids(self.consumer_settings.stale_instance_timeout)
-        for name, worker in self.workers.items():
+    def rebalance(self) -> None:
+        """Compute the target from the database rows; release what moved away, claim the rest.
+
+        Released partitions are dropped only after the batch in flight commits. Partitions
+        assigned here are claimed when unowned or owned by a non-live instance; one still
+        held by a live instance is claimed on a later round, after that instance let go.
+        """
+        timeout = self.consumer_settings.stale_instance_timeout
+        with self.db.read() as conn:
+            live = [i for i in self.membership.instances(conn, timeout) if i.live]
+            rows = self.ownership.partitions(conn, sorted(self.workers))
+        owners: dict[str, dict[int, str | None]] = {name: {} for name in self.workers}
+        for row in rows:
+            owners[row.consumer][row.partition] = row.owner
+        plans = plan(
+            self.id,
+            live,
+            owners,
+            {name: worker.spec.partitions for name, worker in self.workers.items()},
+            self.distributions,
+        )
+        live_ids = self.membership.live_ids(timeout)
+        for name, target in plans.items():
+            worker = self.workers[name]
+            lost = [p for p in worker.claims() if owners[name].get(p) != self.id]
+            if lost:
+                worker.drop(lost)
+            if target.release:
+                worker.drop_after_batch(sorted(target.release))
+                with self.db.transaction() as conn:
+                    self.ownership.release(conn, name, self.id, target.release)
+                for partition in sorted(target.release):
+                    self._event("released", name, partition, None)
+            if target.waiting_for and target.waiting_for != self._waiting.get(name):
+                log.warning("consumer %s: applying nothing here: %s", name, target.waiting_for)
+            self._waiting[name] = target.waiting_for
+            wanted = sorted(target.target - set(worker.claims()))
+            if not wanted:
+                continue
             with self.db.transaction() as conn:
-                claims = self.ownership.claim(
-                    conn, name, range(worker.spec.partitions), self.id, live
-                )
-                owned = self.ownership.owned(conn, name, self.id)
-            known = worker.claims()
-            fresh = [c for c in owned if known.get(c.partition) != c]
-            fresh = [
-                c for c in fresh if c.partition not in known or known[c.partition].epoch != c.epoch
-            ]
-            if fresh:
-                worker.add_claims(fresh)
-            claimed_now = {c.partition for c in claims} & {c.partition for c in fresh}
+                claims = self.ownership.claim(conn, name, wanted, self.id, live_ids)
+            worker.add_claims(claims)
             for claim in claims:
-                if claim.partition in claimed_now:
-                    log.info(
-                        "consumer %s: partition %d claimed by %s under epoch %d",
-                        name,
-                        claim.partition,
-                        self.name,
-                        claim.epoch,
-                    )
-                    self.hooks.projections_partition_claimed(
-                        consumer=name,
-                        partition=claim.partition,
-                        epoch=claim.epoch,
-                        instance_id=self.id,
-                    )
+                self._event("claimed", name, claim.partition, claim.epoch)
+
+    def _event(self, what: str, consumer: str, partition: int, epoch: int | None) -> None:
+        log.info(
+            "consumer %s: partition %d %s by %s%s",
+            consumer,
+            partition,
+            what,
+            self.name,
+            f" under epoch {epoch}" if epoch is not None else "",
+        )
+        if epoch is not None:
+            self.hooks.projections_partition_claimed(
+                consumer=consumer, partition=partition, epoch=epoch, instance_id=self.id
+            )
+        else:
+            self.hooks.projections_partition_released(
+                consumer=consumer, partition=partition, instance_id=self.id
+            )
 
     def _heartbeat_loop(self, stop: threading.Event) -> None:
         interval = self.consumer_settings.heartbeat_interval
@@ -203,12 +247,12 @@ class Instance:
             except Exception:
                 log.exception("instance %s: heartbeat failed", self.name)
 
-    def _claim_loop(self, stop: threading.Event) -> None:
+    def _rebalance_loop(self, stop: threading.Event) -> None:
         while not stop.wait(self.consumer_settings.rebalance_interval):
             try:
-                self.claim_partitions()
+                self.rebalance()
             except Exception:
-                log.exception("instance %s: claiming partitions failed", self.name)
+                log.exception("instance %s: rebalance failed; trying again next round", self.name)
 
     # -- stop --------------------------------------------------------------------------
 

@@ -98,6 +98,7 @@ class ConsumerWorker:
         self.dispatcher = _Dispatcher(spec, registry)
         self._claims: dict[int, Claim] = {}
         self._lock = threading.Lock()
+        self._batch_in_flight = threading.Lock()
 
     # -- ownership, changed by the rebalance loop ----------------------------------------
 
@@ -117,6 +118,11 @@ class ConsumerWorker:
         """A snapshot of the partitions applied here."""
         with self._lock:
             return dict(self._claims)
+
+    def drop_after_batch(self, partitions: Sequence[int]) -> None:
+        """Stop applying ``partitions`` once the batch in flight (if any) has committed."""
+        with self._batch_in_flight:
+            self.drop(partitions)
 
     # -- applying ------------------------------------------------------------------------
 
@@ -261,7 +267,8 @@ class ConsumerWorker:
         idle = self.settings.idle_poll_interval
         while not stop.is_set():
             try:
-                applied = self.poll()
+                with self._batch_in_flight:
+                    applied = self.poll()
             except Exception:
                 log.exception("consumer %s: poll failed; retrying after a pause", self.spec.name)
                 applied = 0

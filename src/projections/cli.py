@@ -46,6 +46,12 @@ def build_parser() -> argparse.ArgumentParser:
     run = commands.add_parser("run", help="run an instance with the application's consumers")
     run.add_argument("modules", nargs="+", metavar="MODULE", help="application module(s)")
     run.add_argument("--instance-name", help="this instance's name (default host:pid)")
+    run.add_argument(
+        "--workers",
+        type=int,
+        default=0,
+        help="start a supervisor with this many instance processes",
+    )
     _add_database_options(run)
 
     status = commands.add_parser("status", help="each consumer's partitions: owner, state, lag")
@@ -96,10 +102,31 @@ def _print_json(data: Any) -> None:
     print(json.dumps(data, indent=2, sort_keys=False))
 
 
+def _worker_command(args: argparse.Namespace, index: int) -> list[str]:
+    command = [sys.executable, "-m", "projections.cli", "--log-level", args.log_level, "run"]
+    command += list(args.modules)
+    for option in ("config", "database"):
+        if getattr(args, option):
+            command += [f"--{option}", getattr(args, option)]
+    if args.instance_name:
+        command += ["--instance-name", f"{args.instance_name}-{index}"]
+    return command
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     settings = _settings(args)
     manager = create_plugin_manager(args.modules)
-    specs = collect_consumers(manager)
+    specs = collect_consumers(manager)  # fail here, once, rather than in every worker
+    if args.workers:
+        if args.workers < 1:
+            raise ProjectionsError("--workers must be at least 1")
+        from messaging.supervisor import Supervisor
+
+        timeout = settings.messaging.consumer.graceful_shutdown_timeout + 10
+        supervisor = Supervisor(
+            lambda index: _worker_command(args, index), args.workers, stop_timeout=timeout
+        )
+        return supervisor.run()
     db = _database(settings)
     instance = Instance(db, specs, settings, manager.hook, name=args.instance_name)
     try:

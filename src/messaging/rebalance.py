@@ -1,0 +1,107 @@
+"""Rebalance planning: from the membership and ownership rows, what this instance should
+release and claim. Pure: every instance computes the same target from the same rows.
+
+Partitioned consumers: the units are the consumer's partitions, the members are the live
+instances that run it partitioned. Single-owner consumers: the units are whole
+consumers, spread over the live instances that run them single-owner (grouped by
+member set); the elected member claims every partition. A single-owner instance applies
+nothing of a consumer while a live instance still runs it partitioned, so a rolling
+deploy that switches modes never has two owners apply one partition.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Mapping, Sequence
+
+import attrs
+
+from messaging.assignor import assign
+from messaging.membership import InstanceRow
+from messaging.settings import Distribution
+
+
+@attrs.define(frozen=True, kw_only=True)
+class Plan:
+    """What one instance should do for one consumer."""
+
+    consumer: str
+    target: frozenset[int]
+    """The partitions assigned to this instance."""
+    release: frozenset[int]
+    """Partitions this instance owns that are assigned elsewhere."""
+    waiting_for: str | None = None
+    """Why this instance applies nothing of the consumer, if it does not."""
+
+
+def _runs(instance: InstanceRow, consumer: str) -> str | None:
+    entry = instance.runs.get(consumer)
+    return None if entry is None else str(entry.get("distribution"))
+
+
+def plan(
+    me: str,
+    live: Sequence[InstanceRow],
+    owners: Mapping[str, Mapping[int, str | None]],
+    partitions: Mapping[str, int],
+    distributions: Mapping[str, Distribution],
+) -> dict[str, Plan]:
+    """Plans for the consumers ``me`` runs (``distributions``: consumer → its mode here).
+
+    ``owners`` maps consumer → partition → owning instance id (or None);
+    ``partitions`` maps consumer → partition count.
+    """
+    members = {i.id for i in live} | {me}
+    plans: dict[str, Plan] = {}
+    single_owner: dict[str, list[str]] = {}
+    for consumer, distribution in distributions.items():
+        partitioned = sorted(
+            i.id for i in live if _runs(i, consumer) == Distribution.PARTITIONED.value
+        )
+        owned_here = {p for p, o in owners.get(consumer, {}).items() if o == me}
+        if distribution is Distribution.PARTITIONED:
+            members_here = sorted(set(partitioned) | {me})
+            units = range(partitions[consumer])
+            current = {p: o for p, o in owners.get(consumer, {}).items() if o in members}
+            target = assign(units, members_here, current)
+            mine = frozenset(p for p, owner in target.items() if owner == me)
+            plans[consumer] = Plan(
+                consumer=consumer, target=mine, release=frozenset(owned_here - mine)
+            )
+            continue
+        others_partitioned = [i for i in partitioned if i != me]
+        if others_partitioned:
+            plans[consumer] = Plan(
+                consumer=consumer,
+                target=frozenset(),
+                release=frozenset(owned_here),
+                waiting_for=f"instances {others_partitioned} still run it partitioned",
+            )
+            continue
+        single_owner[consumer] = sorted(
+            i.id for i in live if _runs(i, consumer) == Distribution.SINGLE_OWNER.value
+        )
+        if me not in single_owner[consumer]:
+            single_owner[consumer] = sorted([*single_owner[consumer], me])
+    groups: dict[tuple[str, ...], list[str]] = defaultdict(list)
+    for consumer, runners in single_owner.items():
+        groups[tuple(runners)].append(consumer)
+    for group_members, consumers in groups.items():
+        holders: dict[str, str | None] = {}
+        for consumer in consumers:
+            held = Counter(o for o in owners.get(consumer, {}).values() if o in members)
+            holders[consumer] = min(held, key=lambda o: (-held[o], o)) if held else None
+        elected = assign(consumers, group_members, holders)
+        for consumer in consumers:
+            owned_here = {p for p, o in owners.get(consumer, {}).items() if o == me}
+            if elected[consumer] == me:
+                plans[consumer] = Plan(
+                    consumer=consumer,
+                    target=frozenset(range(partitions[consumer])),
+                    release=frozenset(),
+                )
+            else:
+                plans[consumer] = Plan(
+                    consumer=consumer, target=frozenset(), release=frozenset(owned_here)
+                )
+    return plans
