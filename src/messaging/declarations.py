@@ -12,7 +12,8 @@ import json
 import logging
 
 import attrs
-from sqlalchemy import Connection, insert, select, update
+from sqlalchemy import Connection, insert, inspect, select, update
+from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 
 from messaging.consumers import ConsumerSpec
 from messaging.database import Database
@@ -33,15 +34,39 @@ class Declared:
     fingerprint: str
 
 
-def declare(
+def create_read_models(db: Database, spec: ConsumerSpec) -> None:
+    """Create the consumer's read-model tables that do not exist yet.
+
+    Runs in its own transactions, before the consumer's row is locked: on MySQL every
+    DDL statement commits implicitly. A concurrent creation by another instance is not
+    an error.
+    """
+    for read_model in spec.options.tables:
+        try:
+            with db.transaction() as conn:
+                read_model.create(conn, checkfirst=True)
+        except (OperationalError, ProgrammingError) as exc:
+            with db.read() as conn:
+                if not inspect(conn).has_table(read_model.name):
+                    raise
+            log.debug("read model %s created concurrently: %s", read_model.name, exc)
+
+
+def declare(db: Database, spec: ConsumerSpec, distribution: Distribution) -> Declared:
+    """Create the read models, record ``spec`` in the consumers table and create its
+    partitions; or rebuild the consumer when its declaration changed."""
+    create_read_models(db, spec)
+    with db.transaction() as conn:
+        return _record(db, conn, spec, distribution)
+
+
+def _record(
     db: Database, conn: Connection, spec: ConsumerSpec, distribution: Distribution
 ) -> Declared:
-    """Record ``spec`` in the consumers table; create or rebuild its tables and partitions."""
     table = db.schema.consumers
     ownership = Ownership(db)
     fingerprint = spec.fingerprint()
     where = (table.c.tenant == db.tenant, table.c.name == spec.name)
-    row = conn.execute(select(table.c.fingerprint).where(*where).with_for_update()).first()
     values = {
         "kind": spec.kind.value,
         "distribution": distribution.value,
@@ -52,15 +77,18 @@ def declare(
         "state": STATE_RUNNING,
         "updated_at": db.clock.now(),
     }
+    row = conn.execute(select(table.c.fingerprint).where(*where).with_for_update()).first()
     if row is None:
-        conn.execute(insert(table).values(tenant=db.tenant, name=spec.name, **values))
-        for read_model in spec.options.tables:
-            read_model.create(conn, checkfirst=True)
-        ownership.ensure_partitions(conn, spec.name, spec.partitions)
-        return Declared(consumer=spec.name, outcome="created", fingerprint=fingerprint)
+        try:
+            with conn.begin_nested():
+                conn.execute(insert(table).values(tenant=db.tenant, name=spec.name, **values))
+        except IntegrityError:  # another instance declared it first: use its row
+            row = conn.execute(select(table.c.fingerprint).where(*where).with_for_update()).one()
+        else:
+            ownership.ensure_partitions(conn, spec.name, spec.partitions)
+            return Declared(consumer=spec.name, outcome="created", fingerprint=fingerprint)
     if row.fingerprint == fingerprint:
-        for read_model in spec.options.tables:
-            read_model.create(conn, checkfirst=True)
+        conn.execute(update(table).where(*where).values(distribution=distribution.value))
         ownership.ensure_partitions(conn, spec.name, spec.partitions)
         return Declared(consumer=spec.name, outcome="unchanged", fingerprint=fingerprint)
     log.warning(

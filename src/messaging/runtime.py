@@ -148,8 +148,7 @@ class Instance:
         self.membership.register(conn, info)
 
     def _declare(self, spec: ConsumerSpec, distribution: Distribution) -> str:
-        with self.db.transaction() as conn:
-            return declare(self.db, conn, spec, distribution).fingerprint
+        return declare(self.db, spec, distribution).fingerprint
 
     def _in_transaction(self, action: object) -> None:
         with self.db.transaction() as conn:

@@ -80,11 +80,11 @@ def wait_until(condition: Callable[[], Any], *, timeout: float, what: str) -> An
         time.sleep(0.02)
 
 
-def seed_ledger(db: Database, messages: int, seed: int = 1) -> int:
+def seed_ledger(db: Database, messages: int, seed: int = 1, prefix: str = "acct") -> int:
     """Append about ``messages`` ledger messages; return how many were appended."""
     store = MessageStore(db)
     written = 0
-    commands = list(ledger.traffic(seed, messages))
+    commands = list(ledger.traffic(seed, messages, prefix=prefix))
     for start in range(0, len(commands), 200):
         with db.transaction() as conn:
             for command in commands[start : start + 200]:
@@ -113,3 +113,29 @@ def ledger_matches_replay(db: Database) -> tuple[dict[str, Any], dict[str, Any]]
         stored = conn.execute(select(ledger.balances)).mappings().all()
     expected = ledger.replay(registry.decode(t, p) for t, p in rows)
     return ledger.read_model(stored), expected
+
+
+def owners(db: Database, consumer: str = "ledger-balances") -> dict[int, tuple[str | None, str]]:
+    """Partition → (instance name, state) as ``projections status`` reports it."""
+    report = consumers_report(
+        db,
+        ConsumerSettings(
+            stale_instance_timeout=1.0, rebalance_interval=0.3, heartbeat_interval=0.2
+        ),
+    )
+    for entry in report["consumers"]:
+        if entry["name"] == consumer:
+            return {p["partition"]: (p["instance"], p["state"]) for p in entry["partitions"]}
+    return {}
+
+
+def owned_by(
+    db: Database, names: set[str], consumer: str = "ledger-balances"
+) -> dict[int, str] | None:
+    """Partition → owner name when every partition is OWNED by one of ``names``, else None."""
+    current = owners(db, consumer)
+    if not current or any(
+        state != "OWNED" or name not in names for name, state in current.values()
+    ):
+        return None
+    return {p: str(name) for p, (name, _) in current.items()}

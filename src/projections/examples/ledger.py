@@ -169,7 +169,9 @@ def read_model(rows: Iterable[Any]) -> dict[str, tuple[str, int, int]]:
     return {r["account_id"]: (r["owner"], int(r["balance"]), int(r["entries"])) for r in rows}
 
 
-def traffic(seed: int, count: int, accounts: int = 200) -> Iterator[list[tuple[str, object]]]:
+def traffic(
+    seed: int, count: int, accounts: int = 200, prefix: str = "acct"
+) -> Iterator[list[tuple[str, object]]]:
     """A realistic stream of about ``count`` messages, as commands of (source, message) lists.
 
     Each command's messages belong in one transaction (a transfer is two). Balances
@@ -181,7 +183,7 @@ def traffic(seed: int, count: int, accounts: int = 200) -> Iterator[list[tuple[s
     produced = 0
     while produced < count:
         if len(balance) < accounts and (not balance or rng.random() < 0.05):
-            account = f"acct-{len(balance):05d}"
+            account = f"{prefix}-{len(balance):05d}"
             balance[account] = 0
             command: list[tuple[str, object]] = [
                 (account, AccountOpened(account, rng.choice(owners)))
