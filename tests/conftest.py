@@ -12,6 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 from sqlalchemy import MetaData, create_engine, inspect, text
+from sqlalchemy.engine import make_url
 
 from messaging import Database
 from messaging.migrations import migrate
@@ -50,12 +51,33 @@ def backend(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
+@pytest.fixture(scope="session")
+def mysql_database_url() -> Iterator[str]:
+    """A MySQL database of this test session's own, so that nothing else using the server
+    (another run, a benchmark) can see or drop our tables; dropped at the end."""
+    url = make_url(_with_driver(mysql_url()))
+    name = f"prj_test_{uuid.uuid4().hex[:10]}"
+    engine = create_engine(url)
+    with engine.begin() as conn:
+        conn.execute(text(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4"))
+    try:
+        yield url.set(database=name).render_as_string(hide_password=False)
+    finally:
+        with engine.begin() as conn:
+            conn.execute(text(f"DROP DATABASE IF EXISTS `{name}`"))
+        engine.dispose()
+
+
+def _with_driver(url: str) -> str:
+    return url if "+" in url.split("://")[0] else url.replace("://", "+pymysql://", 1)
+
+
 @pytest.fixture
-def database_url(backend: str, tmp_path: os.PathLike[str]) -> str:
+def database_url(backend: str, tmp_path: os.PathLike[str], request: pytest.FixtureRequest) -> str:
     """A fresh database URL for this test on the chosen backend."""
     if backend == "sqlite":
         return f"sqlite:///{tmp_path}/test.db"
-    return mysql_url()
+    return str(request.getfixturevalue("mysql_database_url"))
 
 
 @pytest.fixture

@@ -9,6 +9,7 @@ then check that every hook implementation matches a specification.
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 import os
 from collections.abc import Iterable, Sequence
 from types import ModuleType
@@ -68,7 +69,7 @@ def create_plugin_manager(
     if load_entrypoints is None:
         load_entrypoints = not os.environ.get(DISABLE_AUTOLOAD_ENV)
     if load_entrypoints:
-        manager.load_setuptools_entrypoints(ENTRY_POINT_GROUP)
+        _load_entry_points(manager)
     for module in modules:
         loaded = import_module(module) if isinstance(module, str) else module
         application.modules.append(loaded)
@@ -82,6 +83,26 @@ def create_plugin_manager(
     except pluggy.PluginValidationError as exc:
         raise RegistrationError(f"plugin {exc.plugin!r}: {exc}") from exc
     return manager
+
+
+def _load_entry_points(manager: pluggy.PluginManager) -> None:
+    """Register the installed plugins of the ``projections`` entry-point group."""
+    for entry_point in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        if manager.get_plugin(entry_point.name) is not None:
+            continue
+        where = f"entry point {entry_point.name!r} ({entry_point.value})"
+        if entry_point.dist is not None:
+            where += f" of {entry_point.dist.name}"
+        try:
+            plugin = entry_point.load()
+        except Exception as exc:
+            raise RegistrationError(
+                f"installed plugin {where} failed to import: {type(exc).__name__}: {exc}"
+            ) from exc
+        try:
+            manager.register(plugin, name=entry_point.name)
+        except (pluggy.PluginValidationError, ValueError) as exc:
+            raise RegistrationError(f"installed plugin {where}: {exc}") from exc
 
 
 def _register(manager: pluggy.PluginManager, plugin: object, name: str | None) -> None:
@@ -106,8 +127,14 @@ def collect_consumers(
 def _as_classes(contributed: Sequence[type] | None) -> list[type]:
     if contributed is None:
         return []
-    if isinstance(contributed, type) or not isinstance(contributed, Iterable):
+    if isinstance(contributed, type | str) or not isinstance(contributed, Iterable):
         raise RegistrationError(
             f"projections_consumers must return a list of classes, got {contributed!r}"
         )
-    return list(contributed)
+    items = list(contributed)
+    for item in items:
+        if not isinstance(item, type):
+            raise RegistrationError(
+                f"projections_consumers returned {item!r}, which is not a class"
+            )
+    return items

@@ -22,7 +22,7 @@ from messaging.consumers import ConsumerSpec
 from messaging.context import HandlerContext
 from messaging.database import Database
 from messaging.errors import OwnershipLost
-from messaging.messages import Envelope, MessageRegistry
+from messaging.messages import MessageRegistry
 from messaging.ownership import Claim, Ownership
 from messaging.retry import is_transient, retry_transient
 from messaging.settings import ConsumerSettings
@@ -61,10 +61,12 @@ class _Dispatcher:
         handlers = self.handlers
         for row in rows:
             try:
-                envelope = Envelope(*row[:8])
-                ctx.envelope = envelope
-                body = decode(envelope.type, row[8], envelope.position)
-                method, arity = handlers[envelope.type]
+                # The row becomes ctx.envelope; the Envelope itself is built only if asked for.
+                ctx._row = row
+                ctx._envelope = None
+                type_name = row[4]
+                body = decode(type_name, row[8], row[0])
+                method, arity = handlers[type_name]
                 if arity == 2:
                     method(body, ctx)
                 else:

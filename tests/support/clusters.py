@@ -33,10 +33,11 @@ messaging:
 """
 
 
-def write_config(path: Path, db: Database, *, batch_size: int = 100) -> Path:
-    """A config file pointing at ``db`` with sub-second intervals."""
+def write_config(path: Path, db: Database, *, batch_size: int = 100, extra: str = "") -> Path:
+    """A config file pointing at ``db`` with sub-second intervals (plus ``extra`` YAML)."""
     path.write_text(
-        FAST_CONSUMER_CONFIG.format(url=db.url, prefix=db.schema.prefix, batch_size=batch_size),
+        FAST_CONSUMER_CONFIG.format(url=db.url, prefix=db.schema.prefix, batch_size=batch_size)
+        + extra,
         encoding="utf-8",
     )
     return path

@@ -123,11 +123,6 @@ def test_decode_missing_field_names_the_field() -> None:
     assert "count" in info.value.reason
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: messages.py MessageRegistry.decode lets AttributeError escape for a JSON "
-    "payload that is not an object",
-)
 @pytest.mark.parametrize("payload", ["[1, 2]", '"text"', "5", "null"])
 def test_decode_non_object_payload_raises_decode_error(payload: str) -> None:
     """A JSON payload that is not an object raises DecodeError, not a bare builtin error."""
@@ -136,11 +131,6 @@ def test_decode_non_object_payload_raises_decode_error(payload: str) -> None:
     assert info.value.position == 3
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: messages.py MessageRegistry uses cattrs' coercing str/int hooks, so wrong "
-    "field types decode silently (5 -> '5', 1.9 -> 1, true -> 1, 'abc' -> ['a','b','c'])",
-)
 @pytest.mark.parametrize(
     "payload",
     [
@@ -157,11 +147,6 @@ def test_decode_wrong_field_type_raises_decode_error(payload: str) -> None:
     assert info.value.position == 4
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: messages.py MessageRegistry structures a JSON string into list[str] "
-    "character by character",
-)
 def test_decode_string_for_list_field_raises_decode_error() -> None:
     """A string where a list is declared is rejected rather than split into characters."""
     payload = '{"text": "t", "number": 1, "tags": "abc", "maybe": null}'
