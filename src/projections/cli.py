@@ -9,7 +9,7 @@ import argparse
 import json
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from messaging.config import load_settings
@@ -18,7 +18,7 @@ from messaging.errors import ProjectionsError
 from messaging.migrations import migrate
 from messaging.plugins import collect_consumers, create_plugin_manager, import_module
 from messaging.runtime import Instance
-from messaging.settings import Settings
+from messaging.settings import ConsumerSettings, Settings
 
 EXIT_ERROR = 1
 
@@ -136,42 +136,35 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _report(
+    args: argparse.Namespace,
+    build: Callable[[Database, ConsumerSettings], dict[str, Any]],
+    as_text: Callable[[dict[str, Any]], str],
+) -> int:
+    settings = _settings(args)
+    db = _database(settings)
+    try:
+        db.prepare()
+        report = build(db, settings.messaging.consumer)
+    finally:
+        db.dispose()
+    if args.json:
+        _print_json(report)
+    else:
+        print(as_text(report))
+    return 0
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     from projections.reports import consumers_report, format_consumers
 
-    settings = _settings(args)
-    db = _database(settings)
-    try:
-        db.prepare()
-        report = consumers_report(db, settings.messaging.consumer)
-    finally:
-        db.dispose()
-    if args.json:
-        _print_json(report)
-    else:
-        print(format_consumers(report))
-    return 0
+    return _report(args, consumers_report, format_consumers)
 
 
 def cmd_instances(args: argparse.Namespace) -> int:
-    from projections.reports import instances_report
+    from projections.reports import format_instances, instances_report
 
-    settings = _settings(args)
-    db = _database(settings)
-    try:
-        db.prepare()
-        report = instances_report(db, settings.messaging.consumer)
-    finally:
-        db.dispose()
-    if args.json:
-        _print_json(report)
-    else:
-        for row in report["instances"]:
-            state = "live" if row["live"] else "stale"
-            print(f"{row['name']:<30} {state:<6} {row['host']}:{row['pid']}  {row['id']}")
-        if not report["instances"]:
-            print("no instances registered")
-    return 0
+    return _report(args, instances_report, format_instances)
 
 
 def cmd_db(args: argparse.Namespace) -> int:

@@ -145,3 +145,13 @@ def format_consumers(report: dict[str, Any]) -> str:
                     f"  {'':>9}  halted at position {h['position']} ({h['type']}): {h['error']}"
                 )
     return "\n".join(lines) if lines else "no consumers declared yet"
+
+
+def format_instances(report: dict[str, Any]) -> str:
+    """The instances report as plain text, one instance a line."""
+    lines = [
+        f"{row['name']:<30} {'live' if row['live'] else 'stale':<6} "
+        f"{row['host']}:{row['pid']}  {row['id']}"
+        for row in report["instances"]
+    ]
+    return "\n".join(lines) if lines else "no instances registered"
