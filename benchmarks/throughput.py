@@ -35,17 +35,15 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-try:
-    import messaging
-except ModuleNotFoundError:  # running from a checkout without installing the package
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-    import messaging
+# Measure this checkout's code, whichever checkout an editable install points at.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 import pymysql  # type: ignore[import-untyped]
 from sqlalchemy import delete, inspect, select, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
 
+import messaging
 from messaging import ConsumerSpec, Database, MessageStore, NewMessage
 from messaging.declarations import declare
 from messaging.membership import InstanceInfo, Membership
@@ -56,6 +54,8 @@ from messaging.worker import ConsumerWorker
 from projections.examples import ledger
 
 CONSUMER = "ledger-balances"
+PARTITIONS = 8  # Balances' partition count; the hand-written loops advance all of them
+PARTITION_LIST = ", ".join(str(p) for p in range(PARTITIONS))
 BATCH = 500
 RUNS = 3
 SEED_CHUNK = 10_000
@@ -165,7 +165,10 @@ def balances_spec() -> tuple[ConsumerSpec, Any]:
     """The Balances projection's spec, collected through the plugin manager, and the hooks."""
     manager = messaging.create_plugin_manager(["projections.examples.ledger"])
     specs = {spec.name: spec for spec in messaging.collect_consumers(manager)}
-    return specs[CONSUMER], manager.hook
+    spec = specs[CONSUMER]
+    if spec.partitions != PARTITIONS:
+        raise BenchmarkFailure(f"{CONSUMER} has {spec.partitions} partitions, not {PARTITIONS}")
+    return spec, manager.hook
 
 
 # -- checks ---------------------------------------------------------------------------
@@ -184,7 +187,7 @@ def verify(
             f"({len(model)} vs {len(expected)} accounts; missing {missing}, extra {extra}, "
             f"different {[(a, model[a], expected[a]) for a in wrong]})"
         )
-    if len(checkpoints) != 8 or any(c != last for c in checkpoints):
+    if len(checkpoints) != PARTITIONS or any(c != last for c in checkpoints):
         raise BenchmarkFailure(f"{label}: checkpoints {list(checkpoints)} are not all {last}")
 
 
@@ -281,7 +284,7 @@ def sqlite_hand_written(path: str, *, table_prefix: str) -> float:
         )
         checkpoint_update = (
             f"UPDATE {table_prefix}consumer_partitions SET checkpoint = ? "
-            "WHERE tenant = ? AND consumer = ? AND partition_no IN (0, 1, 2, 3, 4, 5, 6, 7)"
+            f"WHERE tenant = ? AND consumer = ? AND partition_no IN ({PARTITION_LIST})"
         )
         loads = json.loads
         checkpoint = 0
@@ -344,7 +347,7 @@ def mysql_hand_written(url: str, *, table_prefix: str) -> float:
         )
         checkpoint_update = (
             f"UPDATE {table_prefix}consumer_partitions SET checkpoint = %s "
-            "WHERE tenant = %s AND consumer = %s AND partition_no IN (0, 1, 2, 3, 4, 5, 6, 7)"
+            f"WHERE tenant = %s AND consumer = %s AND partition_no IN ({PARTITION_LIST})"
         )
         loads = json.loads
         checkpoint = 0

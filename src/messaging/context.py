@@ -7,11 +7,12 @@ read-model writes of a batch cost a few round trips, not one per message. Readin
 its own writes.
 
 The first time a statement is sent with a given set of parameter names, it goes
-through SQLAlchemy as usual; when SQLAlchemy turned it into plain positional SQL (no
-Python-side defaults, RETURNING, expanding or escaped parameters), the SQL and the way
-it laid out the parameters are kept, checked against what SQLAlchemy actually sent, and
-later sends of the same statement skip SQLAlchemy's per-row parameter processing (still
-through ``Connection.exec_driver_sql``, so events, logging and error wrapping apply).
+through SQLAlchemy as usual; when SQLAlchemy turned it into plain SQL with parameters
+(no Python-side defaults, RETURNING, expanding or escaped parameters), the SQL and the
+way it laid out the parameters are kept, checked against what SQLAlchemy actually sent,
+and later sends of the same statement with the same parameter names skip SQLAlchemy's
+per-row parameter processing (still through ``Connection.exec_driver_sql``, so events,
+logging and error wrapping apply). Anything unusual goes through SQLAlchemy again.
 """
 
 from __future__ import annotations
@@ -164,6 +165,8 @@ def _plan(context: Any, params: Sequence[Mapping[str, Any]]) -> _Plan | None:
     converters: list[Callable[[Any], Any] | None] = []
     constants: dict[Any, Any] = {}
     order = list(compiled.positiontup or ()) if compiled.positional else list(binds)
+    if not order:
+        return None  # nothing per row to save
     for name in order:
         bind = binds.get(name)
         if bind is None:
@@ -213,7 +216,7 @@ def _row_builder(
     converters: list[Callable[[Any], Any] | None],
 ) -> Callable[[Mapping[str, Any]], tuple[Any, ...]]:
     """A function from one parameter set to the tuple SQLAlchemy would send for it."""
-    if len(sources) < 2:
+    if len(sources) == 1:
         # itemgetter of one key returns the bare value: keep the tuple shape regardless.
         sources = [*sources, _Constant(-1)]
         constants = {**constants, sources[-1]: None}
