@@ -18,7 +18,6 @@ logging and error wrapping apply). Anything unusual goes through SQLAlchemy agai
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from operator import itemgetter
 from typing import Any
 
 from sqlalchemy import Connection
@@ -33,30 +32,42 @@ from messaging.messages import Envelope
 class HandlerContext:
     """The current message's envelope and, for transactional consumers, its transaction."""
 
-    __slots__ = ("_conn", "_envelope", "_params", "_row", "_runs", "_statement", "immediate")
+    __slots__ = (
+        "_conn",
+        "_envelopes",
+        "_load_envelopes",
+        "_params",
+        "_runs",
+        "_statement",
+        "immediate",
+        "position",
+    )
 
-    def __init__(self, conn: Connection | None, *, immediate: bool = False) -> None:
+    def __init__(
+        self,
+        conn: Connection | None,
+        load_envelopes: Callable[[], Mapping[int, Envelope]],
+        *,
+        immediate: bool = False,
+    ) -> None:
         self._conn = conn
         self._runs: list[tuple[Executable, list[Mapping[str, Any]]]] = []
         self._statement: Executable | None = None
         self._params: list[Mapping[str, Any]] = []
         self.immediate = immediate
         """Send every write at once (used to find which message a failing batch broke on)."""
-        self._envelope: Envelope | None = None
-        self._row: Any = None  # the current stored row; its Envelope is built when asked for
+        self.position = 0
+        """The position of the message being handled."""
+        self._load_envelopes = load_envelopes
+        self._envelopes: Mapping[int, Envelope] | None = None
 
     @property
-    def envelope(self) -> Envelope | None:
-        """The current message's envelope."""
-        envelope = self._envelope
-        if envelope is None and self._row is not None:
-            envelope = self._envelope = Envelope(*self._row[:8])
-        return envelope
-
-    @envelope.setter
-    def envelope(self, envelope: Envelope | None) -> None:
-        self._envelope = envelope
-        self._row = None
+    def envelope(self) -> Envelope:
+        """The current message's envelope. Loaded for the whole batch, in one query, the first
+        time a handler asks: batches whose handlers never ask do not pay for it."""
+        if self._envelopes is None:
+            self._envelopes = self._load_envelopes()
+        return self._envelopes[self.position]
 
     def execute(self, statement: Executable, params: Mapping[str, Any] | None = None) -> None:
         """Run ``statement`` with ``params`` in the batch's transaction (buffered)."""
@@ -215,36 +226,20 @@ def _row_builder(
     constants: dict[Any, Any],
     converters: list[Callable[[Any], Any] | None],
 ) -> Callable[[Mapping[str, Any]], tuple[Any, ...]]:
-    """A function from one parameter set to the tuple SQLAlchemy would send for it."""
-    if len(sources) == 1:
-        # itemgetter of one key returns the bare value: keep the tuple shape regardless.
-        sources = [*sources, _Constant(-1)]
-        constants = {**constants, sources[-1]: None}
-        take = itemgetter(*sources)
-        converters = [*converters, None]
-        width = len(sources) - 1
-
-        def trimmed(p: Mapping[str, Any]) -> tuple[Any, ...]:
-            return take({**p, **constants})[:width]  # type: ignore[no-any-return]
-
-        picked: Callable[[Mapping[str, Any]], tuple[Any, ...]] = trimmed
-    elif constants:
-        take = itemgetter(*sources)
-
-        def merged(p: Mapping[str, Any]) -> tuple[Any, ...]:
-            return take({**p, **constants})  # type: ignore[no-any-return]
-
-        picked = merged
-    else:
-        picked = itemgetter(*sources)
-    if not any(converters):
-        return picked
-    pairs = [(i, f) for i, f in enumerate(converters) if f is not None]
-
-    def converted(p: Mapping[str, Any]) -> tuple[Any, ...]:
-        values = list(picked(p))
-        for i, f in pairs:
-            values[i] = f(values[i])
-        return tuple(values)
-
-    return converted
+    """A generated function from one parameter set to the tuple SQLAlchemy would send."""
+    namespace: dict[str, Any] = {}
+    items = []
+    for index, (source, convert) in enumerate(zip(sources, converters, strict=True)):
+        if isinstance(source, _Constant):
+            namespace[f"c{index}"] = constants[source]
+            value = f"c{index}"
+        else:
+            value = f"p[{source!r}]"
+        if convert is not None:
+            namespace[f"f{index}"] = convert
+            value = f"f{index}({value})"
+        items.append(value)
+    source_code = f"def row(p):\n    return ({', '.join(items)},)\n"
+    exec(compile(source_code, "<statement parameters>", "exec"), namespace)
+    row: Callable[[Mapping[str, Any]], tuple[Any, ...]] = namespace["row"]
+    return row

@@ -24,9 +24,8 @@ class MessageRegistry:
     def __init__(self) -> None:
         self._by_name: dict[str, type] = {}
         self._converter = _strict_converter()
-        self._structure_fns: dict[str, Callable[[Any, Any], Any]] = {}
-        # Decode fast path, by type name: (class, structure hook without detailed validation).
-        self._fast_structure: dict[str, tuple[type, Callable[[Any, Any], Any]]] = {}
+        self._quick_converter = self._converter.copy(detailed_validation=False)
+        self._decoders: dict[str, _Decoder] = {}
 
     def register(self, cls: type, name: str) -> None:
         """Register ``cls`` under ``name``; a redefinition of the same class path replaces it."""
@@ -41,7 +40,12 @@ class MessageRegistry:
                 f"cannot register {_path(cls)}"
             )
         self._by_name[name] = cls
-        self._structure_fns[name] = self._converter.get_structure_hook(cls)
+        self._decoders[name] = _Decoder(
+            cls,
+            name,
+            strict=self._converter.get_structure_hook(cls),
+            quick=self._quick_converter.get_structure_hook(cls),
+        )
 
     def type_name(self, cls: type) -> str:
         """The registered name of ``cls``; RegistrationError if it is not a registered message."""
@@ -72,35 +76,106 @@ class MessageRegistry:
 
     def decode(self, type_name: str, payload: str | bytes, position: int | None = None) -> Any:
         """Turn a stored payload back into its message; DecodeError names position and type."""
-        fast = self._fast_structure.get(type_name)
-        if fast is not None and type(payload) is str and fast[0] is self._by_name[type_name]:
-            # For a valid payload, json's C scanner and a cattrs hook without detailed
-            # validation build the same message as below, much faster. On any failure the
-            # payload is decoded again below, which raises exactly what it always raised.
+        return self.decoder(type_name)(payload, position)
+
+    def decoder(self, type_name: str) -> Callable[[str | bytes, int | None], Any]:
+        """The decode function of one type, ``(payload, position) -> message``, for hot loops;
+        for an unknown type, one that raises DecodeError."""
+        decoder = self._decoders.get(type_name)
+        if decoder is None:
+
+            def unknown(_payload: str | bytes, position: int | None) -> Any:
+                raise DecodeError("unknown message type", position=position, type_name=type_name)
+
+            return unknown
+        return decoder.decode
+
+
+class _Decoder:
+    """Decodes the payloads of one message class: a quick path for well-formed payloads,
+    and the strict path, with detailed errors, for everything else.
+
+    The quick path accepts exactly what the strict path accepts and builds the same
+    object; whenever it has any doubt it defers to the strict path, which raises the
+    detailed :class:`DecodeError`.
+    """
+
+    __slots__ = ("cls", "name", "quick", "strict")
+
+    def __init__(
+        self,
+        cls: type,
+        name: str,
+        *,
+        strict: Callable[[Any, Any], Any],
+        quick: Callable[[Any, Any], Any],
+    ) -> None:
+        self.cls = cls
+        self.name = name
+        self.strict = strict
+        self.quick = _flat_structure(cls) or (lambda data: quick(data, cls))
+
+    def decode(self, payload: str | bytes, position: int | None = None) -> Any:
+        if type(payload) is str:
             try:
                 data, end = _scan_json(payload, 0)
                 if end == len(payload) and type(data) is dict:
-                    return fast[1](data, fast[0])
+                    return self.quick(data)
             except Exception:
-                pass
-        structure = self._structure_fns.get(type_name)
-        if structure is None:
-            raise DecodeError("unknown message type", position=position, type_name=type_name)
-        cls = self._by_name[type_name]
-        if fast is None or fast[0] is not cls:
-            plain = self._converter.copy(detailed_validation=False)
-            self._fast_structure[type_name] = (cls, plain.get_structure_hook(cls))
+                pass  # decoded again below, with the error it deserves
         try:
             data = json.loads(payload)
             if not isinstance(data, dict):
                 raise TypeError(f"payload must be a JSON object, got {type(data).__name__}")
-            return structure(data, cls)
+            return self.strict(data, self.cls)
         except (ValueError, TypeError, KeyError, cattrs.BaseValidationError) as exc:
-            raise DecodeError(_describe(exc), position=position, type_name=type_name) from exc
+            raise DecodeError(_describe(exc), position=position, type_name=self.name) from exc
 
 
-_scan_json: Callable[[str, int], tuple[Any, int]] = vars(json.JSONDecoder())["scan_once"]
-"""What ``json.loads`` runs on a str, without its Python-level wrapping: (value, end)."""
+_scan_json: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
+"""What ``json.loads`` runs on a str, without its Python-level checks: (value, end)."""
+
+_EXACT_CHECKS = {
+    str: "type({v}) is str",
+    int: "type({v}) is int",
+    bool: "type({v}) is bool",
+    float: "(type({v}) is float or type({v}) is int)",
+}
+
+
+def _flat_structure(cls: type) -> Callable[[dict[str, Any]], Any] | None:
+    """For a class whose fields are all required str/int/float/bool, a generated function
+    that checks a payload's keys and exact types inline and builds the object, or hands
+    anything else to the strict path by raising. None for other classes."""
+    attrs.resolve_types(cls)
+    fields = attrs.fields(cls)
+    hints: dict[str, Any] = {f.name: f.type for f in fields}
+    if not fields or any(
+        not f.init or f.default is not attrs.NOTHING or hints[f.name] not in _EXACT_CHECKS
+        for f in fields
+    ):
+        return None
+    names = [f"v{i}" for i in range(len(fields))]
+    checks = " and ".join(
+        _EXACT_CHECKS[hints[f.name]].format(v=v) for f, v in zip(fields, names, strict=True)
+    )
+    arguments = ", ".join(
+        f"{f.alias}=float({v})" if hints[f.name] is float else f"{f.alias}={v}"
+        for f, v in zip(fields, names, strict=True)
+    )
+    source = (
+        "def structure(data):\n"
+        f"    if len(data) != {len(fields)}:\n"
+        "        raise ValueError('unexpected keys')\n"
+        f"    {', '.join(names)}, = {', '.join(f'data[{f.name!r}]' for f in fields)},\n"
+        f"    if not ({checks}):\n"
+        "        raise TypeError('unexpected types')\n"
+        f"    return cls({arguments})\n"
+    )
+    namespace: dict[str, Any] = {"cls": cls}
+    exec(compile(source, f"<message structure {cls.__qualname__}>", "exec"), namespace)
+    structure: Callable[[dict[str, Any]], Any] = namespace["structure"]
+    return structure
 
 
 def _strict_converter() -> cattrs.Converter:

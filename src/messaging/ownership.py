@@ -12,13 +12,28 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 
 import attrs
-from sqlalchemy import Connection, Select, case, delete, insert, or_, select, tuple_, update
+from sqlalchemy import (
+    BigInteger,
+    Connection,
+    Select,
+    Update,
+    bindparam,
+    case,
+    delete,
+    insert,
+    literal,
+    or_,
+    select,
+    tuple_,
+    update,
+)
 from sqlalchemy.sql.elements import ColumnElement
 
 from messaging.database import Database
 from messaging.errors import OwnershipLost
 
 RUNNING = "running"
+_FENCE_CACHE_SIZE = 64
 HALTED = "halted"
 
 
@@ -52,6 +67,7 @@ class Ownership:
     def __init__(self, db: Database) -> None:
         self.db = db
         self.table = db.schema.partitions
+        self._fences: dict[tuple[str, str, tuple[tuple[int, int], ...]], Update] = {}
 
     def _consumer(self, consumer: str) -> list[ColumnElement[bool]]:
         t = self.table
@@ -156,20 +172,36 @@ class Ownership:
         """
         if not epochs:
             return
-        t = self.table
-        pairs = sorted(epochs.items())
-        result = conn.execute(
-            update(t)
-            .where(
-                *self._consumer(consumer),
-                t.c.owner == instance_id,
-                t.c.status == RUNNING,
-                tuple_(t.c.partition_no, t.c.epoch).in_(pairs),
+        pairs = tuple(sorted(epochs.items()))
+        key = (consumer, instance_id, pairs)
+        statement = self._fences.get(key)
+        if statement is None:
+            # Built once per set of claims, then reused batch after batch: only the
+            # position changes, so SQLAlchemy neither rebuilds nor re-keys the statement.
+            t = self.table
+            position_param = bindparam("position", type_=BigInteger)
+            statement = (
+                update(t)
+                .where(
+                    *self._consumer(consumer),
+                    t.c.owner == instance_id,
+                    t.c.status == RUNNING,
+                    # Plain binds, not an expanding IN: rendered once, not per batch.
+                    tuple_(t.c.partition_no, t.c.epoch).in_(
+                        [tuple_(literal(p), literal(e)) for p, e in pairs]
+                    ),
+                )
+                .values(
+                    checkpoint=case(
+                        (t.c.checkpoint < position_param, position_param),
+                        else_=t.c.checkpoint,
+                    )
+                )
             )
-            .values(
-                checkpoint=case((t.c.checkpoint < position, position), else_=t.c.checkpoint),
-            )
-        )
+            if len(self._fences) >= _FENCE_CACHE_SIZE:
+                self._fences.clear()
+            self._fences[key] = statement
+        result = conn.execute(statement, {"position": position})
         if result.rowcount != len(pairs):
             lost = self._lost(conn, consumer, instance_id, epochs)
             raise OwnershipLost(consumer, lost)

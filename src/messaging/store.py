@@ -19,14 +19,27 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
-from sqlalchemy import Connection, and_, func, insert, or_, select, update
+from sqlalchemy import (
+    Connection,
+    Select,
+    and_,
+    bindparam,
+    func,
+    insert,
+    literal,
+    or_,
+    select,
+    update,
+)
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.sql.elements import ColumnElement
 
 from messaging.database import Database
 from messaging.errors import VersionConflict
-from messaging.messages import MessageRegistry
+from messaging.messages import Envelope, MessageRegistry
 from messaging.messages import registry as default_registry
+
+_QUERY_CACHE_SIZE = 64
 
 
 def partition_hash(key: str) -> int:
@@ -67,6 +80,25 @@ class MessageStore:
         self.registry = registry
         self._messages = db.schema.messages
         self._positions = db.schema.positions
+        m = self._messages
+        self._full_columns: tuple[Any, ...] = (
+            m.c.position,
+            m.c.topic,
+            m.c.source,
+            m.c.version,
+            m.c.type,
+            m.c.partition_hash,
+            m.c.recorded_at,
+            m.c.headers,
+            m.c.payload,
+        )
+        self._batch_columns: tuple[Any, ...] = (
+            m.c.position,
+            m.c.type,
+            m.c.partition_hash,
+            m.c.payload,
+        )
+        self._queries: dict[Any, Select[Any]] = {}
 
     # -- appending ---------------------------------------------------------------------
 
@@ -201,99 +233,118 @@ class MessageStore:
         (partition number → its checkpoint), only messages of those partitions of a
         ``partition_count``-way split, each after its own checkpoint. The partition
         filter runs in SQL, and so does the ``types`` filter (stored type names).
-        Rows have the columns of :meth:`row_columns`.
+        Rows have the :class:`~messaging.messages.Envelope` fields in order, then the
+        payload.
         """
+        return self._read(
+            conn, topics, self._full_columns, after, partitions, partition_count, types, limit
+        )
+
+    def read_batch(
+        self,
+        conn: Connection,
+        topics: Sequence[str],
+        *,
+        after: int = 0,
+        partitions: Mapping[int, int] | None = None,
+        partition_count: int = 1,
+        types: Sequence[str] | None = None,
+        limit: int = 500,
+    ) -> Sequence[Any]:
+        """What :meth:`read` selects, as ``(position, type, partition_hash, payload)`` rows:
+        all a consumer needs to apply a batch. :meth:`envelopes` gives the rest on demand."""
+        return self._read(
+            conn, topics, self._batch_columns, after, partitions, partition_count, types, limit
+        )
+
+    def envelopes(self, conn: Connection, positions: Sequence[int]) -> dict[int, Envelope]:
+        """The envelopes of the messages at ``positions``, by position (one query)."""
+        m = self._messages
+        rows = conn.execute(
+            select(*self._full_columns[:-1]).where(
+                m.c.tenant == self.db.tenant, m.c.position.in_(positions)
+            )
+        )
+        return {row[0]: Envelope(*row) for row in rows}
+
+    def _read(
+        self,
+        conn: Connection,
+        topics: Sequence[str],
+        columns: tuple[Any, ...],
+        after: int,
+        partitions: Mapping[int, int] | None,
+        partition_count: int,
+        types: Sequence[str] | None,
+        limit: int,
+    ) -> Sequence[Any]:
         if partitions is not None and not partitions:
             return []
-        # Positions and checkpoints are bound parameters: the statement depends only on the
-        # request's shape, so it is built (and its SQLAlchemy cache key computed) once per
-        # shape instead of once per batch. The partition filter is _partition_filter's.
+        # Positions and checkpoints are bound parameters, so a statement depends only on
+        # the request's shape: it is built (and SQLAlchemy computes its cache key) once
+        # per shape, not once per batch.
         values: dict[str, int] = {"after": after}
-        shape: tuple[int, tuple[tuple[int, ...], ...]] | None = None
+        groups: tuple[tuple[int, ...], ...] = ()
         if partitions is not None:
             by_checkpoint: dict[int, list[int]] = {}
             for partition, checkpoint in partitions.items():
                 by_checkpoint.setdefault(checkpoint, []).append(partition)
-            groups = sorted(by_checkpoint.items())
-            shape = (partition_count, tuple(tuple(sorted(members)) for _, members in groups))
-            values["after"] = max(after, groups[0][0])
-            if len(groups) > 1:
-                values.update(
-                    (f"checkpoint_{i}", checkpoint) for i, (checkpoint, _) in enumerate(groups)
-                )
-        key = (self.db.tenant, tuple(topics), None if types is None else tuple(types), limit, shape)
-        queries: dict[Any, Any] = self.__dict__.setdefault("_read_queries", {})
-        query = queries.get(key)
+            ordered = sorted(by_checkpoint.items())
+            groups = tuple(tuple(sorted(members)) for _, members in ordered)
+            values["after"] = max(after, ordered[0][0])
+            if len(ordered) > 1:
+                values.update((f"checkpoint_{i}", c) for i, (c, _) in enumerate(ordered))
+        key = (
+            columns,
+            self.db.tenant,
+            tuple(topics),
+            None if types is None else tuple(types),
+            limit,
+            partition_count,
+            groups,
+        )
+        query = self._queries.get(key)
         if query is None:
-            from sqlalchemy import bindparam, literal
-
-            # IN lists of plain binds: expanding ones would be re-rendered on every execution.
-            m = self._messages
-            where: list[ColumnElement[bool]] = [
-                m.c.tenant == self.db.tenant,
-                m.c.topic.in_([literal(topic) for topic in topics]),
-            ]
-            if types is not None:
-                where.append(m.c.type.in_([literal(name) for name in types]))
-            where.append(m.c.position > bindparam("after"))
-            if shape is not None:
-                bucket = m.c.partition_hash % partition_count
-                if len(shape[1]) > 1:
-                    where.append(
-                        or_(
-                            *(
-                                and_(
-                                    bucket.in_([literal(p) for p in members]),
-                                    m.c.position > bindparam(f"checkpoint_{i}"),
-                                )
-                                for i, members in enumerate(shape[1])
-                            )
-                        )
-                    )
-                elif len(shape[1][0]) != partition_count:
-                    # else every partition: no filter needed
-                    where.append(bucket.in_([literal(p) for p in shape[1][0]]))
-            query = select(*self.row_columns()).where(and_(*where)).order_by(m.c.position)
-            query = query.limit(limit)
-            if len(queries) >= 64:
-                queries.clear()
-            queries[key] = query
+            query = self._build_query(columns, topics, types, limit, partition_count, groups)
+            if len(self._queries) >= _QUERY_CACHE_SIZE:
+                self._queries.clear()
+            self._queries[key] = query
         return conn.execute(query, values).all()
 
-    def _partition_filter(
-        self, partitions: Mapping[int, int], partition_count: int
-    ) -> ColumnElement[bool]:
+    def _build_query(
+        self,
+        columns: tuple[Any, ...],
+        topics: Sequence[str],
+        types: Sequence[str] | None,
+        limit: int,
+        partition_count: int,
+        groups: tuple[tuple[int, ...], ...],
+    ) -> Select[Any]:
+        # IN lists of literal binds: expanding ones would be re-rendered on every execution.
         m = self._messages
-        by_checkpoint: dict[int, list[int]] = {}
-        for partition, checkpoint in partitions.items():
-            by_checkpoint.setdefault(checkpoint, []).append(partition)
+        where: list[ColumnElement[bool]] = [
+            m.c.tenant == self.db.tenant,
+            m.c.topic.in_([literal(topic) for topic in topics]),
+            m.c.position > bindparam("after"),
+        ]
+        if types is not None:
+            where.append(m.c.type.in_([literal(name) for name in types]))
         bucket = m.c.partition_hash % partition_count
-        if len(by_checkpoint) == 1:
-            (members,) = by_checkpoint.values()
-            if len(members) == partition_count:
-                return m.c.position > -1  # every partition, one checkpoint: no filter needed
-            return bucket.in_(sorted(members))
-        return or_(
-            *(
-                and_(bucket.in_(sorted(members)), m.c.position > checkpoint)
-                for checkpoint, members in sorted(by_checkpoint.items())
+        if len(groups) > 1:
+            where.append(
+                or_(
+                    *(
+                        and_(
+                            bucket.in_([literal(p) for p in members]),
+                            m.c.position > bindparam(f"checkpoint_{i}"),
+                        )
+                        for i, members in enumerate(groups)
+                    )
+                )
             )
-        )
-
-    def row_columns(self) -> tuple[Any, ...]:
-        """The columns :meth:`read` returns: the Envelope fields in order, then the payload."""
-        m = self._messages
-        return (
-            m.c.position,
-            m.c.topic,
-            m.c.source,
-            m.c.version,
-            m.c.type,
-            m.c.partition_hash,
-            m.c.recorded_at,
-            m.c.headers,
-            m.c.payload,
-        )
+        elif groups and len(groups[0]) != partition_count:  # all partitions need no filter
+            where.append(bucket.in_([literal(p) for p in groups[0]]))
+        return select(*columns).where(*where).order_by(m.c.position).limit(limit)
 
     def head(self, conn: Connection) -> int:
         """The highest position committed for this tenant (0 when empty)."""

@@ -17,12 +17,13 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import pluggy
+from sqlalchemy import Connection
 
 from messaging.consumers import ConsumerSpec
 from messaging.context import HandlerContext
 from messaging.database import Database
 from messaging.errors import OwnershipLost
-from messaging.messages import MessageRegistry
+from messaging.messages import Envelope, MessageRegistry
 from messaging.ownership import Claim, Ownership
 from messaging.retry import is_transient, retry_transient
 from messaging.settings import ConsumerSettings
@@ -30,8 +31,16 @@ from messaging.store import MessageStore
 
 log = logging.getLogger("messaging.worker")
 
-Handler = tuple[Callable[..., Any], int]
-StoredRow = Any  # a row of MessageStore.read(), in MessageStore.row_columns() order
+Handler = tuple[Callable[[Any, int | None], Any], Callable[[Any, HandlerContext], Any]]
+"""(decode, handle) of one message type."""
+StoredRow = Any  # a row of MessageStore.read_batch(): (position, type, partition_hash, payload)
+
+
+def _without_context(method: Callable[[Any], Any]) -> Callable[[Any, HandlerContext], Any]:
+    def call(message: Any, _ctx: HandlerContext) -> Any:
+        return method(message)
+
+    return call
 
 
 class _Poison(Exception):
@@ -40,6 +49,8 @@ class _Poison(Exception):
         self.row = row
         self.partition = partition
         self.error = error
+        self.batch: Sequence[StoredRow] = ()
+        """The batch the failing message was in, to replay unbuffered."""
 
 
 class _Dispatcher:
@@ -49,32 +60,28 @@ class _Dispatcher:
         self.spec = spec
         self.registry = registry
         self.target = spec.cls()
-        self.handlers: dict[str, Handler] = {
-            registry.type_name(cls): (getattr(self.target, attribute), spec.handler_arity[cls])
-            for cls, attribute in spec.handlers.items()
-        }
+        self.handlers: dict[str, Handler] = {}
+        for cls, attribute in spec.handlers.items():
+            name = registry.type_name(cls)
+            method = getattr(self.target, attribute)
+            if spec.handler_arity[cls] == 1:
+                method = _without_context(method)
+            self.handlers[name] = (registry.decoder(name), method)
         self.type_names = sorted(self.handlers)
 
     def apply(self, rows: Sequence[StoredRow], ctx: HandlerContext, partition_count: int) -> None:
         """Decode and handle ``rows`` in order; wrap the first failure in :class:`_Poison`."""
-        decode = self.registry.decode
         handlers = self.handlers
-        for row in rows:
-            try:
-                # The row becomes ctx.envelope; the Envelope itself is built only if asked for.
-                ctx._row = row
-                ctx._envelope = None
-                type_name = row[4]
-                body = decode(type_name, row[8], row[0])
-                method, arity = handlers[type_name]
-                if arity == 2:
-                    method(body, ctx)
-                else:
-                    method(body)
-            except Exception as exc:
-                if is_transient(exc):
-                    raise
-                raise _Poison(row, row[5] % partition_count, exc) from exc
+        row: StoredRow = None
+        try:
+            for row in rows:
+                ctx.position = row[0]
+                decode, call = handlers[row[1]]
+                call(decode(row[3], row[0]), ctx)
+        except Exception as exc:
+            if is_transient(exc):
+                raise
+            raise _Poison(row, row[2] % partition_count, exc) from exc
 
 
 class ConsumerWorker:
@@ -101,6 +108,7 @@ class ConsumerWorker:
         self._claims: dict[int, Claim] = {}
         self._lock = threading.Lock()
         self._batch_in_flight = threading.Lock()
+        self._catching_up = False
 
     # -- ownership, changed by the rebalance loop ----------------------------------------
 
@@ -129,25 +137,26 @@ class ConsumerWorker:
     # -- applying ------------------------------------------------------------------------
 
     def poll(self) -> int:
-        """Fetch and apply one batch; return how many messages were applied."""
+        """Fetch and apply one batch; return how many messages were applied.
+
+        While batches come back full (catching up), the next one is read inside the apply
+        transaction; otherwise it is read first in a short read-only transaction, so an
+        idle poller never takes the write lock.
+        """
         claims = self.claims()
         if not claims:
             return 0
         spec = self.spec
-        with self.db.read() as conn:
-            rows = self.store.read(
-                conn,
-                spec.topics,
-                partitions={p: c.checkpoint for p, c in claims.items()},
-                partition_count=spec.partitions,
-                types=self.dispatcher.type_names,
-                limit=self.settings.batch_size,
-            )
-        if not rows:
-            return 0
         started = time.perf_counter()
+        rows: Sequence[StoredRow] | None = None
+        if not self._catching_up:
+            with self.db.read() as conn:
+                rows = self._fetch(conn, claims)
+            if not rows:
+                return 0
+        self._catching_up = False
         try:
-            retry_transient(
+            rows = retry_transient(
                 lambda: self._commit(rows, claims, immediate=False),
                 self.settings.conflict_retry,
                 what=f"apply {spec.name}",
@@ -158,18 +167,21 @@ class ConsumerWorker:
         except OwnershipLost as lost:
             self._lose(lost.partitions)
             return 0
-        except _Poison:
+        except _Poison as failed:
             # The buffered writes hide which message failed: replay it unbuffered to find out.
             try:
-                self._commit(rows, claims, immediate=True)
+                rows = self._commit(failed.batch, claims, immediate=True)
             except _Poison as poison:
                 self._halt(poison, claims)
                 return 0
             except OwnershipLost as lost:
                 self._lose(lost.partitions)
                 return 0
+        if not rows:
+            return 0
         last = int(rows[-1][0])
         self._advance(claims, last)
+        self._catching_up = len(rows) >= self.settings.batch_size
         self.hooks.projections_batch_applied(
             consumer=spec.name,
             partitions=sorted(claims),
@@ -179,25 +191,52 @@ class ConsumerWorker:
         )
         return len(rows)
 
+    def _fetch(self, conn: Connection, claims: Mapping[int, Claim]) -> Sequence[StoredRow]:
+        return self.store.read_batch(
+            conn,
+            self.spec.topics,
+            partitions={p: c.checkpoint for p, c in claims.items()},
+            partition_count=self.spec.partitions,
+            types=self.dispatcher.type_names,
+            limit=self.settings.batch_size,
+        )
+
     def _commit(
-        self, rows: Sequence[StoredRow], claims: Mapping[int, Claim], *, immediate: bool
-    ) -> None:
+        self,
+        rows: Sequence[StoredRow] | None,
+        claims: Mapping[int, Claim],
+        *,
+        immediate: bool,
+    ) -> Sequence[StoredRow]:
+        """In one transaction: read the batch unless given, apply it, commit the fenced
+        checkpoints. Returns the rows applied."""
         with self.db.transaction() as conn:
-            ctx = HandlerContext(conn, immediate=immediate)
-            self.dispatcher.apply(rows, ctx, self.spec.partitions)
+            batch = self._fetch(conn, claims) if rows is None else rows
+            if not batch:
+                return batch
+            positions = [row[0] for row in batch]
+            ctx = HandlerContext(
+                conn, lambda: self.store.envelopes(conn, positions), immediate=immediate
+            )
             try:
-                ctx.flush()
-            except Exception as exc:
-                if is_transient(exc):
-                    raise
-                raise _Poison(rows[-1], rows[-1][5] % self.spec.partitions, exc) from exc
+                self.dispatcher.apply(batch, ctx, self.spec.partitions)
+                try:
+                    ctx.flush()
+                except Exception as exc:
+                    if is_transient(exc):
+                        raise
+                    raise _Poison(batch[-1], batch[-1][2] % self.spec.partitions, exc) from exc
+            except _Poison as poison:
+                poison.batch = batch
+                raise
             self.ownership.commit_checkpoint(
                 conn,
                 self.spec.name,
                 self.instance_id,
                 {p: c.epoch for p, c in claims.items()},
-                int(rows[-1][0]),
+                int(batch[-1][0]),
             )
+            return batch
 
     def _advance(self, applied: Mapping[int, Claim], position: int) -> None:
         with self._lock:
@@ -227,7 +266,7 @@ class ConsumerWorker:
 
     def _halt(self, poison: _Poison, claims: Mapping[int, Claim]) -> None:
         row, partition, error = poison.row, poison.partition, poison.error
-        position, type_name = int(row[0]), str(row[4])
+        position, type_name = int(row[0]), str(row[1])
         self.hooks.projections_message_failed(
             consumer=self.spec.name,
             partition=partition,
@@ -310,7 +349,7 @@ class InMemoryWorker:
         if self.halted is not None:
             return 0
         with self.db.read() as conn:
-            rows = self.store.read(
+            rows = self.store.read_batch(
                 conn,
                 self.spec.topics,
                 after=self.position,
@@ -319,7 +358,12 @@ class InMemoryWorker:
             )
         if not rows:
             return 0
-        ctx = HandlerContext(None)
+
+        def load_envelopes() -> dict[int, Envelope]:
+            with self.db.read() as conn:
+                return self.store.envelopes(conn, [row[0] for row in rows])
+
+        ctx = HandlerContext(None, load_envelopes)
         for index, row in enumerate(rows):
             try:
                 self.dispatcher.apply(rows[index : index + 1], ctx, self.spec.partitions)
@@ -330,7 +374,7 @@ class InMemoryWorker:
         return len(rows)
 
     def _halt(self, poison: _Poison) -> None:
-        position, type_name = int(poison.row[0]), str(poison.row[4])
+        position, type_name = int(poison.row[0]), str(poison.row[1])
         detail = "".join(traceback.format_exception_only(poison.error)).strip()
         self.halted = f"halted at position {position} ({type_name}): {detail}"
         log.error("in-memory consumer %s %s", self.spec.name, self.halted)
