@@ -21,7 +21,6 @@ import io
 import json
 import os
 import pstats
-import random
 import shutil
 import socket
 import sqlite3
@@ -79,56 +78,18 @@ class BenchmarkFailure(Exception):
 
 
 def traffic(count: int, seed: int = 7) -> list[list[NewMessage]]:
-    """``count`` ledger messages in groups that must commit together (a transfer is two).
-
-    Accounts are opened as the traffic goes (about one per 100 messages), and money is
-    only withdrawn or sent when the account holds it, as in a real ledger.
-    """
-    rng = random.Random(seed)
+    """The example's traffic, encoded, in groups that must commit together (a transfer
+    is two), with about one account per 100 messages."""
     encode = messaging.registry.encode
-    balances: dict[str, int] = {}
-    accounts: list[str] = []
-    target_accounts = max(4, count // 100)
-    groups: list[list[NewMessage]] = []
-    produced = 0
-
-    def new(account: str, event: object) -> NewMessage:
-        type_name, payload = encode(event)
-        return NewMessage(topic=ledger.TOPIC, source=account, type=type_name, payload=payload)
-
-    while produced < count:
-        room = count - produced
-        roll = rng.random()
-        if len(accounts) < 2 or (len(accounts) < target_accounts and roll < 0.02):
-            account = f"acct-{len(accounts):06d}"
-            accounts.append(account)
-            balances[account] = 0
-            groups.append([new(account, ledger.AccountOpened(account, f"owner {account}"))])
-            produced += 1
-            continue
-        account = rng.choice(accounts)
-        amount = rng.randint(1, 500)
-        if roll < 0.45 or balances[account] < amount:
-            balances[account] += amount
-            groups.append([new(account, ledger.Deposited(account, amount))])
-            produced += 1
-        elif roll < 0.70 or room < 2:
-            balances[account] -= amount
-            groups.append([new(account, ledger.Withdrawn(account, amount))])
-            produced += 1
-        else:
-            other = rng.choice(accounts)
-            while other == account:
-                other = rng.choice(accounts)
-            balances[account] -= amount
-            balances[other] += amount
-            groups.append(
-                [
-                    new(account, ledger.TransferSent(account, other, amount)),
-                    new(other, ledger.TransferReceived(other, account, amount)),
-                ]
+    groups = []
+    for command in ledger.traffic(seed, count, accounts=max(4, count // 100)):
+        group = []
+        for account, event in command:
+            type_name, payload = encode(event)
+            group.append(
+                NewMessage(topic=ledger.TOPIC, source=account, type=type_name, payload=payload)
             )
-            produced += 2
+        groups.append(group)
     return groups
 
 

@@ -174,35 +174,34 @@ def traffic(
 ) -> Iterator[list[tuple[str, object]]]:
     """A realistic stream of about ``count`` messages, as commands of (source, message) lists.
 
-    Each command's messages belong in one transaction (a transfer is two). Balances
-    never go below zero.
+    Up to ``accounts`` accounts are opened as the traffic goes; each command's messages
+    belong in one transaction (a transfer is two). Balances never go below zero.
     """
     rng = random.Random(seed)
     balance: dict[str, int] = {}
+    opened: list[str] = []
     owners = ("ada", "bob", "cy", "dee", "eve", "fay", "gus", "hal")
     produced = 0
     while produced < count:
-        if len(balance) < accounts and (not balance or rng.random() < 0.05):
-            account = f"{prefix}-{len(balance):05d}"
+        command: list[tuple[str, object]]
+        if len(opened) < accounts and (len(opened) < 2 or rng.random() < 0.05):
+            account = f"{prefix}-{len(opened):05d}"
+            opened.append(account)
             balance[account] = 0
-            command: list[tuple[str, object]] = [
-                (account, AccountOpened(account, rng.choice(owners)))
-            ]
+            command = [(account, AccountOpened(account, rng.choice(owners)))]
         else:
-            account = (
-                rng.choice(sorted(balance)) if len(balance) < 50 else rng.choice(list(balance))
-            )
+            account = rng.choice(opened)
             roll = rng.random()
             if roll < 0.5 or balance[account] == 0:
                 amount = rng.randint(1, 500)
                 balance[account] += amount
                 command = [(account, Deposited(account, amount))]
-            elif roll < 0.8 or len(balance) < 2:
+            elif roll < 0.8:
                 amount = rng.randint(1, balance[account])
                 balance[account] -= amount
                 command = [(account, Withdrawn(account, amount))]
             else:
-                other = rng.choice([a for a in list(balance)[:50] if a != account] or [account])
+                other = rng.choice(opened)
                 if other == account:
                     continue
                 amount = rng.randint(1, balance[account])
