@@ -73,12 +73,15 @@ class HandlerContext:
         """Run ``statement`` with ``params`` in the batch's transaction (buffered)."""
         if self._conn is None:
             raise ProjectionsError("this consumer is not transactional: it has no database writes")
-        if statement is not self._statement:
+        params = params or {}
+        # One executemany per run of the same statement with the same parameter names: a
+        # set with other names may mean other SQL (defaults, omitted columns).
+        if statement is not self._statement or params.keys() != self._params[0].keys():
             if self._statement is not None:
                 self._runs.append((self._statement, self._params))
             self._statement = statement
             self._params = []
-        self._params.append(params or {})
+        self._params.append(params)
         if self.immediate:
             self.flush()
 

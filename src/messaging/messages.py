@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 import attrs
 import cattrs
 import cattrs.preconf.json
-from cattrs.cols import is_sequence, list_structure_factory
+from cattrs.cols import is_any_set, is_sequence
 
 from messaging.errors import DecodeError, RegistrationError
 
@@ -200,17 +200,25 @@ def _strict_converter() -> cattrs.Converter:
     converter.register_structure_hook(float, exact(int, float))
     converter.register_structure_hook(bool, exact(bool))
 
-    def sequence_factory(type_: Any, conv: Any) -> Callable[[Any, Any], Any]:
-        inner = list_structure_factory(type_, conv)
+    # Collections keep cattrs' own hooks (lists, tuples, sets), behind a guard that the
+    # JSON value is an array: a string is never split into its characters. The hooks come
+    # from a copy taken before the guard exists; collections nested inside collections
+    # are structured by that copy, so only the outer array is guarded there.
+    unguarded = converter.copy()
+
+    def collection_factory(type_: Any, _conv: Any) -> Callable[[Any, Any], Any]:
+        inner = unguarded.get_structure_hook(type_)
 
         def structure(value: Any, cls: Any) -> Any:
             if not isinstance(value, list):
-                raise TypeError(f"expected a list, got {type(value).__name__}")
+                raise TypeError(f"expected an array, got {type(value).__name__}")
             return inner(value, cls)
 
         return structure
 
-    converter.register_structure_hook_factory(is_sequence, sequence_factory)
+    converter.register_structure_hook_factory(
+        lambda t: is_sequence(t) or is_any_set(t), collection_factory
+    )
     return converter
 
 

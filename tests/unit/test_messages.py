@@ -218,3 +218,21 @@ def test_handler_of_undecorated_class_fails_naming_it() -> None:
         consumer_spec(Consumer)
     assert "NotAMessage" in str(info.value)
     assert "Consumer.on" in str(info.value)
+
+
+@message("test.msg.collections")
+@attrs.define(frozen=True)
+class Collections:
+    numbers: tuple[int, ...]
+    tags: frozenset[str]
+
+
+def test_collections_keep_their_types_and_refuse_strings() -> None:
+    """A tuple field decodes to a tuple, a set field to a set; a JSON string is refused."""
+    decoded = registry.decode("test.msg.collections", '{"numbers": [1, 2], "tags": ["a"]}', 3)
+    assert decoded == Collections(numbers=(1, 2), tags=frozenset({"a"}))
+    assert isinstance(decoded.numbers, tuple)
+    for payload in ('{"numbers": "12", "tags": []}', '{"numbers": [], "tags": "abc"}'):
+        with pytest.raises(DecodeError) as raised:
+            registry.decode("test.msg.collections", payload, 3)
+        assert raised.value.position == 3
