@@ -53,6 +53,7 @@ from messaging.worker import ConsumerWorker
 from projections.examples import ledger
 
 CONSUMER = "ledger-balances"
+SEEDER = "benchmark-seeder"  # declares the consumer; never owns a partition
 PARTITIONS = 8  # Balances' partition count; the hand-written loops advance all of them
 PARTITION_LIST = ", ".join(str(p) for p in range(PARTITIONS))
 BATCH = 500
@@ -172,8 +173,8 @@ def framework_run(url: str, spec: ConsumerSpec, hooks: Any, *, table_prefix: str
     """Declare, register, claim every partition, then time ``poll()`` until it returns 0."""
     db = Database(url, tenant=TENANT, table_prefix=table_prefix)
     try:
-        declare(db, spec, Distribution.PARTITIONED)
         instance_id = uuid.uuid4().hex
+        declare(db, spec, Distribution.PARTITIONED, instance_id)
         membership = Membership(db)
         info = InstanceInfo(
             id=instance_id, name="throughput-bench", host=socket.gethostname(), pid=os.getpid()
@@ -403,7 +404,7 @@ def run_sqlite(count: int, profile: bool) -> None:
         db = Database(url, tenant=TENANT, table_prefix=prefix)
         db.prepare()
         seed(db, count)
-        declare(db, spec, Distribution.PARTITIONED)
+        declare(db, spec, Distribution.PARTITIONED, SEEDER)
         expected = expected_model(db)
         db.dispose()
         with sqlite3.connect(seeded, isolation_level=None) as con:  # fold the WAL into the file
@@ -494,7 +495,7 @@ def _run_mysql(url: str, count: int) -> None:
                 conn.execute(text(f"DROP TABLE IF EXISTS {ledger.balances.name}"))
                 for table in (t.partitions, t.consumers, t.instances):
                     conn.execute(delete(table).where(table.c.tenant == TENANT))
-            declare(db, spec, Distribution.PARTITIONED)
+            declare(db, spec, Distribution.PARTITIONED, SEEDER)
             yield db.url
 
         measure(

@@ -2,8 +2,13 @@
 
 A consumer's fingerprint covers its version, topics, handled types, partition count
 and read-model schema. When an instance starts with a declaration the database has not
-seen, the consumer is rebuilt: its read models are dropped and recreated, its
-partitions reset to checkpoint 0, and the old fingerprint kept as the one back.
+seen, it rebuilds the consumer: in one transaction it records the new fingerprint
+(keeping the old one as the one back), marks the consumer REBUILDING, and takes every
+partition for itself under a new epoch with checkpoint 0, which fences off every
+instance still applying the old declaration. Then it drops and recreates the read
+models (outside that transaction: DDL commits implicitly on MySQL) and marks the
+consumer running. A crash in between leaves it REBUILDING, and the next start redoes
+the rebuild. An instance that starts with the declaration one back applies nothing.
 """
 
 from __future__ import annotations
@@ -23,23 +28,29 @@ from messaging.settings import Distribution
 log = logging.getLogger("messaging.declarations")
 
 STATE_RUNNING = "running"
+STATE_REBUILDING = "rebuilding"
+
+CREATED = "created"
+UNCHANGED = "unchanged"
+REBUILT = "rebuilt"
+STALE = "stale"
+"""This instance runs the declaration one back: it must apply nothing of the consumer."""
 
 
 @attrs.define(frozen=True, kw_only=True)
 class Declared:
-    """What :func:`declare` found: whether the consumer is new, unchanged or rebuilt."""
+    """What :func:`declare` found: the consumer is new, unchanged, rebuilt, or stale here."""
 
     consumer: str
-    outcome: str  # "created", "unchanged" or "rebuilt"
+    outcome: str
     fingerprint: str
 
 
 def create_read_models(db: Database, spec: ConsumerSpec) -> None:
     """Create the consumer's read-model tables that do not exist yet.
 
-    Runs in its own transactions, before the consumer's row is locked: on MySQL every
-    DDL statement commits implicitly. A concurrent creation by another instance is not
-    an error.
+    Each in its own transaction (DDL commits implicitly on MySQL); a concurrent creation
+    by another instance is not an error.
     """
     for read_model in spec.options.tables:
         try:
@@ -52,17 +63,40 @@ def create_read_models(db: Database, spec: ConsumerSpec) -> None:
             log.debug("read model %s created concurrently: %s", read_model.name, exc)
 
 
-def declare(db: Database, spec: ConsumerSpec, distribution: Distribution) -> Declared:
-    """Create the read models, record ``spec`` in the consumers table and create its
-    partitions; or rebuild the consumer when its declaration changed."""
+def _recreate_read_models(db: Database, spec: ConsumerSpec) -> None:
+    with db.transaction() as conn:
+        for read_model in reversed(spec.options.tables):
+            read_model.drop(conn, checkfirst=True)
+    create_read_models(db, spec)
+
+
+def declare(
+    db: Database, spec: ConsumerSpec, distribution: Distribution, instance_id: str
+) -> Declared:
+    """Record ``spec`` for this instance (already registered as ``instance_id``): create
+    it, accept it unchanged, rebuild it under a new declaration, or report it stale."""
     create_read_models(db, spec)
     with db.transaction() as conn:
-        return _record(db, conn, spec, distribution)
+        declared, rebuild = _record(db, conn, spec, distribution, instance_id)
+    if rebuild:
+        _recreate_read_models(db, spec)
+        table = db.schema.consumers
+        with db.transaction() as conn:
+            conn.execute(
+                update(table)
+                .where(table.c.tenant == db.tenant, table.c.name == spec.name)
+                .values(state=STATE_RUNNING, updated_at=db.clock.now())
+            )
+    return declared
 
 
 def _record(
-    db: Database, conn: Connection, spec: ConsumerSpec, distribution: Distribution
-) -> Declared:
+    db: Database,
+    conn: Connection,
+    spec: ConsumerSpec,
+    distribution: Distribution,
+    instance_id: str,
+) -> tuple[Declared, bool]:
     table = db.schema.consumers
     ownership = Ownership(db)
     fingerprint = spec.fingerprint()
@@ -77,30 +111,52 @@ def _record(
         "state": STATE_RUNNING,
         "updated_at": db.clock.now(),
     }
-    row = conn.execute(select(table.c.fingerprint).where(*where).with_for_update()).first()
+    current = select(table.c.fingerprint, table.c.previous_fingerprint, table.c.state).where(*where)
+    row = conn.execute(current.with_for_update()).first()
     if row is None:
         try:
             with conn.begin_nested():
                 conn.execute(insert(table).values(tenant=db.tenant, name=spec.name, **values))
         except IntegrityError:  # another instance declared it first: use its row
-            row = conn.execute(select(table.c.fingerprint).where(*where).with_for_update()).one()
+            row = conn.execute(current.with_for_update()).one()
         else:
             ownership.ensure_partitions(conn, spec.name, spec.partitions)
-            return Declared(consumer=spec.name, outcome="created", fingerprint=fingerprint)
-    if row.fingerprint == fingerprint:
+            return Declared(consumer=spec.name, outcome=CREATED, fingerprint=fingerprint), False
+    if row.fingerprint == fingerprint and row.state != STATE_REBUILDING:
         conn.execute(update(table).where(*where).values(distribution=distribution.value))
         ownership.ensure_partitions(conn, spec.name, spec.partitions)
-        return Declared(consumer=spec.name, outcome="unchanged", fingerprint=fingerprint)
+        return Declared(consumer=spec.name, outcome=UNCHANGED, fingerprint=fingerprint), False
+    if row.previous_fingerprint == fingerprint and row.fingerprint != fingerprint:
+        log.warning(
+            "consumer %s: this instance runs the previous declaration (%s); the database "
+            "has %s. Applying nothing of it here until restarted with the new code.",
+            spec.name,
+            fingerprint,
+            row.fingerprint,
+        )
+        return Declared(consumer=spec.name, outcome=STALE, fingerprint=fingerprint), False
     log.warning(
         "consumer %s: declaration changed (%s -> %s); rebuilding its read models from the start",
         spec.name,
         row.fingerprint,
         fingerprint,
     )
-    for read_model in reversed(spec.options.tables):
-        read_model.drop(conn, checkfirst=True)
-    for read_model in spec.options.tables:
-        read_model.create(conn)
-    ownership.reset(conn, spec.name, spec.partitions)
-    conn.execute(update(table).where(*where).values(previous_fingerprint=row.fingerprint, **values))
-    return Declared(consumer=spec.name, outcome="rebuilt", fingerprint=fingerprint)
+    previous = row.previous_fingerprint if row.fingerprint == fingerprint else row.fingerprint
+    conn.execute(
+        update(table)
+        .where(*where)
+        .values(**{**values, "state": STATE_REBUILDING}, previous_fingerprint=previous)
+    )
+    ownership.reset(conn, spec.name, spec.partitions, owner=instance_id)
+    return Declared(consumer=spec.name, outcome=REBUILT, fingerprint=fingerprint), True
+
+
+def current_fingerprints(db: Database, conn: Connection, names: list[str]) -> dict[str, str]:
+    """The fingerprint the database holds for each of ``names`` (absent ones omitted)."""
+    table = db.schema.consumers
+    rows = conn.execute(
+        select(table.c.name, table.c.fingerprint).where(
+            table.c.tenant == db.tenant, table.c.name.in_(names)
+        )
+    )
+    return {name: fingerprint for name, fingerprint in rows}

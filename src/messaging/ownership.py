@@ -20,6 +20,7 @@ from sqlalchemy import (
     bindparam,
     case,
     delete,
+    func,
     insert,
     literal,
     or_,
@@ -99,10 +100,35 @@ class Ownership:
                 ],
             )
 
-    def reset(self, conn: Connection, consumer: str, count: int) -> None:
-        """Drop every partition row of ``consumer`` and recreate ``count`` fresh ones."""
-        conn.execute(delete(self.table).where(*self._consumer(consumer)))
+    def reset(self, conn: Connection, consumer: str, count: int, *, owner: str) -> None:
+        """Restart ``consumer`` from position 0 with ``count`` partitions, all owned by
+        ``owner`` under new epochs: every earlier owner's fence fails from now on.
+
+        Epochs only grow, also across a change of partition count, so an epoch is never
+        handed out twice for one partition.
+        """
+        t = self.table
+        top = conn.execute(
+            select(func.max(t.c.epoch)).where(*self._consumer(consumer))
+        ).scalar_one_or_none()
+        epoch = int(top or 0) + 1
+        conn.execute(delete(t).where(*self._consumer(consumer), t.c.partition_no >= count))
         self.ensure_partitions(conn, consumer, count)
+        conn.execute(
+            update(t)
+            .where(*self._consumer(consumer))
+            .values(
+                owner=owner,
+                epoch=epoch,
+                checkpoint=0,
+                status=RUNNING,
+                halted_position=None,
+                halted_type=None,
+                error=None,
+                halted_at=None,
+                updated_at=self.db.clock.now(),
+            )
+        )
 
     def claim(
         self,
@@ -143,16 +169,6 @@ class Ownership:
                 t.c.partition_no.in_(wanted),
                 t.c.owner == instance_id,
                 t.c.status == RUNNING,
-            )
-        )
-        return [Claim(partition=r[0], epoch=r[1], checkpoint=r[2]) for r in rows]
-
-    def owned(self, conn: Connection, consumer: str, instance_id: str) -> list[Claim]:
-        """The running partitions of ``consumer`` that ``instance_id`` owns now."""
-        t = self.table
-        rows = conn.execute(
-            select(t.c.partition_no, t.c.epoch, t.c.checkpoint).where(
-                *self._consumer(consumer), t.c.owner == instance_id, t.c.status == RUNNING
             )
         )
         return [Claim(partition=r[0], epoch=r[1], checkpoint=r[2]) for r in rows]
@@ -238,6 +254,24 @@ class Ownership:
                 )
                 .values(owner=None, updated_at=self.db.clock.now())
             )
+
+    def release_all(self, conn: Connection, instance_id: str) -> list[tuple[str, int]]:
+        """Give up every partition ``instance_id`` owns (halted ones too); return them."""
+        t = self.table
+        owned = [
+            (consumer, partition)
+            for consumer, partition in conn.execute(
+                select(t.c.consumer, t.c.partition_no).where(
+                    t.c.tenant == self.db.tenant, t.c.owner == instance_id
+                )
+            )
+        ]
+        conn.execute(
+            update(t)
+            .where(t.c.tenant == self.db.tenant, t.c.owner == instance_id)
+            .values(owner=None, updated_at=self.db.clock.now())
+        )
+        return owned
 
     def halt(
         self,

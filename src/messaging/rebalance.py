@@ -34,9 +34,12 @@ class Plan:
     """Why this instance applies nothing of the consumer, if it does not."""
 
 
-def _runs(instance: InstanceRow, consumer: str) -> str | None:
+def _mode(instance: InstanceRow, consumer: str, fingerprint: str) -> str | None:
+    """How ``instance`` runs ``consumer`` under the declaration ``fingerprint``, if it does."""
     entry = instance.runs.get(consumer)
-    return None if entry is None else str(entry.get("distribution"))
+    if entry is None or entry.get("fingerprint") != fingerprint:
+        return None
+    return str(entry.get("distribution"))
 
 
 def plan(
@@ -45,18 +48,22 @@ def plan(
     owners: Mapping[str, Mapping[int, str | None]],
     partitions: Mapping[str, int],
     distributions: Mapping[str, Distribution],
+    fingerprints: Mapping[str, str],
 ) -> dict[str, Plan]:
     """Plans for the consumers ``me`` runs (``distributions``: consumer → its mode here).
 
     ``owners`` maps consumer → partition → owning instance id (or None);
-    ``partitions`` maps consumer → partition count.
+    ``partitions`` maps consumer → partition count; ``fingerprints`` maps consumer → the
+    declaration ``me`` runs. Only instances on the same declaration share a consumer.
     """
     members = {i.id for i in live} | {me}
     plans: dict[str, Plan] = {}
     single_owner: dict[str, list[str]] = {}
     for consumer, distribution in distributions.items():
         partitioned = sorted(
-            i.id for i in live if _runs(i, consumer) == Distribution.PARTITIONED.value
+            i.id
+            for i in live
+            if _mode(i, consumer, fingerprints[consumer]) == Distribution.PARTITIONED.value
         )
         owned_here = {p for p, o in owners.get(consumer, {}).items() if o == me}
         if distribution is Distribution.PARTITIONED:
@@ -79,7 +86,9 @@ def plan(
             )
             continue
         single_owner[consumer] = sorted(
-            i.id for i in live if _runs(i, consumer) == Distribution.SINGLE_OWNER.value
+            i.id
+            for i in live
+            if _mode(i, consumer, fingerprints[consumer]) == Distribution.SINGLE_OWNER.value
         )
         if me not in single_owner[consumer]:
             single_owner[consumer] = sorted([*single_owner[consumer], me])

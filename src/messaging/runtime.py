@@ -13,16 +13,18 @@ import os
 import signal
 import socket
 import threading
+import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import partial
 from types import FrameType
+from typing import TypeVar
 
 import pluggy
-from sqlalchemy import Connection
 
 from messaging.consumers import ConsumerKind, ConsumerSpec
 from messaging.database import Database
-from messaging.declarations import declare
+from messaging.declarations import STALE, Declared, current_fingerprints, declare
 from messaging.errors import ProjectionsError
 from messaging.membership import InstanceInfo, Membership
 from messaging.messages import MessageRegistry
@@ -34,6 +36,8 @@ from messaging.settings import Distribution, Settings
 from messaging.worker import ConsumerWorker, InMemoryWorker
 
 log = logging.getLogger("messaging.runtime")
+
+T = TypeVar("T")
 
 
 def default_instance_name() -> str:
@@ -66,7 +70,13 @@ class Instance:
         self.ownership = Ownership(db)
         self.stop_requested = threading.Event()
         self._stop_workers = threading.Event()
-        self._stop_loops = threading.Event()
+        self._stop_rebalance = threading.Event()
+        self._stop_heartbeat = threading.Event()
+        self.fingerprints: dict[str, str] = {}
+        self.info = InstanceInfo(
+            id=self.id, name=self.name, host=socket.gethostname(), pid=os.getpid()
+        )
+        self._registered = False
         self._threads: list[threading.Thread] = []
         self.workers: dict[str, ConsumerWorker] = {}
         self.in_memory: dict[str, InMemoryWorker] = {}
@@ -87,7 +97,8 @@ class Instance:
     # -- start -------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Prepare the schema, declare consumers, register, claim, and start every loop."""
+        """Prepare the schema, register (the first heartbeat), declare the consumers, claim,
+        and start every loop."""
         if self._started:
             raise ProjectionsError("instance already started")
         self._started = True
@@ -96,22 +107,18 @@ class Instance:
         for spec in self.specs:
             if spec.transactional:
                 distribution = self.distributions[spec.name] = self.distribution(spec)
-                declared = self._retry(
-                    lambda spec=spec, d=distribution: self._declare(spec, d), f"declare {spec.name}"
-                )
+                self.fingerprints[spec.name] = spec.fingerprint(self.registry)
                 runs[spec.name] = {
                     "distribution": distribution.value,
-                    "fingerprint": declared,
+                    "fingerprint": self.fingerprints[spec.name],
                 }
-                self.workers[spec.name] = ConsumerWorker(
-                    db=self.db,
-                    spec=spec,
-                    instance_id=self.id,
-                    settings=self.consumer_settings,
-                    hooks=self.hooks,
-                    registry=self.registry,
-                )
-            else:
+        self.info = InstanceInfo(
+            id=self.id, name=self.name, host=socket.gethostname(), pid=os.getpid(), runs=runs
+        )
+        self._retry(self._register, "register")
+        self._registered = True
+        for spec in self.specs:
+            if not spec.transactional:
                 self.in_memory[spec.name] = InMemoryWorker(
                     db=self.db,
                     spec=spec,
@@ -119,43 +126,47 @@ class Instance:
                     hooks=self.hooks,
                     registry=self.registry,
                 )
-        info = InstanceInfo(
-            id=self.id, name=self.name, host=socket.gethostname(), pid=os.getpid(), runs=runs
-        )
-        self._retry(
-            lambda: self._in_transaction(lambda c: self.membership.register(c, info)), "register"
-        )
+                continue
+            declared = self._retry(partial(self._declare, spec), f"declare {spec.name}")
+            if declared.outcome == STALE:
+                continue
+            self.workers[spec.name] = ConsumerWorker(
+                db=self.db,
+                spec=spec,
+                instance_id=self.id,
+                settings=self.consumer_settings,
+                hooks=self.hooks,
+                registry=self.registry,
+            )
         log.info("instance %s (%s) started with %s", self.name, self.id, sorted(runs))
         self.hooks.projections_instance_started(
             instance_id=self.id, name=self.name, consumers=[s.name for s in self.specs]
         )
-        self.rebalance()
-        self._spawn("heartbeat", self._heartbeat_loop, self._stop_loops)
-        self._spawn("rebalance", self._rebalance_loop, self._stop_loops)
+        self._retry(self.rebalance, "rebalance")
+        self._spawn("heartbeat", self._heartbeat_loop, self._stop_heartbeat)
+        self._spawn("rebalance", self._rebalance_loop, self._stop_rebalance)
         for name, worker in self.workers.items():
             self._spawn(f"apply:{name}", worker.run, self._stop_workers)
         for name, memory in self.in_memory.items():
             self._spawn(f"memory:{name}", memory.run, self._stop_workers)
 
-    def _register(self, conn: Connection, info: InstanceInfo) -> None:
+    def _declare(self, spec: ConsumerSpec) -> Declared:
+        return declare(self.db, spec, self.distributions[spec.name], self.id)
+
+    def _register(self) -> None:
+        """Insert this instance's row, refusing a name a live instance already has."""
         timeout = self.consumer_settings.stale_instance_timeout
-        for other in self.membership.instances(conn, timeout):
-            if other.name == info.name and other.live:
-                raise ProjectionsError(
-                    f"instance name {info.name!r} is taken by a live instance "
-                    f"(pid {other.pid} on {other.host}); choose another with --instance-name"
-                )
-        self.membership.register(conn, info)
-
-    def _declare(self, spec: ConsumerSpec, distribution: Distribution) -> str:
-        return declare(self.db, spec, distribution).fingerprint
-
-    def _in_transaction(self, action: object) -> None:
         with self.db.transaction() as conn:
-            action(conn)  # type: ignore[operator]
+            for other in self.membership.instances(conn, timeout):
+                if other.name == self.name and other.live:
+                    raise ProjectionsError(
+                        f"instance name {self.name!r} is taken by a live instance "
+                        f"(pid {other.pid} on {other.host}); choose another with --instance-name"
+                    )
+            self.membership.register(conn, self.info)
 
-    def _retry(self, action: object, what: str) -> object:
-        return retry_transient(action, self.consumer_settings.conflict_retry, what=what)  # type: ignore[arg-type]
+    def _retry(self, action: Callable[[], T], what: str) -> T:
+        return retry_transient(action, self.consumer_settings.conflict_retry, what=what)
 
     def _spawn(self, name: str, target: object, stop: threading.Event) -> None:
         thread = threading.Thread(target=target, args=(stop,), name=name, daemon=True)  # type: ignore[arg-type]
@@ -175,6 +186,9 @@ class Instance:
         with self.db.read() as conn:
             live = [i for i in self.membership.instances(conn, timeout) if i.live]
             rows = self.ownership.partitions(conn, sorted(self.workers))
+            declared = current_fingerprints(self.db, conn, sorted(self.workers))
+        for name in [n for n in self.workers if declared.get(n) != self.fingerprints[n]]:
+            self._retire(name)
         owners: dict[str, dict[int, str | None]] = {name: {} for name in self.workers}
         for row in rows:
             owners[row.consumer][row.partition] = row.owner
@@ -183,7 +197,8 @@ class Instance:
             live,
             owners,
             {name: worker.spec.partitions for name, worker in self.workers.items()},
-            self.distributions,
+            {name: self.distributions[name] for name in self.workers},
+            self.fingerprints,
         )
         live_ids = self.membership.live_ids(timeout)
         for name, target in plans.items():
@@ -208,6 +223,17 @@ class Instance:
             worker.add_claims(claims)
             for claim in claims:
                 self._event("claimed", name, claim.partition, claim.epoch)
+
+    def _retire(self, name: str) -> None:
+        """Stop applying a consumer whose declaration was replaced by another instance."""
+        log.warning(
+            "consumer %s: rebuilt under another declaration by a newer instance; this "
+            "instance (declaration %s) applies nothing of it until restarted",
+            name,
+            self.fingerprints[name],
+        )
+        worker = self.workers.pop(name)
+        worker.drop_after_batch(sorted(worker.claims()))
 
     def _event(self, what: str, consumer: str, partition: int, epoch: int | None) -> None:
         log.info(
@@ -234,15 +260,7 @@ class Instance:
                 with self.db.transaction() as conn:
                     if not self.membership.heartbeat(conn, self.id):
                         log.warning("instance %s: row was removed; registering again", self.name)
-                        self.membership.register(
-                            conn,
-                            InstanceInfo(
-                                id=self.id,
-                                name=self.name,
-                                host=socket.gethostname(),
-                                pid=os.getpid(),
-                            ),
-                        )
+                        self.membership.register(conn, self.info)
             except Exception:
                 log.exception("instance %s: heartbeat failed", self.name)
 
@@ -260,35 +278,36 @@ class Instance:
         self.stop_requested.set()
 
     def stop(self) -> None:
-        """Finish batches in flight, release every partition, delete the instance row."""
+        """Finish batches in flight (up to ``graceful-shutdown-timeout`` in all), release
+        every partition and delete the instance row. Heartbeats go on until then."""
         if not self._started:
             return
+        self._started = False
         self.stop_requested.set()
-        self.hooks.projections_instance_stopping(instance_id=self.id, name=self.name)
+        self._stop_rebalance.set()  # claim nothing more while draining
+        if self._registered:
+            self.hooks.projections_instance_stopping(instance_id=self.id, name=self.name)
         self._stop_workers.set()
-        deadline = self.consumer_settings.graceful_shutdown_timeout
-        workers = [t for t in self._threads if t.name.startswith(("apply:", "memory:"))]
-        for thread in workers:
-            thread.join(timeout=deadline)
-        stuck = [t.name for t in workers if t.is_alive()]
+        deadline = time.monotonic() + self.consumer_settings.graceful_shutdown_timeout
+        for thread in self._threads:
+            if thread.name != "heartbeat":
+                thread.join(timeout=max(0.0, deadline - time.monotonic()))
+        stuck = [t.name for t in self._threads if t.is_alive() and t.name != "heartbeat"]
         if stuck:
             log.warning("instance %s: %s still busy after the graceful timeout", self.name, stuck)
-        self._stop_loops.set()
+        self._stop_heartbeat.set()
         for thread in self._threads:
-            if thread not in workers:
-                thread.join(timeout=deadline)
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
+        if not self._registered:
+            return
         with self.db.transaction() as conn:
-            for name, worker in self.workers.items():
-                partitions = sorted(worker.claims())
-                self.ownership.release(conn, name, self.id, partitions)
+            released = self.ownership.release_all(conn, self.id)
             self.membership.deregister(conn, self.id)
-        for name, worker in self.workers.items():
-            for partition in sorted(worker.claims()):
-                self.hooks.projections_partition_released(
-                    consumer=name, partition=partition, instance_id=self.id
-                )
+        for consumer, partition in released:
+            self.hooks.projections_partition_released(
+                consumer=consumer, partition=partition, instance_id=self.id
+            )
         log.info("instance %s stopped", self.name)
-        self._started = False
 
     def run(self) -> None:
         """Start, then run until SIGTERM/SIGINT (or :meth:`request_stop`), then stop gracefully."""

@@ -35,7 +35,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.sql.elements import ColumnElement
 
 from messaging.database import Database
-from messaging.errors import VersionConflict
+from messaging.errors import SchemaError, VersionConflict
 from messaging.messages import Envelope, MessageRegistry
 from messaging.messages import registry as default_registry
 
@@ -177,7 +177,9 @@ class MessageStore:
             raise VersionConflict(
                 topic=first_key[0],
                 source=first_key[1],
-                expected=expected_versions.get(first_key) or versions.get(first_key, 0),
+                expected=expected
+                if (expected := expected_versions.get(first_key)) is not None
+                else versions.get(first_key, 0),
                 actual=None,
             ) from exc
         return list(range(first, first + len(rows)))
@@ -208,7 +210,7 @@ class MessageStore:
             update(p).where(where).values(last_position=p.c.last_position + count)
         ).rowcount
         if updated != 1:
-            raise RuntimeError(
+            raise SchemaError(
                 f"no position counter for tenant {self.db.tenant!r}; call Database.prepare() first"
             )
         last: int = conn.execute(select(p.c.last_position).where(where)).scalar_one()
@@ -353,29 +355,6 @@ class MessageStore:
             select(p.c.last_position).where(p.c.tenant == self.db.tenant)
         ).scalar_one_or_none()
         return int(value or 0)
-
-    def count_after(
-        self,
-        conn: Connection,
-        topics: Sequence[str],
-        partition: int,
-        partition_count: int,
-        after: int,
-    ) -> int:
-        """How many messages of one partition lie after ``after``: that partition's lag."""
-        m = self._messages
-        return int(
-            conn.execute(
-                select(func.count())
-                .select_from(m)
-                .where(
-                    m.c.tenant == self.db.tenant,
-                    m.c.topic.in_(topics),
-                    m.c.position > after,
-                    m.c.partition_hash % partition_count == partition,
-                )
-            ).scalar_one()
-        )
 
 
 def _chunks(items: Sequence[str], size: int) -> Iterable[Sequence[str]]:

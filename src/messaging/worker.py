@@ -172,8 +172,14 @@ class ConsumerWorker:
             try:
                 rows = self._commit(failed.batch, claims, immediate=True)
             except _Poison as poison:
+                # Commit what came before the poison message, so that its partition's
+                # checkpoint stops right before it, then halt that partition there.
+                index = [row[0] for row in poison.batch].index(poison.row[0])
+                if index:
+                    self._commit(poison.batch[:index], claims, immediate=False)
+                    self._advance(claims, int(poison.batch[index - 1][0]))
                 self._halt(poison, claims)
-                return 0
+                return index
             except OwnershipLost as lost:
                 self._lose(lost.partitions)
                 return 0

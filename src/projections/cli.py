@@ -12,6 +12,8 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from sqlalchemy.exc import DBAPIError
+
 from messaging.config import load_settings
 from messaging.database import Database
 from messaging.errors import ProjectionsError
@@ -40,7 +42,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--traceback", action="store_true", help="show the full traceback of an error"
     )
-    parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
+    parser.add_argument(
+        "--log-level",
+        default="INFO",
+        type=str.upper,
+        choices=["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"],
+        help="logging level (default INFO)",
+    )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     run = commands.add_parser("run", help="run an instance with the application's consumers")
@@ -121,6 +129,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         if args.workers < 1:
             raise ProjectionsError("--workers must be at least 1")
         from messaging.supervisor import Supervisor
+
+        db = _database(settings)
+        try:
+            db.prepare()  # a schema that is behind fails here, not in every restarted worker
+        finally:
+            db.dispose()
 
         timeout = settings.messaging.consumer.graceful_shutdown_timeout + 10
         supervisor = Supervisor(
@@ -235,7 +249,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``projections`` console script."""
     args = build_parser().parse_args(argv)
     logging.basicConfig(
-        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
+        level=getattr(logging, args.log_level),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     try:
@@ -244,6 +258,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.traceback:
             raise
         print(f"projections: error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except DBAPIError as exc:
+        if args.traceback:
+            raise
+        reason = str(exc.orig).splitlines()[0] if exc.orig is not None else str(exc)
+        print(f"projections: error: database: {reason}", file=sys.stderr)
         return EXIT_ERROR
     except KeyboardInterrupt:
         return 130

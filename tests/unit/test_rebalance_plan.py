@@ -7,9 +7,10 @@ from messaging.rebalance import plan
 from messaging.settings import Distribution
 
 P, S = Distribution.PARTITIONED, Distribution.SINGLE_OWNER
+FP = {"c1": "f", "c2": "f"}
 
 
-def member(instance_id: str, **runs: Distribution) -> InstanceRow:
+def member(instance_id: str, fingerprint: str = "f", **runs: Distribution) -> InstanceRow:
     return InstanceRow(
         id=instance_id,
         name=instance_id,
@@ -19,7 +20,7 @@ def member(instance_id: str, **runs: Distribution) -> InstanceRow:
         heartbeat_at=0.0,
         stopping=False,
         live=True,
-        runs={c.replace("_", "-"): {"distribution": d.value} for c, d in runs.items()},
+        runs={c: {"distribution": d.value, "fingerprint": fingerprint} for c, d in runs.items()},
     )
 
 
@@ -27,7 +28,7 @@ def test_a_joiner_is_assigned_only_partitions_taken_from_others() -> None:
     """With a and b holding 4 each, c is assigned 2 and a and b each release one."""
     owners = {"c1": {p: ("a" if p < 4 else "b") for p in range(8)}}
     live = [member("a", c1=P), member("b", c1=P), member("c", c1=P)]
-    plans = {me: plan(me, live, owners, {"c1": 8}, {"c1": P})["c1"] for me in "abc"}
+    plans = {me: plan(me, live, owners, {"c1": 8}, {"c1": P}, FP)["c1"] for me in "abc"}
     assert len(plans["c"].target) == 2 and not plans["c"].release
     assert len(plans["a"].release) + len(plans["b"].release) == 2
     assert plans["c"].target == plans["a"].release | plans["b"].release
@@ -37,7 +38,7 @@ def test_every_instance_computes_the_same_target() -> None:
     """The plans of all members partition the units with no overlap."""
     owners = {"c1": {p: None for p in range(10)}}
     live = [member(x, c1=P) for x in "xyz"]
-    targets = [plan(me, live, owners, {"c1": 10}, {"c1": P})["c1"].target for me in "xyz"]
+    targets = [plan(me, live, owners, {"c1": 10}, {"c1": P}, FP)["c1"].target for me in "xyz"]
     assert sorted(p for t in targets for p in t) == list(range(10))
 
 
@@ -45,7 +46,7 @@ def test_single_owner_elects_one_instance_for_all_partitions() -> None:
     """Exactly one single-owner member targets every partition; the other stands by."""
     owners = {"c1": {p: None for p in range(4)}}
     live = [member("a", c1=S), member("b", c1=S)]
-    plans = [plan(me, live, owners, {"c1": 4}, {"c1": S})["c1"] for me in "ab"]
+    plans = [plan(me, live, owners, {"c1": 4}, {"c1": S}, FP)["c1"] for me in "ab"]
     assert sorted(len(p.target) for p in plans) == [0, 4]
 
 
@@ -56,7 +57,7 @@ def test_single_owner_consumers_are_spread_across_instances() -> None:
     mine = {
         me: {
             c
-            for c, p in plan(me, live, owners, {"c1": 1, "c2": 1}, {"c1": S, "c2": S}).items()
+            for c, p in plan(me, live, owners, {"c1": 1, "c2": 1}, {"c1": S, "c2": S}, FP).items()
             if p.target
         }
         for me in "ab"
@@ -68,7 +69,15 @@ def test_single_owner_waits_while_a_live_instance_runs_it_partitioned() -> None:
     """During a rolling switch, the single-owner side applies nothing and says why."""
     owners = {"c1": {0: "old", 1: "old"}}
     live = [member("old", c1=P), member("new", c1=S)]
-    new = plan("new", live, owners, {"c1": 2}, {"c1": S})["c1"]
+    new = plan("new", live, owners, {"c1": 2}, {"c1": S}, FP)["c1"]
     assert not new.target and new.waiting_for and "old" in new.waiting_for
-    old = plan("old", live, owners, {"c1": 2}, {"c1": P})["c1"]
+    old = plan("old", live, owners, {"c1": 2}, {"c1": P}, FP)["c1"]
     assert old.target == {0, 1}
+
+
+def test_instances_on_another_declaration_do_not_share_the_consumer() -> None:
+    """A live instance running an older declaration is not a member: it gets nothing."""
+    stale = member("old", fingerprint="g", c1=P)
+    owners = {"c1": {p: None for p in range(4)}}
+    new = plan("new", [stale, member("new", c1=P)], owners, {"c1": 4}, {"c1": P}, FP)["c1"]
+    assert new.target == {0, 1, 2, 3}

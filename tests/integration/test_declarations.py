@@ -1,0 +1,98 @@
+"""Declaration changes: a rebuild fences every old owner, the declaration one back applies
+nothing, and an interrupted rebuild is redone."""
+
+from __future__ import annotations
+
+import attrs
+import pytest
+from sqlalchemy import Column, Integer, MetaData, String, Table, insert, select, update
+
+from messaging import Database, HandlerContext, OwnershipLost, handler, message
+from messaging.consumers import consumer_spec
+from messaging.declarations import CREATED, REBUILT, STALE, UNCHANGED, declare
+from messaging.membership import InstanceInfo, Membership
+from messaging.ownership import Ownership
+from messaging.settings import Distribution
+from projections import projection
+
+P = Distribution.PARTITIONED
+
+
+@message("test.decl.noted")
+@attrs.define(frozen=True)
+class Noted:
+    text: str
+
+
+def _spec(db: Database, version: int):  # type: ignore[no-untyped-def]
+    table = Table(
+        f"{db.schema.prefix}decl_notes",
+        MetaData(),
+        Column("id", Integer, primary_key=True),
+        Column("text", String(50)),
+    )
+
+    @projection("decl-notes", topics="notes", partitions=4, tables=[table], version=version)
+    class Notes:
+        @handler
+        def noted(self, event: Noted, ctx: HandlerContext) -> None:
+            ctx.execute(insert(table), {"text": event.text})
+
+    return consumer_spec(Notes), table
+
+
+def _register(db: Database, instance_id: str) -> None:
+    with db.transaction() as conn:
+        Membership(db).register(
+            conn, InstanceInfo(id=instance_id, name=instance_id, host="h", pid=1)
+        )
+
+
+def test_a_rebuild_fences_the_old_owner_and_empties_the_read_model(db: Database) -> None:
+    """After a new declaration, the old owner's epoch can commit nothing; its writes are gone."""
+    v1, table = _spec(db, 1)
+    v2, _ = _spec(db, 2)
+    _register(db, "old")
+    _register(db, "new")
+    ownership = Ownership(db)
+    assert declare(db, v1, P, "old").outcome == CREATED
+    with db.transaction() as conn:
+        claims = ownership.claim(conn, "decl-notes", range(4), "old", Membership(db).live_ids(30))
+        conn.execute(insert(table), {"text": "written under v1"})
+    epochs = {c.partition: c.epoch for c in claims}
+
+    assert declare(db, v2, P, "new").outcome == REBUILT
+
+    with pytest.raises(OwnershipLost), db.transaction() as conn:
+        ownership.commit_checkpoint(conn, "decl-notes", "old", epochs, 99)
+    with db.read() as conn:
+        rows = ownership.partitions(conn, ["decl-notes"])
+        assert conn.execute(select(table)).all() == []
+    assert {r.owner for r in rows} == {"new"}
+    assert all(r.epoch > epochs[r.partition] and r.checkpoint == 0 for r in rows)
+
+
+def test_the_declaration_one_back_is_stale_and_does_not_rebuild(db: Database) -> None:
+    """An instance still on the previous declaration is told to apply nothing."""
+    v1, _ = _spec(db, 1)
+    v2, _ = _spec(db, 2)
+    _register(db, "a")
+    declare(db, v1, P, "a")
+    assert declare(db, v2, P, "a").outcome == REBUILT
+    assert declare(db, v1, P, "a").outcome == STALE
+    assert declare(db, v2, P, "a").outcome == UNCHANGED
+
+
+def test_an_interrupted_rebuild_is_redone(db: Database) -> None:
+    """A consumer left REBUILDING (crash mid-rebuild) is rebuilt again by the next start."""
+    v1, table = _spec(db, 1)
+    _register(db, "a")
+    declare(db, v1, P, "a")
+    consumers = db.schema.consumers
+    with db.transaction() as conn:
+        conn.execute(insert(table), {"text": "half-rebuilt"})
+        conn.execute(update(consumers).values(state="rebuilding"))
+    assert declare(db, v1, P, "a").outcome == REBUILT
+    with db.read() as conn:
+        assert conn.execute(select(table)).all() == []
+        assert conn.execute(select(consumers.c.state)).scalar_one() == "running"

@@ -1,0 +1,90 @@
+"""A message that cannot be handled halts its partition right before it; the partition's
+earlier messages and every other partition go on, and nothing is skipped."""
+
+from __future__ import annotations
+
+import attrs
+from sqlalchemy import BigInteger, Column, MetaData, String, Table, insert, select
+
+from messaging import (
+    Database,
+    HandlerContext,
+    MessageStore,
+    Settings,
+    create_plugin_manager,
+    handler,
+    message,
+    partition_of,
+    registry,
+)
+from messaging.consumers import consumer_spec
+from messaging.membership import InstanceInfo, Membership
+from messaging.ownership import Ownership
+from messaging.worker import ConsumerWorker
+from projections import projection
+
+
+@message("test.poison.item")
+@attrs.define(frozen=True)
+class Item:
+    name: str
+
+
+def _setup(db: Database) -> tuple[ConsumerWorker, Table]:
+    table = Table(
+        f"{db.schema.prefix}poison_items",
+        MetaData(),
+        Column("position", BigInteger, primary_key=True, autoincrement=False),
+        Column("name", String(50), nullable=False),
+    )
+
+    @projection("poison-items", topics="items", partitions=2, tables=[table])
+    class Items:
+        @handler
+        def item(self, event: Item, ctx: HandlerContext) -> None:
+            if event.name == "poison":
+                raise ValueError("cannot handle poison")
+            ctx.execute(insert(table), {"position": ctx.envelope.position, "name": event.name})
+
+    with db.transaction() as conn:
+        table.create(conn)
+        Membership(db).register(conn, InstanceInfo(id="me", name="me", host="h", pid=1))
+        Ownership(db).ensure_partitions(conn, "poison-items", 2)
+        claims = Ownership(db).claim(
+            conn, "poison-items", [0, 1], "me", Membership(db).live_ids(30)
+        )
+    worker = ConsumerWorker(
+        db=db,
+        spec=consumer_spec(Items),
+        instance_id="me",
+        settings=Settings().messaging.consumer,
+        hooks=create_plugin_manager([], load_entrypoints=False).hook,
+        registry=registry,
+    )
+    worker.add_claims(claims)
+    return worker, table
+
+
+def test_poison_halts_its_partition_before_it_and_others_go_on(db: Database) -> None:
+    """The halted partition keeps its messages before the poison; the other applies all."""
+    worker, table = _setup(db)
+    source = {p: next(f"s{n}" for n in range(100) if partition_of(f"s{n}", 2) == p) for p in (0, 1)}
+    names = ["a", "b", "poison", "c"]
+    store = MessageStore(db)
+    with db.transaction() as conn:
+        for name in names:
+            for p in (0, 1):
+                text = name if p == 0 else f"other-{name}"
+                store.append(conn, "items", source[p], [Item(text)])
+    while worker.poll():
+        pass
+    with db.read() as conn:
+        applied = {r.name: r.position for r in conn.execute(select(table))}
+        parts = {r.partition: r for r in Ownership(db).partitions(conn, ["poison-items"])}
+    assert set(applied) == {"a", "b", "other-a", "other-b", "other-poison", "other-c"}
+    poison_position = applied["other-poison"] - 1  # appended just before its twin
+    halted = parts[0]
+    assert halted.status == "halted" and halted.halted_position == poison_position
+    assert halted.halted_type == "test.poison.item" and "cannot handle poison" in halted.error
+    assert halted.checkpoint == applied["b"] + 1  # up to the message right before the poison
+    assert parts[1].status == "running" and parts[1].checkpoint == applied["other-c"]

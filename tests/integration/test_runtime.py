@@ -1,0 +1,48 @@
+"""An instance's start and stop, in process."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from messaging import (
+    Database,
+    Instance,
+    ProjectionsError,
+    SchemaError,
+    Settings,
+    collect_consumers,
+    create_plugin_manager,
+)
+
+
+def _instance(db: Database, name: str) -> Instance:
+    manager = create_plugin_manager(["projections.examples.ledger"], load_entrypoints=False)
+    return Instance(db, collect_consumers(manager), Settings(), manager.hook, name=name)
+
+
+def test_a_second_live_instance_with_the_same_name_is_refused(db: Database) -> None:
+    """Two live instances never share a name; the error says which name and where."""
+    first = _instance(db, "twin")
+    first.start()
+    try:
+        second = _instance(db, "twin")
+        with pytest.raises(ProjectionsError, match="instance name 'twin' is taken"):
+            second.start()
+        second.stop()
+    finally:
+        first.stop()
+    with db.read() as conn:
+        assert conn.execute(db.schema.instances.select()).all() == []
+
+
+@pytest.mark.mysql
+def test_a_failed_start_reports_its_own_error(mysql_database_url: str) -> None:
+    """On a schema that was never migrated, run() raises the SchemaError, not a later one."""
+    db = Database(mysql_database_url, table_prefix=f"u{uuid.uuid4().hex[:8]}_")
+    try:
+        with pytest.raises(SchemaError, match="V1__initial_schema"):
+            _instance(db, "unmigrated").run()
+    finally:
+        db.dispose()
