@@ -96,9 +96,11 @@ class Instance:
 
     # -- start -------------------------------------------------------------------------
 
-    def start(self) -> None:
+    def start(self, *, loops: bool = True) -> None:
         """Prepare the schema, register (the first heartbeat), declare the consumers, claim,
-        and start every loop."""
+        and start every loop. With ``loops=False`` no thread is started: the caller drives
+        :meth:`heartbeat`, :meth:`rebalance` and the workers' ``poll()`` itself (tests with
+        an injected clock do)."""
         if self._started:
             raise ProjectionsError("instance already started")
         self._started = True
@@ -143,6 +145,8 @@ class Instance:
             instance_id=self.id, name=self.name, consumers=[s.name for s in self.specs]
         )
         self._retry(self.rebalance, "rebalance")
+        if not loops:
+            return
         self._spawn("heartbeat", self._heartbeat_loop, self._stop_heartbeat)
         self._spawn("rebalance", self._rebalance_loop, self._stop_rebalance)
         for name, worker in self.workers.items():
@@ -253,14 +257,18 @@ class Instance:
                 consumer=consumer, partition=partition, instance_id=self.id
             )
 
+    def heartbeat(self) -> None:
+        """Stamp this instance's heartbeat; register again if its row was removed."""
+        with self.db.transaction() as conn:
+            if not self.membership.heartbeat(conn, self.id):
+                log.warning("instance %s: row was removed; registering again", self.name)
+                self.membership.register(conn, self.info)
+
     def _heartbeat_loop(self, stop: threading.Event) -> None:
         interval = self.consumer_settings.heartbeat_interval
         while not stop.wait(interval):
             try:
-                with self.db.transaction() as conn:
-                    if not self.membership.heartbeat(conn, self.id):
-                        log.warning("instance %s: row was removed; registering again", self.name)
-                        self.membership.register(conn, self.info)
+                self.heartbeat()
             except Exception:
                 log.exception("instance %s: heartbeat failed", self.name)
 
