@@ -7,7 +7,7 @@ object passed to :func:`messaging.plugins.create_plugin_manager`.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import pluggy
 
@@ -62,11 +62,14 @@ def projections_partition_released(consumer: str, partition: int, instance_id: s
 def projections_batch_applied(
     consumer: str,
     partitions: Sequence[int],
+    epochs: Mapping[int, int],
+    instance_id: str,
     count: int,
     last_position: int,
     seconds: float,
 ) -> None:
-    """Called after a batch of ``count`` messages committed with its checkpoints."""
+    """Called after a batch of ``count`` messages committed with the checkpoints of
+    ``partitions`` (each under its epoch in ``epochs``) by ``instance_id``."""
 
 
 @hookspec

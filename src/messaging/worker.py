@@ -191,6 +191,8 @@ class ConsumerWorker:
         self.hooks.projections_batch_applied(
             consumer=spec.name,
             partitions=sorted(claims),
+            epochs={p: c.epoch for p, c in claims.items()},
+            instance_id=self.instance_id,
             count=len(rows),
             last_position=last,
             seconds=time.perf_counter() - started,
