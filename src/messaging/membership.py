@@ -1,19 +1,39 @@
 """Instances: registration, heartbeats stamped by the database clock, and who is live.
 
 An instance is live while its heartbeat is younger than ``stale-instance-timeout``,
-compared in SQL against the same clock that stamped it.
+compared in SQL against the same clock that stamped it. Rows of instances that died
+without a clean stop are deleted once they are far older than that (see
+:meth:`Membership.remove_stale`), so the table does not grow with every crash.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import time
 from collections.abc import Mapping
 from typing import Any
 
 import attrs
 from sqlalchemy import Connection, Select, case, delete, insert, select, update
+from sqlalchemy.exc import DBAPIError
 
 from messaging.database import Database
+
+log = logging.getLogger("messaging.membership")
+
+STALE_ROW_RETENTION_FACTOR = 10
+"""A dead instance's row is deleted once its heartbeat is this many stale-instance-timeouts old
+(and at least :data:`MIN_STALE_ROW_RETENTION`): long after every report showed it stale."""
+MIN_STALE_ROW_RETENTION = 60.0
+"""Seconds a stale row is kept at the least, whatever the stale-instance-timeout."""
+STALE_ROW_PURGE_INTERVAL = 60.0
+"""Seconds between two purges of stale rows by one instance (the first comes at once)."""
+
+
+def stale_row_retention(stale_timeout: float) -> float:
+    """Seconds after its last heartbeat that a dead instance's row is deleted."""
+    return max(STALE_ROW_RETENTION_FACTOR * stale_timeout, MIN_STALE_ROW_RETENTION)
 
 
 @attrs.define(frozen=True, kw_only=True)
@@ -49,6 +69,7 @@ class Membership:
     def __init__(self, db: Database) -> None:
         self.db = db
         self.table = db.schema.instances
+        self._next_purge = 0.0  # time.monotonic() of the next due purge
 
     def register(self, conn: Connection, info: InstanceInfo) -> None:
         """Insert this instance's row, stamped now (its first heartbeat)."""
@@ -81,6 +102,42 @@ class Membership:
         """Delete this instance's row (clean stop)."""
         t = self.table
         conn.execute(delete(t).where(t.c.tenant == self.db.tenant, t.c.id == instance_id))
+
+    def remove_stale(self, conn: Connection, stale_timeout: float) -> int:
+        """Delete this tenant's rows whose heartbeat is older than
+        :func:`stale_row_retention`, judged by the database clock; return how many.
+
+        One ``DELETE`` on the (tenant, heartbeat_at) index. Partitions a deleted instance
+        still owns are then owned by an id that is not live, which a claim treats like
+        any stale owner; an instance that was only paused registers again on its next
+        heartbeat, and its fence fails as it would have anyway.
+        """
+        t = self.table
+        result = conn.execute(
+            delete(t).where(
+                t.c.tenant == self.db.tenant,
+                t.c.heartbeat_at < self.db.clock.now() - stale_row_retention(stale_timeout),
+            )
+        )
+        return int(result.rowcount)
+
+    def remove_stale_when_due(self, stale_timeout: float) -> int:
+        """:meth:`remove_stale` in its own transaction, at most once every
+        :data:`STALE_ROW_PURGE_INTERVAL` seconds per :class:`Membership`; return how many rows
+        went. A database error is logged and not raised: the next due round tries again."""
+        now = time.monotonic()
+        if now < self._next_purge:
+            return 0
+        self._next_purge = now + STALE_ROW_PURGE_INTERVAL
+        try:
+            with self.db.transaction() as conn:
+                removed = self.remove_stale(conn, stale_timeout)
+        except DBAPIError as exc:
+            log.warning("removing stale instance rows failed; trying again later: %s", exc.orig)
+            return 0
+        if removed:
+            log.info("removed %d stale instance row(s)", removed)
+        return removed
 
     def live_ids(self, stale_timeout: float) -> Select[tuple[str]]:
         """A subquery of the ids of live instances."""

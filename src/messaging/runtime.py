@@ -263,6 +263,7 @@ class Instance:
             if not self.membership.heartbeat(conn, self.id):
                 log.warning("instance %s: row was removed; registering again", self.name)
                 self.membership.register(conn, self.info)
+        self.membership.remove_stale_when_due(self.consumer_settings.stale_instance_timeout)
 
     def _heartbeat_loop(self, stop: threading.Event) -> None:
         interval = self.consumer_settings.heartbeat_interval

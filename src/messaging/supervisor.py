@@ -49,6 +49,10 @@ class Supervisor:
         self.processes[index] = process
         self._started_at[index] = time.monotonic()
         log.info("worker %d started (pid %d)", index, process.pid)
+        if self.stopping.is_set():
+            # A stop signal came while this worker was being spawned, before _forward could
+            # see it: pass the stop on, or it would run on until killed at stop_timeout.
+            process.send_signal(signal.SIGTERM)
 
     def _forward(self, signum: int, _frame: FrameType | None) -> None:
         if not self.stopping.is_set():
@@ -90,7 +94,7 @@ class Supervisor:
                     code,
                     delay,
                 )
-            if now >= self._restart_at[index]:
+            if now >= self._restart_at[index] and not self.stopping.is_set():
                 del self._restart_at[index]
                 self.restarts += 1
                 self._start(index)

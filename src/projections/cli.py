@@ -90,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = commands.add_parser("demo", help="run the ledger example end to end and verify it")
     demo.add_argument("--messages", type=int, default=20_000, help="messages of traffic to write")
-    demo.add_argument("--workers", type=int, default=2, help="instance processes to run")
+    demo.add_argument("--workers", type=int, default=3, help="instance processes to run")
     demo.add_argument(
         "--database", default="sqlite:///projections-demo.db", help="demo database (recreated)"
     )

@@ -1,31 +1,40 @@
-"""``projections demo``: the ledger example end to end on an embedded SQLite file.
+"""``projections demo``: the ledger example end to end, with a crash, a join and a clean stop.
 
-Writes realistic traffic while instance processes of the example app apply it, shows
-progress live, then stops the instances gracefully and checks the read model against a
-sequential replay of every message.
+Writes realistic traffic while instance processes of the example app apply it. Once
+about a third is applied it SIGKILLs one instance and shows the survivors take over its
+partitions, starts a replacement, then stops one instance with SIGTERM, timing each
+handover against its bound. Finally it stops every instance gracefully, checks the read
+model against a sequential replay of every message and prints a summary.
 """
 
 from __future__ import annotations
 
 import os
+import random
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from collections import Counter
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from sqlalchemy import func, select
+import attrs
+import yaml
+from sqlalchemy import select
 from sqlalchemy.engine import make_url
 
+from messaging.config import settings_from_mapping
 from messaging.database import Database
 from messaging.errors import ConfigError
 from messaging.messages import registry
 from messaging.settings import ConsumerSettings
 from messaging.store import MessageStore
 from projections.examples import ledger
-from projections.reports import consumers_report
+from projections.reports import ORPHANED, OWNED, UNCLAIMED, consumers_report, instances_report
 
 DEMO_CONFIG = """\
 messaging:
@@ -38,6 +47,14 @@ messaging:
     batch-size: 200
     conflict-retry: {max-retries: 5, max-delay: 200ms}
 """
+POLL = 0.05
+"""Seconds between two looks at the reports while waiting for something."""
+TIMEOUT = 60.0
+"""Seconds any one step may take before the demo gives up."""
+
+
+class DemoFailed(Exception):
+    """A step of the demo went wrong: an instance died, a wait timed out, a write failed."""
 
 
 def _fresh_sqlite(url: str) -> Path:
@@ -50,89 +67,322 @@ def _fresh_sqlite(url: str) -> Path:
     return path
 
 
-def _write_traffic(db: Database, messages: int, seed: int, written: list[int]) -> None:
-    store = MessageStore(db)
-    for command in ledger.traffic(seed, messages):
-        with db.transaction() as conn:
-            for source, event in command:
-                store.append(conn, ledger.TOPIC, source, [event])
-        written[0] += len(command)
+@attrs.frozen
+class View:
+    """The cluster as the reports show it at one moment."""
+
+    written: int
+    """Messages written before the reports were read."""
+    writing: bool
+    """Whether the writer was still writing then."""
+    lag: int
+    owned: Counter[str]
+    """Instance name → partitions it owns while live (OWNED)."""
+    orphaned: int
+    unclaimed: int
+    live: frozenset[str]
+
+    @property
+    def applied(self) -> int:
+        return max(0, self.written - self.lag)
+
+    def owned_by(self, names: Sequence[str]) -> bool:
+        """Every partition is OWNED by one of ``names``."""
+        return self.orphaned == self.unclaimed == 0 and set(self.owned) <= set(names)
+
+    def balanced_over(self, names: Sequence[str]) -> bool:
+        """Every partition is OWNED by ``names``, each holding its share (±1)."""
+        counts = [self.owned[n] for n in names]
+        return self.owned_by(names) and max(counts) - min(counts) <= 1
 
 
-def _progress(db: Database, settings: ConsumerSettings) -> tuple[int, int, int]:
-    """(messages in the topic, messages not yet applied, partitions owned)."""
-    messages = db.schema.messages
-    with db.read() as conn:
-        total = conn.execute(
-            select(func.count()).select_from(messages).where(messages.c.tenant == db.tenant)
-        ).scalar_one()
-    report = consumers_report(db, settings)
-    partitions = [p for c in report["consumers"] for p in c["partitions"]]
-    lag = sum(p["lag"] for p in partitions)
-    owned = sum(1 for p in partitions if p["state"] == "OWNED")
-    return int(total), lag, owned
+class Console:
+    """Event lines, and a live status line: rewritten in place on a terminal, otherwise
+    printed about once a second and whenever partition ownership changes."""
+
+    def __init__(self) -> None:
+        self.tty = sys.stdout.isatty()
+        self.every = 0.25 if self.tty else 1.0
+        self.started = time.monotonic()
+        self._last_printed = -1.0
+        self._last_owners: object = None
+        self._pending = 0  # width of the status line a terminal shows unfinished
+
+    def stamp(self) -> str:
+        return f"[{time.monotonic() - self.started:5.1f}s]"
+
+    def say(self, text: str) -> None:
+        self._clear()
+        print(f"{self.stamp()} {text}", flush=True)
+
+    def status(self, view: View, killed: str | None) -> None:
+        now = time.monotonic()
+        owners = (sorted(view.owned.items()), view.orphaned, view.unclaimed)
+        changed, self._last_owners = owners != self._last_owners, owners
+        if not changed and now - self._last_printed < self.every:
+            return
+        self._last_printed = now
+        shares = ", ".join(
+            f"{name}{' (killed)' if name == killed else ''} {count}"
+            for name, count in sorted(view.owned.items())
+        )
+        line = (
+            f"{self.stamp()}   applied {view.applied:>6}/{view.written:<6} lag {view.lag:>5} | "
+            f"partitions: {shares or '-'} | orphaned {view.orphaned}"
+            + (f", unclaimed {view.unclaimed}" if view.unclaimed else "")
+        )
+        if self.tty:  # one screen line, or "\r" cannot rewrite it
+            line = line[: shutil.get_terminal_size().columns - 1]
+        if not self.tty:
+            print(line, flush=True)
+        elif changed:  # keep ownership changes on screen
+            self._clear()
+            print(line, flush=True)
+        else:
+            sys.stdout.write("\r" + line.ljust(self._pending))
+            sys.stdout.flush()
+            self._pending = len(line)
+
+    def _clear(self) -> None:
+        if self._pending:
+            sys.stdout.write("\r" + " " * self._pending + "\r")
+            self._pending = 0
+
+
+class Demo:
+    """The instance processes, the traffic writer and the waits between them."""
+
+    def __init__(
+        self,
+        db: Database,
+        settings: ConsumerSettings,
+        command: Sequence[str],
+        *,
+        messages: int,
+        seed: int,
+    ) -> None:
+        self.db = db
+        self.settings = settings
+        self.command = list(command)
+        self.messages = messages
+        self.seed = seed
+        self.console = Console()
+        self.processes: dict[str, subprocess.Popen[bytes]] = {}
+        self.expected_exit: set[str] = set()  # killed or stopped on purpose
+        self.killed: str | None = None
+        self.written = 0
+        self._stop_writing = threading.Event()
+        self._write_error: BaseException | None = None
+        self.writer = threading.Thread(target=self._write, daemon=True)
+
+    def _write(self) -> None:
+        store = MessageStore(self.db)
+        try:
+            for command in ledger.traffic(self.seed, self.messages):
+                if self._stop_writing.is_set():
+                    return
+                with self.db.transaction() as conn:
+                    for source, event in command:
+                        store.append(conn, ledger.TOPIC, source, [event])
+                self.written += len(command)
+        except BaseException as exc:  # reported by the next wait
+            self._write_error = exc
+
+    def start(self, name: str) -> subprocess.Popen[bytes]:
+        process = subprocess.Popen(
+            [*self.command, "--instance-name", name],
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        self.processes[name] = process
+        return process
+
+    def view(self) -> View:
+        written, writing = self.written, self.writer.is_alive()
+        report = consumers_report(self.db, self.settings)
+        live = instances_report(self.db, self.settings)["instances"]
+        partitions = [p for c in report["consumers"] for p in c["partitions"]]
+        states = Counter(p["state"] for p in partitions)
+        return View(
+            written=written,
+            writing=writing,
+            lag=sum(p["lag"] for p in partitions) if partitions else written,
+            owned=Counter(p["instance"] for p in partitions if p["state"] == OWNED),
+            orphaned=states[ORPHANED],
+            unclaimed=states[UNCLAIMED],
+            live=frozenset(i["name"] for i in live if i["live"]),
+        )
+
+    def wait_for(self, condition: Callable[[View], bool], what: str) -> tuple[float, View]:
+        """Show the cluster until ``condition`` holds; return when it was seen to, and the view."""
+        deadline = time.monotonic() + TIMEOUT
+        while True:
+            looked = time.monotonic()
+            view = self.view()
+            self.console.status(view, self.killed)
+            if condition(view):
+                return looked, view
+            for name, process in self.processes.items():
+                if name not in self.expected_exit and process.poll() is not None:
+                    raise DemoFailed(f"instance {name} exited unexpectedly ({process.returncode})")
+            if self._write_error is not None:
+                raise DemoFailed(f"writing traffic failed: {self._write_error!r}")
+            if looked > deadline:
+                raise DemoFailed(f"gave up after {TIMEOUT:.0f}s waiting for {what}")
+            time.sleep(POLL)
+
+    def stop(self, name: str) -> int:
+        """SIGTERM an instance and wait for its exit code."""
+        self.expected_exit.add(name)
+        process = self.processes[name]
+        process.send_signal(signal.SIGTERM)
+        return process.wait(timeout=self.settings.graceful_shutdown_timeout + 10)
+
+    def shutdown(self) -> None:
+        """Stop whatever still runs (after a failure)."""
+        self._stop_writing.set()
+        for name, process in self.processes.items():
+            if process.poll() is None:
+                try:
+                    self.stop(name)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait()
 
 
 def run_demo(*, database: str, messages: int, workers: int, seed: int) -> int:
     """Run the demo; return 0 when the read model equals the sequential replay."""
+    if workers < 2:
+        raise ConfigError("demo: --workers must be at least 2 (one of them is killed)")
     path = _fresh_sqlite(database)
+    settings = settings_from_mapping(yaml.safe_load(DEMO_CONFIG)).messaging.consumer
     db = Database(database)
     db.prepare()
-    settings = ConsumerSettings()
-    config = Path(tempfile.mkdtemp(prefix="projections-demo-")) / "demo.yaml"
-    config.write_text(DEMO_CONFIG, encoding="utf-8")
-    print(f"demo database: {path.resolve()}")
-    print(f"starting {workers} instance process(es) of projections.examples.ledger")
-    processes = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "projections.cli",
-                "--log-level",
-                "WARNING",
-                "run",
-                "projections.examples.ledger",
-                "--database",
-                database,
-                "--config",
-                str(config),
-                "--instance-name",
-                f"demo-{index}",
-            ],
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
-        for index in range(1, workers + 1)
-    ]
-    written = [0]
-    writer = threading.Thread(
-        target=_write_traffic, args=(db, messages, seed, written), daemon=True
+    with tempfile.TemporaryDirectory(prefix="projections-demo-") as tmp:
+        config = Path(tmp) / "demo.yaml"
+        config.write_text(DEMO_CONFIG, encoding="utf-8")
+        command = [sys.executable, "-m", "projections.cli", "--log-level", "WARNING", "run"]
+        command += ["projections.examples.ledger", "--database", database, "--config", str(config)]
+        demo = Demo(db, settings, command, messages=messages, seed=seed)
+        print(f"demo database: {path.resolve()}")
+        try:
+            times = _scenario(demo, workers)
+        except DemoFailed as exc:
+            demo.console.say(f"FAILED: {exc}")
+            db.dispose()
+            return 1
+        finally:
+            demo.shutdown()
+    _summary(settings, times)
+    return _verify(db, demo.written)
+
+
+def _scenario(demo: Demo, workers: int) -> dict[str, float]:
+    """Crash, join and clean stop under traffic; return the measured times."""
+    s = demo.settings
+    names = [f"demo-{i}" for i in range(1, workers + 1)]
+    demo.console.say(
+        f"starting {workers} instances of projections.examples.ledger ({', '.join(names)}): "
+        f"rebalance-interval {s.rebalance_interval:g}s, stale-instance-timeout "
+        f"{s.stale_instance_timeout:g}s, heartbeat-interval {s.heartbeat_interval:g}s"
     )
-    started = time.monotonic()
-    writer.start()
-    try:
-        while True:
-            time.sleep(0.5)
-            total, lag, owned = _progress(db, settings)
-            line = (
-                f"\r  written {written[0]:>7}  applied {total - lag:>7}  lag {lag:>6}  "
-                f"partitions owned {owned}  {time.monotonic() - started:5.1f}s"
-            )
-            print(line, end="", flush=True)
-            if not writer.is_alive() and lag == 0 and total == written[0]:
-                break
-            dead = [p.args for p in processes if p.poll() is not None]
-            if dead:
-                print(f"\ninstance process exited early: {dead}", file=sys.stderr)
-                return 1
-    finally:
-        print()
-        for process in processes:
-            if process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-        for process in processes:
-            process.wait(timeout=30)
-    return _verify(db, written[0])
+    for name in names:
+        demo.start(name)
+    demo.console.say(f"writing {demo.messages} messages of ledger traffic")
+    demo.writer.start()
+    _, view = demo.wait_for(
+        lambda v: v.balanced_over(names) and v.applied >= demo.messages // 3,
+        "every instance to own partitions and a third of the traffic to be applied",
+    )
+    victim = max(names, key=lambda n: view.owned[n])
+    survivors = [n for n in names if n != victim]
+    times = {"crash": _crash(demo, victim, view.owned[victim], survivors)}
+    joiner = f"demo-{workers + 1}"
+    times["join"], times["startup"] = _join(demo, joiner, [*survivors, joiner])
+    remaining = [*survivors[1:], joiner]
+    times["stop"] = _clean_stop(demo, survivors[0], remaining)
+
+    demo.wait_for(lambda v: not v.writing and v.lag == 0, "the lag to reach 0")
+    demo.console.say(f"all {demo.written} messages applied; SIGTERM {', '.join(remaining)}")
+    codes = {name: demo.stop(name) for name in remaining}
+    if any(codes.values()):
+        raise DemoFailed(f"instances did not stop cleanly: exit codes {codes}")
+    demo.console.say("every instance exited with 0")
+    return times
+
+
+def _crash(demo: Demo, victim: str, owned: int, survivors: list[str]) -> float:
+    """SIGKILL ``victim``; seconds until the survivors own every partition."""
+    s = demo.settings
+    killed = time.monotonic()
+    demo.expected_exit.add(victim)
+    demo.processes[victim].kill()
+    demo.processes[victim].wait()
+    demo.killed = victim
+    demo.console.say(f"SIGKILL {victim}, which owns {owned} partitions")
+    seen, _ = demo.wait_for(lambda v: v.owned_by(survivors), f"survivors to take over {victim}")
+    crash = seen - killed
+    demo.console.say(
+        f"crash handover: {crash:.2f}s from the kill until survivors own every partition "
+        f"(bound {s.stale_instance_timeout + s.rebalance_interval:.2f}s "
+        f"= stale-instance-timeout + rebalance-interval)"
+    )
+    return crash
+
+
+def _join(demo: Demo, joiner: str, members: list[str]) -> tuple[float, float]:
+    """Start ``joiner``; seconds until it owns its share, and of them its start-up."""
+    launched = time.monotonic()
+    demo.start(joiner)
+    demo.console.say(f"starting replacement {joiner}")
+    registered, _ = demo.wait_for(lambda v: joiner in v.live, f"{joiner} to register")
+    seen, _ = demo.wait_for(lambda v: v.balanced_over(members), f"{joiner} to own its share")
+    join, startup = seen - launched, registered - launched
+    demo.console.say(
+        f"join handover: {join:.2f}s from the start until {joiner} owns its share, including "
+        f"{startup:.2f}s of process start-up (bound {2 * demo.settings.rebalance_interval:.2f}s "
+        f"= 2 x rebalance-interval, + one batch, + start-up)"
+    )
+    return join, startup
+
+
+def _clean_stop(demo: Demo, leaver: str, remaining: list[str]) -> float:
+    """SIGTERM ``leaver``; seconds from its exit until the others own every partition."""
+    # A random moment, not in step with the rebalance loops' beat.
+    pause = time.monotonic() + random.uniform(0, demo.settings.rebalance_interval)
+    demo.wait_for(lambda v: time.monotonic() >= pause, "a moment")
+    demo.console.say(f"SIGTERM {leaver}")
+    asked = time.monotonic()
+    code = demo.stop(leaver)
+    exited = time.monotonic()
+    if code != 0:
+        raise DemoFailed(f"{leaver} exited with {code} after SIGTERM")
+    demo.console.say(f"{leaver} released its partitions and exited in {exited - asked:.2f}s")
+    seen, _ = demo.wait_for(lambda v: v.owned_by(remaining), f"others to take over {leaver}")
+    stop = seen - exited
+    demo.console.say(
+        f"clean-stop handover: {stop:.2f}s from its exit until others own every partition "
+        f"(bound {demo.settings.rebalance_interval:.2f}s = rebalance-interval)"
+    )
+    return stop
+
+
+def _summary(s: ConsumerSettings, times: dict[str, float]) -> None:
+    rebalance = s.rebalance_interval
+    rows = [
+        ("crash", times["crash"], s.stale_instance_timeout + rebalance, "stale + rebalance"),
+        (
+            "join",
+            times["join"],
+            2 * rebalance,
+            f"2 x rebalance + one batch; includes {times['startup']:.2f}s process start-up "
+            f"({times['join'] - times['startup']:.2f}s after registering)",
+        ),
+        ("clean stop", times["stop"], rebalance, "rebalance, from the instance's exit"),
+    ]
+    print()
+    print(f"{'handover':<12} {'measured':>8}  {'bound':>6}  bound is")
+    for label, measured, bound, why in rows:
+        print(f"{label:<12} {measured:>7.2f}s  {bound:>5.2f}s  {why}")
 
 
 def _verify(db: Database, written: int) -> int:

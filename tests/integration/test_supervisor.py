@@ -1,0 +1,174 @@
+"""``projections run --workers N``: a supervisor of N real instance processes.
+
+It starts them, restarts one that dies, stops them all gracefully on SIGTERM, and
+refuses an application it cannot import before starting anything.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from clusters import wait_until, write_config
+
+from messaging import Database
+from messaging.settings import ConsumerSettings
+from messaging.supervisor import Supervisor
+from projections.reports import instances_report
+
+pytestmark = pytest.mark.multiprocess
+
+REPORT_SETTINGS = ConsumerSettings(
+    stale_instance_timeout=1.0, rebalance_interval=0.3, heartbeat_interval=0.2
+)
+"""The fast config's liveness rule, for reading the instances table."""
+START_TIMEOUT = 30.0  # spawning two interpreters that import the application
+RESTART_TIMEOUT = 15.0  # first restart after 0.5 s, plus the start-up of a new process
+
+
+@pytest.fixture
+def sqlite_db(tmp_path: Path) -> Iterator[Database]:
+    db = Database(f"sqlite:///{tmp_path}/x.db")
+    db.prepare()
+    yield db
+    db.dispose()
+
+
+def _live(db: Database) -> dict[str, int]:
+    """Live instance name → pid."""
+    return {
+        i["name"]: i["pid"] for i in instances_report(db, REPORT_SETTINGS)["instances"] if i["live"]
+    }
+
+
+def _parent_of(pid: int) -> int | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[1])
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def _supervisor(db: Database, config: Path, log: Path, *modules: str) -> subprocess.Popen[bytes]:
+    with log.open("wb") as stderr:
+        return subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "projections.cli",
+                "--log-level",
+                "WARNING",
+                "run",
+                *(modules or ("projections.examples.ledger",)),
+                "--workers",
+                "2",
+                "--instance-name",
+                "sup",
+                "--database",
+                db.url,
+                "--config",
+                str(config),
+            ],
+            stderr=stderr,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+
+
+def test_workers_are_started_restarted_and_stopped(sqlite_db: Database, tmp_path: Path) -> None:
+    db = sqlite_db
+    config = write_config(tmp_path / "fast.yaml", db)
+    log = tmp_path / "supervisor.log"
+    supervisor = _supervisor(db, config, log)
+    try:
+        first = wait_until(
+            lambda: (live := _live(db)).keys() == {"sup-1", "sup-2"} and live,
+            timeout=START_TIMEOUT,
+            what="two live workers sup-1 and sup-2",
+        )
+        if Path("/proc").is_dir():
+            assert {_parent_of(pid) for pid in first.values()} == {supervisor.pid}
+
+        killed = first["sup-1"]
+        os.kill(killed, signal.SIGKILL)
+        restarted = wait_until(
+            lambda: (
+                (live := _live(db)).keys() == {"sup-1", "sup-2"}
+                and live["sup-1"] != killed
+                and live
+            ),
+            timeout=RESTART_TIMEOUT,
+            what="worker 1 restarted under a new pid",
+        )
+        assert restarted["sup-2"] == first["sup-2"]  # the other worker was left alone
+        assert supervisor.poll() is None
+        assert f"worker 1 (pid {killed}) exited with -9; restarting" in log.read_text()
+
+        supervisor.send_signal(signal.SIGTERM)
+        assert supervisor.wait(timeout=30) == 0, log.read_text()
+    finally:
+        if supervisor.poll() is None:
+            supervisor.kill()
+            supervisor.wait()
+    assert _live(db) == {}
+    # The clean stop deleted both workers' rows; only the killed one's (stale) row is left.
+    assert [(i["pid"], i["live"]) for i in instances_report(db, REPORT_SETTINGS)["instances"]] == [
+        (killed, False)
+    ]
+    assert all(_gone(pid) for pid in (*first.values(), *restarted.values()))
+
+
+def test_an_unknown_module_fails_fast_with_one_error_line(
+    sqlite_db: Database, tmp_path: Path
+) -> None:
+    db = sqlite_db
+    config = write_config(tmp_path / "fast.yaml", db)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "projections.cli",
+            "run",
+            "no_such_application_module",
+            "--workers",
+            "2",
+            "--database",
+            db.url,
+            "--config",
+            str(config),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,  # a restart loop would never return
+    )
+    assert result.returncode == 1
+    assert result.stdout == ""
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith(
+        "projections: error: cannot import application module 'no_such_application_module'"
+    )
+    assert instances_report(db, REPORT_SETTINGS)["instances"] == []
+
+
+def test_a_worker_spawned_while_stopping_is_told_to_stop() -> None:
+    """A stop signal that lands while a worker is being spawned still reaches that worker."""
+    supervisor = Supervisor(
+        lambda _index: [sys.executable, "-c", "import time; time.sleep(60)"], 1, stop_timeout=30
+    )
+    supervisor.stopping.set()
+    supervisor._start(1)
+    assert supervisor.processes[1].wait(timeout=30) == -signal.SIGTERM
+    assert supervisor._wait_all() == 0
