@@ -77,10 +77,13 @@ def _sqlite_engine(url: str, pool: bool) -> Engine:
 
 
 def _mysql_engine(url: str, pool: bool) -> Engine:
+    # Every transaction here ends in a commit or rollback of its own, so the pool need not
+    # send another on return; a connection the server dropped fails its first statement,
+    # which is a transient error the callers retry, so no ping before each use either.
     return create_engine(
         url,
         isolation_level="READ COMMITTED",
-        pool_pre_ping=True,
+        pool_reset_on_return=None,
         pool_recycle=3600,
         connect_args={"charset": "utf8mb4"},
         **({} if pool else {"poolclass": NullPool}),

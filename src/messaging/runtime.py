@@ -40,6 +40,16 @@ log = logging.getLogger("messaging.runtime")
 T = TypeVar("T")
 
 
+def _process_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # it exists, as another user's process
+    return True
+
+
 def default_instance_name() -> str:
     """``host:pid``, unique among the processes of one host."""
     return f"{socket.gethostname()}:{os.getpid()}"
@@ -158,15 +168,26 @@ class Instance:
         return declare(self.db, spec, self.distributions[spec.name], self.id)
 
     def _register(self) -> None:
-        """Insert this instance's row, refusing a name a live instance already has."""
+        """Insert this instance's row, refusing a name a live instance already has. A holder
+        of the name on this host whose process is gone (a restarted worker's predecessor,
+        killed with SIGKILL) is not waited for: its row is removed."""
         timeout = self.consumer_settings.stale_instance_timeout
         with self.db.transaction() as conn:
             for other in self.membership.instances(conn, timeout):
-                if other.name == self.name and other.live:
-                    raise ProjectionsError(
-                        f"instance name {self.name!r} is taken by a live instance "
-                        f"(pid {other.pid} on {other.host}); choose another with --instance-name"
+                if other.name != self.name or not other.live:
+                    continue
+                if other.host == self.info.host and not _process_exists(other.pid):
+                    log.info(
+                        "instance %s: its previous holder (pid %d) is gone; taking over",
+                        self.name,
+                        other.pid,
                     )
+                    self.membership.deregister(conn, other.id)
+                    continue
+                raise ProjectionsError(
+                    f"instance name {self.name!r} is taken by a live instance "
+                    f"(pid {other.pid} on {other.host}); choose another with --instance-name"
+                )
             self.membership.register(conn, self.info)
 
     def _retry(self, action: Callable[[], T], what: str) -> T:
@@ -188,7 +209,9 @@ class Instance:
         """
         timeout = self.consumer_settings.stale_instance_timeout
         with self.db.read() as conn:
-            live = [i for i in self.membership.instances(conn, timeout) if i.live]
+            live = [
+                i for i in self.membership.instances(conn, timeout) if i.live and not i.stopping
+            ]
             rows = self.ownership.partitions(conn, sorted(self.workers))
             declared = current_fingerprints(self.db, conn, sorted(self.workers))
         for name in [n for n in self.workers if declared.get(n) != self.fingerprints[n]]:
@@ -258,27 +281,32 @@ class Instance:
             )
 
     def heartbeat(self) -> None:
-        """Stamp this instance's heartbeat; register again if its row was removed."""
+        """Stamp this instance's heartbeat (and whether it is stopping); register again if
+        its row was removed; now and then, remove rows of instances long dead."""
         with self.db.transaction() as conn:
-            if not self.membership.heartbeat(conn, self.id):
+            if not self.membership.heartbeat(conn, self.id, stopping=self.stop_requested.is_set()):
                 log.warning("instance %s: row was removed; registering again", self.name)
                 self.membership.register(conn, self.info)
         self.membership.remove_stale_when_due(self.consumer_settings.stale_instance_timeout)
 
     def _heartbeat_loop(self, stop: threading.Event) -> None:
-        interval = self.consumer_settings.heartbeat_interval
-        while not stop.wait(interval):
-            try:
-                self.heartbeat()
-            except Exception:
-                log.exception("instance %s: heartbeat failed", self.name)
+        self._every(self.consumer_settings.heartbeat_interval, self.heartbeat, "heartbeat", stop)
 
     def _rebalance_loop(self, stop: threading.Event) -> None:
-        while not stop.wait(self.consumer_settings.rebalance_interval):
+        self._every(self.consumer_settings.rebalance_interval, self.rebalance, "rebalance", stop)
+
+    def _every(
+        self, interval: float, action: Callable[[], None], what: str, stop: threading.Event
+    ) -> None:
+        """Run ``action`` every ``interval`` seconds, counted from each round's start, so a
+        slow round (a lock wait, a batch in flight) does not push the next one back."""
+        due = time.monotonic() + interval
+        while not stop.wait(max(0.0, due - time.monotonic())):
+            due = max(due + interval, time.monotonic())
             try:
-                self.rebalance()
+                action()
             except Exception:
-                log.exception("instance %s: rebalance failed; trying again next round", self.name)
+                log.exception("instance %s: %s failed; trying again next round", self.name, what)
 
     # -- stop --------------------------------------------------------------------------
 
@@ -296,6 +324,10 @@ class Instance:
         self._stop_rebalance.set()  # claim nothing more while draining
         if self._registered:
             self.hooks.projections_instance_stopping(instance_id=self.id, name=self.name)
+            try:
+                self.heartbeat()  # says "stopping": the others plan without this instance
+            except Exception:
+                log.exception("instance %s: could not announce its stop", self.name)
         self._stop_workers.set()
         deadline = time.monotonic() + self.consumer_settings.graceful_shutdown_timeout
         for thread in self._threads:

@@ -46,3 +46,28 @@ def test_a_failed_start_reports_its_own_error(mysql_database_url: str) -> None:
             _instance(db, "unmigrated").run()
     finally:
         db.dispose()
+
+
+def test_a_name_held_by_a_dead_process_on_this_host_is_taken_over(db: Database) -> None:
+    """A restarted worker reuses its name at once when its predecessor's pid is gone."""
+    import socket
+    import subprocess
+    import sys
+
+    from messaging.membership import InstanceInfo, Membership
+
+    dead_pid = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead_pid.wait()
+    with db.transaction() as conn:
+        Membership(db).register(
+            conn,
+            InstanceInfo(id="ghost", name="worker-1", host=socket.gethostname(), pid=dead_pid.pid),
+        )
+    instance = _instance(db, "worker-1")
+    instance.start(loops=False)
+    try:
+        with db.read() as conn:
+            names = {(r.id, r.name) for r in Membership(db).instances(conn, 30)}
+        assert names == {(instance.id, "worker-1")}
+    finally:
+        instance.stop()
