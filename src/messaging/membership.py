@@ -61,6 +61,8 @@ class InstanceRow:
     stopping: bool
     live: bool
     runs: Mapping[str, Mapping[str, Any]]
+    expires_in: float = 0.0
+    """Seconds until it counts as stale unless it heartbeats again (database clock)."""
 
 
 class Membership:
@@ -150,7 +152,8 @@ class Membership:
     def instances(self, conn: Connection, stale_timeout: float) -> list[InstanceRow]:
         """Every registered instance with its liveness, ordered by name then id."""
         t = self.table
-        live = case((t.c.heartbeat_at >= self.db.clock.now() - stale_timeout, True), else_=False)
+        now = self.db.clock.now()
+        live = case((t.c.heartbeat_at >= now - stale_timeout, True), else_=False)
         rows = conn.execute(
             select(
                 t.c.id,
@@ -162,6 +165,7 @@ class Membership:
                 t.c.stopping,
                 live.label("live"),
                 t.c.runs,
+                (t.c.heartbeat_at + stale_timeout - now).label("expires_in"),
             )
             .where(t.c.tenant == self.db.tenant)
             .order_by(t.c.name, t.c.id)
@@ -177,6 +181,7 @@ class Membership:
                 stopping=bool(r.stopping),
                 live=bool(r.live),
                 runs=json.loads(r.runs),
+                expires_in=float(r.expires_in),
             )
             for r in rows
         ]

@@ -26,7 +26,7 @@ from messaging.consumers import ConsumerKind, ConsumerSpec
 from messaging.database import Database
 from messaging.declarations import STALE, Declared, current_fingerprints, declare
 from messaging.errors import ProjectionsError
-from messaging.membership import InstanceInfo, Membership
+from messaging.membership import InstanceInfo, InstanceRow, Membership
 from messaging.messages import MessageRegistry
 from messaging.messages import registry as default_registry
 from messaging.ownership import Ownership
@@ -36,6 +36,9 @@ from messaging.settings import Distribution, Settings
 from messaging.worker import ConsumerWorker, InMemoryWorker
 
 log = logging.getLogger("messaging.runtime")
+
+_EXPIRY_MARGIN = 0.05
+"""Seconds after a peer's expiry to look again, so that it has really turned stale."""
 
 T = TypeVar("T")
 
@@ -87,6 +90,7 @@ class Instance:
             id=self.id, name=self.name, host=socket.gethostname(), pid=os.getpid()
         )
         self._registered = False
+        self._next_round_in = settings.messaging.consumer.rebalance_interval
         self._threads: list[threading.Thread] = []
         self.workers: dict[str, ConsumerWorker] = {}
         self.in_memory: dict[str, InMemoryWorker] = {}
@@ -209,13 +213,13 @@ class Instance:
         """
         timeout = self.consumer_settings.stale_instance_timeout
         with self.db.read() as conn:
-            live = [
-                i for i in self.membership.instances(conn, timeout) if i.live and not i.stopping
-            ]
+            members = self.membership.instances(conn, timeout)
+            live = [i for i in members if i.live and not i.stopping]
             rows = self.ownership.partitions(conn, sorted(self.workers))
             declared = current_fingerprints(self.db, conn, sorted(self.workers))
         for name in [n for n in self.workers if declared.get(n) != self.fingerprints[n]]:
             self._retire(name)
+        self._next_round_in = self._next_round(members)
         owners: dict[str, dict[int, str | None]] = {name: {} for name in self.workers}
         for row in rows:
             owners[row.consumer][row.partition] = row.owner
@@ -292,8 +296,29 @@ class Instance:
     def _heartbeat_loop(self, stop: threading.Event) -> None:
         self._every(self.consumer_settings.heartbeat_interval, self.heartbeat, "heartbeat", stop)
 
+    def _next_round(self, members: Sequence[InstanceRow]) -> float:
+        """How soon the next rebalance is worth running: at the regular interval, but right
+        after a peer that stopped heartbeating turns stale, and soon while a peer is
+        stopping (its partitions are about to be released). Costs no query while nothing
+        happens: the times come from the rows this round read anyway."""
+        interval = self.consumer_settings.rebalance_interval
+        peers = [m for m in members if m.id != self.id and m.live]
+        soonest = interval
+        if any(m.stopping for m in peers):
+            soonest = interval / 4
+        expiring = [m.expires_in + _EXPIRY_MARGIN for m in peers if not m.stopping]
+        return max(0.0, min([soonest, *expiring]))
+
     def _rebalance_loop(self, stop: threading.Event) -> None:
-        self._every(self.consumer_settings.rebalance_interval, self.rebalance, "rebalance", stop)
+        interval = self.consumer_settings.rebalance_interval
+        started = time.monotonic()
+        while not stop.wait(max(0.0, started + self._next_round_in - time.monotonic())):
+            started = time.monotonic()
+            try:
+                self.rebalance()
+            except Exception:
+                self._next_round_in = interval
+                log.exception("instance %s: rebalance failed; trying again next round", self.name)
 
     def _every(
         self, interval: float, action: Callable[[], None], what: str, stop: threading.Event

@@ -4,6 +4,9 @@ model ends equal to a sequential replay."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -78,6 +81,26 @@ def test_crash_stop_and_join_hand_over_within_bounds(db: Database, tmp_path: Pat
             what="d to join and take half",
         )
         join_handover = time.monotonic() - joined
+        # What an operator sees: the same split, read through `projections status --json`.
+        status = json.loads(
+            subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "projections.cli",
+                    "status",
+                    "--json",
+                    "--config",
+                    str(config),
+                ],
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout
+        )
+        (ledger,) = [c for c in status["consumers"] if c["name"] == "ledger-balances"]
+        assert {p["partition"]: p["instance"] for p in ledger["partitions"]} == after_join
+        assert {p["state"] for p in ledger["partitions"]} == {"OWNED"}
         moved = [p for p in after_join if after_join[p] != before_join[p]]
         assert len(moved) == 4, moved  # 8 partitions over 2 members: exactly 4 must move
         assert all(after_join[p] == "d" for p in moved)
