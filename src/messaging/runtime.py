@@ -153,6 +153,7 @@ class Instance:
                 settings=self.consumer_settings,
                 hooks=self.hooks,
                 registry=self.registry,
+                whole=self.distributions[spec.name] is Distribution.SINGLE_OWNER,
             )
         log.info("instance %s (%s) started with %s", self.name, self.id, sorted(runs))
         self.hooks.projections_instance_started(

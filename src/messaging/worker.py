@@ -96,10 +96,13 @@ class ConsumerWorker:
         settings: ConsumerSettings,
         hooks: pluggy.HookRelay,
         registry: MessageRegistry,
+        whole: bool = False,
     ) -> None:
         self.db = db
         self.spec = spec
         self.instance_id = instance_id
+        self.whole = whole
+        """Single-owner mode: apply only while holding every partition (global order)."""
         self.settings = settings
         self.hooks = hooks
         self.store = MessageStore(db, registry)
@@ -144,8 +147,8 @@ class ConsumerWorker:
         idle poller never takes the write lock.
         """
         claims = self.claims()
-        if not claims:
-            return 0
+        if not claims or (self.whole and len(claims) < self.spec.partitions):
+            return 0  # a single owner applies in global position order: all partitions or none
         spec = self.spec
         started = time.perf_counter()
         rows: Sequence[StoredRow] | None = None
