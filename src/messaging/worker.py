@@ -84,7 +84,48 @@ class _Dispatcher:
             raise _Poison(row, row[2] % partition_count, exc) from exc
 
 
-class ConsumerWorker:
+class _Worker:
+    """What both workers share: the consumer, its dispatcher, and the polling loop."""
+
+    def __init__(
+        self,
+        *,
+        db: Database,
+        spec: ConsumerSpec,
+        settings: ConsumerSettings,
+        hooks: pluggy.HookRelay,
+        registry: MessageRegistry,
+    ) -> None:
+        self.db = db
+        self.spec = spec
+        self.settings = settings
+        self.hooks = hooks
+        self.store = MessageStore(db, registry)
+        self.dispatcher = _Dispatcher(spec, registry)
+
+    def poll(self) -> int:
+        """Apply one batch; return how many messages were applied."""
+        raise NotImplementedError
+
+    def _poll_in_loop(self) -> int:
+        return self.poll()
+
+    def run(self, stop: threading.Event) -> None:
+        """Poll until ``stop`` is set; wait ``idle-poll-interval`` after an empty poll and
+        ``conflict-retry.max-delay`` after a failed one."""
+        idle = self.settings.idle_poll_interval
+        while not stop.is_set():
+            try:
+                applied = self._poll_in_loop()
+            except Exception:
+                log.exception("consumer %s: poll failed; retrying after a pause", self.spec.name)
+                applied = 0
+                stop.wait(self.settings.conflict_retry.max_delay)
+            if applied == 0:
+                stop.wait(idle)
+
+
+class ConsumerWorker(_Worker):
     """Applies one transactional consumer's owned partitions, batch by batch."""
 
     def __init__(
@@ -98,16 +139,11 @@ class ConsumerWorker:
         registry: MessageRegistry,
         whole: bool = False,
     ) -> None:
-        self.db = db
-        self.spec = spec
+        super().__init__(db=db, spec=spec, settings=settings, hooks=hooks, registry=registry)
         self.instance_id = instance_id
         self.whole = whole
         """Single-owner mode: apply only while holding every partition (global order)."""
-        self.settings = settings
-        self.hooks = hooks
-        self.store = MessageStore(db, registry)
         self.ownership = Ownership(db)
-        self.dispatcher = _Dispatcher(spec, registry)
         self._claims: dict[int, Claim] = {}
         self._lock = threading.Lock()
         self._batch_in_flight = threading.Lock()
@@ -314,22 +350,12 @@ class ConsumerWorker:
                 error=detail,
             )
 
-    def run(self, stop: threading.Event) -> None:
-        """Poll until ``stop`` is set; wait ``idle-poll-interval`` after an empty poll."""
-        idle = self.settings.idle_poll_interval
-        while not stop.is_set():
-            try:
-                with self._batch_in_flight:
-                    applied = self.poll()
-            except Exception:
-                log.exception("consumer %s: poll failed; retrying after a pause", self.spec.name)
-                applied = 0
-                stop.wait(self.settings.conflict_retry.max_delay)
-            if applied == 0:
-                stop.wait(idle)
+    def _poll_in_loop(self) -> int:
+        with self._batch_in_flight:  # a release waits for this batch to commit
+            return self.poll()
 
 
-class InMemoryWorker:
+class InMemoryWorker(_Worker):
     """Applies an in-memory consumer whole, from the start of its topics, in this process."""
 
     def __init__(
@@ -341,12 +367,7 @@ class InMemoryWorker:
         hooks: pluggy.HookRelay,
         registry: MessageRegistry,
     ) -> None:
-        self.db = db
-        self.spec = spec
-        self.settings = settings
-        self.hooks = hooks
-        self.store = MessageStore(db, registry)
-        self.dispatcher = _Dispatcher(spec, registry)
+        super().__init__(db=db, spec=spec, settings=settings, hooks=hooks, registry=registry)
         self.position = 0
         self.halted: str | None = None
 
@@ -396,15 +417,3 @@ class InMemoryWorker:
             type_name=type_name,
             error=poison.error,
         )
-
-    def run(self, stop: threading.Event) -> None:
-        """Poll until ``stop`` is set."""
-        idle = self.settings.idle_poll_interval
-        while not stop.is_set():
-            try:
-                applied = self.poll()
-            except Exception:
-                log.exception("in-memory consumer %s: poll failed", self.spec.name)
-                applied = 0
-            if applied == 0:
-                stop.wait(idle)

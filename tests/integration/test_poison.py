@@ -4,20 +4,17 @@ earlier messages and every other partition go on, and nothing is skipped."""
 from __future__ import annotations
 
 import attrs
+from clusters import consumer_worker
 from sqlalchemy import BigInteger, Column, MetaData, String, Table, insert, select
 
 from messaging import (
     Database,
     HandlerContext,
     MessageStore,
-    Settings,
-    create_plugin_manager,
     handler,
     message,
     partition_of,
-    registry,
 )
-from messaging.consumers import consumer_spec
 from messaging.membership import InstanceInfo, Membership
 from messaging.ownership import Ownership
 from messaging.worker import ConsumerWorker
@@ -53,14 +50,7 @@ def _setup(db: Database) -> tuple[ConsumerWorker, Table]:
         claims = Ownership(db).claim(
             conn, "poison-items", [0, 1], "me", Membership(db).live_ids(30)
         )
-    worker = ConsumerWorker(
-        db=db,
-        spec=consumer_spec(Items),
-        instance_id="me",
-        settings=Settings().messaging.consumer,
-        hooks=create_plugin_manager([], load_entrypoints=False).hook,
-        registry=registry,
-    )
+    worker = consumer_worker(db, Items, instance_id="me")
     worker.add_claims(claims)
     return worker, table
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from clusters import consumer_worker
 from sqlalchemy import BigInteger, Column, Integer, MetaData, Table, insert, select
 from test_poison import Item  # the message type of the poison tests
 
@@ -9,15 +10,10 @@ from messaging import (
     Database,
     HandlerContext,
     MessageStore,
-    Settings,
-    create_plugin_manager,
     handler,
-    registry,
 )
-from messaging.consumers import consumer_spec
 from messaging.membership import InstanceInfo, Membership
 from messaging.ownership import Ownership
-from messaging.worker import ConsumerWorker
 from projections import projection
 
 
@@ -45,15 +41,7 @@ def test_a_single_owner_with_some_partitions_applies_nothing(db: Database) -> No
         for n in range(10):
             store.append(conn, "ordered", f"source-{n}", [Item(str(n))])
         first = ownership.claim(conn, "order-seen", [0], "me", live)
-    worker = ConsumerWorker(
-        db=db,
-        spec=consumer_spec(Seen),
-        instance_id="me",
-        settings=Settings().messaging.consumer,
-        hooks=create_plugin_manager([], load_entrypoints=False).hook,
-        registry=registry,
-        whole=True,
-    )
+    worker = consumer_worker(db, Seen, instance_id="me", whole=True)
     worker.add_claims(first)
     assert worker.poll() == 0
     with db.transaction() as conn:

@@ -140,3 +140,20 @@ def owned_by(
     ):
         return None
     return {p: str(name) for p, (name, _) in current.items()}
+
+
+def consumer_worker(db: Database, consumer: type, *, instance_id: str, whole: bool = False) -> Any:
+    """A ConsumerWorker of one decorated consumer class, with default settings and no plugins."""
+    from messaging import Settings, create_plugin_manager
+    from messaging.consumers import consumer_spec
+    from messaging.worker import ConsumerWorker
+
+    return ConsumerWorker(
+        db=db,
+        spec=consumer_spec(consumer),
+        instance_id=instance_id,
+        settings=Settings().messaging.consumer,
+        hooks=create_plugin_manager([], load_entrypoints=False).hook,
+        registry=registry,
+        whole=whole,
+    )
