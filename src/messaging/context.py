@@ -17,7 +17,7 @@ logging and error wrapping apply). Anything unusual goes through SQLAlchemy agai
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, KeysView, Mapping, Sequence
 from typing import Any
 
 from sqlalchemy import Connection
@@ -35,6 +35,7 @@ class HandlerContext:
     __slots__ = (
         "_conn",
         "_envelopes",
+        "_keys",
         "_load_envelopes",
         "_params",
         "_runs",
@@ -54,6 +55,7 @@ class HandlerContext:
         self._runs: list[tuple[Executable, list[Mapping[str, Any]]]] = []
         self._statement: Executable | None = None
         self._params: list[Mapping[str, Any]] = []
+        self._keys: KeysView[str] | None = None
         self.immediate = immediate
         """Send every write at once (used to find which message a failing batch broke on)."""
         self.position = 0
@@ -71,16 +73,20 @@ class HandlerContext:
 
     def execute(self, statement: Executable, params: Mapping[str, Any] | None = None) -> None:
         """Run ``statement`` with ``params`` in the batch's transaction (buffered)."""
-        if self._conn is None:
-            raise ProjectionsError("this consumer is not transactional: it has no database writes")
-        params = params or {}
+        if params is None:
+            params = {}
         # One executemany per run of the same statement with the same parameter names: a
         # set with other names may mean other SQL (defaults, omitted columns).
-        if statement is not self._statement or params.keys() != self._params[0].keys():
+        if statement is not self._statement or params.keys() != self._keys:
+            if self._conn is None:
+                raise ProjectionsError(
+                    "this consumer is not transactional: it has no database writes"
+                )
             if self._statement is not None:
                 self._runs.append((self._statement, self._params))
             self._statement = statement
             self._params = []
+            self._keys = params.keys()
         self._params.append(params)
         if self.immediate:
             self.flush()

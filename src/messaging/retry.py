@@ -57,14 +57,16 @@ def retry_transient(
     on_retry: Callable[[BaseException], object] | None = None,
 ) -> T:
     """Run ``action``; on a transient error retry it per ``conflict-retry``, then re-raise."""
-    for delay in [*backoff_delays(settings), None]:
+    attempt = 0
+    while True:
         try:
             return action()
         except Exception as exc:
-            if delay is None or not is_transient(exc):
+            if attempt >= settings.max_retries or not is_transient(exc):
                 raise
+            delay = backoff_delays(settings)[attempt]
+            attempt += 1
             log.debug("transient error in %s, retrying in %.3fs: %s", what, delay, exc)
             if on_retry is not None:
                 on_retry(exc)
             sleep(delay)
-    raise AssertionError("unreachable")  # pragma: no cover
