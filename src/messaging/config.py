@@ -169,6 +169,12 @@ def _structure_str(value: object, _: type) -> str:
     return value
 
 
+def _structure_names(value: object, _: type) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise TypeError(f"expected a list of module names, got {_kind(value)}")
+    return tuple(value)
+
+
 def _structure_distribution(value: object, _: type) -> Distribution:
     if isinstance(value, Distribution):
         return value
@@ -212,6 +218,7 @@ def _make_converter() -> Converter:
     converter.register_structure_hook(int, _structure_int)
     converter.register_structure_hook(str, _structure_str)
     converter.register_structure_hook(Distribution, _structure_distribution)
+    converter.register_structure_hook_func(lambda t: t == tuple[str, ...], _structure_names)
     converter.register_structure_hook_factory(attrs.has, attrs_hook)
     overrides = dict[str, ConsumerOverride]
     converter.register_structure_hook_func(

@@ -144,6 +144,7 @@ class Settings:
     :ivar projections: Projection consumers.
     :ivar routing: Route consumers.
     :ivar sagas: Sagas.
+    :ivar plugins: Modules to load as plugins beside the application's (e.g. telemetry).
     """
 
     database: str = "sqlite:///projections.db"
@@ -153,6 +154,7 @@ class Settings:
     projections: ConsumerGroupSettings = attrs.field(factory=ConsumerGroupSettings)
     routing: ConsumerGroupSettings = attrs.field(factory=ConsumerGroupSettings)
     sagas: ConsumerGroupSettings = attrs.field(factory=ConsumerGroupSettings)
+    plugins: tuple[str, ...] = ()
 
 
 _TABLE_PREFIX = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,20}")

@@ -123,7 +123,7 @@ def _worker_command(args: argparse.Namespace, index: int) -> list[str]:
 
 def cmd_run(args: argparse.Namespace) -> int:
     settings = _settings(args)
-    manager = create_plugin_manager(args.modules)
+    manager = create_plugin_manager([*args.modules, *settings.plugins])
     specs = collect_consumers(manager)  # fail here, once, rather than in every worker
     if args.workers:
         if args.workers < 1:

@@ -674,3 +674,11 @@ def test_overrides_from_the_design_example(tmp_path: Path) -> None:
     assert s.routing.distribution_for("audit") is Distribution.SINGLE_OWNER
     assert s.routing.concurrency_limit_for("audit") is None
     assert s.sagas.distribution_for("anything") is Distribution.PARTITIONED
+
+
+def test_plugins_are_a_list_of_module_names() -> None:
+    """`plugins` loads extra modules; anything but a list of names is refused at its key."""
+    assert settings_from_mapping({"plugins": ["a.b", "c"]}).plugins == ("a.b", "c")
+    for bad in ("a.b", [1], [""], {"a": 1}):
+        with pytest.raises(ConfigError, match="expected a list of module names.* @ plugins"):
+            settings_from_mapping({"plugins": bad})
