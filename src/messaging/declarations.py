@@ -17,18 +17,20 @@ import json
 import logging
 
 import attrs
-from sqlalchemy import Connection, insert, inspect, select, update
+from sqlalchemy import Connection, and_, insert, inspect, or_, select, update
 from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 
 from messaging.consumers import ConsumerSpec
 from messaging.database import Database
-from messaging.ownership import Ownership
+from messaging.ownership import CONSUMER_RUNNING, Ownership
 from messaging.settings import Distribution
 
 log = logging.getLogger("messaging.declarations")
 
-STATE_RUNNING = "running"
+STATE_RUNNING = CONSUMER_RUNNING
 STATE_REBUILDING = "rebuilding"
+STATE_REBUILD_REQUESTED = "rebuild-requested"
+"""An operator asked for a rebuild; the first instance running the consumer performs it."""
 
 CREATED = "created"
 UNCHANGED = "unchanged"
@@ -79,15 +81,52 @@ def declare(
     with db.transaction() as conn:
         declared, rebuild = _record(db, conn, spec, distribution, instance_id)
     if rebuild:
-        _recreate_read_models(db, spec)
-        table = db.schema.consumers
-        with db.transaction() as conn:
-            conn.execute(
-                update(table)
-                .where(table.c.tenant == db.tenant, table.c.name == spec.name)
-                .values(state=STATE_RUNNING, updated_at=db.clock.now())
-            )
+        _finish_rebuild(db, spec)
     return declared
+
+
+def _finish_rebuild(db: Database, spec: ConsumerSpec) -> None:
+    """Recreate the read models and let the consumer run again (its partitions were reset)."""
+    _recreate_read_models(db, spec)
+    table = db.schema.consumers
+    with db.transaction() as conn:
+        conn.execute(
+            update(table)
+            .where(table.c.tenant == db.tenant, table.c.name == spec.name)
+            .values(state=STATE_RUNNING, updated_at=db.clock.now())
+        )
+    log.info("consumer %s rebuilt: replaying from the start", spec.name)
+
+
+def perform_requested_rebuild(
+    db: Database, spec: ConsumerSpec, instance_id: str, stale_timeout: float
+) -> bool:
+    """Rebuild ``spec`` if an operator asked for it (or a rebuild was left unfinished for
+    longer than ``stale_timeout``), unless another instance got there first. The winner of
+    a compare-and-set on the consumer's state does it, under new epochs of its own."""
+    table = db.schema.consumers
+    with db.transaction() as conn:
+        won = conn.execute(
+            update(table)
+            .where(
+                table.c.tenant == db.tenant,
+                table.c.name == spec.name,
+                or_(
+                    table.c.state == STATE_REBUILD_REQUESTED,
+                    and_(
+                        table.c.state == STATE_REBUILDING,
+                        table.c.updated_at < db.clock.now() - stale_timeout,
+                    ),
+                ),
+            )
+            .values(state=STATE_REBUILDING, updated_at=db.clock.now())
+        ).rowcount
+        if won != 1:
+            return False
+        Ownership(db).reset(conn, spec.name, spec.partitions, owner=instance_id)
+    log.warning("consumer %s: rebuilding its read models as requested", spec.name)
+    _finish_rebuild(db, spec)
+    return True
 
 
 def _record(
@@ -151,12 +190,14 @@ def _record(
     return Declared(consumer=spec.name, outcome=REBUILT, fingerprint=fingerprint), True
 
 
-def current_fingerprints(db: Database, conn: Connection, names: list[str]) -> dict[str, str]:
-    """The fingerprint the database holds for each of ``names`` (absent ones omitted)."""
+def current_declarations(
+    db: Database, conn: Connection, names: list[str]
+) -> dict[str, tuple[str, str]]:
+    """(fingerprint, state) the database holds for each of ``names`` (absent ones omitted)."""
     table = db.schema.consumers
     rows = conn.execute(
-        select(table.c.name, table.c.fingerprint).where(
+        select(table.c.name, table.c.fingerprint, table.c.state).where(
             table.c.tenant == db.tenant, table.c.name.in_(names)
         )
     )
-    return {name: fingerprint for name, fingerprint in rows}
+    return {name: (fingerprint, state) for name, fingerprint, state in rows}

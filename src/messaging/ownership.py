@@ -34,6 +34,8 @@ from messaging.database import Database
 from messaging.errors import OwnershipLost
 
 RUNNING = "running"
+CONSUMER_RUNNING = "running"
+"""The consumer state in which its partitions may be claimed."""
 _FENCE_CACHE_SIZE = 64
 HALTED = "halted"
 
@@ -139,7 +141,8 @@ class Ownership:
         live_ids: Select[tuple[str]],
     ) -> list[Claim]:
         """Claim those of ``partitions`` that are unowned, owned by a non-live instance or already
-        by this one (re-claimed under a new epoch).
+        by this one (re-claimed under a new epoch), unless an operator paused the consumer or
+        it is being rebuilt.
 
         A compare-and-set: the ``UPDATE`` matches only such rows and bumps their epoch.
         Returns the partitions claimed now, with their new epochs.
@@ -148,12 +151,23 @@ class Ownership:
         wanted = sorted(partitions)
         if not wanted:
             return []
+        consumers = self.db.schema.consumers
+        held_back = (
+            select(consumers.c.name)
+            .where(
+                consumers.c.tenant == self.db.tenant,
+                consumers.c.name == consumer,
+                consumers.c.state != CONSUMER_RUNNING,
+            )
+            .exists()
+        )
         conn.execute(
             update(t)
             .where(
                 *self._consumer(consumer),
                 t.c.partition_no.in_(wanted),
                 t.c.status == RUNNING,
+                ~held_back,
                 or_(
                     t.c.owner.is_(None),
                     t.c.owner == instance_id,

@@ -24,7 +24,15 @@ import pluggy
 
 from messaging.consumers import ConsumerKind, ConsumerSpec
 from messaging.database import Database
-from messaging.declarations import STALE, Declared, current_fingerprints, declare
+from messaging.declarations import (
+    STALE,
+    STATE_REBUILD_REQUESTED,
+    STATE_REBUILDING,
+    Declared,
+    current_declarations,
+    declare,
+    perform_requested_rebuild,
+)
 from messaging.errors import ProjectionsError
 from messaging.membership import InstanceInfo, InstanceRow, Membership
 from messaging.messages import MessageRegistry
@@ -175,11 +183,11 @@ class Instance:
     def _register(self) -> None:
         """Insert this instance's row, refusing a name a live instance already has. A holder
         of the name on this host whose process is gone (a restarted worker's predecessor,
-        killed with SIGKILL) is not waited for: its row is removed."""
+        killed with SIGKILL) is not waited for: its row is removed, live or stale."""
         timeout = self.consumer_settings.stale_instance_timeout
         with self.db.transaction() as conn:
             for other in self.membership.instances(conn, timeout):
-                if other.name != self.name or not other.live:
+                if other.name != self.name:
                     continue
                 if other.host == self.info.host and not _process_exists(other.pid):
                     log.info(
@@ -188,6 +196,8 @@ class Instance:
                         other.pid,
                     )
                     self.membership.deregister(conn, other.id)
+                    continue
+                if not other.live:
                     continue
                 raise ProjectionsError(
                     f"instance name {self.name!r} is taken by a live instance "
@@ -217,9 +227,16 @@ class Instance:
             members = self.membership.instances(conn, timeout)
             live = [i for i in members if i.live and not i.stopping]
             rows = self.ownership.partitions(conn, sorted(self.workers))
-            declared = current_fingerprints(self.db, conn, sorted(self.workers))
-        for name in [n for n in self.workers if declared.get(n) != self.fingerprints[n]]:
+            declared = current_declarations(self.db, conn, sorted(self.workers))
+        for name in [n for n in self.workers if declared.get(n, ("",))[0] != self.fingerprints[n]]:
             self._retire(name)
+        for name, worker in list(self.workers.items()):
+            state = declared[name][1]
+            if state in (STATE_REBUILD_REQUESTED, STATE_REBUILDING):
+                worker.drop_after_batch(sorted(worker.claims()))
+                perform_requested_rebuild(
+                    self.db, worker.spec, self.id, self.consumer_settings.stale_instance_timeout
+                )
         self._next_round_in = self._next_round(members)
         owners: dict[str, dict[int, str | None]] = {name: {} for name in self.workers}
         for row in rows:

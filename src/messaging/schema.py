@@ -22,7 +22,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects import mysql
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 """The newest schema migration this code expects."""
 
 _TEXT = Text().with_variant(mysql.LONGTEXT(), "mysql", "mariadb")
@@ -101,6 +101,18 @@ class Schema:
             Column("updated_at", _SECONDS, nullable=False),
             PrimaryKeyConstraint("tenant", "consumer", "partition_no"),
             Index(f"{prefix}ix_partitions_owner", "tenant", "owner"),
+        )
+        self.audit = Table(
+            f"{prefix}audit",
+            m,
+            Column("id", Integer, primary_key=True, autoincrement=True),
+            Column("tenant", String(64), nullable=False),
+            Column("at", _SECONDS, nullable=False),
+            Column("who", String(200), nullable=False),
+            Column("command", String(32), nullable=False),
+            Column("consumer", String(200), nullable=False),
+            Column("detail", _TEXT, nullable=True),
+            Index(f"{prefix}ix_audit_consumer", "tenant", "consumer", "id"),
         )
         self.instances = Table(
             f"{prefix}instances",

@@ -216,7 +216,7 @@ class ConsumerWorker(_Worker):
                 index = [row[0] for row in poison.batch].index(poison.row[0])
                 if index:
                     self._commit(poison.batch[:index], claims, immediate=False)
-                    self._advance(claims, int(poison.batch[index - 1][0]))
+                    self._applied(claims, poison.batch[:index], started)
                 self._halt(poison, claims)
                 return index
             except OwnershipLost as lost:
@@ -224,11 +224,18 @@ class ConsumerWorker(_Worker):
                 return 0
         if not rows:
             return 0
+        self._applied(claims, rows, started)
+        self._catching_up = len(rows) >= self.settings.batch_size
+        return len(rows)
+
+    def _applied(
+        self, claims: Mapping[int, Claim], rows: Sequence[StoredRow], started: float
+    ) -> None:
+        """After ``rows`` committed: move the local checkpoints and tell the plugins."""
         last = int(rows[-1][0])
         self._advance(claims, last)
-        self._catching_up = len(rows) >= self.settings.batch_size
         self.hooks.projections_batch_applied(
-            consumer=spec.name,
+            consumer=self.spec.name,
             partitions=sorted(claims),
             epochs={p: c.epoch for p, c in claims.items()},
             instance_id=self.instance_id,
@@ -236,7 +243,6 @@ class ConsumerWorker(_Worker):
             last_position=last,
             seconds=time.perf_counter() - started,
         )
-        return len(rows)
 
     def _fetch(self, conn: Connection, claims: Mapping[int, Claim]) -> Sequence[StoredRow]:
         return self.store.read_batch(

@@ -88,6 +88,28 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_database_options(append)
 
+    for name, help_text in (
+        ("pause", "stop every instance from applying a consumer"),
+        ("resume", "let a paused consumer or its halted partitions run again"),
+        ("rebuild", "empty a consumer's read models and replay it from the start"),
+    ):
+        operation = commands.add_parser(name, help=help_text)
+        operation.add_argument("consumer", metavar="CONSUMER")
+        operation.add_argument("--reason", default="", help="recorded in the audit log")
+        operation.add_argument("--who", default=None, help="recorded operator (default user@host)")
+        if name == "resume":
+            operation.add_argument(
+                "--skip-poison",
+                action="store_true",
+                help="continue right after each halted message instead of retrying it",
+            )
+        _add_database_options(operation)
+
+    audit = commands.add_parser("audit", help="the operator commands recorded, oldest first")
+    audit.add_argument("consumer", nargs="?", metavar="CONSUMER")
+    audit.add_argument("--json", action="store_true", help="print JSON")
+    _add_database_options(audit)
+
     demo = commands.add_parser("demo", help="run the ledger example end to end and verify it")
     demo.add_argument("--messages", type=int, default=20_000, help="messages of traffic to write")
     demo.add_argument("--workers", type=int, default=3, help="instance processes to run")
@@ -95,6 +117,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--database", default="sqlite:///projections-demo.db", help="demo database (recreated)"
     )
     demo.add_argument("--seed", type=int, default=7, help="random seed of the traffic")
+
+    admin = commands.add_parser("admin", help="serve the reports as JSON and an HTML page")
+    admin.add_argument("--port", type=int, required=True, help="port to listen on (0: any)")
+    admin.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    _add_database_options(admin)
     return parser
 
 
@@ -227,12 +254,79 @@ def cmd_append(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_operation(args: argparse.Namespace) -> int:
+    from messaging import operations
+
+    settings = _settings(args)
+    db = _database(settings)
+    who = args.who or operations.default_operator()
+    try:
+        db.prepare()
+        if args.command == "pause":
+            operations.pause(db, args.consumer, who=who, reason=args.reason)
+            print(f"paused {args.consumer}")
+        elif args.command == "rebuild":
+            operations.rebuild(db, args.consumer, who=who, reason=args.reason)
+            print(f"rebuild of {args.consumer} requested; a running instance performs it")
+        else:
+            halted = operations.resume(
+                db, args.consumer, who=who, reason=args.reason, skip_poison=args.skip_poison
+            )
+            verb = "skipped" if args.skip_poison else "retrying"
+            for entry in halted:
+                print(
+                    f"partition {entry['partition']}: {verb} position {entry['position']} "
+                    f"({entry['type']})"
+                )
+            print(f"resumed {args.consumer}")
+    finally:
+        db.dispose()
+    return 0
+
+
+def cmd_audit(args: argparse.Namespace) -> int:
+    from messaging.operations import audit_log
+
+    settings = _settings(args)
+    db = _database(settings)
+    try:
+        db.prepare()
+        entries = audit_log(db, args.consumer)
+    finally:
+        db.dispose()
+    if args.json:
+        _print_json({"audit": entries})
+    else:
+        for entry in entries:
+            print(
+                f"{entry['at']:.3f}  {entry['who']:<24} {entry['command']:<22} "
+                f"{entry['consumer']}  {json.dumps(entry['detail'], sort_keys=True)}"
+            )
+        if not entries:
+            print("no operator commands recorded")
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from projections.demo import run_demo
 
     return run_demo(
         database=args.database, messages=args.messages, workers=args.workers, seed=args.seed
     )
+
+
+def cmd_admin(args: argparse.Namespace) -> int:
+    from projections.admin import serve
+
+    settings = _settings(args)
+    db = _database(settings)
+    try:
+        db.prepare()
+    except BaseException:
+        db.dispose()
+        raise
+    serve(db, settings, args.host, args.port)  # disposes the engine when it stops
+    return 0
 
 
 _COMMANDS = {
@@ -242,6 +336,11 @@ _COMMANDS = {
     "db": cmd_db,
     "append": cmd_append,
     "demo": cmd_demo,
+    "pause": cmd_operation,
+    "resume": cmd_operation,
+    "rebuild": cmd_operation,
+    "audit": cmd_audit,
+    "admin": cmd_admin,
 }
 
 

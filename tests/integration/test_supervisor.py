@@ -88,6 +88,7 @@ def _supervisor(db: Database, config: Path, log: Path, *modules: str) -> subproc
 
 
 def test_workers_are_started_restarted_and_stopped(sqlite_db: Database, tmp_path: Path) -> None:
+    """Two workers start, a killed one comes back under a new pid, SIGTERM stops all."""
     db = sqlite_db
     config = write_config(tmp_path / "fast.yaml", db)
     log = tmp_path / "supervisor.log"

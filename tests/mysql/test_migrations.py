@@ -128,3 +128,12 @@ def test_migrated_schema_matches_schema_module(fresh: Database) -> None:
                 }
             )
             assert reflected_indexes == declared_indexes, name
+
+
+def test_a_schema_one_migration_behind_is_refused_naming_it(fresh: Database) -> None:
+    """After V1 alone, start names V2 as the missing migration."""
+    migrate(fresh)
+    with fresh.engine.begin() as conn:
+        conn.execute(fresh.schema.migrations.delete().where(fresh.schema.migrations.c.version == 2))
+    with pytest.raises(SchemaError, match="missing migration V2__operator_audit"):
+        fresh.prepare()

@@ -1,0 +1,90 @@
+"""OpenTelemetry metrics and traces for projections, built on the public hooks alone.
+
+Enable it in the YAML config; ``projections run`` registers the module as a plugin and
+it records through the *global* meter and tracer providers, which the application (or
+the OpenTelemetry SDK's auto-configuration) sets::
+
+    plugins: [projections_otel]
+
+In process, or with providers of your own (tests), register a :class:`Telemetry`
+object instead::
+
+    telemetry = Telemetry(meter_provider=meter_provider, tracer_provider=tracer_provider)
+    manager = create_plugin_manager(["myapp"], plugins=[telemetry])
+
+Metrics (attributes ``consumer``, ``partition`` where one applies, ``instance``, the
+instance's name):
+
+=====================================  ===============  ===========================
+name                                   instrument       from hook
+=====================================  ===============  ===========================
+``projections.messages.applied``       counter          projections_batch_applied
+``projections.batch.duration``         histogram (s)    projections_batch_applied
+``projections.checkpoint.position``    gauge            projections_batch_applied
+``projections.partition.claims``       counter          projections_partition_claimed
+``projections.partition.releases``     counter          projections_partition_released
+``projections.message.failures``       counter          projections_message_failed
+``projections.partition.halts``        counter          projections_partition_halted
+``projections.retries``                counter          projections_retrying
+=====================================  ===============  ===========================
+
+``projections.message.failures`` and ``projections.partition.halts`` also carry
+``type`` (the message type); ``projections.retries`` carries ``what`` and
+``error.type``. Those three hooks do not name the instance: ``instance`` is set on
+them only when exactly one instance has started in this process (the usual case).
+
+Traces: a ``projections.batch`` span per applied batch, with attributes ``consumer``,
+``count``, ``last_position``, ``partitions`` and ``instance``. The hook fires after the
+commit, so the span is recorded afterwards with its start set ``seconds`` back.
+
+Trace context from the appender to the handler travels in the message headers (W3C
+``traceparent``/``tracestate`` and ``baggage``)::
+
+    from projections_otel import context_of, trace_headers
+
+    # appending, inside the caller's span:
+    with tracer.start_as_current_span("open account"):
+        with db.transaction() as conn:
+            store.append(conn, "ledger", "acct-1", [opened], headers=trace_headers())
+
+    # in a handler: a child span of the appender's span
+    @handler
+    def opened(self, event: AccountOpened, ctx: HandlerContext) -> None:
+        with tracer.start_as_current_span("apply opened", context=context_of(ctx.envelope)):
+            ...
+
+Merge with headers of your own as ``headers={**trace_headers(), "correlation": ...}``.
+"""
+
+from __future__ import annotations
+
+from projections_otel.propagation import context_of, trace_headers
+from projections_otel.telemetry import (
+    INSTRUMENTATION_NAME,
+    Telemetry,
+    default_telemetry,
+    projections_batch_applied,
+    projections_instance_started,
+    projections_instance_stopping,
+    projections_message_failed,
+    projections_partition_claimed,
+    projections_partition_halted,
+    projections_partition_released,
+    projections_retrying,
+)
+
+__all__ = [
+    "INSTRUMENTATION_NAME",
+    "Telemetry",
+    "context_of",
+    "default_telemetry",
+    "projections_batch_applied",
+    "projections_instance_started",
+    "projections_instance_stopping",
+    "projections_message_failed",
+    "projections_partition_claimed",
+    "projections_partition_halted",
+    "projections_partition_released",
+    "projections_retrying",
+    "trace_headers",
+]

@@ -1,0 +1,232 @@
+"""The plugin object: hook implementations that record OpenTelemetry metrics and spans."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+
+from opentelemetry import metrics, trace
+from opentelemetry.util.types import Attributes
+
+from messaging import hookimpl
+
+INSTRUMENTATION_NAME = "projections_otel"
+_VERSION = "0.1.0"
+
+log = logging.getLogger(__name__)
+
+
+@contextmanager
+def _never_raise(hook: str) -> Iterator[None]:
+    """Lifecycle hooks run on the runtime's threads and must not raise: log and go on."""
+    try:
+        yield
+    except Exception:
+        log.exception("projections_otel: %s failed; telemetry skipped", hook)
+
+
+class Telemetry:
+    """A plugin recording metrics and batch spans from the projections lifecycle hooks.
+
+    :param meter_provider: Where the instruments come from; the global provider if None.
+    :param tracer_provider: Where the spans go; the global provider if None.
+
+    With the global providers the instruments are proxies until the application sets
+    the providers, so the object may be created before that (the module-level
+    :data:`default_telemetry` is).
+    """
+
+    def __init__(
+        self,
+        *,
+        meter_provider: metrics.MeterProvider | None = None,
+        tracer_provider: trace.TracerProvider | None = None,
+    ) -> None:
+        meter = metrics.get_meter(INSTRUMENTATION_NAME, _VERSION, meter_provider=meter_provider)
+        self.tracer = trace.get_tracer(
+            INSTRUMENTATION_NAME, _VERSION, tracer_provider=tracer_provider
+        )
+        self.messages_applied = meter.create_counter(
+            "projections.messages.applied",
+            unit="{message}",
+            description="Messages applied and committed, by consumer",
+        )
+        self.batch_duration = meter.create_histogram(
+            "projections.batch.duration",
+            unit="s",
+            description="Time to read, apply and commit one batch",
+        )
+        self.checkpoint_position = meter.create_gauge(
+            "projections.checkpoint.position",
+            unit="{position}",
+            description="Last position applied by a consumer on this instance",
+        )
+        self.claims = meter.create_counter(
+            "projections.partition.claims",
+            unit="{claim}",
+            description="Partitions claimed by this instance under a new epoch",
+        )
+        self.releases = meter.create_counter(
+            "projections.partition.releases",
+            unit="{release}",
+            description="Partitions released (or lost) by this instance",
+        )
+        self.failures = meter.create_counter(
+            "projections.message.failures",
+            unit="{message}",
+            description="Messages that could not be decoded or handled",
+        )
+        self.halts = meter.create_counter(
+            "projections.partition.halts",
+            unit="{halt}",
+            description="Partitions halted at a poison message",
+        )
+        self.retries = meter.create_counter(
+            "projections.retries",
+            unit="{retry}",
+            description="Transient database errors retried",
+        )
+        self._names: dict[str, str] = {}
+        self._lock = threading.Lock()
+
+    # -- which instance ----------------------------------------------------------------
+
+    def _instance(self, instance_id: str) -> str:
+        """The instance's name when it started here, else its id."""
+        return self._names.get(instance_id, instance_id)
+
+    def _only_instance(self) -> dict[str, str]:
+        """``{"instance": name}`` when exactly one instance runs here, else nothing."""
+        with self._lock:
+            names = list(self._names.values())
+        return {"instance": names[0]} if len(names) == 1 else {}
+
+    # -- hooks -------------------------------------------------------------------------
+
+    @hookimpl
+    def projections_instance_started(
+        self, instance_id: str, name: str, consumers: Sequence[str]
+    ) -> None:
+        with self._lock:
+            self._names[instance_id] = name
+
+    @hookimpl
+    def projections_instance_stopping(self, instance_id: str, name: str) -> None:
+        # Keep the name: releases and the last batches still arrive while it stops.
+        return None
+
+    @hookimpl
+    def projections_partition_claimed(
+        self, consumer: str, partition: int, epoch: int, instance_id: str
+    ) -> None:
+        with _never_raise("projections_partition_claimed"):
+            self.claims.add(
+                1,
+                {
+                    "consumer": consumer,
+                    "partition": partition,
+                    "instance": self._instance(instance_id),
+                },
+            )
+
+    @hookimpl
+    def projections_partition_released(
+        self, consumer: str, partition: int, instance_id: str
+    ) -> None:
+        with _never_raise("projections_partition_released"):
+            self.releases.add(
+                1,
+                {
+                    "consumer": consumer,
+                    "partition": partition,
+                    "instance": self._instance(instance_id),
+                },
+            )
+
+    @hookimpl
+    def projections_batch_applied(
+        self,
+        consumer: str,
+        partitions: Sequence[int],
+        epochs: Mapping[int, int],
+        instance_id: str,
+        count: int,
+        last_position: int,
+        seconds: float,
+    ) -> None:
+        with _never_raise("projections_batch_applied"):
+            end = time.time_ns()
+            instance = self._instance(instance_id)
+            attributes: Attributes = {"consumer": consumer, "instance": instance}
+            self.messages_applied.add(count, attributes)
+            self.batch_duration.record(seconds, attributes)
+            self.checkpoint_position.set(last_position, attributes)
+            span = self.tracer.start_span(
+                "projections.batch",
+                kind=trace.SpanKind.CONSUMER,
+                start_time=end - max(0, int(seconds * 1e9)),
+                attributes={
+                    "consumer": consumer,
+                    "count": count,
+                    "last_position": last_position,
+                    "partitions": list(partitions),
+                    "instance": instance,
+                },
+            )
+            span.end(end_time=end)
+
+    @hookimpl
+    def projections_message_failed(
+        self, consumer: str, partition: int, position: int, type_name: str, error: BaseException
+    ) -> None:
+        with _never_raise("projections_message_failed"):
+            self.failures.add(
+                1,
+                {
+                    "consumer": consumer,
+                    "partition": partition,
+                    "type": type_name,
+                    "error.type": type(error).__name__,
+                    **self._only_instance(),
+                },
+            )
+
+    @hookimpl
+    def projections_partition_halted(
+        self, consumer: str, partition: int, position: int, type_name: str, error: str
+    ) -> None:
+        with _never_raise("projections_partition_halted"):
+            self.halts.add(
+                1,
+                {
+                    "consumer": consumer,
+                    "partition": partition,
+                    "type": type_name,
+                    **self._only_instance(),
+                },
+            )
+
+    @hookimpl
+    def projections_retrying(self, what: str, error: BaseException) -> None:
+        with _never_raise("projections_retrying"):
+            self.retries.add(
+                1, {"what": what, "error.type": type(error).__name__, **self._only_instance()}
+            )
+
+
+default_telemetry = Telemetry()
+"""The instance behind ``plugins: [projections_otel]``: records to the global providers."""
+
+# ``plugins: [projections_otel]`` registers the module: pluggy finds these (marked bound
+# methods of the default instance) as the module's hook implementations.
+projections_instance_started = default_telemetry.projections_instance_started
+projections_instance_stopping = default_telemetry.projections_instance_stopping
+projections_partition_claimed = default_telemetry.projections_partition_claimed
+projections_partition_released = default_telemetry.projections_partition_released
+projections_batch_applied = default_telemetry.projections_batch_applied
+projections_message_failed = default_telemetry.projections_message_failed
+projections_partition_halted = default_telemetry.projections_partition_halted
+projections_retrying = default_telemetry.projections_retrying

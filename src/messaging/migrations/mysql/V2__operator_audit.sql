@@ -1,0 +1,12 @@
+-- V2: who paused, resumed or rebuilt which consumer, when and why.
+CREATE TABLE IF NOT EXISTS {prefix}audit (
+    id INTEGER NOT NULL AUTO_INCREMENT,
+    tenant VARCHAR(64) NOT NULL,
+    at DOUBLE NOT NULL,
+    who VARCHAR(200) NOT NULL,
+    command VARCHAR(32) NOT NULL,
+    consumer VARCHAR(200) NOT NULL,
+    detail LONGTEXT NULL,
+    PRIMARY KEY (id),
+    KEY {prefix}ix_audit_consumer (tenant, consumer, id)
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;

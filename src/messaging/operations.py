@@ -1,0 +1,182 @@
+"""Operator commands: pause, resume (optionally past a poison message) and rebuild a
+consumer, from any instance or the CLI. The state lives in the database, so every
+instance follows within one poll: each command bumps the epochs of the partitions it
+touches, which makes the current owners' next commit fail and roll back. Each command
+is recorded in the audit table with who, when and why.
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import socket
+from typing import Any
+
+from sqlalchemy import Connection, insert, select, update
+
+from messaging.database import Database
+from messaging.declarations import STATE_REBUILD_REQUESTED, STATE_REBUILDING, STATE_RUNNING
+from messaging.errors import ProjectionsError
+from messaging.ownership import HALTED, RUNNING
+
+STATE_PAUSED = "paused"
+
+
+class OperationError(ProjectionsError, ValueError):
+    """An operator command cannot be carried out as asked (unknown consumer, wrong state)."""
+
+
+def default_operator() -> str:
+    """``user@host`` of whoever runs the command."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = "unknown"
+    return f"{user}@{socket.gethostname()}"
+
+
+def _state(db: Database, conn: Connection, consumer: str) -> str:
+    table = db.schema.consumers
+    state = conn.execute(
+        select(table.c.state)
+        .where(table.c.tenant == db.tenant, table.c.name == consumer)
+        .with_for_update()
+    ).scalar_one_or_none()
+    if state is None:
+        known = conn.execute(
+            select(table.c.name).where(table.c.tenant == db.tenant).order_by(table.c.name)
+        ).scalars()
+        raise OperationError(
+            f"unknown consumer {consumer!r}; known consumers: {', '.join(known) or 'none'}"
+        )
+    return str(state)
+
+
+def _set_state(db: Database, conn: Connection, consumer: str, state: str) -> None:
+    table = db.schema.consumers
+    conn.execute(
+        update(table)
+        .where(table.c.tenant == db.tenant, table.c.name == consumer)
+        .values(state=state, updated_at=db.clock.now())
+    )
+
+
+def _fence_all(db: Database, conn: Connection, consumer: str, **values: Any) -> None:
+    """Release every partition under a new epoch: current owners can commit nothing more."""
+    t = db.schema.partitions
+    conn.execute(
+        update(t)
+        .where(t.c.tenant == db.tenant, t.c.consumer == consumer)
+        .values(owner=None, epoch=t.c.epoch + 1, updated_at=db.clock.now(), **values)
+    )
+
+
+def _audit(
+    db: Database, conn: Connection, command: str, consumer: str, who: str, detail: dict[str, Any]
+) -> None:
+    conn.execute(
+        insert(db.schema.audit).values(
+            tenant=db.tenant,
+            at=db.clock.now(),
+            who=who,
+            command=command,
+            consumer=consumer,
+            detail=json.dumps(detail, sort_keys=True),
+        )
+    )
+
+
+def pause(db: Database, consumer: str, *, who: str, reason: str = "") -> None:
+    """Stop every instance from applying ``consumer`` until it is resumed."""
+    with db.transaction() as conn:
+        state = _state(db, conn, consumer)
+        if state == STATE_PAUSED:
+            raise OperationError(f"consumer {consumer!r} is already paused")
+        if state != STATE_RUNNING:
+            raise OperationError(f"consumer {consumer!r} is {state}; it can be paused when running")
+        _set_state(db, conn, consumer, STATE_PAUSED)
+        _fence_all(db, conn, consumer)
+        _audit(db, conn, "pause", consumer, who, {"reason": reason})
+
+
+def resume(
+    db: Database, consumer: str, *, who: str, reason: str = "", skip_poison: bool = False
+) -> list[dict[str, Any]]:
+    """Let ``consumer`` run again: a paused consumer continues, halted partitions retry their
+    poison message, or, with ``skip_poison``, continue right after it (it is recorded, never
+    applied). Returns the halted messages it resumed at or skipped."""
+    t = db.schema.partitions
+    with db.transaction() as conn:
+        state = _state(db, conn, consumer)
+        if state not in (STATE_RUNNING, STATE_PAUSED):
+            raise OperationError(f"consumer {consumer!r} is {state}; wait until it has finished")
+        halted = [
+            {
+                "partition": r.partition_no,
+                "position": r.halted_position,
+                "type": r.halted_type,
+                "error": r.error,
+            }
+            for r in conn.execute(
+                select(t.c.partition_no, t.c.halted_position, t.c.halted_type, t.c.error)
+                .where(t.c.tenant == db.tenant, t.c.consumer == consumer, t.c.status == HALTED)
+                .order_by(t.c.partition_no)
+            )
+        ]
+        if skip_poison and not halted:
+            raise OperationError(f"consumer {consumer!r} has no halted partition to skip past")
+        if state == STATE_RUNNING and not halted:
+            raise OperationError(f"consumer {consumer!r} is running and has no halted partition")
+        for entry in halted:
+            where = (t.c.tenant == db.tenant, t.c.consumer == consumer)
+            skipped = {"checkpoint": entry["position"]} if skip_poison else {}
+            conn.execute(
+                update(t)
+                .where(*where, t.c.partition_no == entry["partition"])
+                .values(
+                    status=RUNNING,
+                    halted_position=None,
+                    halted_type=None,
+                    error=None,
+                    halted_at=None,
+                    **skipped,
+                )
+            )
+        _set_state(db, conn, consumer, STATE_RUNNING)
+        _fence_all(db, conn, consumer)
+        command = "resume --skip-poison" if skip_poison else "resume"
+        _audit(db, conn, command, consumer, who, {"reason": reason, "halted": halted})
+    return halted
+
+
+def rebuild(db: Database, consumer: str, *, who: str, reason: str = "") -> None:
+    """Empty ``consumer``'s read models and replay it from the start. The first instance
+    running it does the work (it has the table declarations); until then nothing applies it."""
+    with db.transaction() as conn:
+        state = _state(db, conn, consumer)
+        if state in (STATE_REBUILD_REQUESTED, STATE_REBUILDING):
+            raise OperationError(f"consumer {consumer!r} is already being rebuilt")
+        _set_state(db, conn, consumer, STATE_REBUILD_REQUESTED)
+        _fence_all(db, conn, consumer)
+        _audit(db, conn, "rebuild", consumer, who, {"reason": reason, "was": state})
+
+
+def audit_log(db: Database, consumer: str | None = None) -> list[dict[str, Any]]:
+    """Recorded operator commands, oldest first."""
+    a = db.schema.audit
+    query = select(a.c.at, a.c.who, a.c.command, a.c.consumer, a.c.detail).where(
+        a.c.tenant == db.tenant
+    )
+    if consumer is not None:
+        query = query.where(a.c.consumer == consumer)
+    with db.read() as conn:
+        return [
+            {
+                "at": r.at,
+                "who": r.who,
+                "command": r.command,
+                "consumer": r.consumer,
+                "detail": json.loads(r.detail or "{}"),
+            }
+            for r in conn.execute(query.order_by(a.c.id))
+        ]

@@ -1,0 +1,367 @@
+"""The admin server: JSON reports over HTTP and the HTML page, against a live instance."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from http.server import ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+from clusters import lag, wait_until, write_config
+
+from messaging import Database, Instance, MessageStore, collect_consumers, create_plugin_manager
+from messaging.config import load_settings
+from messaging.settings import Settings
+from projections.admin import SINGLE_OWNER_REASON, cluster_report, make_server, ranges
+from projections.examples import ledger
+
+INSTANCE_NAME = "admin-test-instance"
+
+
+# -- the pure cluster view ---------------------------------------------------------------
+
+
+def test_ranges_group_contiguous_partitions() -> None:
+    assert ranges([]) == []
+    assert ranges([5, 0, 2, 1]) == [[0, 2], [5, 5]]
+    assert ranges([7]) == [[7, 7]]
+    assert ranges(range(8)) == [[0, 7]]
+
+
+def _partition(no: int, owner: str | None, state: str) -> dict[str, Any]:
+    return {"partition": no, "instance_id": owner, "instance": owner, "state": state}
+
+
+def test_cluster_report_shares_partitions_among_live_members() -> None:
+    instances = {
+        "instances": [
+            {"id": "b", "name": "beta", "host": "h", "pid": 2, "live": True},
+            {"id": "a", "name": "alpha", "host": "h", "pid": 1, "live": True},
+            {"id": "z", "name": "gone", "host": "h", "pid": 3, "live": False},
+        ]
+    }
+    owners = ["a", "a", "a", "b", "b", "a", "z", None]
+    consumers = {
+        "consumers": [
+            {
+                "name": "balances",
+                "kind": "projection",
+                "distribution": "partitioned",
+                "partitions": [
+                    _partition(
+                        i, o, "OWNED" if o in ("a", "b") else "ORPHANED" if o else "UNCLAIMED"
+                    )
+                    for i, o in enumerate(owners)
+                ],
+            },
+            {
+                "name": "ordered",
+                "kind": "projection",
+                "distribution": "single-owner",
+                "partitions": [_partition(i, "b", "OWNED") for i in range(4)],
+            },
+        ]
+    }
+    report = cluster_report(consumers, instances, "me:1")
+    assert report["answered_by"] == "me:1"
+    assert [m["id"] for m in report["members"]] == ["a", "b"]
+    balances, ordered = report["consumers"]
+    assert balances["partitioned"] is True and "reason" not in balances
+    assert balances["partitions"] == 8
+    assert [(s["instance"], s["ranges"], s["share"]) for s in balances["shares"]] == [
+        ("alpha", [[0, 2], [5, 5]], 0.5),
+        ("beta", [[3, 4]], 0.25),
+    ]
+    assert balances["unowned"] == [[6, 7]]
+    assert ordered["partitioned"] is False
+    assert ordered["reason"] == SINGLE_OWNER_REASON
+    assert [(s["instance"], s["ranges"], s["share"]) for s in ordered["shares"]] == [
+        ("alpha", [], 0.0),
+        ("beta", [[0, 3]], 1.0),
+    ]
+
+
+def test_cluster_report_of_an_empty_database() -> None:
+    report = cluster_report({"consumers": []}, {"instances": []}, "me:1")
+    assert report == {"answered_by": "me:1", "members": [], "consumers": []}
+
+
+# -- a live instance and the server ------------------------------------------------------
+
+
+def _get(url: str) -> tuple[int, str, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return response.status, response.headers["Content-Type"], response.read()
+    except urllib.error.HTTPError as error:
+        return error.code, error.headers["Content-Type"], error.read()
+
+
+def _get_json(url: str) -> tuple[int, Any]:
+    status, content_type, body = _get(url)
+    assert content_type == "application/json"
+    return status, json.loads(body)
+
+
+def _serve(server: ThreadingHTTPServer) -> tuple[str, threading.Thread]:
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05})
+    thread.start()
+    host, port = server.server_address[:2]
+    return f"http://{host!s}:{port}", thread
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Database, Settings]]:
+    """(base URL, db, settings): a ledger instance that has applied some traffic, and an
+    admin server on a free port in a thread."""
+    tmp = tmp_path_factory.mktemp("admin")
+    db = Database(f"sqlite:///{tmp}/admin.db", table_prefix="prj_")
+    db.prepare()
+    settings = load_settings(str(write_config(tmp / "config.yaml", db)))
+    manager = create_plugin_manager(["projections.examples.ledger"], load_entrypoints=False)
+    instance = Instance(db, collect_consumers(manager), settings, manager.hook, name=INSTANCE_NAME)
+    instance.start()
+    server = None
+    try:
+        store = MessageStore(db)
+        with db.transaction() as conn:
+            for command in ledger.traffic(3, 60, accounts=20):
+                for source, event in command:
+                    store.append(conn, ledger.TOPIC, source, [event])
+
+        def caught_up() -> bool:
+            from projections.reports import consumers_report
+
+            if lag(db) != 0:
+                return False
+            report = consumers_report(db, settings.messaging.consumer)
+            balances = next(c for c in report["consumers"] if c["name"] == "ledger-balances")
+            return all(p["state"] == "OWNED" for p in balances["partitions"])
+
+        wait_until(caught_up, timeout=30, what="the instance to own and apply every partition")
+        server = make_server(db, settings, "127.0.0.1", 0)
+        base, thread = _serve(server)
+        yield base, db, settings
+        server.shutdown()
+        thread.join()
+    finally:
+        if server is not None:
+            server.server_close()
+        instance.stop()
+        db.dispose()
+
+
+def test_consumers_route_is_the_consumers_report(live: tuple[str, Database, Settings]) -> None:
+    from projections.reports import consumers_report
+
+    base, db, settings = live
+    status, body = _get_json(base + "/admin/consumers")
+    assert status == 200
+    assert body == json.loads(json.dumps(consumers_report(db, settings.messaging.consumer)))
+    balances = next(c for c in body["consumers"] if c["name"] == "ledger-balances")
+    assert {"name", "kind", "distribution", "state", "partitions"} <= balances.keys()
+    assert [p["partition"] for p in balances["partitions"]] == list(range(8))
+    for p in balances["partitions"]:
+        assert p["instance"] == INSTANCE_NAME
+        assert p["state"] == "OWNED"
+        assert p["lag"] == 0
+        assert {"status", "checkpoint"} <= p.keys()
+    assert sum(p["checkpoint"] > 0 for p in balances["partitions"]) > 0
+
+
+def test_instances_route_lists_the_live_instance(live: tuple[str, Database, Settings]) -> None:
+    base, _, _ = live
+    status, body = _get_json(base + "/admin/instances")
+    assert status == 200
+    [instance] = body["instances"]
+    assert instance["name"] == INSTANCE_NAME
+    assert instance["live"] is True
+    assert instance["pid"] == os.getpid()
+
+
+def test_cluster_route_shares_every_partition(live: tuple[str, Database, Settings]) -> None:
+    base, _, _ = live
+    status, body = _get_json(base + "/admin/cluster")
+    assert status == 200
+    assert body["answered_by"].endswith(f":{os.getpid()}")
+    [member] = body["members"]
+    assert member["name"] == INSTANCE_NAME
+    balances = next(c for c in body["consumers"] if c["name"] == "ledger-balances")
+    assert balances["partitioned"] is True
+    assert balances["partitions"] == 8
+    assert sum(s["share"] for s in balances["shares"]) == pytest.approx(1.0)
+    covered = sorted(n for s in balances["shares"] for a, b in s["ranges"] for n in range(a, b + 1))
+    assert covered == list(range(8))
+    assert balances["unowned"] == []
+
+
+def test_unknown_routes_answer_404_json(live: tuple[str, Database, Settings]) -> None:
+    base, _, _ = live
+    for path in ("/admin/nope", "/", "/admin/consumers/extra"):
+        status, body = _get_json(base + path)
+        assert status == 404
+        assert "error" in body
+
+
+def test_the_page_is_self_contained_html(live: tuple[str, Database, Settings]) -> None:
+    base, _, _ = live
+    status, content_type, body = _get(base + "/admin")
+    assert status == 200
+    assert content_type.startswith("text/html")
+    page = body.decode()
+    for route in ("/admin/consumers", "/admin/instances", "/admin/cluster"):
+        assert route in page
+    assert "http://" not in page and "https://" not in page  # nothing fetched from elsewhere
+
+
+def test_database_errors_answer_500_with_one_line(tmp_path: Path) -> None:
+    db = Database(f"sqlite:///{tmp_path}/empty.db", table_prefix="prj_")  # never prepared
+    server = make_server(db, Settings(), "127.0.0.1", 0)
+    base, thread = _serve(server)
+    try:
+        for path in ("/admin/consumers", "/admin/instances", "/admin/cluster"):
+            status, body = _get_json(base + path)
+            assert status == 500
+            assert body["error"].startswith("database: ")
+            assert "\n" not in body["error"]
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+        db.dispose()
+
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def _chromium(tmp: Path, *options: str, url: str) -> subprocess.CompletedProcess[str]:
+    assert CHROMIUM is not None, "chromium is needed: apt-get install -y chromium"
+    return subprocess.run(
+        [
+            CHROMIUM,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            f"--user-data-dir={tmp}",
+            "--virtual-time-budget=5000",
+            *options,
+            url,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.mark.multiprocess
+def test_chromium_renders_a_row_per_partition(
+    live: tuple[str, Database, Settings], tmp_path: Path
+) -> None:
+    """The page, rendered by a real headless browser, shows each partition of the
+    ledger projection owned by the instance, the instances table and the cluster shares."""
+    base, _, _ = live
+    dom = _chromium(tmp_path / "profile-dom", "--dump-dom", url=base + "/admin")
+    assert dom.returncode == 0, dom.stderr
+    html = dom.stdout
+    assert html.count("<tr data-partition=") == 8
+    assert html.count('data-consumer="ledger-balances"') == 8
+    assert f"<td>{INSTANCE_NAME}</td>" in html
+    assert "<tr data-instance=" in html
+    assert "<tr data-member=" in html
+    assert '<div id="status" class="">updated ' in html
+
+    shot = tmp_path / "admin.png"
+    result = _chromium(
+        tmp_path / "profile-shot",
+        f"--screenshot={shot}",
+        "--window-size=1200,900",
+        url=base + "/admin",
+    )
+    assert result.returncode == 0, result.stderr
+    assert shot.exists()
+    assert shot.stat().st_size > 10_000
+    keep = os.environ.get("PROJECTIONS_ADMIN_SCREENSHOT")
+    if keep:  # to look at it
+        shutil.copyfile(shot, keep)
+
+
+@pytest.mark.multiprocess
+def test_the_admin_command_serves_until_sigterm(tmp_path: Path) -> None:
+    """``projections admin --port 0`` prints its URL, answers, and stops cleanly on SIGTERM."""
+    url = f"sqlite:///{tmp_path}/cli.db"
+    db = Database(url)
+    db.prepare()
+    db.dispose()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "projections.cli", "admin", "--port", "0", "--database", url],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    try:
+        assert process.stdout is not None
+        line = process.stdout.readline()
+        assert line.startswith("admin page: http://127.0.0.1:"), line
+        base = line.split(": ", 1)[1].strip().removesuffix("/admin")
+        status, body = _get_json(base + "/admin/cluster")
+        assert status == 200
+        assert body["answered_by"].endswith(f":{process.pid}")
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=15) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+def _post(url: str, body: dict[str, Any]) -> tuple[int, Any]:
+    request = urllib.request.Request(
+        url,
+        data=json.dumps(body).encode(),
+        method="POST",
+        headers={"Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+def test_operator_commands_over_http_are_applied_and_audited(
+    live: tuple[str, Database, Settings],
+) -> None:
+    """POST pause then resume: the consumer's state follows and both are in the audit log."""
+    from messaging.operations import audit_log
+
+    base, db, _ = live
+    route = f"{base}/admin/consumers/ledger-balances"
+    assert _post(f"{route}/pause", {"who": "web", "reason": "check"}) == (
+        200,
+        {"consumer": "ledger-balances", "command": "pause"},
+    )
+    status, data = _get_json(f"{base}/admin/consumers")
+    assert [c["state"] for c in data["consumers"] if c["name"] == "ledger-balances"] == ["paused"]
+    status, error = _post(f"{route}/pause", {})
+    assert status == 409 and "already paused" in error["error"]
+    assert _post(f"{route}/resume", {"who": "web"})[0] == 200
+    assert _post(f"{base}/admin/consumers/nope/rebuild", {})[0] == 409
+    assert _post(f"{base}/admin/consumers/ledger-balances/explode", {})[0] == 404
+    log = [(e["command"], e["who"]) for e in audit_log(db, "ledger-balances")]
+    assert log[-2:] == [("pause", "web"), ("resume", "web")]

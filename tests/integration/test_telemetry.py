@@ -1,0 +1,232 @@
+"""The OpenTelemetry plugin on a real in-process instance (SQLite), with in-memory exporters."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import format_trace_id
+
+import projections_otel
+from messaging import (
+    Database,
+    Instance,
+    MessageStore,
+    Settings,
+    collect_consumers,
+    create_plugin_manager,
+    load_settings,
+)
+from projections.examples.ledger import TOPIC, traffic
+from projections.reports import consumers_report
+from projections_otel import Telemetry, context_of, trace_headers
+
+CONSUMER = "ledger-balances"
+
+
+@pytest.fixture
+def reader() -> InMemoryMetricReader:
+    return InMemoryMetricReader()
+
+
+@pytest.fixture
+def exporter() -> InMemorySpanExporter:
+    return InMemorySpanExporter()
+
+
+@pytest.fixture
+def tracer_provider(exporter: InMemorySpanExporter) -> Iterator[TracerProvider]:
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    yield provider
+    provider.shutdown()
+
+
+@pytest.fixture
+def telemetry(reader: InMemoryMetricReader, tracer_provider: TracerProvider) -> Iterator[Telemetry]:
+    meter_provider = MeterProvider(metric_readers=[reader])
+    yield Telemetry(meter_provider=meter_provider, tracer_provider=tracer_provider)
+    meter_provider.shutdown()
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Iterator[Database]:
+    database = Database(f"sqlite:///{tmp_path}/telemetry.db")
+    database.prepare()
+    yield database
+    database.dispose()
+
+
+def _append(db: Database, count: int) -> list[int]:
+    """Append about ``count`` ledger messages; return their positions."""
+    store = MessageStore(db)
+    positions: list[int] = []
+    for command in traffic(seed=7, count=count, accounts=20):
+        with db.transaction() as conn:
+            for source, message in command:
+                positions += store.append(conn, TOPIC, source, [message])
+    return positions
+
+
+def _wait_applied(db: Database, settings: Settings, timeout: float = 30.0) -> None:
+    """Until every partition of the ledger projection has no lag (or fail after timeout)."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        report = consumers_report(db, settings.messaging.consumer)
+        last = next((c for c in report["consumers"] if c["name"] == CONSUMER), None)
+        if last and last["partitions"] and all(p["lag"] == 0 for p in last["partitions"]):
+            return
+        time.sleep(0.05)
+    pytest.fail(f"{CONSUMER} not caught up after {timeout}s: {last}")
+
+
+def _points(reader: InMemoryMetricReader) -> dict[str, list[Any]]:
+    """Data points by metric name."""
+    found: dict[str, list[Any]] = {}
+    data = reader.get_metrics_data()
+    assert data is not None
+    for resource in data.resource_metrics:
+        for scope in resource.scope_metrics:
+            for metric in scope.metrics:
+                found.setdefault(metric.name, []).extend(metric.data.data_points)
+    return found
+
+
+def _of(points: list[Any], **attributes: Any) -> list[Any]:
+    return [p for p in points if all(p.attributes.get(k) == v for k, v in attributes.items())]
+
+
+def test_an_instance_reports_metrics_and_batch_spans(
+    db: Database,
+    telemetry: Telemetry,
+    reader: InMemoryMetricReader,
+    exporter: InMemorySpanExporter,
+) -> None:
+    settings = Settings()
+    manager = create_plugin_manager(
+        ["projections.examples.ledger"], plugins=[telemetry], load_entrypoints=False
+    )
+    instance = Instance(db, collect_consumers(manager), settings, manager.hook, name="otel-1")
+    instance.start()
+    try:
+        positions = _append(db, 300)
+        _wait_applied(db, settings)
+    finally:
+        instance.stop()
+    appended, last_position = len(positions), max(positions)
+
+    points = _points(reader)
+    assert {
+        "projections.messages.applied",
+        "projections.batch.duration",
+        "projections.checkpoint.position",
+        "projections.partition.claims",
+        "projections.partition.releases",
+    } <= set(points)
+
+    applied = _of(points["projections.messages.applied"], consumer=CONSUMER)
+    assert applied, points["projections.messages.applied"]
+    assert {dict(p.attributes)["instance"] for p in applied} == {"otel-1"}
+    assert sum(p.value for p in applied) == appended
+
+    durations = _of(points["projections.batch.duration"], consumer=CONSUMER, instance="otel-1")
+    assert len(durations) == 1 and durations[0].count >= 1 and durations[0].sum >= 0
+
+    (position,) = _of(points["projections.checkpoint.position"], consumer=CONSUMER)
+    assert position.value == last_position
+
+    claims = _of(points["projections.partition.claims"], consumer=CONSUMER, instance="otel-1")
+    assert sorted(p.attributes["partition"] for p in claims) == list(range(8))
+    assert all(p.value == 1 for p in claims)
+    releases = _of(points["projections.partition.releases"], consumer=CONSUMER)
+    assert sorted(p.attributes["partition"] for p in releases) == list(range(8))
+
+    spans = [s for s in exporter.get_finished_spans() if s.name == "projections.batch"]
+    everything: list[tuple[Any, dict[str, Any]]] = [(s, dict(s.attributes or {})) for s in spans]
+    ours = [(s, a) for s, a in everything if a["consumer"] == CONSUMER]
+    assert ours
+    assert sum(a["count"] for _, a in ours) == appended
+    assert max(a["last_position"] for _, a in ours) == last_position
+    for span, attributes in ours:
+        assert attributes["instance"] == "otel-1"
+        assert span.start_time is not None and span.end_time is not None
+        assert span.start_time <= span.end_time
+        assert set(attributes["partitions"]) <= set(range(8))
+    assert len(applied) == 1 and len(ours) == sum(d.count for d in durations)
+
+
+def test_trace_context_travels_from_appender_to_handler(
+    db: Database, tracer_provider: TracerProvider, exporter: InMemorySpanExporter
+) -> None:
+    tracer = tracer_provider.get_tracer("test")
+    store = MessageStore(db)
+    ((source, message),) = next(traffic(seed=1, count=1))
+    with tracer.start_as_current_span("append") as appending:
+        headers = trace_headers()
+        with db.transaction() as conn:
+            (position,) = store.append(conn, TOPIC, source, [message], headers=headers)
+    assert set(headers) >= {"traceparent"}
+    trace_id = appending.get_span_context().trace_id
+    assert format_trace_id(trace_id) in headers["traceparent"]
+
+    with db.read() as conn:
+        envelope = MessageStore(db).envelopes(conn, [position])[position]
+    context = context_of(envelope)
+    with tracer.start_as_current_span("handle", context=context) as handling:
+        pass
+    assert handling.get_span_context().trace_id == trace_id
+    (finished,) = [s for s in exporter.get_finished_spans() if s.name == "handle"]
+    assert finished.parent is not None
+    assert finished.parent.span_id == appending.get_span_context().span_id
+
+    # Without trace headers: an empty context, so a new trace.
+    assert trace_headers() == {}
+    with tracer.start_as_current_span("orphan", context=context_of({})) as orphan:
+        pass
+    assert orphan.get_span_context().trace_id != trace_id
+
+
+def test_the_plugin_loads_from_the_config(tmp_path: Path) -> None:
+    config = tmp_path / "app.yaml"
+    config.write_text(f"database: sqlite:///{tmp_path}/app.db\nplugins: [projections_otel]\n")
+    settings = load_settings(str(config))
+    assert list(settings.plugins) == ["projections_otel"]
+    manager = create_plugin_manager(
+        ["projections.examples.ledger", *settings.plugins], load_entrypoints=False
+    )
+    assert manager.is_registered(projections_otel)
+    implemented = {
+        hook.name
+        for hook in manager.get_hookcallers(projections_otel) or []
+        if hook.get_hookimpls()
+    }
+    assert implemented == {
+        "projections_instance_started",
+        "projections_instance_stopping",
+        "projections_partition_claimed",
+        "projections_partition_released",
+        "projections_batch_applied",
+        "projections_message_failed",
+        "projections_partition_halted",
+        "projections_retrying",
+    }
+    # Every implementation matches a specification (the manager checked them on creation).
+    manager.check_pending()
+    assert collect_consumers(manager)
+
+
+def test_hooks_never_raise(telemetry: Telemetry, monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("exporter down")
+
+    monkeypatch.setattr(telemetry.retries, "add", broken)
+    telemetry.projections_retrying(what="apply x", error=TimeoutError())
