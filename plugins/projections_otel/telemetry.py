@@ -19,11 +19,17 @@ _VERSION = "0.1.0"
 log = logging.getLogger(__name__)
 
 
+_RECORDING = threading.Lock()
+"""Hooks fire from several threads at once (one per batch lane); the SDK can lose the first
+measurements of a new attribute set when they race, so recording goes one at a time."""
+
+
 @contextmanager
 def _never_raise(hook: str) -> Iterator[None]:
     """Lifecycle hooks run on the runtime's threads and must not raise: log and go on."""
     try:
-        yield
+        with _RECORDING:
+            yield
     except Exception:
         log.exception("projections_otel: %s failed; telemetry skipped", hook)
 
@@ -90,6 +96,7 @@ class Telemetry:
             description="Transient database errors retried",
         )
         self._names: dict[str, str] = {}
+        self._positions: dict[tuple[str, str], int] = {}
         self._lock = threading.Lock()
 
     # -- which instance ----------------------------------------------------------------
@@ -163,7 +170,10 @@ class Telemetry:
             attributes: Attributes = {"consumer": consumer, "instance": instance}
             self.messages_applied.add(count, attributes)
             self.batch_duration.record(seconds, attributes)
-            self.checkpoint_position.set(last_position, attributes)
+            # Lanes commit in parallel: report the highest position applied so far.
+            key = (consumer, instance)
+            self._positions[key] = max(self._positions.get(key, 0), last_position)
+            self.checkpoint_position.set(self._positions[key], attributes)
             span = self.tracer.start_span(
                 "projections.batch",
                 kind=trace.SpanKind.CONSUMER,

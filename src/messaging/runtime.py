@@ -40,7 +40,7 @@ from messaging.messages import registry as default_registry
 from messaging.ownership import Ownership
 from messaging.rebalance import plan
 from messaging.retry import retry_transient
-from messaging.settings import Distribution, Settings
+from messaging.settings import ConsumerGroupSettings, Distribution, Settings
 from messaging.worker import ConsumerWorker, InMemoryWorker
 
 log = logging.getLogger("messaging.runtime")
@@ -98,6 +98,8 @@ class Instance:
             id=self.id, name=self.name, host=socket.gethostname(), pid=os.getpid()
         )
         self._registered = False
+        self._limiter = threading.BoundedSemaphore(self.consumer_settings.executor.max_workers)
+        """Bounds the batches applied at once across every consumer of the instance."""
         self._next_round_in = settings.messaging.consumer.rebalance_interval
         self._threads: list[threading.Thread] = []
         self.workers: dict[str, ConsumerWorker] = {}
@@ -106,15 +108,17 @@ class Instance:
         self.distributions: dict[str, Distribution] = {}
         self._waiting: dict[str, str | None] = {}
 
-    def distribution(self, spec: ConsumerSpec) -> Distribution:
-        """The configured distribution of a consumer."""
-        group = {
+    def _group(self, spec: ConsumerSpec) -> ConsumerGroupSettings:
+        return {
             ConsumerKind.PROJECTION: self.settings.projections,
             ConsumerKind.IN_MEMORY_PROJECTION: self.settings.projections,
             ConsumerKind.ROUTE_CONSUMER: self.settings.routing,
             ConsumerKind.SAGA: self.settings.sagas,
         }[spec.kind]
-        return group.distribution_for(spec.name)
+
+    def distribution(self, spec: ConsumerSpec) -> Distribution:
+        """The configured distribution of a consumer."""
+        return self._group(spec).distribution_for(spec.name)
 
     # -- start -------------------------------------------------------------------------
 
@@ -162,6 +166,8 @@ class Instance:
                 hooks=self.hooks,
                 registry=self.registry,
                 whole=self.distributions[spec.name] is Distribution.SINGLE_OWNER,
+                lanes=self._lanes(spec),
+                limiter=self._limiter,
             )
         log.info("instance %s (%s) started with %s", self.name, self.id, sorted(runs))
         self.hooks.projections_instance_started(
@@ -176,6 +182,13 @@ class Instance:
             self._spawn(f"apply:{name}", worker.run, self._stop_workers)
         for name, memory in self.in_memory.items():
             self._spawn(f"memory:{name}", memory.run, self._stop_workers)
+
+    def _lanes(self, spec: ConsumerSpec) -> int:
+        """How many batches of ``spec`` this instance applies at once: its concurrency-limit,
+        which only lowers ``executor.max-workers``."""
+        limit = self._group(spec).concurrency_limit_for(spec.name)
+        workers = self.consumer_settings.executor.max_workers
+        return min(workers, limit) if limit is not None else workers
 
     def _declare(self, spec: ConsumerSpec) -> Declared:
         return declare(self.db, spec, self.distributions[spec.name], self.id)

@@ -14,6 +14,8 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager, ExitStack, nullcontext
+from functools import partial
 from typing import Any
 
 import pluggy
@@ -107,16 +109,17 @@ class _Worker:
         """Apply one batch; return how many messages were applied."""
         raise NotImplementedError
 
-    def _poll_in_loop(self) -> int:
-        return self.poll()
-
     def run(self, stop: threading.Event) -> None:
-        """Poll until ``stop`` is set; wait ``idle-poll-interval`` after an empty poll and
-        ``conflict-retry.max-delay`` after a failed one."""
+        """Poll until ``stop`` is set."""
+        self._loop(stop, self.poll)
+
+    def _loop(self, stop: threading.Event, poll: Callable[[], int]) -> None:
+        """Call ``poll`` until ``stop`` is set; wait ``idle-poll-interval`` after an empty
+        poll and ``conflict-retry.max-delay`` after a failed one."""
         idle = self.settings.idle_poll_interval
         while not stop.is_set():
             try:
-                applied = self._poll_in_loop()
+                applied = poll()
             except Exception:
                 log.exception("consumer %s: poll failed; retrying after a pause", self.spec.name)
                 applied = 0
@@ -138,16 +141,21 @@ class ConsumerWorker(_Worker):
         hooks: pluggy.HookRelay,
         registry: MessageRegistry,
         whole: bool = False,
+        lanes: int = 1,
+        limiter: AbstractContextManager[Any] | None = None,
     ) -> None:
         super().__init__(db=db, spec=spec, settings=settings, hooks=hooks, registry=registry)
         self.instance_id = instance_id
         self.whole = whole
         """Single-owner mode: apply only while holding every partition (global order)."""
+        self.lanes = 1 if whole else max(1, min(lanes, spec.partitions))
+        """Batches applied at once: partition ``p`` belongs to lane ``p % lanes``."""
+        self._limiter = limiter if limiter is not None else nullcontext()
         self.ownership = Ownership(db)
         self._claims: dict[int, Claim] = {}
         self._lock = threading.Lock()
-        self._batch_in_flight = threading.Lock()
-        self._catching_up = False
+        self._batch_in_flight = [threading.Lock() for _ in range(self.lanes)]
+        self._catching_up: dict[int | None, bool] = {}
 
     # -- ownership, changed by the rebalance loop ----------------------------------------
 
@@ -169,31 +177,70 @@ class ConsumerWorker(_Worker):
             return dict(self._claims)
 
     def drop_after_batch(self, partitions: Sequence[int]) -> None:
-        """Stop applying ``partitions`` once the batch in flight (if any) has committed."""
-        with self._batch_in_flight:
+        """Stop applying ``partitions`` once the batches in flight (if any) have committed."""
+        with ExitStack() as stack:
+            for lock in self._batch_in_flight:
+                stack.enter_context(lock)
             self.drop(partitions)
 
     # -- applying ------------------------------------------------------------------------
 
-    def poll(self) -> int:
-        """Fetch and apply one batch; return how many messages were applied.
+    def run(self, stop: threading.Event) -> None:
+        """Poll every lane, each in its own thread, until ``stop`` is set."""
+        extra = [
+            threading.Thread(
+                target=self._loop,
+                args=(stop, partial(self._poll_lane, lane)),
+                name=f"{threading.current_thread().name}/{lane}",
+                daemon=True,
+            )
+            for lane in range(1, self.lanes)
+        ]
+        for thread in extra:
+            thread.start()
+        self._loop(stop, partial(self._poll_lane, 0))
+        for thread in extra:
+            thread.join()
+
+    def _poll_lane(self, lane: int) -> int:
+        with self._batch_in_flight[lane]:  # a release waits for this batch to commit
+            return self.poll(lane if self.lanes > 1 else None)
+
+    def poll(self, lane: int | None = None) -> int:
+        """Fetch and apply one batch of the partitions of ``lane`` (all partitions when
+        None); return how many messages were applied.
 
         While batches come back full (catching up), the next one is read inside the apply
         transaction; otherwise it is read first in a short read-only transaction, so an
-        idle poller never takes the write lock.
+        idle poller never takes the write lock. At most ``executor.max-workers`` batches
+        of the instance are applied at once (the limiter).
         """
         claims = self.claims()
-        if not claims or (self.whole and len(claims) < self.spec.partitions):
+        if self.whole and len(claims) < self.spec.partitions:
             return 0  # a single owner applies in global position order: all partitions or none
-        spec = self.spec
+        if lane is not None:
+            claims = {p: c for p, c in claims.items() if p % self.lanes == lane}
+        if not claims:
+            return 0
         started = time.perf_counter()
         rows: Sequence[StoredRow] | None = None
-        if not self._catching_up:
+        if not self._catching_up.get(lane):
             with self.db.read() as conn:
                 rows = self._fetch(conn, claims)
             if not rows:
                 return 0
-        self._catching_up = False
+        self._catching_up[lane] = False
+        with self._limiter:
+            return self._apply(claims, rows, started, lane)
+
+    def _apply(
+        self,
+        claims: Mapping[int, Claim],
+        rows: Sequence[StoredRow] | None,
+        started: float,
+        lane: int | None,
+    ) -> int:
+        spec = self.spec
         try:
             rows = retry_transient(
                 lambda: self._commit(rows, claims, immediate=False),
@@ -225,7 +272,7 @@ class ConsumerWorker(_Worker):
         if not rows:
             return 0
         self._applied(claims, rows, started)
-        self._catching_up = len(rows) >= self.settings.batch_size
+        self._catching_up[lane] = len(rows) >= self.settings.batch_size
         return len(rows)
 
     def _applied(
@@ -355,10 +402,6 @@ class ConsumerWorker(_Worker):
                 type_name=type_name,
                 error=detail,
             )
-
-    def _poll_in_loop(self) -> int:
-        with self._batch_in_flight:  # a release waits for this batch to commit
-            return self.poll()
 
 
 class InMemoryWorker(_Worker):
