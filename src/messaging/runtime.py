@@ -185,7 +185,10 @@ class Instance:
 
     def _lanes(self, spec: ConsumerSpec) -> int:
         """How many batches of ``spec`` this instance applies at once: its concurrency-limit,
-        which only lowers ``executor.max-workers``."""
+        which only lowers ``executor.max-workers``. One on SQLite, whose single writer
+        would only make parallel batches wait for each other."""
+        if self.db.is_sqlite:
+            return 1
         limit = self._group(spec).concurrency_limit_for(spec.name)
         workers = self.consumer_settings.executor.max_workers
         return min(workers, limit) if limit is not None else workers
