@@ -8,7 +8,9 @@ partition for itself under a new epoch with checkpoint 0, which fences off every
 instance still applying the old declaration. Then it drops and recreates the read
 models (outside that transaction: DDL commits implicitly on MySQL) and marks the
 consumer running. A crash in between leaves it REBUILDING, and the next start redoes
-the rebuild. An instance that starts with the declaration one back applies nothing.
+the rebuild. An instance that starts with a declaration the consumer has left behind
+(the one back, or any older one) applies nothing and says which; a declaration never
+seen before is new, and rebuilds.
 """
 
 from __future__ import annotations
@@ -36,7 +38,8 @@ CREATED = "created"
 UNCHANGED = "unchanged"
 REBUILT = "rebuilt"
 STALE = "stale"
-"""This instance runs the declaration one back: it must apply nothing of the consumer."""
+"""This instance runs a declaration the consumer has left behind (the one back or older):
+it must apply nothing of it."""
 
 
 @attrs.define(frozen=True, kw_only=True)
@@ -150,7 +153,12 @@ def _record(
         "state": STATE_RUNNING,
         "updated_at": db.clock.now(),
     }
-    current = select(table.c.fingerprint, table.c.previous_fingerprint, table.c.state).where(*where)
+    current = select(
+        table.c.fingerprint,
+        table.c.previous_fingerprint,
+        table.c.retired_fingerprints,
+        table.c.state,
+    ).where(*where)
     row = conn.execute(current.with_for_update()).first()
     if row is None:
         try:
@@ -165,11 +173,18 @@ def _record(
         conn.execute(update(table).where(*where).values(distribution=distribution.value))
         ownership.ensure_partitions(conn, spec.name, spec.partitions)
         return Declared(consumer=spec.name, outcome=UNCHANGED, fingerprint=fingerprint), False
-    if row.previous_fingerprint == fingerprint and row.fingerprint != fingerprint:
+    retired: list[str] = json.loads(row.retired_fingerprints or "[]")
+    if fingerprint in retired and row.fingerprint != fingerprint:
+        which = (
+            "the previous declaration"
+            if row.previous_fingerprint == fingerprint
+            else "a declaration older than the previous one"
+        )
         log.warning(
-            "consumer %s: this instance runs the previous declaration (%s); the database "
-            "has %s. Applying nothing of it here until restarted with the new code.",
+            "consumer %s: this instance runs %s (%s); the database has %s. Applying nothing "
+            "of it here until restarted with the current code.",
             spec.name,
+            which,
             fingerprint,
             row.fingerprint,
         )
@@ -181,10 +196,16 @@ def _record(
         fingerprint,
     )
     previous = row.previous_fingerprint if row.fingerprint == fingerprint else row.fingerprint
+    if row.fingerprint != fingerprint:
+        retired.append(row.fingerprint)
     conn.execute(
         update(table)
         .where(*where)
-        .values(**{**values, "state": STATE_REBUILDING}, previous_fingerprint=previous)
+        .values(
+            **{**values, "state": STATE_REBUILDING},
+            previous_fingerprint=previous,
+            retired_fingerprints=json.dumps(retired),
+        )
     )
     ownership.reset(conn, spec.name, spec.partitions, owner=instance_id)
     return Declared(consumer=spec.name, outcome=REBUILT, fingerprint=fingerprint), True

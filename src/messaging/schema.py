@@ -82,6 +82,7 @@ class Schema:
             Column("previous_fingerprint", String(64), nullable=True),
             Column("state", String(32), nullable=False),
             Column("updated_at", _SECONDS, nullable=False),
+            Column("retired_fingerprints", _TEXT, nullable=True),  # V2, hence last
             PrimaryKeyConstraint("tenant", "name"),
         )
         self.partitions = Table(

@@ -96,3 +96,19 @@ def test_an_interrupted_rebuild_is_redone(db: Database) -> None:
     with db.read() as conn:
         assert conn.execute(select(table)).all() == []
         assert conn.execute(select(consumers.c.state)).scalar_one() == "running"
+
+
+def test_an_even_older_declaration_applies_nothing_and_does_not_rebuild_back(
+    db: Database,
+) -> None:
+    """v1 → v2 → v3: an instance still on v1 is stale too, and the read model stays v3's."""
+    v1, _ = _spec(db, 1)
+    v2, _ = _spec(db, 2)
+    v3, _ = _spec(db, 3)
+    _register(db, "a")
+    declare(db, v1, P, "a")
+    assert declare(db, v2, P, "a").outcome == REBUILT
+    assert declare(db, v3, P, "a").outcome == REBUILT
+    assert declare(db, v1, P, "a").outcome == STALE
+    assert declare(db, v2, P, "a").outcome == STALE
+    assert declare(db, v3, P, "a").outcome == UNCHANGED

@@ -1,4 +1,5 @@
--- V2: who paused, resumed or rebuilt which consumer, when and why.
+-- V2: who paused, resumed or rebuilt which consumer, when and why; and every declaration a
+-- consumer has left behind, so that instances still running one apply nothing.
 CREATE TABLE IF NOT EXISTS {prefix}audit (
     id INTEGER NOT NULL AUTO_INCREMENT,
     tenant VARCHAR(64) NOT NULL,
@@ -10,3 +11,5 @@ CREATE TABLE IF NOT EXISTS {prefix}audit (
     PRIMARY KEY (id),
     KEY {prefix}ix_audit_consumer (tenant, consumer, id)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
+
+ALTER TABLE {prefix}consumers ADD COLUMN retired_fingerprints LONGTEXT NULL;
