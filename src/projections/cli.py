@@ -9,7 +9,9 @@ import argparse
 import json
 import logging
 import sys
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from sqlalchemy.exc import DBAPIError
@@ -54,6 +56,12 @@ def build_parser() -> argparse.ArgumentParser:
     run = commands.add_parser("run", help="run an instance with the application's consumers")
     run.add_argument("modules", nargs="+", metavar="MODULE", help="application module(s)")
     run.add_argument("--instance-name", help="this instance's name (default host:pid)")
+    run.add_argument(
+        "--admin-port",
+        type=int,
+        default=None,
+        help="also serve the admin endpoints and page on this port (0: any free port)",
+    )
     run.add_argument(
         "--workers",
         type=int,
@@ -145,13 +153,40 @@ def _worker_command(args: argparse.Namespace, index: int) -> list[str]:
             command += [f"--{option}", getattr(args, option)]
     if args.instance_name:
         command += ["--instance-name", f"{args.instance_name}-{index}"]
-    return command
+    return command  # the admin server, if any, runs in the supervisor only
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     settings = _settings(args)
     manager = create_plugin_manager([*args.modules, *settings.plugins])
     specs = collect_consumers(manager)  # fail here, once, rather than in every worker
+    with _admin_alongside(args, settings):
+        return _run(args, settings, manager, specs)
+
+
+@contextmanager
+def _admin_alongside(args: argparse.Namespace, settings: Settings) -> Iterator[None]:
+    """With ``--admin-port``, serve the admin endpoints from this process meanwhile."""
+    if args.admin_port is None:
+        yield
+        return
+    from projections.admin import make_server
+
+    db = _database(settings)
+    server = make_server(db, settings, "127.0.0.1", args.admin_port)
+    host, port = server.server_address[:2]
+    print(f"admin page: http://{host!s}:{port}/admin", flush=True)
+    thread = threading.Thread(target=server.serve_forever, name="admin", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        server.shutdown()
+        server.server_close()
+        db.dispose()
+
+
+def _run(args: argparse.Namespace, settings: Settings, manager: Any, specs: list[Any]) -> int:
     if args.workers:
         if args.workers < 1:
             raise ProjectionsError("--workers must be at least 1")

@@ -365,3 +365,42 @@ def test_operator_commands_over_http_are_applied_and_audited(
     assert _post(f"{base}/admin/consumers/ledger-balances/explode", {})[0] == 404
     log = [(e["command"], e["who"]) for e in audit_log(db, "ledger-balances")]
     assert log[-2:] == [("pause", "web"), ("resume", "web")]
+
+
+@pytest.mark.multiprocess
+def test_run_serves_the_admin_endpoints_alongside_the_instance(tmp_path: Path) -> None:
+    """`run --admin-port 0` prints the page's address and answers for its own instance."""
+    database = f"sqlite:///{tmp_path}/run-admin.db"
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "projections.cli",
+            "--log-level",
+            "WARNING",
+            "run",
+            "projections.examples.ledger",
+            "--database",
+            database,
+            "--admin-port",
+            "0",
+            "--instance-name",
+            "with-admin",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert process.stdout is not None
+        line = process.stdout.readline()
+        assert line.startswith("admin page: http://127.0.0.1:"), line
+        base = line.split()[-1].removesuffix("/admin")
+
+        def named() -> list[str]:
+            status, data = _get_json(f"{base}/admin/instances")
+            return [i["name"] for i in data["instances"] if i["live"]] if status == 200 else []
+
+        wait_until(lambda: named() == ["with-admin"], timeout=30, what="the instance to show up")
+    finally:
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=30) == 0
