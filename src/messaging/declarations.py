@@ -24,6 +24,7 @@ from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 
 from messaging.consumers import ConsumerSpec
 from messaging.database import Database
+from messaging.lifecycle import lifecycle_event
 from messaging.ownership import CONSUMER_RUNNING, Ownership
 from messaging.settings import Distribution
 
@@ -98,7 +99,7 @@ def _finish_rebuild(db: Database, spec: ConsumerSpec) -> None:
             .where(table.c.tenant == db.tenant, table.c.name == spec.name)
             .values(state=STATE_RUNNING, updated_at=db.clock.now())
         )
-    log.info("consumer %s rebuilt: replaying from the start", spec.name)
+    lifecycle_event("rebuilt", consumer=spec.name, reason="replaying from the start")
 
 
 def perform_requested_rebuild(
@@ -127,7 +128,7 @@ def perform_requested_rebuild(
         if won != 1:
             return False
         Ownership(db).reset(conn, spec.name, spec.partitions, owner=instance_id)
-    log.warning("consumer %s: rebuilding its read models as requested", spec.name)
+    lifecycle_event("rebuild", consumer=spec.name, instance=instance_id, reason="requested")
     _finish_rebuild(db, spec)
     return True
 
@@ -180,20 +181,24 @@ def _record(
             if row.previous_fingerprint == fingerprint
             else "a declaration older than the previous one"
         )
-        log.warning(
-            "consumer %s: this instance runs %s (%s); the database has %s. Applying nothing "
-            "of it here until restarted with the current code.",
-            spec.name,
-            which,
-            fingerprint,
-            row.fingerprint,
+        lifecycle_event(
+            "declaration-mismatch",
+            level=logging.WARNING,
+            consumer=spec.name,
+            instance=instance_id,
+            declaration=fingerprint,
+            current=row.fingerprint,
+            reason=f"this instance runs {which}; applying nothing until restarted",
         )
         return Declared(consumer=spec.name, outcome=STALE, fingerprint=fingerprint), False
-    log.warning(
-        "consumer %s: declaration changed (%s -> %s); rebuilding its read models from the start",
-        spec.name,
-        row.fingerprint,
-        fingerprint,
+    lifecycle_event(
+        "rebuild",
+        level=logging.WARNING,
+        consumer=spec.name,
+        instance=instance_id,
+        declaration=fingerprint,
+        previous=row.fingerprint,
+        reason="new declaration",
     )
     previous = row.previous_fingerprint if row.fingerprint == fingerprint else row.fingerprint
     if row.fingerprint != fingerprint:

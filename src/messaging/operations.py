@@ -17,6 +17,7 @@ from sqlalchemy import Connection, insert, select, update
 from messaging.database import Database
 from messaging.declarations import STATE_REBUILD_REQUESTED, STATE_REBUILDING, STATE_RUNNING
 from messaging.errors import ProjectionsError
+from messaging.lifecycle import lifecycle_event
 from messaging.ownership import HALTED, RUNNING
 
 STATE_PAUSED = "paused"
@@ -74,6 +75,7 @@ def _fence_all(db: Database, conn: Connection, consumer: str, **values: Any) -> 
 def _audit(
     db: Database, conn: Connection, command: str, consumer: str, who: str, detail: dict[str, Any]
 ) -> None:
+    lifecycle_event(command.replace(" --", "-"), consumer=consumer, who=who, **detail)
     conn.execute(
         insert(db.schema.audit).values(
             tenant=db.tenant,

@@ -34,6 +34,7 @@ from messaging.declarations import (
     perform_requested_rebuild,
 )
 from messaging.errors import ProjectionsError
+from messaging.lifecycle import lifecycle_event
 from messaging.membership import InstanceInfo, InstanceRow, Membership
 from messaging.messages import MessageRegistry
 from messaging.messages import registry as default_registry
@@ -276,7 +277,7 @@ class Instance:
                 with self.db.transaction() as conn:
                     self.ownership.release(conn, name, self.id, target.release)
                 for partition in sorted(target.release):
-                    self._event("released", name, partition, None)
+                    self._event(name, partition, None)
             if target.waiting_for and target.waiting_for != self._waiting.get(name):
                 log.warning("consumer %s: applying nothing here: %s", name, target.waiting_for)
             self._waiting[name] = target.waiting_for
@@ -287,27 +288,29 @@ class Instance:
                 claims = self.ownership.claim(conn, name, wanted, self.id, live_ids)
             worker.add_claims(claims)
             for claim in claims:
-                self._event("claimed", name, claim.partition, claim.epoch)
+                self._event(name, claim.partition, claim.epoch)
 
     def _retire(self, name: str) -> None:
         """Stop applying a consumer whose declaration was replaced by another instance."""
-        log.warning(
-            "consumer %s: rebuilt under another declaration by a newer instance; this "
-            "instance (declaration %s) applies nothing of it until restarted",
-            name,
-            self.fingerprints[name],
+        lifecycle_event(
+            "declaration-mismatch",
+            level=logging.WARNING,
+            consumer=name,
+            instance=self.name,
+            declaration=self.fingerprints[name],
+            reason="rebuilt under another declaration; applying nothing until restarted",
         )
         worker = self.workers.pop(name)
         worker.drop_after_batch(sorted(worker.claims()))
 
-    def _event(self, what: str, consumer: str, partition: int, epoch: int | None) -> None:
-        log.info(
-            "consumer %s: partition %d %s by %s%s",
-            consumer,
-            partition,
-            what,
-            self.name,
-            f" under epoch {epoch}" if epoch is not None else "",
+    def _event(self, consumer: str, partition: int, epoch: int | None) -> None:
+        """A claim (with its epoch) or a release (``epoch`` None): log it, tell the plugins."""
+        lifecycle_event(
+            "claim" if epoch is not None else "release",
+            consumer=consumer,
+            partition=partition,
+            instance=self.name,
+            epoch=epoch,
         )
         if epoch is not None:
             self.hooks.projections_partition_claimed(
@@ -404,9 +407,7 @@ class Instance:
             released = self.ownership.release_all(conn, self.id)
             self.membership.deregister(conn, self.id)
         for consumer, partition in released:
-            self.hooks.projections_partition_released(
-                consumer=consumer, partition=partition, instance_id=self.id
-            )
+            self._event(consumer, partition, None)
         log.info("instance %s stopped", self.name)
 
     def run(self) -> None:

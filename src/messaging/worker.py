@@ -25,6 +25,7 @@ from messaging.consumers import ConsumerSpec
 from messaging.context import HandlerContext
 from messaging.database import Database
 from messaging.errors import OwnershipLost
+from messaging.lifecycle import lifecycle_event
 from messaging.messages import Envelope, MessageRegistry
 from messaging.ownership import Claim, Ownership
 from messaging.retry import is_transient, retry_transient
@@ -352,12 +353,15 @@ class ConsumerWorker(_Worker):
                     )
 
     def _lose(self, partitions: Sequence[int]) -> None:
-        log.warning(
-            "consumer %s: ownership of partitions %s lost on instance %s; rolled back",
-            self.spec.name,
-            list(partitions),
-            self.instance_id,
-        )
+        for partition in partitions:
+            lifecycle_event(
+                "lost",
+                level=logging.WARNING,
+                consumer=self.spec.name,
+                partition=partition,
+                instance=self.instance_id,
+                reason="another instance owns it now; the batch was rolled back",
+            )
         self.drop(partitions)
         for partition in partitions:
             self.hooks.projections_partition_released(
@@ -387,13 +391,16 @@ class ConsumerWorker(_Worker):
             )
         self.drop([partition])
         if halted:
-            log.error(
-                "consumer %s: partition %d halted at position %d (%s): %s",
-                self.spec.name,
-                partition,
-                position,
-                type_name,
-                detail,
+            lifecycle_event(
+                "halt",
+                level=logging.ERROR,
+                consumer=self.spec.name,
+                partition=partition,
+                instance=self.instance_id,
+                epoch=claims[partition].epoch,
+                position=position,
+                type=type_name,
+                error=detail,
             )
             self.hooks.projections_partition_halted(
                 consumer=self.spec.name,

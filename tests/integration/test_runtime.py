@@ -71,3 +71,22 @@ def test_a_name_held_by_a_dead_process_on_this_host_is_taken_over(db: Database) 
         assert names == {(instance.id, "worker-1")}
     finally:
         instance.stop()
+
+
+def test_claims_and_releases_are_logged_as_lifecycle_events(
+    db: Database, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Each claimed and released partition is one line with consumer, partition, instance, epoch."""
+    import logging
+
+    with caplog.at_level(logging.INFO, logger="messaging.lifecycle"):
+        instance = _instance(db, "logged")
+        instance.start(loops=False)
+        instance.stop()
+    events = [r.lifecycle for r in caplog.records if hasattr(r, "lifecycle")]
+    claims = [e for e in events if e["event"] == "claim" and e["consumer"] == "ledger-balances"]
+    releases = [e for e in events if e["event"] == "release" and e["consumer"] == "ledger-balances"]
+    assert sorted(e["partition"] for e in claims) == list(range(8))
+    assert all(e["instance"] == "logged" and e["epoch"] >= 1 for e in claims)
+    assert "event=claim consumer=ledger-balances partition=0 instance=logged epoch=" in caplog.text
+    assert sorted(e["partition"] for e in releases) == list(range(8))
