@@ -26,6 +26,11 @@ name                                   instrument       from hook
 ``projections.message.failures``       counter          projections_message_failed
 ``projections.partition.halts``        counter          projections_partition_halted
 ``projections.retries``                counter          projections_retrying
+``projections.heartbeat.duration``     histogram (s)    projections_heartbeat
+``projections.rebalance.duration``     histogram (s)    projections_rebalanced
+``projections.membership.read.duration`` histogram (s)  projections_rebalanced
+``projections.members.live``           gauge            projections_rebalanced
+``projections.partition.lag``          gauge            projections_lag
 =====================================  ===============  ===========================
 
 ``projections.message.failures`` and ``projections.partition.halts`` also carry

@@ -95,6 +95,31 @@ class Telemetry:
             unit="{retry}",
             description="Transient database errors retried",
         )
+        self.heartbeat_duration = meter.create_histogram(
+            "projections.heartbeat.duration",
+            unit="s",
+            description="Time to write one heartbeat",
+        )
+        self.rebalance_duration = meter.create_histogram(
+            "projections.rebalance.duration",
+            unit="s",
+            description="Time of one rebalance round",
+        )
+        self.membership_read_duration = meter.create_histogram(
+            "projections.membership.read.duration",
+            unit="s",
+            description="Time to read the membership and ownership rows of a round",
+        )
+        self.live_members = meter.create_gauge(
+            "projections.members.live",
+            unit="{instance}",
+            description="Live instances seen by this instance's last rebalance",
+        )
+        self.lag = meter.create_gauge(
+            "projections.partition.lag",
+            unit="{position}",
+            description="Newest position in the store minus the partition's checkpoint",
+        )
         self._names: dict[str, str] = {}
         self._positions: dict[tuple[str, str], int] = {}
         self._lock = threading.Lock()
@@ -226,6 +251,30 @@ class Telemetry:
                 1, {"what": what, "error.type": type(error).__name__, **self._only_instance()}
             )
 
+    @hookimpl
+    def projections_heartbeat(self, instance_id: str, seconds: float) -> None:
+        with _never_raise("projections_heartbeat"):
+            self.heartbeat_duration.record(seconds, {"instance": self._instance(instance_id)})
+
+    @hookimpl
+    def projections_rebalanced(
+        self, instance_id: str, seconds: float, membership_seconds: float, live_members: int
+    ) -> None:
+        with _never_raise("projections_rebalanced"):
+            attributes: Attributes = {"instance": self._instance(instance_id)}
+            self.rebalance_duration.record(seconds, attributes)
+            self.membership_read_duration.record(membership_seconds, attributes)
+            self.live_members.set(live_members, attributes)
+
+    @hookimpl
+    def projections_lag(self, consumer: str, instance_id: str, lags: Mapping[int, int]) -> None:
+        with _never_raise("projections_lag"):
+            instance = self._instance(instance_id)
+            for partition, lag in lags.items():
+                self.lag.set(
+                    lag, {"consumer": consumer, "partition": partition, "instance": instance}
+                )
+
 
 default_telemetry = Telemetry()
 """The instance behind ``plugins: [projections_otel]``: records to the global providers."""
@@ -240,3 +289,6 @@ projections_batch_applied = default_telemetry.projections_batch_applied
 projections_message_failed = default_telemetry.projections_message_failed
 projections_partition_halted = default_telemetry.projections_partition_halted
 projections_retrying = default_telemetry.projections_retrying
+projections_heartbeat = default_telemetry.projections_heartbeat
+projections_rebalanced = default_telemetry.projections_rebalanced
+projections_lag = default_telemetry.projections_lag

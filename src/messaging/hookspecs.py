@@ -89,3 +89,32 @@ def projections_partition_halted(
 @hookspec
 def projections_retrying(what: str, error: BaseException) -> None:
     """Called before a transient database error is retried (``conflict-retry``)."""
+
+
+# -------------------------------------------------------------------------------------
+# Measurements: timings and gauges of the distribution protocol, for telemetry plugins
+# -------------------------------------------------------------------------------------
+
+
+@hookspec
+def projections_heartbeat(instance_id: str, seconds: float) -> None:
+    """Called after each heartbeat write, with how long it took."""
+
+
+@hookspec
+def projections_rebalanced(
+    instance_id: str,
+    seconds: float,
+    membership_seconds: float,
+    live_members: int,
+    claimed: int,
+    released: int,
+) -> None:
+    """Called after each rebalance round: its duration, how long reading the membership
+    and ownership rows took, how many live members it saw, and what it moved here."""
+
+
+@hookspec
+def projections_lag(consumer: str, instance_id: str, lags: Mapping[int, int]) -> None:
+    """Called after each rebalance round with the position lag of each partition applied
+    here: the newest position in the store minus the partition's checkpoint."""

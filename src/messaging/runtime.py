@@ -38,10 +38,11 @@ from messaging.lifecycle import lifecycle_event
 from messaging.membership import InstanceInfo, InstanceRow, Membership
 from messaging.messages import MessageRegistry
 from messaging.messages import registry as default_registry
-from messaging.ownership import Ownership
+from messaging.ownership import Ownership, PartitionRow
 from messaging.rebalance import plan
 from messaging.retry import retry_transient
 from messaging.settings import ConsumerGroupSettings, Distribution, Settings
+from messaging.store import MessageStore
 from messaging.worker import ConsumerWorker, InMemoryWorker
 
 log = logging.getLogger("messaging.runtime")
@@ -90,6 +91,7 @@ class Instance:
         self.name = name or default_instance_name()
         self.membership = Membership(db)
         self.ownership = Ownership(db)
+        self._store = MessageStore(db, registry)
         self.stop_requested = threading.Event()
         self._stop_workers = threading.Event()
         self._stop_rebalance = threading.Event()
@@ -239,12 +241,38 @@ class Instance:
         assigned here are claimed when unowned or owned by a non-live instance; one still
         held by a live instance is claimed on a later round, after that instance let go.
         """
+        started = time.perf_counter()
         timeout = self.consumer_settings.stale_instance_timeout
         with self.db.read() as conn:
             members = self.membership.instances(conn, timeout)
             live = [i for i in members if i.live and not i.stopping]
             rows = self.ownership.partitions(conn, sorted(self.workers))
             declared = current_declarations(self.db, conn, sorted(self.workers))
+            head = self._store.head(conn)
+        read_seconds = time.perf_counter() - started
+        moved = {"claimed": 0, "released": 0}
+        self._round(live, rows, declared, moved)
+        self.hooks.projections_rebalanced(
+            instance_id=self.id,
+            seconds=time.perf_counter() - started,
+            membership_seconds=read_seconds,
+            live_members=len(live),
+            claimed=moved["claimed"],
+            released=moved["released"],
+        )
+        for name, worker in self.workers.items():
+            lags = {p: max(0, head - c.checkpoint) for p, c in worker.claims().items()}
+            self.hooks.projections_lag(consumer=name, instance_id=self.id, lags=lags)
+        self._next_round_in = self._next_round(members)
+
+    def _round(
+        self,
+        live: list[InstanceRow],
+        rows: list[PartitionRow],
+        declared: dict[str, tuple[str, str]],
+        moved: dict[str, int],
+    ) -> None:
+        """One round's decisions from the rows just read; counts what moved into ``moved``."""
         for name in [n for n in self.workers if declared.get(n, ("",))[0] != self.fingerprints[n]]:
             self._retire(name)
         for name, worker in list(self.workers.items()):
@@ -254,7 +282,6 @@ class Instance:
                 perform_requested_rebuild(
                     self.db, worker.spec, self.id, self.consumer_settings.stale_instance_timeout
                 )
-        self._next_round_in = self._next_round(members)
         owners: dict[str, dict[int, str | None]] = {name: {} for name in self.workers}
         for row in rows:
             owners[row.consumer][row.partition] = row.owner
@@ -266,7 +293,7 @@ class Instance:
             {name: self.distributions[name] for name in self.workers},
             self.fingerprints,
         )
-        live_ids = self.membership.live_ids(timeout)
+        live_ids = self.membership.live_ids(self.consumer_settings.stale_instance_timeout)
         for name, target in plans.items():
             worker = self.workers[name]
             lost = [p for p in worker.claims() if owners[name].get(p) != self.id]
@@ -278,6 +305,7 @@ class Instance:
                     self.ownership.release(conn, name, self.id, target.release)
                 for partition in sorted(target.release):
                     self._event(name, partition, None)
+                moved["released"] += len(target.release)
             if target.waiting_for and target.waiting_for != self._waiting.get(name):
                 log.warning("consumer %s: applying nothing here: %s", name, target.waiting_for)
             self._waiting[name] = target.waiting_for
@@ -287,6 +315,7 @@ class Instance:
             with self.db.transaction() as conn:
                 claims = self.ownership.claim(conn, name, wanted, self.id, live_ids)
             worker.add_claims(claims)
+            moved["claimed"] += len(claims)
             for claim in claims:
                 self._event(name, claim.partition, claim.epoch)
 
@@ -324,10 +353,12 @@ class Instance:
     def heartbeat(self) -> None:
         """Stamp this instance's heartbeat (and whether it is stopping); register again if
         its row was removed; now and then, remove rows of instances long dead."""
+        started = time.perf_counter()
         with self.db.transaction() as conn:
             if not self.membership.heartbeat(conn, self.id, stopping=self.stop_requested.is_set()):
                 log.warning("instance %s: row was removed; registering again", self.name)
                 self.membership.register(conn, self.info)
+        self.hooks.projections_heartbeat(instance_id=self.id, seconds=time.perf_counter() - started)
         self.membership.remove_stale_when_due(self.consumer_settings.stale_instance_timeout)
 
     def _heartbeat_loop(self, stop: threading.Event) -> None:

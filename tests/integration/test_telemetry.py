@@ -131,7 +131,16 @@ def test_an_instance_reports_metrics_and_batch_spans(
         "projections.checkpoint.position",
         "projections.partition.claims",
         "projections.partition.releases",
+        "projections.heartbeat.duration",
+        "projections.rebalance.duration",
+        "projections.membership.read.duration",
+        "projections.members.live",
+        "projections.partition.lag",
     } <= set(points)
+    (members,) = points["projections.members.live"]
+    assert members.value == 1
+    lags = _of(points["projections.partition.lag"], consumer=CONSUMER, instance="otel-1")
+    assert sorted(p.attributes["partition"] for p in lags) == list(range(8))
 
     applied = _of(points["projections.messages.applied"], consumer=CONSUMER)
     assert applied, points["projections.messages.applied"]
