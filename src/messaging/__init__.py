@@ -7,6 +7,7 @@ from messaging.consumers import ConsumerKind, ConsumerOptions, ConsumerSpec, han
 from messaging.context import HandlerContext
 from messaging.database import Database
 from messaging.errors import (
+    ConcurrentUpdate,
     ConfigError,
     DecodeError,
     OwnershipLost,
@@ -18,12 +19,14 @@ from messaging.errors import (
 from messaging.hookspecs import hookimpl, hookspec
 from messaging.messages import Envelope, MessageRegistry, message, registry
 from messaging.plugins import collect_consumers, create_plugin_manager
+from messaging.routing import route_consumer
 from messaging.runtime import Instance
 from messaging.settings import Distribution, Settings
 from messaging.store import MessageStore, NewMessage, partition_hash, partition_of
 
 __all__ = [
     "Clock",
+    "ConcurrentUpdate",
     "ConfigError",
     "ConsumerKind",
     "ConsumerOptions",
@@ -57,5 +60,6 @@ __all__ = [
     "partition_hash",
     "partition_of",
     "registry",
+    "route_consumer",
     "settings_from_mapping",
 ]

@@ -49,6 +49,8 @@ class ConsumerOptions:
     partitions: int = 16
     tables: tuple[Table, ...] = ()
     version: int = 1
+    worker: Callable[..., Any] | None = None
+    """The worker class that applies it (a ``ConsumerWorker`` subclass); None: the plain one."""
 
 
 @attrs.define(frozen=True, kw_only=True)

@@ -22,7 +22,7 @@ import attrs
 from sqlalchemy import Connection, and_, insert, inspect, or_, select, update
 from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 
-from messaging.consumers import ConsumerSpec
+from messaging.consumers import ConsumerKind, ConsumerSpec
 from messaging.database import Database
 from messaging.lifecycle import lifecycle_event
 from messaging.ownership import CONSUMER_RUNNING, Ownership
@@ -38,6 +38,8 @@ STATE_REBUILD_REQUESTED = "rebuild-requested"
 CREATED = "created"
 UNCHANGED = "unchanged"
 REBUILT = "rebuilt"
+REDECLARED = "redeclared"
+"""A route consumer or saga under a new declaration: it goes on from its checkpoints."""
 STALE = "stale"
 """This instance runs a declaration the consumer has left behind (the one back or older):
 it must apply nothing of it."""
@@ -191,6 +193,30 @@ def _record(
             reason=f"this instance runs {which}; applying nothing until restarted",
         )
         return Declared(consumer=spec.name, outcome=STALE, fingerprint=fingerprint), False
+    previous = row.previous_fingerprint if row.fingerprint == fingerprint else row.fingerprint
+    if row.fingerprint != fingerprint:
+        retired.append(row.fingerprint)
+    if spec.kind is not ConsumerKind.PROJECTION:
+        # Route consumers and sagas act beyond their own tables: replaying them would send
+        # and do everything again, so a new declaration goes on where the old one stopped.
+        conn.execute(
+            update(table)
+            .where(*where)
+            .values(
+                **values, previous_fingerprint=previous, retired_fingerprints=json.dumps(retired)
+            )
+        )
+        ownership.ensure_partitions(conn, spec.name, spec.partitions)
+        lifecycle_event(
+            "redeclared",
+            level=logging.WARNING,
+            consumer=spec.name,
+            instance=instance_id,
+            declaration=fingerprint,
+            previous=row.fingerprint,
+            reason="new declaration; checkpoints kept (only projections are rebuilt)",
+        )
+        return Declared(consumer=spec.name, outcome=REDECLARED, fingerprint=fingerprint), False
     lifecycle_event(
         "rebuild",
         level=logging.WARNING,
@@ -200,9 +226,6 @@ def _record(
         previous=row.fingerprint,
         reason="new declaration",
     )
-    previous = row.previous_fingerprint if row.fingerprint == fingerprint else row.fingerprint
-    if row.fingerprint != fingerprint:
-        retired.append(row.fingerprint)
     conn.execute(
         update(table)
         .where(*where)

@@ -51,3 +51,7 @@ class OwnershipLost(ProjectionsError):
         super().__init__(f"ownership of {consumer} partitions {partitions} was lost; rolled back")
         self.consumer = consumer
         self.partitions = partitions
+
+
+class ConcurrentUpdate(ProjectionsError):
+    """A versioned row (a saga's state) changed under a batch; the batch is retried whole."""

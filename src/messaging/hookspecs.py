@@ -118,3 +118,11 @@ def projections_rebalanced(
 def projections_lag(consumer: str, instance_id: str, lags: Mapping[int, int]) -> None:
     """Called after each rebalance round with the position lag of each partition applied
     here: the newest position in the store minus the partition's checkpoint."""
+
+
+@hookspec
+def projections_deadlines_delivered(
+    consumer: str, instance_id: str, count: int, lateness: Sequence[float]
+) -> None:
+    """``count`` saga deadlines of ``consumer`` were delivered and committed here;
+    ``lateness`` holds, for each, the seconds between its due time and its delivery."""

@@ -253,6 +253,10 @@ def message(name: str) -> Callable[[type[T]], type[T]]:
     return decorate
 
 
+MESSAGE_ID_HEADER = "message-id"
+"""The header holding a sent message's id (see :meth:`MessageStore.send`)."""
+
+
 @attrs.define(frozen=True, slots=True)
 class Envelope:
     """A stored message with its metadata, as handlers see it alongside the decoded body."""
@@ -270,3 +274,9 @@ class Envelope:
     def headers(self) -> Mapping[str, Any]:
         """Message headers (message id, correlation, causation, trace context)."""
         return json.loads(self.headers_json) if self.headers_json else {}
+
+    @property
+    def message_id(self) -> str | None:
+        """The id a sender gave the message, if any (every sent message has one)."""
+        value = self.headers.get(MESSAGE_ID_HEADER)
+        return value if isinstance(value, str) else None

@@ -14,6 +14,7 @@ from typing import Any
 
 from sqlalchemy import Connection, insert, select, update
 
+from messaging.consumers import ConsumerKind
 from messaging.database import Database
 from messaging.declarations import STATE_REBUILD_REQUESTED, STATE_REBUILDING, STATE_RUNNING
 from messaging.errors import ProjectionsError
@@ -51,6 +52,15 @@ def _state(db: Database, conn: Connection, consumer: str) -> str:
             f"unknown consumer {consumer!r}; known consumers: {', '.join(known) or 'none'}"
         )
     return str(state)
+
+
+def _kind(db: Database, conn: Connection, consumer: str) -> str:
+    table = db.schema.consumers
+    return str(
+        conn.execute(
+            select(table.c.kind).where(table.c.tenant == db.tenant, table.c.name == consumer)
+        ).scalar_one()
+    )
 
 
 def _set_state(db: Database, conn: Connection, consumer: str, state: str) -> None:
@@ -156,6 +166,12 @@ def rebuild(db: Database, consumer: str, *, who: str, reason: str = "") -> None:
     running it does the work (it has the table declarations); until then nothing applies it."""
     with db.transaction() as conn:
         state = _state(db, conn, consumer)
+        kind = _kind(db, conn, consumer)
+        if kind != ConsumerKind.PROJECTION.value:
+            raise OperationError(
+                f"consumer {consumer!r} is a {kind}: only projections can be rebuilt "
+                "(replaying a route consumer or saga would repeat its effects)"
+            )
         if state in (STATE_REBUILD_REQUESTED, STATE_REBUILDING):
             raise OperationError(f"consumer {consumer!r} is already being rebuilt")
         _set_state(db, conn, consumer, STATE_REBUILD_REQUESTED)

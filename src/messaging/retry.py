@@ -10,6 +10,7 @@ from typing import TypeVar
 
 from sqlalchemy.exc import DBAPIError, OperationalError
 
+from messaging.errors import ConcurrentUpdate
 from messaging.settings import ConflictRetrySettings
 
 T = TypeVar("T")
@@ -27,7 +28,10 @@ _FIRST_DELAY = 0.01
 
 
 def is_transient(exc: BaseException) -> bool:
-    """Whether retrying the same transaction may succeed: lock conflicts and lost connections."""
+    """Whether retrying the same transaction may succeed: lock conflicts, lost connections and
+    optimistic-concurrency conflicts (:class:`ConcurrentUpdate`)."""
+    if isinstance(exc, ConcurrentUpdate):
+        return True
     if isinstance(exc, DBAPIError) and exc.connection_invalidated:
         return True
     if not isinstance(exc, OperationalError):

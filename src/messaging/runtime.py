@@ -161,7 +161,8 @@ class Instance:
             declared = self._retry(partial(self._declare, spec), f"declare {spec.name}")
             if declared.outcome == STALE:
                 continue
-            self.workers[spec.name] = ConsumerWorker(
+            worker_class = spec.options.worker or ConsumerWorker
+            self.workers[spec.name] = worker_class(
                 db=self.db,
                 spec=spec,
                 instance_id=self.id,

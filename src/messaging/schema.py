@@ -22,7 +22,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects import mysql
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 """The newest schema migration this code expects."""
 
 _TEXT = Text().with_variant(mysql.LONGTEXT(), "mysql", "mariadb")
@@ -129,4 +129,42 @@ class Schema:
             Column("runs", _TEXT, nullable=False),
             PrimaryKeyConstraint("tenant", "id"),
             Index(f"{prefix}ix_instances_heartbeat", "tenant", "heartbeat_at"),
+        )
+        self.processed = Table(
+            f"{prefix}processed_messages",
+            m,
+            Column("tenant", String(64), nullable=False),
+            Column("consumer", String(200), nullable=False),
+            Column("message_id", String(200), nullable=False),
+            Column("position", BigInteger, nullable=False),
+            Column("processed_at", _SECONDS, nullable=False),
+            PrimaryKeyConstraint("tenant", "consumer", "message_id"),
+        )
+        self.sagas = Table(
+            f"{prefix}sagas",
+            m,
+            Column("tenant", String(64), nullable=False),
+            Column("saga", String(200), nullable=False),
+            Column("saga_key", String(200), nullable=False),
+            Column("version", Integer, nullable=False),
+            Column("state", _TEXT, nullable=False),
+            Column("ended", Boolean, nullable=False),
+            Column("started_at", _SECONDS, nullable=False),
+            Column("updated_at", _SECONDS, nullable=False),
+            PrimaryKeyConstraint("tenant", "saga", "saga_key"),
+        )
+        self.deadlines = Table(
+            f"{prefix}deadlines",
+            m,
+            Column("tenant", String(64), nullable=False),
+            Column("saga", String(200), nullable=False),
+            Column("saga_key", String(200), nullable=False),
+            Column("name", String(200), nullable=False),
+            Column("partition_no", Integer, nullable=False, autoincrement=False),
+            Column("due_at", _SECONDS, nullable=False),
+            Column("type", String(200), nullable=False),
+            Column("payload", _TEXT, nullable=False),
+            Column("scheduled_at", _SECONDS, nullable=False),
+            PrimaryKeyConstraint("tenant", "saga", "saga_key", "name"),
+            Index(f"{prefix}ix_deadlines_due", "tenant", "saga", "partition_no", "due_at"),
         )

@@ -14,6 +14,7 @@ short.
 from __future__ import annotations
 
 import json
+import uuid
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -36,7 +37,7 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from messaging.database import Database
 from messaging.errors import SchemaError, VersionConflict
-from messaging.messages import Envelope, MessageRegistry
+from messaging.messages import MESSAGE_ID_HEADER, Envelope, MessageRegistry
 from messaging.messages import registry as default_registry
 
 _QUERY_CACHE_SIZE = 64
@@ -128,6 +129,44 @@ class MessageStore:
             )
         return self.append_encoded(
             conn, encoded, expected_versions={(topic, source): expected_version}
+        )
+
+    def send(
+        self,
+        conn: Connection,
+        destination: str,
+        message: object,
+        *,
+        key: str | None = None,
+        message_id: str | None = None,
+        headers: Mapping[str, Any] | None = None,
+    ) -> str:
+        """Send ``message`` to the route consumer of ``destination`` inside ``conn``'s
+        transaction (an outbox: it exists only if that transaction commits); return its id.
+
+        ``key`` is the partition key (by default the message id, which spreads messages
+        over every partition); messages with one key are handled in order. Give
+        ``message_id`` to make a retried send recognisable to an idempotent receiver.
+        """
+        outgoing = self.outgoing(
+            destination, message, key=key, message_id=message_id or uuid.uuid4().hex
+        )
+        if headers:
+            outgoing = attrs.evolve(outgoing, headers={**headers, **(outgoing.headers or {})})
+        self.append_encoded(conn, [outgoing])
+        return str((outgoing.headers or {})[MESSAGE_ID_HEADER])
+
+    def outgoing(
+        self, destination: str, message: object, *, key: str | None, message_id: str
+    ) -> NewMessage:
+        """``message`` encoded for ``destination``: its source is the partition key."""
+        type_name, payload = self.registry.encode(message)
+        return NewMessage(
+            topic=destination,
+            source=key if key is not None else message_id,
+            type=type_name,
+            payload=payload,
+            headers={MESSAGE_ID_HEADER: message_id},
         )
 
     def append_encoded(

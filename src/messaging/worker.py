@@ -27,6 +27,7 @@ from messaging.database import Database
 from messaging.errors import OwnershipLost
 from messaging.lifecycle import lifecycle_event
 from messaging.messages import Envelope, MessageRegistry
+from messaging.outbox import Outbox
 from messaging.ownership import Claim, Ownership
 from messaging.retry import is_transient, retry_transient
 from messaging.settings import ConsumerSettings
@@ -46,7 +47,9 @@ def _without_context(method: Callable[[Any], Any]) -> Callable[[Any, HandlerCont
     return call
 
 
-class _Poison(Exception):
+class Poison(Exception):
+    """A message that cannot be decoded or handled: its partition halts at it."""
+
     def __init__(self, row: StoredRow, partition: int, error: BaseException) -> None:
         super().__init__(str(error))
         self.row = row
@@ -56,12 +59,13 @@ class _Poison(Exception):
         """The batch the failing message was in, to replay unbuffered."""
 
 
-class _Dispatcher:
+class Dispatcher:
     """Decodes rows and calls the consumer's handler for each."""
 
-    def __init__(self, spec: ConsumerSpec, registry: MessageRegistry) -> None:
+    def __init__(self, spec: ConsumerSpec, registry: MessageRegistry, db: Database) -> None:
         self.spec = spec
         self.registry = registry
+        self.db = db
         self.target = spec.cls()
         self.handlers: dict[str, Handler] = {}
         for cls, attribute in spec.handlers.items():
@@ -73,7 +77,7 @@ class _Dispatcher:
         self.type_names = sorted(self.handlers)
 
     def apply(self, rows: Sequence[StoredRow], ctx: HandlerContext, partition_count: int) -> None:
-        """Decode and handle ``rows`` in order; wrap the first failure in :class:`_Poison`."""
+        """Decode and handle ``rows`` in order; wrap the first failure in :class:`Poison`."""
         handlers = self.handlers
         row: StoredRow = None
         try:
@@ -84,11 +88,14 @@ class _Dispatcher:
         except Exception as exc:
             if is_transient(exc):
                 raise
-            raise _Poison(row, row[2] % partition_count, exc) from exc
+            raise Poison(row, row[2] % partition_count, exc) from exc
 
 
 class _Worker:
     """What both workers share: the consumer, its dispatcher, and the polling loop."""
+
+    dispatcher_class: type[Dispatcher] = Dispatcher
+    """Decodes and handles a batch; kinds of consumers with more to do bring their own."""
 
     def __init__(
         self,
@@ -104,7 +111,8 @@ class _Worker:
         self.settings = settings
         self.hooks = hooks
         self.store = MessageStore(db, registry)
-        self.dispatcher = _Dispatcher(spec, registry)
+        self.outbox = Outbox(self.store, spec.name)
+        self.dispatcher = self.dispatcher_class(spec, registry, db)
 
     def poll(self) -> int:
         """Apply one batch; return how many messages were applied."""
@@ -203,6 +211,16 @@ class ConsumerWorker(_Worker):
         for thread in extra:
             thread.join()
 
+    def lane_claims(self, lane: int | None) -> dict[int, Claim]:
+        """The claims ``lane`` applies now (all lanes when None); none in single-owner mode
+        until every partition is held, since a single owner applies in global order."""
+        claims = self.claims()
+        if self.whole and len(claims) < self.spec.partitions:
+            return {}
+        if lane is not None:
+            claims = {p: c for p, c in claims.items() if p % self.lanes == lane}
+        return claims
+
     def _poll_lane(self, lane: int) -> int:
         with self._batch_in_flight[lane]:  # a release waits for this batch to commit
             return self.poll(lane if self.lanes > 1 else None)
@@ -216,11 +234,7 @@ class ConsumerWorker(_Worker):
         idle poller never takes the write lock. At most ``executor.max-workers`` batches
         of the instance are applied at once (the limiter).
         """
-        claims = self.claims()
-        if self.whole and len(claims) < self.spec.partitions:
-            return 0  # a single owner applies in global position order: all partitions or none
-        if lane is not None:
-            claims = {p: c for p, c in claims.items() if p % self.lanes == lane}
+        claims = self.lane_claims(lane)
         if not claims:
             return 0
         started = time.perf_counter()
@@ -254,11 +268,11 @@ class ConsumerWorker(_Worker):
         except OwnershipLost as lost:
             self._lose(lost.partitions)
             return 0
-        except _Poison as failed:
+        except Poison as failed:
             # The buffered writes hide which message failed: replay it unbuffered to find out.
             try:
                 rows = self._commit(failed.batch, claims, immediate=True)
-            except _Poison as poison:
+            except Poison as poison:
                 # Commit what came before the poison message, so that its partition's
                 # checkpoint stops right before it, then halt that partition there.
                 index = [row[0] for row in poison.batch].index(poison.row[0])
@@ -317,7 +331,10 @@ class ConsumerWorker(_Worker):
                 return batch
             positions = [row[0] for row in batch]
             ctx = HandlerContext(
-                conn, lambda: self.store.envelopes(conn, positions), immediate=immediate
+                conn,
+                lambda: self.store.envelopes(conn, positions),
+                immediate=immediate,
+                outbox=self.outbox,
             )
             try:
                 self.dispatcher.apply(batch, ctx, self.spec.partitions)
@@ -326,8 +343,8 @@ class ConsumerWorker(_Worker):
                 except Exception as exc:
                     if is_transient(exc):
                         raise
-                    raise _Poison(batch[-1], batch[-1][2] % self.spec.partitions, exc) from exc
-            except _Poison as poison:
+                    raise Poison(batch[-1], batch[-1][2] % self.spec.partitions, exc) from exc
+            except Poison as poison:
                 poison.batch = batch
                 raise
             self.ownership.commit_checkpoint(
@@ -368,7 +385,7 @@ class ConsumerWorker(_Worker):
                 consumer=self.spec.name, partition=partition, instance_id=self.instance_id
             )
 
-    def _halt(self, poison: _Poison, claims: Mapping[int, Claim]) -> None:
+    def _halt(self, poison: Poison, claims: Mapping[int, Claim]) -> None:
         row, partition, error = poison.row, poison.partition, poison.error
         position, type_name = int(row[0]), str(row[1])
         self.hooks.projections_message_failed(
@@ -455,13 +472,13 @@ class InMemoryWorker(_Worker):
         for index, row in enumerate(rows):
             try:
                 self.dispatcher.apply(rows[index : index + 1], ctx, self.spec.partitions)
-            except _Poison as poison:
+            except Poison as poison:
                 self._halt(poison)
                 return index
             self.position = int(row[0])
         return len(rows)
 
-    def _halt(self, poison: _Poison) -> None:
+    def _halt(self, poison: Poison) -> None:
         position, type_name = int(poison.row[0]), str(poison.row[1])
         detail = "".join(traceback.format_exception_only(poison.error)).strip()
         self.halted = f"halted at position {position} ({type_name}): {detail}"

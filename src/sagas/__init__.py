@@ -1,3 +1,8 @@
-"""Sagas: long-running processes with state, commands and deadlines (not built yet)."""
+"""Sagas: long-running processes with versioned state, commands and deadlines."""
 
-__all__: list[str] = []
+from sagas.context import SagaContext
+from sagas.decorators import SagaOptions, saga, start
+from sagas.store import Deadline, SagaStore
+from sagas.worker import SagaWorker
+
+__all__ = ["Deadline", "SagaContext", "SagaOptions", "SagaStore", "SagaWorker", "saga", "start"]

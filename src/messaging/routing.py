@@ -1,0 +1,107 @@
+"""Route consumers: the handlers of the messages sent to a destination.
+
+Send with :meth:`MessageStore.send` in the application's transaction, or with
+:meth:`HandlerContext.send` from any consumer's handler: either way the message is
+stored only if that transaction commits. A destination is a topic; its route consumer
+is partitioned (by the send's ``key``) and handed over like a projection.
+
+Route consumers are **at-least-once**: an effect outside the database happens again
+when a batch is applied again after a crash, and a sender outside a consumer may send
+twice. With ``idempotent=True`` the framework records the id of every message it
+handled in the handler's own transaction, and skips a message whose id it has already
+recorded: database effects of the handler then happen once per message id.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+from sqlalchemy import bindparam, insert, select
+
+from messaging.consumers import ConsumerKind, ConsumerOptions, ConsumerSpec, mark_consumer
+from messaging.context import HandlerContext
+from messaging.database import Database
+from messaging.messages import MessageRegistry
+from messaging.worker import ConsumerWorker, Dispatcher, StoredRow
+
+C = TypeVar("C", bound=type)
+
+_ID_CHUNK = 500
+
+
+def route_consumer(
+    destination: str, *, partitions: int = 16, idempotent: bool = False
+) -> Callable[[C], C]:
+    """Declare the consumer of the messages sent to ``destination`` (also its name).
+
+    Handlers are methods marked with :func:`messaging.handler`. With ``idempotent``
+    a message id already handled is skipped, recorded in the handler's transaction.
+    """
+    options = ConsumerOptions(
+        name=destination,
+        kind=ConsumerKind.ROUTE_CONSUMER,
+        topics=(destination,),
+        partitions=partitions,
+        worker=IdempotentWorker if idempotent else None,
+    )
+
+    def decorate(cls: C) -> C:
+        mark_consumer(cls, options)
+        return cls
+
+    return decorate
+
+
+class IdempotentDispatcher(Dispatcher):
+    """Skips messages whose id this consumer has handled, and records the ids it handles."""
+
+    def __init__(self, spec: ConsumerSpec, registry: MessageRegistry, db: Database) -> None:
+        super().__init__(spec, registry, db)
+        table = db.schema.processed
+        self._record = insert(table).values(
+            tenant=db.tenant,
+            consumer=spec.name,
+            message_id=bindparam("message"),
+            position=bindparam("at_position"),
+            processed_at=db.clock.now(),
+        )
+
+    def apply(self, rows: Sequence[StoredRow], ctx: HandlerContext, partition_count: int) -> None:
+        envelopes = ctx.envelopes
+        ids = {row[0]: envelopes[row[0]].message_id for row in rows}
+        seen = self._handled(ctx, [i for i in ids.values() if i is not None])
+        fresh = []
+        records: list[dict[str, Any]] = []
+        for row in rows:
+            message_id = ids[row[0]]
+            if message_id is not None:
+                if message_id in seen:
+                    continue
+                seen.add(message_id)
+                records.append({"message": message_id, "at_position": row[0]})
+            fresh.append(row)
+        super().apply(fresh, ctx, partition_count)
+        for record in records:
+            ctx.execute(self._record, record)
+
+    def _handled(self, ctx: HandlerContext, ids: list[str]) -> set[str]:
+        table = self.db.schema.processed
+        found: set[str] = set()
+        for start in range(0, len(ids), _ID_CHUNK):
+            found.update(
+                ctx.connection.execute(
+                    select(table.c.message_id).where(
+                        table.c.tenant == self.db.tenant,
+                        table.c.consumer == self.spec.name,
+                        table.c.message_id.in_(ids[start : start + _ID_CHUNK]),
+                    )
+                ).scalars()
+            )
+        return found
+
+
+class IdempotentWorker(ConsumerWorker):
+    """A route consumer's worker with the idempotency guard."""
+
+    dispatcher_class = IdempotentDispatcher

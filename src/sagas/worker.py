@@ -1,0 +1,232 @@
+"""Applying a saga: its messages in batches, and its due deadlines, each in one fenced
+transaction with the saga states they change.
+
+A deadline belongs to the partition its saga key hashes to. Only the owner of that
+partition delivers it, inside a transaction that deletes the deadline row, applies the
+saga's handler and commits under the partition's fence (owner and epoch): a crash
+before the commit leaves the deadline for the next owner, a zombie cannot commit, so
+every deadline is delivered exactly once. Deadlines due while no instance ran are due
+at the first poll after a claim.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+import cattrs.preconf.json
+from sqlalchemy import select
+
+from messaging.consumers import ConsumerSpec
+from messaging.context import HandlerContext
+from messaging.database import Database
+from messaging.errors import OwnershipLost, ProjectionsError, RegistrationError
+from messaging.messages import Envelope, MessageRegistry
+from messaging.ownership import Claim
+from messaging.retry import is_transient, retry_transient
+from messaging.store import partition_of
+from messaging.worker import ConsumerWorker, Dispatcher, Poison, StoredRow
+from sagas.context import SagaContext
+from sagas.decorators import saga_options, starts_saga
+from sagas.store import Deadline, SagaRow, SagaStore
+
+
+class SagaDispatcher(Dispatcher):
+    """Decodes a saga's messages and deadlines, and applies them to their saga instances."""
+
+    def __init__(self, spec: ConsumerSpec, registry: MessageRegistry, db: Database) -> None:
+        super().__init__(spec, registry, db)
+        self.options = saga_options(spec.cls)
+        self.store = SagaStore(db, spec.name)
+        self.converter = cattrs.preconf.json.make_converter()
+        self.starters: set[str] = set()
+        for cls, attribute in spec.handlers.items():
+            where = f"saga {spec.name!r}: handler {spec.cls.__qualname__}.{attribute}"
+            if spec.handler_arity[cls] != 2:
+                raise RegistrationError(f"{where} must take (self, message, ctx)")
+            if self.options.correlate_by not in {f.name for f in attrs.fields(cls)}:
+                raise RegistrationError(
+                    f"{where}: {cls.__qualname__} has no attribute "
+                    f"{self.options.correlate_by!r} to correlate it by"
+                )
+            if starts_saga(getattr(spec.cls, attribute)):
+                self.starters.add(registry.type_name(cls))
+        if not self.starters:
+            raise RegistrationError(
+                f"saga {spec.name!r} has no @start handler: nothing can start an instance"
+            )
+
+    def key_of(self, message: object) -> str:
+        """The saga instance a message belongs to."""
+        return str(getattr(message, self.options.correlate_by))
+
+    def apply(self, rows: Sequence[StoredRow], ctx: HandlerContext, partition_count: int) -> None:
+        """Apply ``rows`` to their saga instances and write the instances that changed."""
+        row: StoredRow = None
+        try:
+            messages = []
+            for row in rows:
+                messages.append(self.handlers[row[1]][0](row[3], row[0]))
+            batch = _Batch(self, ctx)
+            batch.load(self.key_of(m) for m in messages)
+            for row, message in zip(rows, messages, strict=True):
+                ctx.position = row[0]
+                batch.handle(self.key_of(message), message, row[1])
+            batch.write()
+        except Exception as exc:
+            if is_transient(exc):
+                raise
+            raise Poison(row, row[2] % partition_count, exc) from exc
+
+    def deliver(self, deadlines: Sequence[Deadline], ctx: HandlerContext) -> float:
+        """Take ``deadlines`` off the table and apply them; return the database's time."""
+        batch = _Batch(self, ctx)
+        batch.load(d.key for d in deadlines)
+        for deadline in deadlines:
+            self.store.take(ctx.connection, deadline)
+            decode = self.handlers.get(deadline.type, (None, None))[0]
+            if decode is None:
+                raise ProjectionsError(
+                    f"saga {self.spec.name!r} has no handler for deadline {deadline.name!r} "
+                    f"of type {deadline.type!r}"
+                )
+            ctx.cause = f"deadline\x1f{deadline.key}\x1f{deadline.name}\x1f{deadline.due_at!r}"
+            batch.handle(deadline.key, decode(deadline.payload, None), deadline.type)
+        batch.write()
+        return batch.now
+
+
+class _Batch:
+    """The saga instances one batch touches: read once, changed in memory, written once."""
+
+    def __init__(self, dispatcher: SagaDispatcher, ctx: HandlerContext) -> None:
+        self.dispatcher = dispatcher
+        self.ctx = ctx
+        self.rows: dict[str, SagaRow] = {}
+        self.instances: dict[str, SagaContext] = {}
+        self._now: float | None = None
+
+    @property
+    def now(self) -> float:
+        """The database's time, read once per batch."""
+        if self._now is None:
+            clock = self.dispatcher.db.clock
+            self._now = float(self.ctx.connection.execute(select(clock.now())).scalar_one())
+        return self._now
+
+    def load(self, keys: Any) -> None:
+        """Read the stored rows of ``keys``."""
+        keys = set(keys)
+        found = self.dispatcher.store.load(self.ctx.connection, keys)
+        for key in keys:
+            self.rows[key] = found.get(key) or SagaRow(
+                key=key, version=None, state=None, ended=False
+            )
+
+    def handle(self, key: str, message: object, type_name: str) -> None:
+        """Call the handler of ``message`` for instance ``key``, unless that instance has
+        ended, or does not exist and the handler does not start one."""
+        dispatcher = self.dispatcher
+        instance = self.instances.get(key)
+        if instance is None:
+            row = self.rows[key]
+            if row.ended:
+                return
+            state: Any = None
+            if row.state is not None:
+                state = dispatcher.converter.loads(row.state, dispatcher.options.state)
+            instance = SagaContext(self.ctx, key, state, self.now)
+        if instance.ended or (instance.state is None and type_name not in dispatcher.starters):
+            return
+        dispatcher.handlers[type_name][1](message, instance)  # type: ignore[arg-type]
+        if not isinstance(instance.state, dispatcher.options.state):
+            raise ProjectionsError(
+                f"saga {dispatcher.spec.name!r}: after {type_name!r} the state of {key!r} is "
+                f"{instance.state!r}, not a {dispatcher.options.state.__qualname__}"
+            )
+        self.instances[key] = instance
+
+    def write(self) -> None:
+        """Store every changed instance with its deadlines (ConcurrentUpdate if one moved on)."""
+        dispatcher = self.dispatcher
+        store, conn = dispatcher.store, self.ctx.connection
+        for key, instance in self.instances.items():
+            state = dispatcher.converter.dumps(instance.state)
+            store.save(conn, self.rows[key], state, ended=instance.ended)
+            if instance.ended:
+                store.cancel(conn, key)
+                continue
+            if instance.cancelled:
+                store.cancel(conn, key, sorted(instance.cancelled))
+            for name, (due, message) in instance.scheduled.items():
+                type_name, payload = dispatcher.registry.encode(message)
+                partition = partition_of(key, dispatcher.spec.partitions)
+                store.schedule(
+                    conn,
+                    Deadline(
+                        key=key,
+                        name=name,
+                        partition=partition,
+                        due_at=due,
+                        type=type_name,
+                        payload=payload,
+                    ),
+                )
+
+
+def _no_envelopes() -> dict[int, Envelope]:
+    raise ProjectionsError("a deadline being delivered has no envelope")
+
+
+class SagaWorker(ConsumerWorker):
+    """Applies a saga's owned partitions: their messages, then their due deadlines."""
+
+    dispatcher_class = SagaDispatcher
+
+    def poll(self, lane: int | None = None) -> int:
+        """Apply one batch of messages, then deliver the due deadlines of the same claims."""
+        return super().poll(lane) + self.deliver_due(lane)
+
+    def deliver_due(self, lane: int | None = None) -> int:
+        """Deliver the due deadlines of ``lane``'s partitions (one batch); return how many."""
+        claims = self.lane_claims(lane)
+        if not claims:
+            return 0
+        dispatcher: SagaDispatcher = self.dispatcher  # type: ignore[assignment]
+        with self.db.read() as conn:  # an idle poll never takes the write lock
+            if not dispatcher.store.due(conn, sorted(claims), 1):
+                return 0
+        what = f"deliver deadlines of {self.spec.name}"
+        with self._limiter:
+            try:
+                delivered, now = retry_transient(
+                    lambda: self._deliver(claims),
+                    self.settings.conflict_retry,
+                    what=what,
+                    on_retry=lambda exc: self.hooks.projections_retrying(what=what, error=exc),
+                )
+            except OwnershipLost as lost:
+                self._lose(lost.partitions)
+                return 0
+        if delivered:
+            self.hooks.projections_deadlines_delivered(
+                consumer=self.spec.name,
+                instance_id=self.instance_id,
+                count=len(delivered),
+                lateness=[max(0.0, now - d.due_at) for d in delivered],
+            )
+        return len(delivered)
+
+    def _deliver(self, claims: dict[int, Claim]) -> tuple[list[Deadline], float]:
+        dispatcher: SagaDispatcher = self.dispatcher  # type: ignore[assignment]
+        with self.db.transaction() as conn:
+            due = dispatcher.store.due(conn, sorted(claims), self.settings.batch_size)
+            if not due:
+                return [], 0.0
+            ctx = HandlerContext(conn, _no_envelopes, outbox=self.outbox)
+            now = dispatcher.deliver(due, ctx)
+            ctx.flush()
+            epochs = {d.partition: claims[d.partition].epoch for d in due}
+            self.ownership.commit_checkpoint(conn, self.spec.name, self.instance_id, epochs, 0)
+            return due, now

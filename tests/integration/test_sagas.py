@@ -1,0 +1,226 @@
+"""Sagas in process on a real database with a manual clock: start, correlate, end,
+commands sent through the outbox, deadlines scheduled, cancelled and delivered once."""
+
+from __future__ import annotations
+
+import json
+
+import attrs
+import pytest
+from sqlalchemy import select
+
+from messaging import (
+    Database,
+    HandlerContext,
+    ManualClock,
+    MessageStore,
+    handler,
+    message,
+    route_consumer,
+    settings_from_mapping,
+)
+from messaging.errors import RegistrationError
+from projections.testing import SimulatedCluster
+from sagas import SagaContext, SagaStore, saga, start
+
+SETTINGS = settings_from_mapping(
+    {
+        "messaging": {
+            "consumer": {
+                "rebalance-interval": "1s",
+                "stale-instance-timeout": "3s",
+                "heartbeat-interval": "400ms",
+                "batch-size": 50,
+                "conflict-retry": {"max-retries": 3, "max-delay": "50ms"},
+            }
+        }
+    }
+)
+PAYMENT_TIMEOUT = 10.0
+
+
+@message("test-saga.order-placed")
+@attrs.define(frozen=True)
+class OrderPlaced:
+    order_id: str
+    amount: int
+
+
+@message("test-saga.payment-received")
+@attrs.define(frozen=True)
+class PaymentReceived:
+    order_id: str
+    amount: int
+
+
+@message("test-saga.payment-overdue")
+@attrs.define(frozen=True)
+class PaymentOverdue:
+    order_id: str
+
+
+@message("test-saga.ship")
+@attrs.define(frozen=True)
+class Ship:
+    order_id: str
+
+
+@message("test-saga.cancel")
+@attrs.define(frozen=True)
+class Cancel:
+    order_id: str
+
+
+@attrs.define
+class OrderState:
+    amount: int
+    paid: int = 0
+
+
+@saga("test-orders", topics="orders", correlate_by="order_id", state=OrderState, partitions=4)
+class OrderSaga:
+    @start
+    def placed(self, event: OrderPlaced, ctx: SagaContext) -> None:
+        ctx.state = OrderState(amount=event.amount)
+        ctx.schedule(PaymentOverdue(event.order_id), after=PAYMENT_TIMEOUT)
+
+    @handler
+    def paid(self, event: PaymentReceived, ctx: SagaContext) -> None:
+        ctx.state.paid += event.amount
+        if ctx.state.paid >= ctx.state.amount:
+            ctx.cancel(PaymentOverdue)
+            ctx.send("test-shipping", Ship(ctx.key), key=ctx.key)
+            ctx.end()
+
+    @handler
+    def overdue(self, event: PaymentOverdue, ctx: SagaContext) -> None:
+        ctx.send("test-shipping", Cancel(ctx.key), key=ctx.key)
+        ctx.end()
+
+
+@route_consumer("test-shipping", partitions=2)
+class Shipping:
+    """Records every command it handles (a projection-like effect, for the test to read)."""
+
+    handled: list[tuple[str, str]] = []
+
+    @handler
+    def ship(self, command: Ship, ctx: HandlerContext) -> None:
+        Shipping.handled.append(("ship", command.order_id))
+
+    @handler
+    def cancel(self, command: Cancel, ctx: HandlerContext) -> None:
+        Shipping.handled.append(("cancel", command.order_id))
+
+
+@pytest.fixture
+def cluster(database_url: str, table_prefix: str) -> SimulatedCluster:
+    from messaging.migrations import migrate
+
+    db = Database(database_url, table_prefix=table_prefix, clock=ManualClock())
+    if not db.is_sqlite:
+        migrate(db)
+    db.prepare()
+    Shipping.handled = []
+    return SimulatedCluster(db, [OrderSaga, Shipping], SETTINGS)
+
+
+def _append(cluster: SimulatedCluster, *events: object) -> None:
+    store = MessageStore(cluster.db)
+    with cluster.db.transaction() as conn:
+        for event in events:
+            store.append(conn, "orders", f"src-{id(event)}", [event])
+
+
+def _drain(cluster: SimulatedCluster) -> None:
+    while cluster.poll_all():
+        pass
+
+
+def _saga_rows(db: Database) -> dict[str, tuple[int, bool]]:
+    """Saga key → (amount paid, ended)."""
+    t = db.schema.sagas
+    with db.read() as conn:
+        rows = conn.execute(
+            select(t.c.saga_key, t.c.state, t.c.ended).where(t.c.tenant == db.tenant)
+        )
+        return {key: (json.loads(state)["paid"], bool(ended)) for key, state, ended in rows}
+
+
+def _commands(db: Database) -> list[tuple[str, str]]:
+    """The commands the sagas committed to ``test-shipping``: (kind, order)."""
+    with db.read() as conn:
+        rows = MessageStore(db).read(conn, ["test-shipping"], limit=10_000)
+    return [(row.type.rsplit(".", 1)[1], json.loads(row.payload)["order_id"]) for row in rows]
+
+
+def test_a_saga_starts_correlates_sends_and_ends(cluster: SimulatedCluster) -> None:
+    """Placed starts an instance; payments for it (from other sources, so other partitions)
+    update it by version; the full payment sends Ship and ends it; later messages are ignored."""
+    cluster.join("a")
+    _append(cluster, OrderPlaced("o1", 30), PaymentReceived("o1", 10))
+    _drain(cluster)
+    assert _saga_rows(cluster.db) == {"o1": (10, False)}
+    _append(cluster, PaymentReceived("o1", 20), PaymentReceived("o1", 5), PaymentReceived("o2", 1))
+    _drain(cluster)
+    assert _saga_rows(cluster.db) == {"o1": (30, True)}  # o2 never started: ignored
+    assert Shipping.handled == [("ship", "o1")]
+    with cluster.db.read() as conn:
+        assert SagaStore(cluster.db, "test-orders").pending(conn) == 0  # cancelled at the end
+
+
+def test_a_deadline_is_delivered_once_when_due_and_not_before(cluster: SimulatedCluster) -> None:
+    cluster.join("a")
+    _append(cluster, OrderPlaced("late", 10))
+    _drain(cluster)
+    cluster.tick(PAYMENT_TIMEOUT - 1)
+    _drain(cluster)
+    assert Shipping.handled == []
+    cluster.tick(1.5)
+    _drain(cluster)
+    _drain(cluster)
+    assert Shipping.handled == [("cancel", "late")]
+    assert _saga_rows(cluster.db) == {"late": (0, True)}
+
+
+def test_deadlines_due_while_no_instance_ran_are_delivered_on_start(
+    cluster: SimulatedCluster,
+) -> None:
+    cluster.join("a")
+    _append(cluster, OrderPlaced("x1", 10), OrderPlaced("x2", 10))
+    _drain(cluster)
+    cluster.stop("a")
+    cluster.clock.advance(PAYMENT_TIMEOUT * 3)
+    cluster.join("b")
+    _drain(cluster)
+    assert sorted(Shipping.handled) == [("cancel", "x1"), ("cancel", "x2")]
+
+
+def test_a_crashed_owner_leaves_its_deadlines_to_the_next_owner(
+    cluster: SimulatedCluster,
+) -> None:
+    """Deadlines in the crashed instance's partitions are delivered by whoever takes them
+    over, once; the zombie waking afterwards delivers nothing."""
+    cluster.join("a")
+    _append(cluster, *(OrderPlaced(f"c{i}", 10) for i in range(8)))
+    _drain(cluster)
+    cluster.pause("a")
+    cluster.tick(PAYMENT_TIMEOUT)
+    cluster.join("b")
+    for _ in range(5):
+        cluster.tick()
+        _drain(cluster)
+    cluster.wake("a")
+    _drain(cluster)
+    assert sorted(_commands(cluster.db)) == [("cancel", f"c{i}") for i in range(8)]
+    assert set(Shipping.handled) == {("cancel", f"c{i}") for i in range(8)}
+
+
+def test_a_saga_without_a_start_handler_is_refused(cluster: SimulatedCluster) -> None:
+    @saga("test-no-start", topics="orders", correlate_by="order_id", state=OrderState)
+    class NoStart:
+        @handler
+        def paid(self, event: PaymentReceived, ctx: SagaContext) -> None: ...
+
+    with pytest.raises(RegistrationError, match="no @start handler"):
+        SimulatedCluster(cluster.db, [NoStart], SETTINGS).join("a")
