@@ -14,10 +14,10 @@ recorded: database effects of the handler then happen once per message id.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
-from sqlalchemy import bindparam, insert, select
+from sqlalchemy import Table, bindparam, insert, select
 
 from messaging.consumers import ConsumerKind, ConsumerOptions, ConsumerSpec, mark_consumer
 from messaging.context import HandlerContext
@@ -31,18 +31,24 @@ _ID_CHUNK = 500
 
 
 def route_consumer(
-    destination: str, *, partitions: int = 16, idempotent: bool = False
+    destination: str,
+    *,
+    partitions: int = 16,
+    idempotent: bool = False,
+    tables: Iterable[Table] = (),
 ) -> Callable[[C], C]:
     """Declare the consumer of the messages sent to ``destination`` (also its name).
 
     Handlers are methods marked with :func:`messaging.handler`. With ``idempotent``
     a message id already handled is skipped, recorded in the handler's transaction.
+    ``tables`` it writes are created at start (never dropped: it is not rebuilt).
     """
     options = ConsumerOptions(
         name=destination,
         kind=ConsumerKind.ROUTE_CONSUMER,
         topics=(destination,),
         partitions=partitions,
+        tables=tuple(tables),
         worker=IdempotentWorker if idempotent else None,
     )
 

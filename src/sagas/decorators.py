@@ -6,6 +6,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 import attrs
+from sqlalchemy import Table
 
 from messaging.consumers import ConsumerKind, ConsumerOptions, handler, mark_consumer
 from messaging.errors import RegistrationError
@@ -34,6 +35,7 @@ def saga(
     correlate_by: str,
     state: type,
     partitions: int = 16,
+    tables: Iterable[Table] = (),
     version: int = 1,
 ) -> Callable[[C], C]:
     """Declare a saga: a long-running process with ``state`` (an attrs class), one instance
@@ -42,7 +44,8 @@ def saga(
     Handlers take ``(self, message, ctx)`` with a :class:`sagas.SagaContext`; those marked
     :func:`start` may begin a new instance by setting ``ctx.state``, the others act only
     on an instance that exists and has not ended. The state, the messages sent and the
-    deadlines scheduled commit with the checkpoint.
+    deadlines scheduled commit with the checkpoint. ``tables`` it writes with
+    ``ctx.execute`` are created at start.
     """
     from sagas.worker import SagaWorker  # the worker imports this module
 
@@ -57,6 +60,7 @@ def saga(
         kind=ConsumerKind.SAGA,
         topics=(topics,) if isinstance(topics, str) else tuple(topics),
         partitions=partitions,
+        tables=tuple(tables),
         version=version,
         worker=SagaWorker,
     )

@@ -72,6 +72,32 @@ class TransferReceived:
     amount: int
 
 
+@message("ledger.transfer-debited")
+@attrs.define(frozen=True)
+class TransferDebited:
+    """The first leg of a transfer run by the transfer saga (``projections.examples.transfers``)."""
+
+    account_id: str
+    transfer_id: str
+    amount: int
+
+
+@message("ledger.transfer-credited")
+@attrs.define(frozen=True)
+class TransferCredited:
+    account_id: str
+    transfer_id: str
+    amount: int
+
+
+@message("ledger.transfer-refunded")
+@attrs.define(frozen=True)
+class TransferRefunded:
+    account_id: str
+    transfer_id: str
+    amount: int
+
+
 metadata = MetaData()
 balances = Table(
     "ledger_balances",
@@ -116,6 +142,18 @@ class Balances:
     def received(self, event: TransferReceived, ctx: HandlerContext) -> None:
         ctx.execute(CHANGE_BALANCE, {"account": event.account_id, "delta": event.amount})
 
+    @handler
+    def debited(self, event: TransferDebited, ctx: HandlerContext) -> None:
+        ctx.execute(CHANGE_BALANCE, {"account": event.account_id, "delta": -event.amount})
+
+    @handler
+    def credited(self, event: TransferCredited, ctx: HandlerContext) -> None:
+        ctx.execute(CHANGE_BALANCE, {"account": event.account_id, "delta": event.amount})
+
+    @handler
+    def refunded(self, event: TransferRefunded, ctx: HandlerContext) -> None:
+        ctx.execute(CHANGE_BALANCE, {"account": event.account_id, "delta": event.amount})
+
 
 @in_memory_projection("ledger-activity", topics=TOPIC)
 class Activity:
@@ -145,21 +183,30 @@ class Activity:
         self.moved += event.amount
 
 
+_DELTA_SIGN: dict[type, int] = {
+    Deposited: 1,
+    Withdrawn: -1,
+    TransferSent: -1,
+    TransferReceived: 1,
+    TransferDebited: -1,
+    TransferCredited: 1,
+    TransferRefunded: 1,
+}
+
+
 def replay(messages: Iterable[object]) -> dict[str, tuple[str, int, int]]:
-    """Balances by sequential replay of ``messages``: account → (owner, balance, entries)."""
+    """Balances by sequential replay of ``messages`` (other kinds of messages are passed
+    over): account → (owner, balance, entries)."""
     state: dict[str, list[Any]] = {}
     for event in messages:
         if isinstance(event, AccountOpened):
             state[event.account_id] = [event.owner, 0, 0]
             continue
-        delta = {
-            Deposited: 1,
-            Withdrawn: -1,
-            TransferSent: -1,
-            TransferReceived: 1,
-        }[type(event)] * event.amount  # type: ignore[attr-defined]
+        sign = _DELTA_SIGN.get(type(event))
+        if sign is None:
+            continue
         row = state[event.account_id]  # type: ignore[attr-defined]
-        row[1] += delta
+        row[1] += sign * event.amount  # type: ignore[attr-defined]
         row[2] += 1
     return {account: (row[0], row[1], row[2]) for account, row in state.items()}
 
