@@ -1,0 +1,218 @@
+"""Routing in process on a real database: the outbox, route consumers and the idempotency
+guard, and two partitions updating one saga at once (resolved by its version)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import uuid
+
+import attrs
+import pytest
+from sqlalchemy import Column, Integer, MetaData, String, Table, func, insert, select
+
+from messaging import (
+    Database,
+    HandlerContext,
+    ManualClock,
+    MessageStore,
+    handler,
+    hookimpl,
+    message,
+    partition_of,
+    route_consumer,
+    settings_from_mapping,
+)
+from messaging.errors import ConcurrentUpdate
+from projections.testing import SimulatedCluster
+from sagas import SagaContext, saga, start
+
+SETTINGS = settings_from_mapping(
+    {
+        "messaging": {
+            "consumer": {
+                "rebalance-interval": "1s",
+                "stale-instance-timeout": "3s",
+                "heartbeat-interval": "400ms",
+                "conflict-retry": {"max-retries": 3, "max-delay": "50ms"},
+            }
+        }
+    }
+)
+
+metadata = MetaData()
+effects = Table(
+    "test_route_effects",
+    metadata,
+    Column("consumer", String(64), nullable=False),
+    Column("item", String(64), nullable=False),
+    Column("n", Integer, nullable=False),
+)
+
+
+@message("test-routing.ping")
+@attrs.define(frozen=True)
+class Ping:
+    item: str
+
+
+def _record(consumer: str) -> type:
+    class Recorder:
+        @handler
+        def ping(self, command: Ping, ctx: HandlerContext) -> None:
+            ctx.execute(insert(effects), {"consumer": consumer, "item": command.item, "n": 1})
+
+    return Recorder
+
+
+AtLeastOnce = route_consumer("test-plain", partitions=2, tables=[effects])(_record("plain"))
+Idempotent = route_consumer("test-guarded", partitions=2, idempotent=True, tables=[effects])(
+    _record("guarded")
+)
+
+
+@pytest.fixture
+def read_model_metadata() -> list[MetaData]:
+    return [metadata]
+
+
+@pytest.fixture
+def clock_db(db: Database) -> Database:
+    """``db``'s tables, with a manual clock for a simulated cluster."""
+    return Database(db.url, table_prefix=db.schema.prefix, clock=ManualClock())
+
+
+def test_a_rolled_back_transaction_sends_nothing(db: Database) -> None:
+    store = MessageStore(db)
+    with pytest.raises(RuntimeError), db.transaction() as conn:
+        store.send(conn, "test-plain", Ping("lost"))
+        raise RuntimeError("the application's transaction fails")
+    with db.transaction() as conn:
+        sent = store.send(conn, "test-plain", Ping("kept"), key="k1")
+    with db.read() as conn:
+        rows = store.read(conn, ["test-plain"])
+        envelopes = store.envelopes(conn, [r.position for r in rows])
+    assert [r.source for r in rows] == ["k1"]
+    assert envelopes[rows[0].position].message_id == sent
+
+
+def test_the_guard_applies_a_message_id_once(clock_db: Database) -> None:
+    """Each id sent twice (an at-least-once sender): the plain consumer applies both
+    copies, the idempotent one applies each id once."""
+    cluster = SimulatedCluster(clock_db, [AtLeastOnce, Idempotent], SETTINGS)
+    cluster.join("a")
+    store = MessageStore(clock_db)
+    for _round in range(2):
+        with clock_db.transaction() as conn:
+            for i in range(30):
+                for destination in ("test-plain", "test-guarded"):
+                    store.send(conn, destination, Ping(f"i{i}"), message_id=f"{destination}-{i}")
+        while cluster.poll_all():
+            pass
+    with clock_db.read() as conn:
+        counts = dict(
+            conn.execute(
+                select(effects.c.consumer, func.count()).group_by(effects.c.consumer)
+            ).all()
+        )
+        guarded = conn.execute(
+            select(effects.c.item).where(effects.c.consumer == "guarded")
+        ).scalars()
+        assert sorted(guarded) == sorted(f"i{i}" for i in range(30))
+    assert counts == {"plain": 60, "guarded": 30}
+
+
+@message("test-routing.increment")
+@attrs.define(frozen=True)
+class Increment:
+    counter_id: str
+    pause: bool = False
+
+
+@attrs.define
+class Count:
+    value: int = 0
+
+
+class _Gate:
+    entered = threading.Event()
+    release = threading.Event()
+    paused = False
+
+
+@saga("test-counter", topics="counts", correlate_by="counter_id", state=Count, partitions=4)
+class Counter:
+    @start
+    def increment(self, event: Increment, ctx: SagaContext) -> None:
+        if ctx.state is None:
+            ctx.state = Count()
+        ctx.state.value += 1
+        if event.pause and not _Gate.paused:
+            _Gate.paused = True
+            _Gate.entered.set()
+            assert _Gate.release.wait(10)
+
+
+class _Conflicts:
+    def __init__(self) -> None:
+        self.seen = 0
+
+    @hookimpl
+    def projections_retrying(self, what: str, error: BaseException) -> None:
+        if isinstance(error, ConcurrentUpdate):
+            self.seen += 1
+
+
+@pytest.mark.mysql
+def test_two_partitions_updating_one_saga_are_serialized_by_its_version(
+    mysql_database_url: str,
+) -> None:
+    """Instance a is inside its batch for counter c (message from one partition) when
+    instance b commits another message of c (from another partition): a's write finds a
+    newer version, its batch is retried from the start, and both increments count."""
+    from messaging.migrations import migrate
+
+    db = Database(mysql_database_url, table_prefix=f"t{uuid.uuid4().hex[:8]}_", clock=ManualClock())
+    migrate(db)
+    db.prepare()
+    conflicts = _Conflicts()
+    cluster = SimulatedCluster(db, [Counter], SETTINGS, plugins=[conflicts])
+    cluster.join("a")
+    cluster.join("b")
+    for _ in range(4):
+        cluster.tick()
+    owners = cluster.owners()
+    source_of = {
+        owner: next(
+            f"s{i}"
+            for i in range(100)
+            if owners[("test-counter", partition_of(f"s{i}", 4))] == owner
+        )
+        for owner in ("a", "b")
+    }
+    store = MessageStore(db)
+    with db.transaction() as conn:
+        store.append(conn, "counts", "starter", [Increment("c")])
+    while cluster.poll_all():
+        pass
+    with db.transaction() as conn:
+        store.append(conn, "counts", source_of["a"], [Increment("c", pause=True)])
+        store.append(conn, "counts", source_of["b"], [Increment("c")])
+    _Gate.entered.clear()
+    _Gate.release.clear()
+    _Gate.paused = False
+    paused = threading.Thread(target=cluster.poll, args=("a",))
+    paused.start()
+    try:
+        assert _Gate.entered.wait(10)
+        assert cluster.poll("b") == 1  # commits while a is inside its batch
+    finally:
+        _Gate.release.set()
+        paused.join(10)
+    while cluster.poll_all():
+        pass
+    with db.read() as conn:
+        state = conn.execute(select(db.schema.sagas.c.state)).scalar_one()
+    assert json.loads(state) == {"value": 3}
+    assert conflicts.seen == 1
+    db.dispose()
