@@ -18,6 +18,11 @@ from messaging.settings import ConsumerSettings
 from projections.examples import ledger
 from projections.reports import consumers_report
 
+_SUPPORT_PATH = os.pathsep.join(
+    p for p in (str(Path(__file__).parent), os.environ.get("PYTHONPATH")) if p
+)
+"""Test applications in this folder can be run by ``projections run`` too."""
+
 FAST_CONSUMER_CONFIG = """\
 database: {url}
 table-prefix: {prefix}
@@ -59,7 +64,7 @@ def start_instance(config: Path, name: str, *modules: str) -> subprocess.Popen[b
             "--instance-name",
             name,
         ],
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        env={**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": _SUPPORT_PATH},
     )
 
 
