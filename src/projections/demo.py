@@ -1,10 +1,12 @@
 """``projections demo``: the ledger example end to end, with a crash, a join and a clean stop.
 
-Writes realistic traffic while instance processes of the example app apply it. Once
+Writes realistic traffic (with transfer requests for the transfer saga) while instance
+processes of the example app apply it. Once
 about a third is applied it SIGKILLs one instance and shows the survivors take over its
 partitions, starts a replacement, then stops one instance with SIGTERM, timing each
-handover against its bound. Finally it stops every instance gracefully, checks the read
-model against a sequential replay of every message and prints a summary.
+handover against its bound. Finally it waits for every transfer saga to end, stops
+every instance gracefully, checks the read model against a sequential replay of every
+message and the transfers against a sequential model, and prints a summary.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from pathlib import Path
 
 import attrs
 import yaml
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.engine import make_url
 
 from messaging.config import settings_from_mapping
@@ -33,7 +35,7 @@ from messaging.errors import ConfigError
 from messaging.messages import registry
 from messaging.settings import ConsumerSettings
 from messaging.store import MessageStore
-from projections.examples import ledger
+from projections.examples import ledger, transfers
 from projections.reports import ORPHANED, OWNED, UNCLAIMED, consumers_report, instances_report
 
 DEMO_CONFIG = """\
@@ -47,6 +49,8 @@ messaging:
     batch-size: 200
     conflict-retry: {max-retries: 5, max-delay: 200ms}
 """
+WATCHED = "ledger-balances"
+"""The consumer whose partitions the demo shows moving."""
 POLL = 0.05
 """Seconds between two looks at the reports while waiting for something."""
 TIMEOUT = 60.0
@@ -171,22 +175,49 @@ class Demo:
         self.expected_exit: set[str] = set()  # killed or stopped on purpose
         self.killed: str | None = None
         self.written = 0
+        """Ledger messages written (the balances projection's share of the traffic)."""
+        self.transfers: list[object] = []
+        """The transfer traffic written, for the saga's sequential model."""
         self._stop_writing = threading.Event()
         self._write_error: BaseException | None = None
         self.writer = threading.Thread(target=self._write, daemon=True)
 
     def _write(self) -> None:
+        """Ledger traffic, with a transfer request for the saga every tenth command."""
         store = MessageStore(self.db)
+        requests = transfers.traffic(self.seed, max(10, self.messages // 50))
         try:
-            for command in ledger.traffic(self.seed, self.messages):
+            for number, command in enumerate(ledger.traffic(self.seed, self.messages)):
                 if self._stop_writing.is_set():
                     return
                 with self.db.transaction() as conn:
                     for source, event in command:
                         store.append(conn, ledger.TOPIC, source, [event])
                 self.written += len(command)
+                if number % 10 == 0:
+                    self._write_transfer(store, next(requests, []))
+            for request in requests:
+                self._write_transfer(store, request)
         except BaseException as exc:  # reported by the next wait
             self._write_error = exc
+
+    def _write_transfer(self, store: MessageStore, command: list[tuple[str, str, object]]) -> None:
+        with self.db.transaction() as conn:
+            for topic, source, event in command:
+                store.append(conn, topic, source, [event])
+        self.transfers.extend(event for _, _, event in command)
+
+    def transfers_settled(self) -> bool:
+        """Every transfer requested has ended and every consumer has caught up."""
+        requested = sum(isinstance(m, transfers.TransferRequested) for m in self.transfers)
+        table = self.db.schema.sagas
+        with self.db.read() as conn:
+            ended = conn.execute(
+                select(func.count()).where(table.c.tenant == self.db.tenant, table.c.ended)
+            ).scalar_one()
+        report = consumers_report(self.db, self.settings)
+        lag = sum(p["lag"] for c in report["consumers"] for p in c["partitions"])
+        return bool(ended == requested and lag == 0)
 
     def start(self, name: str) -> subprocess.Popen[bytes]:
         process = subprocess.Popen(
@@ -200,7 +231,9 @@ class Demo:
         written, writing = self.written, self.writer.is_alive()
         report = consumers_report(self.db, self.settings)
         live = instances_report(self.db, self.settings)["instances"]
-        partitions = [p for c in report["consumers"] for p in c["partitions"]]
+        partitions = [
+            p for c in report["consumers"] if c["name"] == WATCHED for p in c["partitions"]
+        ]
         states = Counter(p["state"] for p in partitions)
         return View(
             written=written,
@@ -261,7 +294,8 @@ def run_demo(*, database: str, messages: int, workers: int, seed: int) -> int:
         config = Path(tmp) / "demo.yaml"
         config.write_text(DEMO_CONFIG, encoding="utf-8")
         command = [sys.executable, "-m", "projections.cli", "--log-level", "WARNING", "run"]
-        command += ["projections.examples.ledger", "--database", database, "--config", str(config)]
+        command += ["projections.examples.ledger", "projections.examples.transfers"]
+        command += ["--database", database, "--config", str(config)]
         demo = Demo(db, settings, command, messages=messages, seed=seed)
         print(f"demo database: {path.resolve()}")
         try:
@@ -273,7 +307,7 @@ def run_demo(*, database: str, messages: int, workers: int, seed: int) -> int:
         finally:
             demo.shutdown()
     _summary(settings, times)
-    return _verify(db, demo.written)
+    return _verify(db, demo.written, demo.transfers)
 
 
 def _scenario(demo: Demo, workers: int) -> dict[str, float]:
@@ -302,7 +336,12 @@ def _scenario(demo: Demo, workers: int) -> dict[str, float]:
     times["stop"] = _clean_stop(demo, survivors[0], remaining)
 
     demo.wait_for(lambda v: not v.writing and v.lag == 0, "the lag to reach 0")
-    demo.console.say(f"all {demo.written} messages applied; SIGTERM {', '.join(remaining)}")
+    demo.console.say(f"all {demo.written} ledger messages applied")
+    demo.wait_for(
+        lambda _: demo.transfers_settled(),
+        "every transfer saga to end (refunds wait for their deadline)",
+    )
+    demo.console.say(f"every transfer saga has ended; SIGTERM {', '.join(remaining)}")
     codes = {name: demo.stop(name) for name in remaining}
     if any(codes.values()):
         raise DemoFailed(f"instances did not stop cleanly: exit codes {codes}")
@@ -385,21 +424,44 @@ def _summary(s: ConsumerSettings, times: dict[str, float]) -> None:
         print(f"{label:<12} {measured:>7.2f}s  {bound:>5.2f}s  {why}")
 
 
-def _verify(db: Database, written: int) -> int:
+def _verify(db: Database, written: int, transfer_traffic: list[object]) -> int:
+    """The balances against a sequential replay of every ledger event, and the transfer
+    accounts' balances against a sequential model of the transfer traffic."""
     m = db.schema.messages
     with db.read() as conn:
         rows = conn.execute(select(m.c.type, m.c.payload).order_by(m.c.position)).all()
         stored = conn.execute(select(ledger.balances)).mappings().all()
-    expected = ledger.replay(registry.decode(t, p) for t, p in rows)
+        notified = conn.execute(select(func.count()).select_from(transfers.notifications))
+        notifications = int(notified.scalar_one())
+    events = [registry.decode(t, p) for t, p in rows]
+    expected = ledger.replay(events)
     actual = ledger.read_model(stored)
+    model = transfers.model(transfer_traffic)
     db.dispose()
-    if actual == expected:
-        money = sum(balance for _, balance, _ in actual.values())
-        print(
-            f"OK: read model equals a sequential replay of {written} messages "
-            f"({len(actual)} accounts, total balance {money})"
+    requested = sum(isinstance(e, transfers.TransferRequested) for e in transfer_traffic)
+    refunded = sum(isinstance(e, ledger.TransferRefunded) for e in events)
+    failures = []
+    if actual != expected:
+        wrong = sorted(
+            k for k in expected.keys() | actual.keys() if expected.get(k) != actual.get(k)
         )
-        return 0
-    wrong = sorted(k for k in expected.keys() | actual.keys() if expected.get(k) != actual.get(k))
-    print(f"MISMATCH: {len(wrong)} accounts differ, e.g. {wrong[:5]}", file=sys.stderr)
-    return 1
+        failures.append(f"{len(wrong)} accounts differ from the replay, e.g. {wrong[:5]}")
+    wrong = sorted(k for k in model if model[k] != actual.get(k))
+    if wrong:
+        failures.append(f"{len(wrong)} accounts differ from the transfer model, e.g. {wrong[:5]}")
+    if notifications != requested:
+        failures.append(f"{notifications} notifications for {requested} transfers")
+    if failures:
+        print("MISMATCH: " + "; ".join(failures), file=sys.stderr)
+        return 1
+    money = sum(balance for _, balance, _ in actual.values())
+    print(
+        f"OK: read model equals a sequential replay of {written} ledger messages and "
+        f"{len(events) - written} saga-made ones ({len(actual)} accounts, total balance {money})"
+    )
+    print(
+        f"OK: {requested} transfer sagas ended as a sequential model says: "
+        f"{requested - refunded} credited, {refunded} refunded at their deadline, "
+        f"one notification each"
+    )
+    return 0

@@ -6,7 +6,8 @@ partition delivers it, inside a transaction that deletes the deadline row, appli
 saga's handler and commits under the partition's fence (owner and epoch): a crash
 before the commit leaves the deadline for the next owner, a zombie cannot commit, so
 every deadline is delivered exactly once. Deadlines due while no instance ran are due
-at the first poll after a claim.
+at the first poll after a claim. While a saga works through a backlog of messages, its
+deadlines wait: a deadline is delivered only after the messages recorded before it.
 """
 
 from __future__ import annotations
@@ -185,8 +186,13 @@ class SagaWorker(ConsumerWorker):
     dispatcher_class = SagaDispatcher
 
     def poll(self, lane: int | None = None) -> int:
-        """Apply one batch of messages, then deliver the due deadlines of the same claims."""
-        return super().poll(lane) + self.deliver_due(lane)
+        """Apply one batch of messages; once they are caught up, deliver the due deadlines
+        of the same claims. A deadline thus never overtakes a message recorded before its
+        delivery (and every message committed with the one that scheduled it)."""
+        applied = super().poll(lane)
+        if applied >= self.settings.batch_size:
+            return applied  # a backlog: its messages come first
+        return applied + self.deliver_due(lane)
 
     def deliver_due(self, lane: int | None = None) -> int:
         """Deliver the due deadlines of ``lane``'s partitions (one batch); return how many."""

@@ -11,7 +11,9 @@ from clusters import lag, start_instance, stop_instance, wait_until, write_confi
 from sqlalchemy import MetaData, func, select
 
 from messaging import Database, MessageStore
+from messaging.settings import ConsumerSettings
 from projections.examples import ledger, transfers
+from projections.reports import instances_report
 
 pytestmark = pytest.mark.multiprocess
 
@@ -45,6 +47,11 @@ def _ended_sagas(db: Database) -> int:
         )
 
 
+def _live(db: Database) -> set[str]:
+    report = instances_report(db, ConsumerSettings(stale_instance_timeout=1.0))
+    return {i["name"] for i in report["instances"] if i["live"]}
+
+
 def _caught_up(db: Database) -> bool:
     return all(lag(db, consumer) == 0 for consumer in CONSUMERS)
 
@@ -65,6 +72,7 @@ def test_transfers_end_equal_to_a_sequential_model_across_a_sigkill(
         assert _ended_sagas(db) < requested, "the kill came too late to be part-way"
         replacement = start_instance(config, "xfer-3", *MODULES)
         try:
+            wait_until(lambda: "xfer-3" in _live(db), timeout=30, what="the replacement to join")
             wait_until(
                 lambda: _ended_sagas(db) == requested and _caught_up(db),
                 timeout=90,

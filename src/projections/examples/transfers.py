@@ -4,8 +4,13 @@ A client appends ``TransferRequested`` to the ``transfers`` topic. The ``ledger-
 saga sends ``DebitAccount`` to the ``ledger-accounts`` destination and schedules a
 deadline. Transfers up to :data:`APPROVAL_LIMIT` are approved at once; larger ones wait
 for a ``TransferApproved``. Once debited and approved, the saga sends ``CreditAccount``;
-if the deadline comes first, it sends ``RefundAccount`` instead. Either way it ends by
-sending a ``Notify`` to ``ledger-notifications``.
+if the deadline comes before the approval, it sends ``RefundAccount`` instead. Either
+way it ends by sending a ``Notify`` to ``ledger-notifications``.
+
+The outcome does not depend on timing: an approval is appended to the transfer's own
+source, so it lands in the partition of the saga's deadline, and a partition's messages
+are applied before its due deadlines. Whatever the load, crashes or handovers, the
+balances are those of a sequential run (:func:`model`).
 
 The ``ledger-accounts`` route consumer turns commands into ledger events of the account
 (``TransferDebited``/``Credited``/``Refunded``, which the balances projection applies);
@@ -139,6 +144,8 @@ class TransferSaga:
 
     @handler
     def approved(self, event: TransferApproved, ctx: SagaContext) -> None:
+        if ctx.state.expired or ctx.state.stage == "refunding":
+            return  # too late: the transfer is being refunded
         ctx.state.approved = True
         if ctx.state.stage == "debited":
             self._credit(ctx)
@@ -153,11 +160,12 @@ class TransferSaga:
 
     @handler
     def expired(self, event: TransferExpired, ctx: SagaContext) -> None:
+        if ctx.state.approved:
+            return  # the deadline only bounds the wait for an approval
         if ctx.state.stage == "debiting":
             ctx.state.expired = True  # refunded once the debit is through
-        elif ctx.state.stage == "debited":
+        else:
             self._refund(ctx)
-        # crediting: too late to take it back; it completes.
 
     @handler
     def credited(self, event: TransferCredited, ctx: SagaContext) -> None:
@@ -278,7 +286,8 @@ def traffic(
 
 def model(messages: Iterable[object]) -> dict[str, tuple[str, int, int]]:
     """The balances a sequential run of the traffic ends with: every approved transfer
-    debited and credited, every other one debited and refunded."""
+    debited and credited, every other one debited and refunded (approvals come with their
+    requests in :func:`traffic`, before any deadline)."""
     messages = list(messages)
     approved = {m.transfer_id for m in messages if isinstance(m, TransferApproved)}
     events: list[object] = []
