@@ -24,6 +24,7 @@ from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 
 from messaging.consumers import ConsumerKind, ConsumerSpec
 from messaging.database import Database
+from messaging.errors import RegistrationError
 from messaging.lifecycle import lifecycle_event
 from messaging.ownership import CONSUMER_RUNNING, Ownership
 from messaging.settings import Distribution
@@ -161,6 +162,7 @@ def _record(
         table.c.previous_fingerprint,
         table.c.retired_fingerprints,
         table.c.state,
+        table.c.partitions,
     ).where(*where)
     row = conn.execute(current.with_for_update()).first()
     if row is None:
@@ -199,6 +201,13 @@ def _record(
     if spec.kind is not ConsumerKind.PROJECTION:
         # Route consumers and sagas act beyond their own tables: replaying them would send
         # and do everything again, so a new declaration goes on where the old one stopped.
+        if row.partitions != spec.partitions:
+            raise RegistrationError(
+                f"consumer {spec.name!r} ({spec.kind.value}) runs with {row.partitions} "
+                f"partitions; it cannot change to {spec.partitions} without replaying or "
+                "skipping messages (its checkpoints are per partition): keep the count, or "
+                "let it finish its work and use a new name"
+            )
         conn.execute(
             update(table)
             .where(*where)

@@ -224,3 +224,47 @@ def test_a_saga_without_a_start_handler_is_refused(cluster: SimulatedCluster) ->
 
     with pytest.raises(RegistrationError, match="no @start handler"):
         SimulatedCluster(cluster.db, [NoStart], SETTINGS).join("a")
+
+
+def _declared_again(partitions: int) -> type:
+    @saga(
+        "test-orders",
+        topics="orders",
+        correlate_by="order_id",
+        state=OrderState,
+        partitions=partitions,
+        version=2,
+    )
+    class OrderSagaV2(OrderSaga):
+        pass
+
+    return OrderSagaV2
+
+
+def test_a_new_saga_declaration_goes_on_from_its_checkpoints(cluster: SimulatedCluster) -> None:
+    """Sagas are never rebuilt: replaying them would send their commands again."""
+    cluster.join("a")
+    _append(cluster, OrderPlaced("r1", 5), PaymentReceived("r1", 5))
+    _drain(cluster)
+    cluster.stop("a")
+    again = SimulatedCluster(cluster.db, [_declared_again(4), Shipping], SETTINGS)
+    again.join("b")
+    _append(again, OrderPlaced("r2", 5), PaymentReceived("r2", 5))
+    _drain(again)
+    assert sorted(_commands(cluster.db)) == [("ship", "r1"), ("ship", "r2")]
+
+
+def test_a_saga_cannot_change_its_partition_count(cluster: SimulatedCluster) -> None:
+    cluster.join("a")
+    cluster.stop("a")
+    again = SimulatedCluster(cluster.db, [_declared_again(8), Shipping], SETTINGS)
+    with pytest.raises(RegistrationError, match="runs with 4 partitions; it cannot change to 8"):
+        again.join("b")
+
+
+def test_rebuilding_a_saga_is_refused(cluster: SimulatedCluster) -> None:
+    from messaging.operations import OperationError, rebuild
+
+    cluster.join("a")
+    with pytest.raises(OperationError, match="only projections can be rebuilt"):
+        rebuild(cluster.db, "test-orders", who="test")
