@@ -37,7 +37,10 @@ def test_demo_kills_replaces_stops_and_verifies(tmp_path: Path) -> None:
     )
     output = result.stdout
     assert result.returncode == 0, output + result.stderr
-    assert re.search(r"^OK: read model equals a sequential replay of 4\d{3} messages", output, re.M)
+    assert re.search(
+        r"^OK: read model equals a sequential replay of 4\d{3} ledger messages", output, re.M
+    )
+    assert re.search(r"^OK: \d+ transfer sagas ended as a sequential model says", output, re.M)
     for handover in HANDOVERS:
         assert re.search(rf"{handover}: \d+\.\d\ds ", output), f"no {handover} time:\n{output}"
     assert "SIGKILL demo-" in output

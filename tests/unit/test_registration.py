@@ -131,7 +131,10 @@ def test_ledger_module_contributes_its_two_consumers() -> None:
     assert balances.type_names() == [
         "ledger.account-opened",
         "ledger.deposited",
+        "ledger.transfer-credited",
+        "ledger.transfer-debited",
         "ledger.transfer-received",
+        "ledger.transfer-refunded",
         "ledger.transfer-sent",
         "ledger.withdrawn",
     ]
