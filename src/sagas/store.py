@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import attrs
-from sqlalchemy import Connection, delete, func, insert, select, update
+from sqlalchemy import Connection, Select, delete, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.sql.elements import ColumnElement
 
@@ -135,10 +135,11 @@ class SagaStore:
             where.append(d.c.name.in_(list(names)))
         conn.execute(delete(d).where(*where))
 
-    def due(self, conn: Connection, partitions: Sequence[int], limit: int) -> list[Deadline]:
-        """The deadlines of ``partitions`` due now, earliest first, at most ``limit``."""
+    def due_query(self, partitions: Sequence[int], limit: int) -> Select[Any]:
+        """The query of :meth:`due`: a range of the ``(tenant, saga, partition, due_at)``
+        index per partition, never a scan of the table."""
         d = self._deadlines
-        rows = conn.execute(
+        return (
             select(d.c.saga_key, d.c.name, d.c.partition_no, d.c.due_at, d.c.type, d.c.payload)
             .where(
                 *self._of_saga(d),
@@ -148,6 +149,10 @@ class SagaStore:
             .order_by(d.c.due_at)
             .limit(limit)
         )
+
+    def due(self, conn: Connection, partitions: Sequence[int], limit: int) -> list[Deadline]:
+        """The deadlines of ``partitions`` due now, earliest first, at most ``limit``."""
+        rows = conn.execute(self.due_query(partitions, limit))
         return [
             Deadline(key=k, name=n, partition=p, due_at=float(due), type=t, payload=payload)
             for k, n, p, due, t, payload in rows

@@ -268,3 +268,42 @@ def test_rebuilding_a_saga_is_refused(cluster: SimulatedCluster) -> None:
     cluster.join("a")
     with pytest.raises(OperationError, match="only projections can be rebuilt"):
         rebuild(cluster.db, "test-orders", who="test")
+
+
+def test_due_deadlines_are_found_through_the_index(cluster: SimulatedCluster) -> None:
+    """The query plan of the due-deadline lookup uses the (tenant, saga, partition, due_at)
+    index on both backends."""
+    db = cluster.db
+    saga_store = SagaStore(db, "test-orders")
+    with db.transaction() as conn:  # many pending, few due: a plan worth choosing
+        conn.execute(
+            db.schema.deadlines.insert(),
+            [
+                {
+                    "tenant": db.tenant,
+                    "saga": "test-orders",
+                    "saga_key": f"k{i}",
+                    "name": "PaymentOverdue",
+                    "partition_no": i % 4,
+                    "due_at": cluster.clock.value + (i if i % 100 else -1),
+                    "type": "test-saga.payment-overdue",
+                    "payload": "{}",
+                    "scheduled_at": 0.0,
+                }
+                for i in range(3000)
+            ],
+        )
+        if not db.is_sqlite:
+            conn.exec_driver_sql(f"ANALYZE TABLE {db.schema.deadlines.name}")
+    query = saga_store.due_query([0, 2, 3], 50)
+    compiled = query.compile(db.engine, compile_kwargs={"literal_binds": True})
+    with db.read() as conn:
+        if db.is_sqlite:
+            plan = " ".join(
+                str(r[-1]) for r in conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {compiled}")
+            )
+        else:
+            plan = " ".join(
+                str(r._mapping["key"]) for r in conn.exec_driver_sql(f"EXPLAIN {compiled}")
+            )
+    assert "ix_deadlines_due" in plan, plan
