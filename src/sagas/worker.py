@@ -146,6 +146,12 @@ class _Batch:
                 f"saga {dispatcher.spec.name!r}: after {type_name!r} the state of {key!r} is "
                 f"{instance.state!r}, not a {dispatcher.options.state.__qualname__}"
             )
+        for name, (_due, deadline) in instance.scheduled.items():
+            if type(deadline) not in dispatcher.spec.handlers:
+                raise ProjectionsError(
+                    f"saga {dispatcher.spec.name!r} schedules deadline {name!r} as a "
+                    f"{type(deadline).__qualname__}, which it has no handler for"
+                )
         self.instances[key] = instance
 
     def write(self) -> None:

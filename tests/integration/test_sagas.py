@@ -20,6 +20,7 @@ from messaging import (
     settings_from_mapping,
 )
 from messaging.errors import RegistrationError
+from messaging.ownership import Ownership
 from projections.testing import SimulatedCluster
 from sagas import SagaContext, SagaStore, saga, start
 
@@ -307,3 +308,24 @@ def test_due_deadlines_are_found_through_the_index(cluster: SimulatedCluster) ->
                 str(r._mapping["key"]) for r in conn.exec_driver_sql(f"EXPLAIN {compiled}")
             )
     assert "ix_deadlines_due" in plan, plan
+
+
+def test_a_deadline_without_a_handler_halts_at_the_message_that_scheduled_it(
+    cluster: SimulatedCluster,
+) -> None:
+    @saga("test-bad-deadline", topics="orders", correlate_by="order_id", state=OrderState)
+    class BadDeadline:
+        @start
+        def placed(self, event: OrderPlaced, ctx: SagaContext) -> None:
+            ctx.state = OrderState(amount=event.amount)
+            ctx.schedule(Ship(event.order_id), after=1)  # Ship has no handler here
+
+    bad = SimulatedCluster(cluster.db, [BadDeadline], SETTINGS)
+    bad.join("a")
+    _append(bad, OrderPlaced("b1", 1))
+    _drain(bad)
+    with cluster.db.read() as conn:
+        rows = Ownership(cluster.db).partitions(conn, ["test-bad-deadline"])
+    (halted,) = [r for r in rows if r.status == "halted"]
+    assert halted.halted_type == "test-saga.order-placed"
+    assert "no handler for" in (halted.error or "")
