@@ -13,7 +13,18 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import attrs
-from sqlalchemy import Connection, Select, delete, func, insert, select, update
+from sqlalchemy import (
+    Connection,
+    Delete,
+    Select,
+    Update,
+    bindparam,
+    delete,
+    func,
+    insert,
+    select,
+    update,
+)
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.sql.elements import ColumnElement
 
@@ -53,6 +64,21 @@ class SagaStore:
         self.saga = saga
         self._sagas = db.schema.sagas
         self._deadlines = db.schema.deadlines
+        # The statements run for many rows at once are built once and executed with a list
+        # of parameters: building a statement costs more than running it for one row.
+        d = self._deadlines
+        self._take: Delete = delete(d).where(
+            *self._of_saga(d),
+            d.c.saga_key == bindparam("b_key"),
+            d.c.name == bindparam("b_name"),
+            d.c.due_at == bindparam("b_due_at"),
+        )
+        self._unschedule: Delete = delete(d).where(
+            *self._of_saga(d),
+            d.c.saga_key == bindparam("b_key"),
+            d.c.name == bindparam("b_name"),
+        )
+        self._update: tuple[ColumnElement[float], Update] | None = None
 
     def _of_saga(self, table: Any) -> list[ColumnElement[bool]]:
         return [table.c.tenant == self.db.tenant, table.c.saga == self.saga]
@@ -74,57 +100,97 @@ class SagaStore:
                 found[key] = SagaRow(key=key, version=version, state=state, ended=bool(ended))
         return found
 
-    def save(self, conn: Connection, row: SagaRow, state: str, *, ended: bool) -> None:
-        """Store ``state`` as the next version of ``row``; ConcurrentUpdate if it moved on."""
+    def save(self, conn: Connection, changes: Sequence[tuple[SagaRow, str, bool]]) -> None:
+        """Store each ``(row, state, ended)``: the first version of a new instance, or the
+        next version of a stored one. ConcurrentUpdate if any was started or moved on
+        concurrently (the caller's transaction then rolls back whole, so the statements
+        are batched, one for the new instances and one for the stored ones)."""
         t = self._sagas
         now = self.db.clock.now()
-        if row.version is None:
+        new = [(row, state, ended) for row, state, ended in changes if row.version is None]
+        stored = [(row, state, ended) for row, state, ended in changes if row.version is not None]
+        if new:
             try:
-                with conn.begin_nested():
-                    conn.execute(
-                        insert(t).values(
-                            tenant=self.db.tenant,
-                            saga=self.saga,
-                            saga_key=row.key,
-                            version=1,
-                            state=state,
-                            ended=ended,
-                            started_at=now,
-                            updated_at=now,
-                        )
-                    )
+                conn.execute(
+                    insert(t).values(
+                        tenant=self.db.tenant,
+                        saga=self.saga,
+                        started_at=now,
+                        updated_at=now,
+                    ),
+                    [
+                        {"saga_key": row.key, "version": 1, "state": state, "ended": ended}
+                        for row, state, ended in new
+                    ],
+                )
             except IntegrityError as exc:
+                keys = ", ".join(row.key for row, _, _ in new[:5])
                 raise ConcurrentUpdate(
-                    f"saga {self.saga}/{row.key} was started concurrently"
+                    f"saga {self.saga}: one of {keys}{'...' if len(new) > 5 else ''} "
+                    "was started concurrently"
                 ) from exc
+        if not stored:
             return
+        if self._update is None or self._update[0] is not now:
+            # Rebuilt only if the clock gives another expression (a manual clock's literal).
+            self._update = (
+                now,
+                update(t)
+                .where(
+                    *self._of_saga(t),
+                    t.c.saga_key == bindparam("b_key"),
+                    t.c.version == bindparam("b_read"),
+                )
+                .values(
+                    version=bindparam("b_next"),
+                    state=bindparam("b_state"),
+                    ended=bindparam("b_ended"),
+                    updated_at=now,
+                ),
+            )
         updated = conn.execute(
-            update(t)
-            .where(*self._of_saga(t), t.c.saga_key == row.key, t.c.version == row.version)
-            .values(version=row.version + 1, state=state, ended=ended, updated_at=now)
+            self._update[1],
+            [
+                {
+                    "b_key": row.key,
+                    "b_read": row.version,
+                    "b_next": row.version + 1,  # type: ignore[operator]
+                    "b_state": state,
+                    "b_ended": ended,
+                }
+                for row, state, ended in stored
+            ],
         ).rowcount
-        if updated != 1:
+        if updated != len(stored):
+            versions = ", ".join(f"{row.key} v{row.version}" for row, _, _ in stored[:5])
             raise ConcurrentUpdate(
-                f"saga {self.saga}/{row.key} changed concurrently (read version {row.version})"
+                f"saga {self.saga}: {len(stored) - updated} of {len(stored)} instances changed "
+                f"concurrently (read {versions}{'...' if len(stored) > 5 else ''})"
             )
 
     # -- deadlines ---------------------------------------------------------------------
 
-    def schedule(self, conn: Connection, deadline: Deadline) -> None:
-        """Store ``deadline``, replacing one of the same name for the same saga instance."""
-        self.cancel(conn, deadline.key, [deadline.name])
+    def schedule(self, conn: Connection, deadlines: Sequence[Deadline]) -> None:
+        """Store ``deadlines``, each replacing one of the same name for the same saga
+        instance (two batched statements, however many there are)."""
+        if not deadlines:
+            return
+        conn.execute(self._unschedule, [{"b_key": d.key, "b_name": d.name} for d in deadlines])
         conn.execute(
             insert(self._deadlines).values(
-                tenant=self.db.tenant,
-                saga=self.saga,
-                saga_key=deadline.key,
-                name=deadline.name,
-                partition_no=deadline.partition,
-                due_at=deadline.due_at,
-                type=deadline.type,
-                payload=deadline.payload,
-                scheduled_at=self.db.clock.now(),
-            )
+                tenant=self.db.tenant, saga=self.saga, scheduled_at=self.db.clock.now()
+            ),
+            [
+                {
+                    "saga_key": d.key,
+                    "name": d.name,
+                    "partition_no": d.partition,
+                    "due_at": d.due_at,
+                    "type": d.type,
+                    "payload": d.payload,
+                }
+                for d in deadlines
+            ],
         )
 
     def cancel(self, conn: Connection, key: str, names: Sequence[str] | None = None) -> None:
@@ -158,21 +224,36 @@ class SagaStore:
             for k, n, p, due, t, payload in rows
         ]
 
-    def take(self, conn: Connection, deadline: Deadline) -> None:
-        """Delete a deadline being delivered; ConcurrentUpdate if it changed since read."""
+    def any_due(self, conn: Connection, partitions: Sequence[int]) -> bool:
+        """Whether any deadline of ``partitions`` is due now. Unordered, so it stops at the
+        first due row it finds instead of sorting a backlog of them, as ``due(..., 1)``
+        would."""
         d = self._deadlines
-        deleted = conn.execute(
-            delete(d).where(
+        found = conn.execute(
+            select(d.c.due_at)
+            .where(
                 *self._of_saga(d),
-                d.c.saga_key == deadline.key,
-                d.c.name == deadline.name,
-                d.c.due_at == deadline.due_at,
+                d.c.partition_no.in_(list(partitions)),
+                d.c.due_at <= self.db.clock.now(),
             )
+            .limit(1)
+        ).first()
+        return found is not None
+
+    def take(self, conn: Connection, deadlines: Sequence[Deadline]) -> None:
+        """Delete deadlines being delivered (one batched statement); ConcurrentUpdate if any
+        changed since read (the caller's transaction then rolls back whole)."""
+        if not deadlines:
+            return
+        deleted = conn.execute(
+            self._take,
+            [{"b_key": d.key, "b_name": d.name, "b_due_at": d.due_at} for d in deadlines],
         ).rowcount
-        if deleted != 1:
+        if deleted != len(deadlines):
+            names = ", ".join(f"{d.key}/{d.name}" for d in deadlines[:5])
             raise ConcurrentUpdate(
-                f"deadline {deadline.name!r} of saga {self.saga}/{deadline.key} changed "
-                "while being delivered"
+                f"saga {self.saga}: {len(deadlines) - deleted} of {len(deadlines)} deadlines "
+                f"({names}{'...' if len(deadlines) > 5 else ''}) changed while being delivered"
             )
 
     def pending(self, conn: Connection) -> int:

@@ -84,8 +84,8 @@ class SagaDispatcher(Dispatcher):
         """Take ``deadlines`` off the table and apply them; return the database's time."""
         batch = _Batch(self, ctx)
         batch.load(d.key for d in deadlines)
+        self.store.take(ctx.connection, deadlines)
         for deadline in deadlines:
-            self.store.take(ctx.connection, deadline)
             decode = self.handlers.get(deadline.type, (None, None))[0]
             if decode is None:
                 raise ProjectionsError(
@@ -158,9 +158,15 @@ class _Batch:
         """Store every changed instance with its deadlines (ConcurrentUpdate if one moved on)."""
         dispatcher = self.dispatcher
         store, conn = dispatcher.store, self.ctx.connection
+        store.save(
+            conn,
+            [
+                (self.rows[key], dispatcher.converter.dumps(instance.state), instance.ended)
+                for key, instance in self.instances.items()
+            ],
+        )
+        scheduled = []
         for key, instance in self.instances.items():
-            state = dispatcher.converter.dumps(instance.state)
-            store.save(conn, self.rows[key], state, ended=instance.ended)
             if instance.ended:
                 store.cancel(conn, key)
                 continue
@@ -168,18 +174,17 @@ class _Batch:
                 store.cancel(conn, key, sorted(instance.cancelled))
             for name, (due, message) in instance.scheduled.items():
                 type_name, payload = dispatcher.registry.encode(message)
-                partition = partition_of(key, dispatcher.spec.partitions)
-                store.schedule(
-                    conn,
+                scheduled.append(
                     Deadline(
                         key=key,
                         name=name,
-                        partition=partition,
+                        partition=partition_of(key, dispatcher.spec.partitions),
                         due_at=due,
                         type=type_name,
                         payload=payload,
-                    ),
+                    )
                 )
+        store.schedule(conn, scheduled)
 
 
 def _no_envelopes() -> dict[int, Envelope]:
@@ -207,7 +212,7 @@ class SagaWorker(ConsumerWorker):
             return 0
         dispatcher: SagaDispatcher = self.dispatcher  # type: ignore[assignment]
         with self.db.read() as conn:  # an idle poll never takes the write lock
-            if not dispatcher.store.due(conn, sorted(claims), 1):
+            if not dispatcher.store.any_due(conn, sorted(claims)):
                 return 0
         what = f"deliver deadlines of {self.spec.name}"
         with self._limiter:

@@ -4,10 +4,12 @@ commands sent through the outbox, deadlines scheduled, cancelled and delivered o
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import attrs
 import pytest
-from sqlalchemy import select
+from sqlalchemy import event, select
 
 from messaging import (
     Database,
@@ -19,10 +21,11 @@ from messaging import (
     route_consumer,
     settings_from_mapping,
 )
-from messaging.errors import RegistrationError
+from messaging.errors import ConcurrentUpdate, RegistrationError
 from messaging.ownership import Ownership
 from projections.testing import SimulatedCluster
 from sagas import SagaContext, SagaStore, saga, start
+from sagas.store import SagaRow
 
 SETTINGS = settings_from_mapping(
     {
@@ -97,6 +100,31 @@ class OrderSaga:
     def overdue(self, event: PaymentOverdue, ctx: SagaContext) -> None:
         ctx.send("test-shipping", Cancel(ctx.key), key=ctx.key)
         ctx.end()
+
+
+@message("test-saga.remind")
+@attrs.define(frozen=True)
+class Remind:
+    order_id: str
+
+
+@attrs.define
+class ReminderState:
+    reminded: int = 0
+
+
+@saga("test-reminders", topics="orders", correlate_by="order_id", state=ReminderState, partitions=4)
+class Reminders:
+    """Schedules one reminder per order; delivering it only changes the state."""
+
+    @start
+    def placed(self, event: OrderPlaced, ctx: SagaContext) -> None:
+        ctx.state = ReminderState()
+        ctx.schedule(Remind(event.order_id), after=1.0)
+
+    @handler
+    def remind(self, event: Remind, ctx: SagaContext) -> None:
+        ctx.state.reminded += 1
 
 
 @route_consumer("test-shipping", partitions=2)
@@ -329,3 +357,78 @@ def test_a_deadline_without_a_handler_halts_at_the_message_that_scheduled_it(
     (halted,) = [r for r in rows if r.status == "halted"]
     assert halted.halted_type == "test-saga.order-placed"
     assert "no handler for" in (halted.error or "")
+
+
+def test_sagas_start_and_deadlines_are_delivered_in_a_constant_number_of_statements(
+    cluster: SimulatedCluster,
+) -> None:
+    """Scheduling, taking the deadlines and saving the saga states are batched statements,
+    so a batch costs the same few round trips however many sagas it starts or deadlines it
+    delivers (it used to cost two or three statements per saga, each built anew: the
+    framework delivered at a fifth of a hand-written loop's rate in
+    benchmarks/deadlines.py)."""
+    reminders = SimulatedCluster(cluster.db, [Reminders], SETTINGS)
+    reminders.join("a")
+    _append(reminders, *(OrderPlaced(f"r{i}", 1) for i in range(40)))
+    with _statements(reminders.db) as starting:
+        assert reminders.poll_all() == 40  # one batch (batch-size 50), nothing due yet
+    reminders.clock.advance(2.0)
+    with _statements(reminders.db) as delivering:
+        assert reminders.poll_all() == 40
+    assert len(starting) <= 12, starting
+    assert len(delivering) <= 12, delivering
+    t = reminders.db.schema.sagas
+    with reminders.db.read() as conn:
+        states = conn.execute(select(t.c.state).where(t.c.saga == "test-reminders")).scalars()
+        assert sorted(json.loads(state)["reminded"] for state in states) == [1] * 40
+        assert SagaStore(reminders.db, "test-reminders").pending(conn) == 0
+
+
+@contextmanager
+def _statements(db: Database) -> Iterator[list[str]]:
+    """The SQL statements sent meanwhile (an executemany counts once)."""
+    sent: list[str] = []
+
+    def record(_conn: object, _cursor: object, statement: str, *_args: object) -> None:
+        sent.append(statement)
+
+    event.listen(db.engine, "before_cursor_execute", record)
+    try:
+        yield sent
+    finally:
+        event.remove(db.engine, "before_cursor_execute", record)
+
+
+def test_batched_takes_and_saves_still_detect_a_concurrent_change(
+    cluster: SimulatedCluster,
+) -> None:
+    """One deadline of a batch cancelled, or one saga of a batch updated, after they were
+    read: the whole batch fails with ConcurrentUpdate and its transaction changes nothing."""
+    reminders = SimulatedCluster(cluster.db, [Reminders], SETTINGS)
+    reminders.join("a")
+    _append(reminders, *(OrderPlaced(f"k{i}", 1) for i in range(3)))
+    _drain(reminders)
+    db = reminders.db
+    store = SagaStore(db, "test-reminders")
+    with db.read() as conn:
+        assert not store.any_due(conn, range(4))  # due in one second
+    reminders.clock.advance(2.0)
+    with db.read() as conn:
+        assert store.any_due(conn, range(4))
+        due = store.due(conn, range(4), 10)
+        rows = store.load(conn, ["k0", "k1", "k2"])
+    assert len(due) == 3
+    with db.transaction() as conn:
+        store.cancel(conn, "k1")
+        store.save(conn, [(rows["k2"], '{"reminded": 5}', False)])
+    with pytest.raises(ConcurrentUpdate, match="1 of 3 deadlines"), db.transaction() as conn:
+        store.take(conn, due)
+    with pytest.raises(ConcurrentUpdate, match="1 of 3 instances"), db.transaction() as conn:
+        store.save(conn, [(rows[k], '{"reminded": 9}', False) for k in ("k0", "k1", "k2")])
+    with pytest.raises(ConcurrentUpdate, match="started concurrently"), db.transaction() as conn:
+        new = [SagaRow(key=k, version=None, state=None, ended=False) for k in ("k9", "k0")]
+        store.save(conn, [(row, "{}", False) for row in new])
+    with db.read() as conn:
+        assert store.pending(conn) == 2
+        assert sorted(store.load(conn, ["k0", "k1", "k2", "k9"])) == ["k0", "k1", "k2"]
+        assert store.load(conn, ["k0"])["k0"].version == 1

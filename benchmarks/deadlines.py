@@ -1,0 +1,726 @@
+"""Saga deadline delivery: due deadlines per second, and lateness against the poll interval.
+
+Run as ``python benchmarks/deadlines.py [--mysql-url URL] [--deadlines N] [--runs N]``
+(``--help`` for the rest). About 25 s on SQLite, 75 s more with MySQL.
+
+A small benchmark saga (``Timers``) starts one instance per ``TimerSet`` message and
+schedules one ``TimerFired`` deadline; delivering it increments a counter in the
+saga's state. Everything goes through the framework's own code paths: start messages
+are appended to the store and applied by an instance, deadlines are delivered by real
+``messaging.Instance`` threads (``DatabaseClock``, sub-second intervals) and observed
+through the ``projections_deadlines_delivered`` hook. The benchmark waits on a
+condition fed by the hooks, never on sleeps.
+
+**Throughput.** ``--deadlines`` (20,000) sagas are started by an instance whose
+database has a ``ManualClock`` an hour back, so that their deadlines are stored but
+none is due for it. By the real clock they are all overdue: the "deadlines due while
+no instance ran" case. A snapshot of the saga and deadline rows is restored before
+every run. A framework run's clock starts when a fresh instance has finished its first
+rebalance round (partitions claimed, loops not yet started) and stops at the hook call
+that brings the delivered count to N. The baseline, in the same run on the same rows,
+is a hand-written ``sqlite3`` (resp. PyMySQL) loop that selects due rows by the same
+``(tenant, saga, partition_no, due_at)`` index in transactions of the same batch size
+(500), deletes each, reads the sagas' state rows and rewrites each by version, and
+touches the partitions' rows as the fence does. Framework and baseline runs alternate;
+the medians are printed with ``ratio framework/hand-written``. On MySQL the framework
+runs twice per round: with 8 lanes (``executor.max-workers: 8``, batches of disjoint
+partitions delivered at once) and with 1 lane, the baseline's single connection.
+
+**Lateness.** With an instance running, ``--lateness-deadlines`` (2,000) sagas are
+started, their deadlines spread evenly from 2 s to 2 s + ``--spread`` (3 s) after
+their start, so that the starts are applied before the first one is due (the summary
+says how long they took). The hook gives each deadline's lateness: the database's time
+when its delivery batch read the clock minus its due time. The p50/p95/p99/max over
+``--lateness-runs`` (2) runs are printed beside ``idle-poll-interval`` (200 ms,
+``--idle-poll-interval``): the issue promises delivery "on time within one poll
+interval of the due time under normal load".
+
+**Correctness**, checked after every run of either kind: each deadline was delivered
+exactly once (the hook counts N, every saga's counter is 1) and none is left.
+
+SQLite runs on a temporary file; MySQL (``--mysql-url``) in a scratch database created
+beside the given one and dropped at the end (or, if it cannot be created, under a
+unique table prefix in the given one, dropped too).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sqlite3
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+# Measure this checkout's code, whichever checkout an editable install points at.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+import attrs
+import pymysql  # type: ignore[import-untyped]
+from sqlalchemy import delete, func, insert, inspect, select, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError
+
+import messaging
+from messaging import (
+    ConsumerSpec,
+    Database,
+    Instance,
+    ManualClock,
+    MessageStore,
+    NewMessage,
+    handler,
+    hookimpl,
+    message,
+    settings_from_mapping,
+)
+from messaging.clock import DatabaseClock
+from messaging.migrations import migrate
+from messaging.settings import Settings
+from sagas import SagaContext, saga, start
+
+SAGA = "bench-deadlines"
+TOPIC = "bench-timers"
+PARTITIONS = 16
+BATCH = 500
+TENANT = "default"
+APPEND_CHUNK = 5_000
+SETUP_CLOCK_OFFSET = 3_600.0
+"""How far back the setup instance's manual clock is, in seconds."""
+LATENESS_LEAD = 2.0
+"""Seconds between a lateness saga's start and its earliest deadline: time enough to
+apply the start messages first, so that the deadlines are measured under no other load."""
+WAIT_TIMEOUT = 600.0
+
+
+class BenchmarkFailure(Exception):
+    """A deadline delivered twice or never, one left in the table, or a run that stalled."""
+
+
+# -- the benchmark saga -------------------------------------------------------------------
+
+
+@message("bench-deadlines.timer-set")
+@attrs.define(frozen=True)
+class TimerSet:
+    timer_id: str
+    due_in: float
+
+
+@message("bench-deadlines.timer-fired")
+@attrs.define(frozen=True)
+class TimerFired:
+    timer_id: str
+
+
+@attrs.define
+class TimerState:
+    fired: int = 0
+
+
+@saga(SAGA, topics=TOPIC, correlate_by="timer_id", state=TimerState, partitions=PARTITIONS)
+class Timers:
+    """One instance per timer: schedules its deadline on start, counts its deliveries."""
+
+    @start
+    def set(self, event: TimerSet, ctx: SagaContext) -> None:
+        ctx.state = TimerState()
+        ctx.schedule(TimerFired(event.timer_id), after=event.due_in)
+
+    @handler
+    def fired(self, event: TimerFired, ctx: SagaContext) -> None:
+        ctx.state.fired += 1
+
+
+# -- the probe: a plugin fed by the instances' hooks ---------------------------------------
+
+
+class Probe:
+    """Counts deliveries and applied messages, collects lateness, wakes the waiter."""
+
+    def __init__(self) -> None:
+        self.changed = threading.Condition()
+        self.reset()
+
+    def reset(self) -> None:
+        with self.changed:
+            self.delivered = 0
+            self.applied = 0
+            self.lateness: list[float] = []
+            self.ready_at: float | None = None
+            self.last_delivery_at = 0.0
+
+    @hookimpl
+    def projections_rebalanced(self, instance_id: str) -> None:
+        with self.changed:
+            if self.ready_at is None:
+                self.ready_at = time.perf_counter()
+
+    @hookimpl
+    def projections_batch_applied(self, consumer: str, count: int) -> None:
+        if consumer != SAGA:
+            return
+        with self.changed:
+            self.applied += count
+            self.changed.notify_all()
+
+    @hookimpl
+    def projections_deadlines_delivered(
+        self, consumer: str, count: int, lateness: Sequence[float]
+    ) -> None:
+        if consumer != SAGA:
+            return
+        now = time.perf_counter()
+        with self.changed:
+            self.delivered += count
+            self.lateness.extend(lateness)
+            self.last_delivery_at = now
+            self.changed.notify_all()
+
+    def wait(self, done: Callable[[], bool], what: str) -> None:
+        """Wait until ``done()`` (checked under the lock); fail after ``WAIT_TIMEOUT``."""
+        with self.changed:
+            if not self.changed.wait_for(done, timeout=WAIT_TIMEOUT):
+                raise BenchmarkFailure(
+                    f"timed out waiting for {what} "
+                    f"(delivered {self.delivered}, applied {self.applied})"
+                )
+
+
+PROBE = Probe()
+
+
+def saga_spec() -> tuple[ConsumerSpec, Any]:
+    """The Timers saga's spec, collected through the plugin manager, and the hooks."""
+    module = sys.modules[__name__]
+    manager = messaging.create_plugin_manager([module], plugins=[PROBE], load_entrypoints=False)
+    (spec,) = [s for s in messaging.collect_consumers(manager) if s.name == SAGA]
+    return spec, manager.hook
+
+
+def settings(idle_poll_interval: float, max_workers: int = 8) -> Settings:
+    """Sub-second intervals for one instance; the batch size of the baseline. On MySQL,
+    ``max_workers`` is the number of lanes delivering at once (SQLite has one)."""
+    return settings_from_mapping(
+        {
+            "messaging": {
+                "consumer": {
+                    "rebalance-interval": "1s",
+                    "stale-instance-timeout": "5s",
+                    "heartbeat-interval": "500ms",
+                    "graceful-shutdown-timeout": "10s",
+                    "idle-poll-interval": f"{idle_poll_interval * 1000:g}ms",
+                    "batch-size": BATCH,
+                    "executor": {"max-workers": max_workers},
+                    "conflict-retry": {"max-retries": 5, "max-delay": "100ms"},
+                }
+            }
+        }
+    )
+
+
+# -- rows: starting sagas, snapshots, checks ------------------------------------------------
+
+
+def append_starts(db: Database, prefix: str, dues: Sequence[float]) -> None:
+    """Append one ``TimerSet`` per due offset (timer ids ``prefix-i``), in big transactions."""
+    store = MessageStore(db, messaging.registry)
+    encode = messaging.registry.encode
+    batch: list[NewMessage] = []
+    for i, due_in in enumerate(dues):
+        timer_id = f"{prefix}-{i}"
+        type_name, payload = encode(TimerSet(timer_id, due_in))
+        batch.append(NewMessage(topic=TOPIC, source=timer_id, type=type_name, payload=payload))
+        if len(batch) >= APPEND_CHUNK:
+            with db.transaction() as conn:
+                store.append_encoded(conn, batch)
+            batch = []
+    if batch:
+        with db.transaction() as conn:
+            store.append_encoded(conn, batch)
+
+
+def db_now(db: Database) -> float:
+    """The database server's time, in seconds since the epoch."""
+    with db.read() as conn:
+        return float(conn.execute(select(DatabaseClock(db.engine.dialect.name).now())).scalar_one())
+
+
+def start_overdue_sagas(url: str, prefix: str, count: int, spec: ConsumerSpec, hooks: Any) -> None:
+    """Start ``count`` sagas through an instance whose manual clock is an hour back: their
+    deadlines are stored, all overdue by the real clock, none delivered."""
+    real = Database(url, tenant=TENANT, table_prefix=prefix)
+    try:
+        back = db_now(real) - SETUP_CLOCK_OFFSET
+        append_starts(real, "t", [1.0 + i * 1e-4 for i in range(count)])
+    finally:
+        real.dispose()
+    db = Database(url, tenant=TENANT, table_prefix=prefix, clock=ManualClock(back))
+    instance = Instance(db, [spec], settings(0.2), hooks, name="deadlines-setup")
+    PROBE.reset()
+    try:
+        instance.start(loops=False)
+        worker = instance.workers[SAGA]
+        while worker.poll():
+            pass
+    finally:
+        instance.stop()
+        db.dispose()
+    if PROBE.applied != count or PROBE.delivered:
+        raise BenchmarkFailure(
+            f"setup applied {PROBE.applied} of {count} starts, delivered {PROBE.delivered}"
+        )
+
+
+Snapshot = tuple[list[dict[str, Any]], list[dict[str, Any]]]
+
+
+def snapshot(db: Database) -> Snapshot:
+    """The saga's state and deadline rows."""
+    s, d = db.schema.sagas, db.schema.deadlines
+    with db.read() as conn:
+        sagas = [dict(r) for r in conn.execute(select(s).where(s.c.saga == SAGA)).mappings()]
+        deadlines = [dict(r) for r in conn.execute(select(d).where(d.c.saga == SAGA)).mappings()]
+    return sagas, deadlines
+
+
+def restore(db: Database, rows: Snapshot) -> None:
+    """Put the saga's state and deadline rows back as snapshotted."""
+    sagas, deadlines = rows
+    s, d = db.schema.sagas, db.schema.deadlines
+    with db.transaction() as conn:
+        conn.execute(delete(s).where(s.c.saga == SAGA))
+        conn.execute(delete(d).where(d.c.saga == SAGA))
+        for table, values in ((s, sagas), (d, deadlines)):
+            for start_at in range(0, len(values), APPEND_CHUNK):
+                conn.execute(insert(table), values[start_at : start_at + APPEND_CHUNK])
+
+
+def verify(db: Database, label: str, prefix: str, count: int, delivered: int) -> None:
+    """Every ``prefix-*`` saga fired exactly once, ``delivered`` says ``count``, none left."""
+    s, d = db.schema.sagas, db.schema.deadlines
+    with db.read() as conn:
+        states = conn.execute(
+            select(s.c.state).where(
+                s.c.tenant == TENANT, s.c.saga == SAGA, s.c.saga_key.like(f"{prefix}-%")
+            )
+        ).scalars()
+        fired = [json.loads(state)["fired"] for state in states]
+        left = conn.execute(
+            select(func.count()).select_from(d).where(d.c.tenant == TENANT, d.c.saga == SAGA)
+        ).scalar_one()
+    wrong = [f for f in fired if f != 1]
+    if delivered != count or len(fired) != count or wrong or left:
+        raise BenchmarkFailure(
+            f"{label}: {delivered} deliveries counted for {count} deadlines; "
+            f"{len(fired)} sagas, {len(wrong)} not fired exactly once "
+            f"(counters {sorted(set(wrong))[:5]}); {left} deadlines left"
+        )
+
+
+# -- the framework --------------------------------------------------------------------------
+
+
+@contextmanager
+def running_instance(
+    url: str, prefix: str, spec: ConsumerSpec, hooks: Any, idle: float, max_workers: int = 8
+) -> Iterator[Database]:
+    """A real instance with its threads, stopped gracefully at the end."""
+    db = Database(url, tenant=TENANT, table_prefix=prefix)
+    name = f"deadlines-{uuid.uuid4().hex[:6]}"
+    instance = Instance(db, [spec], settings(idle, max_workers), hooks, name=name)
+    try:
+        instance.start()
+        yield db
+    finally:
+        instance.stop()
+        db.dispose()
+
+
+def framework_run(
+    url: str,
+    prefix: str,
+    rows: Snapshot,
+    count: int,
+    spec: ConsumerSpec,
+    hooks: Any,
+    max_workers: int,
+) -> float:
+    """Restore the overdue deadlines, start an instance; deadlines/s until all delivered."""
+    db = Database(url, tenant=TENANT, table_prefix=prefix)
+    try:
+        restore(db, rows)
+        PROBE.reset()
+        with running_instance(url, prefix, spec, hooks, 0.2, max_workers):
+            PROBE.wait(lambda: PROBE.delivered >= count, f"{count} deliveries")
+            ready_at, last_at, delivered = PROBE.ready_at, PROBE.last_delivery_at, PROBE.delivered
+        if ready_at is None:
+            raise BenchmarkFailure("the instance never finished a rebalance round")
+        verify(db, "framework", "t", count, delivered)
+    finally:
+        db.dispose()
+    return count / (last_at - ready_at)
+
+
+@attrs.define(kw_only=True)
+class Lateness:
+    """One lateness run: each deadline's lateness, and how long applying the starts took."""
+
+    seconds: list[float]
+    starting: float
+
+
+def lateness_run(
+    url: str, prefix: str, run: int, options: Options, spec: ConsumerSpec, hooks: Any
+) -> Lateness:
+    """Start sagas with deadlines spread over ``options.spread`` seconds; their lateness."""
+    PROBE.reset()
+    name, count = f"late{run}", options.lateness_deadlines
+    dues = [LATENESS_LEAD + options.spread * i / count for i in range(count)]
+    with running_instance(url, prefix, spec, hooks, options.idle) as db:
+        appended = time.perf_counter()
+        append_starts(db, name, dues)
+        PROBE.wait(lambda: PROBE.applied >= count, f"{count} starts applied")
+        starting = time.perf_counter() - appended
+        PROBE.wait(lambda: PROBE.delivered >= count, f"{count} deliveries")
+        lateness, delivered = list(PROBE.lateness), PROBE.delivered
+    db = Database(url, tenant=TENANT, table_prefix=prefix)
+    try:
+        verify(db, "lateness", name, count, delivered)
+    finally:
+        db.dispose()
+    return Lateness(seconds=lateness, starting=starting)
+
+
+# -- hand-written loops -----------------------------------------------------------------
+
+
+class HandWritten:
+    """The delivery loop a person writes with a DB-API connection: per batch, one
+    transaction that selects due rows by the index, deletes each, rewrites each saga's
+    state by version and touches the partitions' rows. Subclasses give the dialect."""
+
+    placeholder = "?"
+    now_sql = ""
+
+    def __init__(self, prefix: str) -> None:
+        p, q = prefix, self.placeholder
+        self.partitions = ", ".join(str(i) for i in range(PARTITIONS))
+        self.select_due = (
+            f"SELECT saga_key, name, partition_no, due_at FROM {p}deadlines "
+            f"WHERE tenant = {q} AND saga = {q} AND partition_no IN ({self.partitions}) "
+            f"AND due_at <= {self.now_sql} ORDER BY due_at LIMIT {q}"
+        )
+        self.delete_one = (
+            f"DELETE FROM {p}deadlines WHERE tenant = {q} AND saga = {q} AND saga_key = {q} "
+            f"AND name = {q} AND due_at = {q}"
+        )
+        self.select_states = (
+            f"SELECT saga_key, version, state FROM {p}sagas "
+            f"WHERE tenant = {q} AND saga = {q} AND saga_key IN ({{keys}})"
+        )
+        self.update_state = (
+            f"UPDATE {p}sagas SET version = {q}, state = {q}, updated_at = {self.now_sql} "
+            f"WHERE tenant = {q} AND saga = {q} AND saga_key = {q} AND version = {q}"
+        )
+        self.fence = (
+            f"UPDATE {p}consumer_partitions SET checkpoint = checkpoint "
+            f"WHERE tenant = {q} AND consumer = {q} AND partition_no IN ({{partitions}})"
+        )
+
+    def begin(self, cur: Any) -> None:
+        raise NotImplementedError
+
+    def commit(self, cur: Any) -> None:
+        raise NotImplementedError
+
+    def loop(self, cur: Any) -> int:
+        """Deliver until nothing is due; return how many were delivered."""
+        q = self.placeholder
+        delivered = 0
+        loads, dumps = json.loads, json.dumps
+        while True:
+            self.begin(cur)
+            cur.execute(self.select_due, (TENANT, SAGA, BATCH))
+            due = cur.fetchall()
+            if not due:
+                self.commit(cur)
+                return delivered
+            keys = sorted({row[0] for row in due})
+            cur.execute(
+                self.select_states.format(keys=", ".join([q] * len(keys))), (TENANT, SAGA, *keys)
+            )
+            states = {key: (version, loads(state)) for key, version, state in cur.fetchall()}
+            for key, name, _partition, due_at in due:
+                cur.execute(self.delete_one, (TENANT, SAGA, key, name, due_at))
+                if cur.rowcount != 1:
+                    raise BenchmarkFailure(f"hand-written: deadline {key}/{name} vanished")
+                states[key][1]["fired"] += 1
+            for key in keys:
+                version, state = states[key]
+                cur.execute(
+                    self.update_state,
+                    (version + 1, dumps(state), TENANT, SAGA, key, version),
+                )
+                if cur.rowcount != 1:
+                    raise BenchmarkFailure(f"hand-written: saga {key} changed concurrently")
+            partitions = sorted({row[2] for row in due})
+            cur.execute(
+                self.fence.format(partitions=", ".join(str(p) for p in partitions)),
+                (TENANT, SAGA),
+            )
+            self.commit(cur)
+            delivered += len(due)
+
+
+class SqliteHandWritten(HandWritten):
+    now_sql = "((julianday('now') - 2440587.5) * 86400.0)"
+
+    def begin(self, cur: Any) -> None:
+        cur.execute("BEGIN IMMEDIATE")
+
+    def commit(self, cur: Any) -> None:
+        cur.execute("COMMIT")
+
+    def run(self, path: str) -> tuple[int, float]:
+        con = sqlite3.connect(path, timeout=30.0, isolation_level=None)
+        try:
+            con.execute("PRAGMA journal_mode=WAL")
+            con.execute("PRAGMA synchronous=NORMAL")
+            started = time.perf_counter()
+            delivered = self.loop(con.cursor())
+            return delivered, time.perf_counter() - started
+        finally:
+            con.close()
+
+
+class MysqlHandWritten(HandWritten):
+    placeholder = "%s"
+    now_sql = "UNIX_TIMESTAMP(NOW(6))"
+
+    def begin(self, cur: Any) -> None:
+        cur.connection.begin()
+
+    def commit(self, cur: Any) -> None:
+        cur.connection.commit()
+
+    def run(self, url: str) -> tuple[int, float]:
+        parsed = make_url(url)
+        con = pymysql.connect(
+            host=parsed.host or "127.0.0.1",
+            port=parsed.port or 3306,
+            user=parsed.username or "root",
+            password=parsed.password or "",
+            database=parsed.database,
+            charset="utf8mb4",
+            autocommit=False,
+        )
+        try:
+            cur = con.cursor()
+            cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+            started = time.perf_counter()
+            delivered = self.loop(cur)
+            return delivered, time.perf_counter() - started
+        finally:
+            con.close()
+
+
+def hand_written_run(url: str, prefix: str, rows: Snapshot, count: int) -> float:
+    """Restore the overdue deadlines, run the hand-written loop; deadlines/s."""
+    db = Database(url, tenant=TENANT, table_prefix=prefix)
+    try:
+        restore(db, rows)
+        if db.is_sqlite:
+            delivered, elapsed = SqliteHandWritten(prefix).run(make_url(db.url).database or "")
+        else:
+            delivered, elapsed = MysqlHandWritten(prefix).run(db.url)
+        verify(db, "hand-written", "t", count, delivered)
+    finally:
+        db.dispose()
+    return count / elapsed
+
+
+# -- driving ----------------------------------------------------------------------------
+
+
+@attrs.define(kw_only=True)
+class Options:
+    deadlines: int
+    runs: int
+    lateness_deadlines: int
+    lateness_runs: int
+    spread: float
+    idle: float
+
+
+def measure(label: str, url: str, prefix: str, options: Options) -> None:
+    """Set up, then alternate framework and hand-written runs; then the lateness runs."""
+    spec, hooks = saga_spec()
+    db = Database(url, tenant=TENANT, table_prefix=prefix)
+    try:
+        if not db.is_sqlite:
+            migrate(db)
+        db.prepare()
+        count = options.deadlines
+        start_overdue_sagas(url, prefix, count, spec, hooks)
+        rows = snapshot(db)
+        if len(rows[1]) != count:
+            raise BenchmarkFailure(f"setup stored {len(rows[1])} deadlines, not {count}")
+        sqlite = db.is_sqlite
+    finally:
+        db.dispose()
+    lanes = [1] if sqlite else [8, 1]  # SQLite applies one batch of a consumer at a time
+    ours: dict[int, list[float]] = {n: [] for n in lanes}
+    theirs: list[float] = []
+    for _ in range(options.runs):
+        for n in lanes:
+            ours[n].append(framework_run(url, prefix, rows, count, spec, hooks, n))
+        theirs.append(hand_written_run(url, prefix, rows, count))
+    lateness = [
+        lateness_run(url, prefix, run, options, spec, hooks) for run in range(options.lateness_runs)
+    ]
+    report(label, options, ours, theirs, lateness)
+
+
+def report(
+    label: str,
+    options: Options,
+    ours: dict[int, list[float]],
+    theirs: list[float],
+    lateness: list[Lateness],
+) -> None:
+    """The compact summary of one backend."""
+    theirs_median = statistics.median(theirs)
+    baseline = "sqlite3" if label == "sqlite" else "PyMySQL"
+    print(
+        f"{label}: {options.deadlines} overdue deadlines, batch {BATCH}, "
+        f"median of {options.runs} runs (every deadline delivered once, none left)"
+    )
+    for lanes, rates in ours.items():
+        what = f"framework, {lanes} lane{'s' if lanes > 1 else ''}:"
+        print(f"  {what:<28} {statistics.median(rates):>8,.0f} deadlines/s  runs {_fmt(rates)}")
+    what = f"hand-written {baseline} loop:"
+    print(f"  {what:<28} {theirs_median:>8,.0f} deadlines/s  runs {_fmt(theirs)}")
+    for lanes, rates in ours.items():
+        ratio = statistics.median(rates) / theirs_median
+        print(
+            f"  ratio framework ({lanes} lane{'s' if lanes > 1 else ''})/hand-written: {ratio:.2f}"
+        )
+    pooled = [x for run in lateness for x in run.seconds]
+    cuts = statistics.quantiles(pooled, n=100, method="inclusive")
+    p50, p95, p99, worst = cuts[49], cuts[94], cuts[98], max(pooled)
+    print(
+        f"  lateness, {options.lateness_deadlines} deadlines due over {options.spread:g} s "
+        f"x {len(lateness)} runs: p50 {p50 * 1000:.0f} ms, p95 {p95 * 1000:.0f} ms, "
+        f"p99 {p99 * 1000:.0f} ms, max {worst * 1000:.0f} ms"
+    )
+    within = sum(1 for x in pooled if x <= options.idle) / len(pooled)
+    print(
+        f"  vs idle-poll-interval {options.idle * 1000:.0f} ms: p50 {p50 / options.idle:.2f}, "
+        f"p99 {p99 / options.idle:.2f}, max {worst / options.idle:.2f} intervals; "
+        f"{within:.1%} within one interval"
+    )
+    starting = max(run.starting for run in lateness)
+    note = "" if starting < LATENESS_LEAD else "  (OVERLAPPED the first deadlines: load)"
+    print(
+        f"  (starts applied within {starting:.2f} s of the append; first deadline after "
+        f"{LATENESS_LEAD:g} s){note}",
+        flush=True,
+    )
+
+
+def _fmt(rates: Sequence[float]) -> str:
+    return ", ".join(f"{r:,.0f}" for r in rates)
+
+
+def run_sqlite(options: Options) -> None:
+    """Measure on a SQLite file in a temporary directory."""
+    with tempfile.TemporaryDirectory(prefix="deadlines-") as tmp:
+        measure("sqlite", f"sqlite:///{os.path.join(tmp, 'bench.db')}", "prj_", options)
+
+
+@contextmanager
+def scratch_database(url: str) -> Iterator[str]:
+    """A database of its own beside the URL's, dropped afterwards (the URL's own if it may
+    not create one)."""
+    admin = Database(url)
+    base = make_url(admin.url)
+    name = f"{base.database or 'test'}_deadlines_{uuid.uuid4().hex[:8]}"
+    try:
+        with admin.engine.begin() as conn:
+            conn.execute(text(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4"))
+    except DBAPIError as exc:
+        admin.dispose()
+        print(f"(no scratch database: {exc.orig}; using {base.database})", file=sys.stderr)
+        yield admin.url
+        return
+    try:
+        yield base.set(database=name).render_as_string(hide_password=False)
+    finally:
+        with admin.engine.begin() as conn:
+            conn.execute(text(f"DROP DATABASE IF EXISTS `{name}`"))
+        admin.dispose()
+
+
+def run_mysql(url: str, options: Options) -> None:
+    """Measure in a scratch database, under a unique table prefix whose tables are dropped."""
+    prefix = f"bench{uuid.uuid4().hex[:8]}_"
+    with scratch_database(url) as target:
+        try:
+            measure("mysql", target, prefix, options)
+        finally:
+            db = Database(target, table_prefix=prefix)
+            with db.engine.begin() as conn:
+                for name in inspect(conn).get_table_names():
+                    if name.startswith(prefix):
+                        conn.execute(text(f"DROP TABLE IF EXISTS `{name}`"))
+            db.dispose()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--deadlines", type=int, default=20_000, help="overdue (20000)")
+    parser.add_argument("--runs", type=int, default=3, help="throughput runs of each kind (3)")
+    parser.add_argument(
+        "--lateness-deadlines", type=int, default=2_000, help="deadlines per lateness run (2000)"
+    )
+    parser.add_argument("--lateness-runs", type=int, default=2, help="lateness runs (2)")
+    parser.add_argument(
+        "--spread", type=float, default=3.0, help="seconds the lateness deadlines span (3)"
+    )
+    parser.add_argument(
+        "--idle-poll-interval", type=float, default=0.2, help="seconds (0.2, the default)"
+    )
+    parser.add_argument("--mysql-url", help="also benchmark on MySQL/MariaDB at this URL")
+    args = parser.parse_args(argv)
+    if min(args.deadlines, args.runs, args.lateness_runs) < 1 or args.lateness_deadlines < 2:
+        parser.error("--deadlines and the runs must be at least 1, --lateness-deadlines 2")
+    options = Options(
+        deadlines=args.deadlines,
+        runs=args.runs,
+        lateness_deadlines=args.lateness_deadlines,
+        lateness_runs=args.lateness_runs,
+        spread=args.spread,
+        idle=args.idle_poll_interval,
+    )
+    try:
+        if args.mysql_url:
+            run_mysql(args.mysql_url, options)
+            print()
+        run_sqlite(options)
+    except BenchmarkFailure as exc:
+        print(f"BENCHMARK FAILED: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
