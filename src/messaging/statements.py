@@ -10,8 +10,8 @@ parameters with a generated function and call the connection's DBAPI cursor dire
 the per-statement work of SQLAlchemy's execution machinery is skipped.
 
 SQLAlchemy sends the statement again whenever skipping it could be noticed: outside a
-transaction, with cursor-execute or error events listening, with SQL logging on, or with
-a schema translate map (:func:`sends_directly`). Driver errors are raised as the
+transaction, with execute, cursor-execute or error events listening, with SQL logging on,
+or with a schema translate map (:func:`sends_directly`). Driver errors are raised as the
 SQLAlchemy exceptions ``Connection.execute`` would raise (so ``IntegrityError`` handling
 and transient-error retries see no difference), and a lost connection is invalidated.
 """
@@ -31,13 +31,15 @@ from sqlalchemy.sql.compiler import SQLCompiler
 
 def sends_directly(conn: Connection) -> bool:
     """Whether plans may skip SQLAlchemy on ``conn`` now: in a transaction, with no
-    cursor-execute or error events, no SQL logging and no schema translate map."""
+    execute, cursor-execute or error events, no SQL logging and no schema translate map."""
     dispatch: Any = conn.dispatch
     return (
         conn.in_transaction()
         and "schema_translate_map" not in conn.get_execution_options()
         and not (
-            dispatch.before_cursor_execute
+            dispatch.before_execute
+            or dispatch.after_execute
+            or dispatch.before_cursor_execute
             or dispatch.after_cursor_execute
             or conn.dialect.dispatch.handle_error
         )

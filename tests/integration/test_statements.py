@@ -107,22 +107,27 @@ def test_driver_errors_are_raised_as_sqlalchemy_errors(db: Database, items: Tabl
         assert conn.execute(select(items.c.id).order_by(items.c.id)).scalars().all() == [1, 2]
 
 
-def test_cursor_events_see_every_statement(db: Database, items: Table) -> None:
-    """While a cursor-execute listener is registered, every statement goes through it."""
+@pytest.mark.parametrize(
+    "name", ["before_execute", "after_execute", "before_cursor_execute", "after_cursor_execute"]
+)
+def test_execute_events_see_every_statement(db: Database, items: Table, name: str) -> None:
+    """While an execute or cursor-execute listener is registered, every statement reaches it."""
     add = insert(items).values(id=bindparam("key"), name=bindparam("label"))
-    seen: list[str] = []
+    query = select(items.c.id).where(items.c.id > bindparam("after"))
+    seen: list[object] = []
 
     def listener(*args: Any) -> None:
-        seen.append(args[2])
+        seen.append(args[1])
 
     with db.transaction() as conn:
         _write(conn, add, [{"key": 1, "label": "a"}])
-        event.listen(db.engine, "before_cursor_execute", listener)
+        _fetch(conn, query, {"after": 0})
+        event.listen(db.engine, name, listener)
         try:
             _write(conn, add, [{"key": 2, "label": "b"}])
-            _fetch(conn, select(items.c.id), {})
+            _fetch(conn, query, {"after": 0})
         finally:
-            event.remove(db.engine, "before_cursor_execute", listener)
+            event.remove(db.engine, name, listener)
     assert len(seen) == 2
 
 
