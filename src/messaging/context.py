@@ -6,25 +6,19 @@ read-model writes of a batch cost a few round trips, not one per message. Readin
 :attr:`HandlerContext.connection` sends the buffer first, so a handler always reads
 its own writes.
 
-The first time a statement is sent with a given set of parameter names, it goes
-through SQLAlchemy as usual; when SQLAlchemy turned it into plain SQL with parameters
-(no Python-side defaults, RETURNING, expanding or escaped parameters), the SQL and the
-way it laid out the parameters are kept, checked against what SQLAlchemy actually sent,
-and later sends of the same statement with the same parameter names skip SQLAlchemy's
-per-row parameter processing (still through ``Connection.exec_driver_sql``, so events,
-logging and error wrapping apply). Anything unusual goes through SQLAlchemy again.
+Each run is sent by :func:`messaging.statements.execute`: through SQLAlchemy the first
+time, then, when SQLAlchemy showed it is plain SQL, straight to the driver.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, KeysView, Mapping, Sequence
+from collections.abc import Callable, KeysView, Mapping
 from typing import Any
 
 from sqlalchemy import Connection
-from sqlalchemy.engine.interfaces import ExecuteStyle
 from sqlalchemy.sql import Executable
-from sqlalchemy.sql.compiler import SQLCompiler
 
+from messaging import statements
 from messaging.errors import ProjectionsError
 from messaging.messages import Envelope
 from messaging.outbox import Outbox
@@ -164,149 +158,8 @@ class HandlerContext:
             self._statement = None
             self._params = []
         runs, self._runs = self._runs, []
-        assert self._conn is not None or not runs
-        for statement, params in runs:
-            _send(self._conn, statement, params)  # type: ignore[arg-type]
-
-
-class _Plan:
-    """How SQLAlchemy sends one statement: its final SQL and each parameter set's tuple."""
-
-    __slots__ = ("names", "row", "sql")
-
-    def __init__(self, sql: str, names: int, row: Callable[[Mapping[str, Any]], Any]) -> None:
-        self.sql = sql
-        self.names = names
-        self.row = row
-
-
-_PlanKey = tuple[int, Any, frozenset[str], bool]
-_PLANS: dict[_PlanKey, tuple[Executable, _Plan | None]] = {}
-_MAX_PLANS = 512
-
-
-def _send(conn: Connection, statement: Executable, params: list[Mapping[str, Any]]) -> None:
-    """Execute ``statement`` once per parameter set, as ``conn.execute`` would."""
-    many = len(params) > 1
-    key = (id(statement), conn.dialect, frozenset(params[0]), many)
-    entry = _PLANS.get(key)
-    if entry is not None and entry[0] is statement:
-        plan = entry[1]
-        if plan is not None and "schema_translate_map" not in conn.get_execution_options():
-            try:
-                rows = list(map(plan.row, params))
-            except Exception:  # a missing name, a value a type refuses: SQLAlchemy's to report
-                rows = None
-            # Every name of the first set is used, so equal sizes mean equal name sets.
-            if rows is not None and sum(map(len, params)) == plan.names * len(params):
-                conn.exec_driver_sql(plan.sql, rows if many else rows[0])
-                return
-    result = conn.execute(statement, params if many else params[0])
-    if entry is None:
-        try:
-            plan = _plan(result.context, params)
-        except Exception:  # only ever a missed shortcut: the writes are already sent
-            plan = None
-        if len(_PLANS) >= _MAX_PLANS:
-            _PLANS.clear()
-        _PLANS[key] = (statement, plan)
-
-
-def _plan(context: Any, params: Sequence[Mapping[str, Any]]) -> _Plan | None:
-    """The plan of what SQLAlchemy just sent, or None unless it is plain SQL with parameters."""
-    compiled = getattr(context, "compiled", None)
-    processors = getattr(compiled, "_bind_processors", None)
-    many = len(params) > 1
-    if (
-        not isinstance(compiled, SQLCompiler)
-        or processors is None
-        or (compiled.positional and compiled.positiontup is None)
-        or context.execute_style is not (ExecuteStyle.EXECUTEMANY if many else ExecuteStyle.EXECUTE)
-        or context.statement != compiled.string
-        or compiled.insert_prefetch
-        or compiled.update_prefetch
-        or compiled.literal_execute_params
-        or compiled.post_compile_params
-        or compiled.escaped_bind_names
-        or compiled.effective_returning
-    ):
-        return None
-    binds: dict[str, Any] = {}
-    for parameter, name in compiled.bind_names.items():
-        if parameter.callable is not None or (name in binds and binds[name].key != parameter.key):
-            return None
-        binds[name] = parameter
-    names = set(params[0])
-    used: set[str] = set()
-    first = context.compiled_parameters[0]
-    sources: list[Any] = []
-    converters: list[Callable[[Any], Any] | None] = []
-    constants: dict[Any, Any] = {}
-    order = list(compiled.positiontup or ()) if compiled.positional else list(binds)
-    if not order:
-        return None  # nothing per row to save
-    for name in order:
-        bind = binds.get(name)
-        if bind is None:
-            return None
-        if bind.key in names:
-            sources.append(bind.key)
-        elif name in names:
-            sources.append(name)
-        else:
-            slot = _Constant(len(sources))
-            constants[slot] = first[name]
-            sources.append(slot)
-        used.add(sources[-1])
-        converters.append(processors.get(name))
-    if not names <= used:
-        return None  # an unused name could change what a later set means; let SQLAlchemy decide
-    row = _row_builder(sources, constants, converters)
-    if compiled.positional:
-        sent = [tuple(p) for p in context.parameters]
-    else:
-        values = row
-
-        def row(p: Mapping[str, Any]) -> Any:
-            return dict(zip(order, values(p), strict=True))
-
-        sent = list(context.parameters)
-    try:
-        if [row(p) for p in params] != sent:
-            return None
-    except Exception:
-        return None
-    return _Plan(context.statement, len(names), row)
-
-
-class _Constant:
-    """A parameter the statement itself supplies, as a key no parameter set can contain."""
-
-    __slots__ = ("index",)
-
-    def __init__(self, index: int) -> None:
-        self.index = index
-
-
-def _row_builder(
-    sources: list[Any],
-    constants: dict[Any, Any],
-    converters: list[Callable[[Any], Any] | None],
-) -> Callable[[Mapping[str, Any]], tuple[Any, ...]]:
-    """A generated function from one parameter set to the tuple SQLAlchemy would send."""
-    namespace: dict[str, Any] = {}
-    items = []
-    for index, (source, convert) in enumerate(zip(sources, converters, strict=True)):
-        if isinstance(source, _Constant):
-            namespace[f"c{index}"] = constants[source]
-            value = f"c{index}"
-        else:
-            value = f"p[{source!r}]"
-        if convert is not None:
-            namespace[f"f{index}"] = convert
-            value = f"f{index}({value})"
-        items.append(value)
-    source_code = f"def row(p):\n    return ({', '.join(items)},)\n"
-    exec(compile(source_code, "<statement parameters>", "exec"), namespace)
-    row: Callable[[Mapping[str, Any]], tuple[Any, ...]] = namespace["row"]
-    return row
+        if runs:
+            assert self._conn is not None
+            direct = statements.sends_directly(self._conn)
+            for statement, params in runs:
+                statements.execute(self._conn, statement, params, direct=direct)

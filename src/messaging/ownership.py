@@ -30,6 +30,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.sql.elements import ColumnElement
 
+from messaging import statements
 from messaging.database import Database
 from messaging.errors import OwnershipLost
 
@@ -231,8 +232,10 @@ class Ownership:
             if len(self._fences) >= _FENCE_CACHE_SIZE:
                 self._fences.clear()
             self._fences[key] = statement
-        result = conn.execute(statement, {"position": position})
-        if result.rowcount != len(pairs):
+        updated = statements.execute(
+            conn, statement, [{"position": position}], direct=statements.sends_directly(conn)
+        )
+        if updated != len(pairs):
             lost = self._lost(conn, consumer, instance_id, epochs)
             raise OwnershipLost(consumer, lost)
 

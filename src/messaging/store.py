@@ -35,6 +35,7 @@ from sqlalchemy import (
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.sql.elements import ColumnElement
 
+from messaging import statements
 from messaging.database import Database
 from messaging.errors import SchemaError, VersionConflict
 from messaging.messages import MESSAGE_ID_HEADER, Envelope, MessageRegistry
@@ -277,9 +278,10 @@ class MessageStore:
         Rows have the :class:`~messaging.messages.Envelope` fields in order, then the
         payload.
         """
-        return self._read(
-            conn, topics, self._full_columns, after, partitions, partition_count, types, limit
+        query = self._query(
+            self._full_columns, topics, after, partitions, partition_count, types, limit
         )
+        return [] if query is None else conn.execute(*query).all()
 
     def read_batch(
         self,
@@ -293,10 +295,17 @@ class MessageStore:
         limit: int = 500,
     ) -> Sequence[Any]:
         """What :meth:`read` selects, as ``(position, type, partition_hash, payload)`` rows:
-        all a consumer needs to apply a batch. :meth:`envelopes` gives the rest on demand."""
-        return self._read(
-            conn, topics, self._batch_columns, after, partitions, partition_count, types, limit
+        all a consumer needs to apply a batch. :meth:`envelopes` gives the rest on demand.
+
+        Rows are to be indexed, not named: on the hot path they are the driver's tuples
+        (see :mod:`messaging.statements`).
+        """
+        query = self._query(
+            self._batch_columns, topics, after, partitions, partition_count, types, limit
         )
+        if query is None:
+            return []
+        return statements.fetch(conn, *query, direct=statements.sends_directly(conn))
 
     def envelopes(self, conn: Connection, positions: Sequence[int]) -> dict[int, Envelope]:
         """The envelopes of the messages at ``positions``, by position (one query)."""
@@ -308,19 +317,19 @@ class MessageStore:
         )
         return {row[0]: Envelope(*row) for row in rows}
 
-    def _read(
+    def _query(
         self,
-        conn: Connection,
-        topics: Sequence[str],
         columns: tuple[Any, ...],
+        topics: Sequence[str],
         after: int,
         partitions: Mapping[int, int] | None,
         partition_count: int,
         types: Sequence[str] | None,
         limit: int,
-    ) -> Sequence[Any]:
+    ) -> tuple[Select[Any], dict[str, int]] | None:
+        """The cached query of a read and its parameters; None when nothing can match."""
         if partitions is not None and not partitions:
-            return []
+            return None
         # Positions and checkpoints are bound parameters, so a statement depends only on
         # the request's shape: it is built (and SQLAlchemy computes its cache key) once
         # per shape, not once per batch.
@@ -350,7 +359,7 @@ class MessageStore:
             if len(self._queries) >= _QUERY_CACHE_SIZE:
                 self._queries.clear()
             self._queries[key] = query
-        return conn.execute(query, values).all()
+        return query, values
 
     def _build_query(
         self,

@@ -222,6 +222,26 @@ def test_stale_epoch_raises_and_rolls_back_the_read_model(
     assert _rows(db)[1] == ("a", 1, 0), "the partition still owned rolled back too"
 
 
+def test_a_fence_reused_batch_after_batch_still_fails_once_ownership_moved(
+    db: Database, later_db: Database, partitions: int, read_model: Table
+) -> None:
+    """The cached fence statement (sent straight to the driver from its second use on)
+    rejects a superseded epoch and rolls the writes back."""
+    (claim,) = _claim(db, "a", [0])
+    ownership = Ownership(db)
+    for position in (3, 4):
+        with db.transaction() as conn:
+            ownership.commit_checkpoint(conn, CONSUMER, "a", {0: claim.epoch}, position)
+    _register(later_db, "b")
+    _claim(later_db, "b", [0])
+    with pytest.raises(OwnershipLost) as info, db.transaction() as conn:
+        conn.execute(insert(read_model), {"position": 5, "key": "k"})
+        ownership.commit_checkpoint(conn, CONSUMER, "a", {0: claim.epoch}, 5)
+    assert info.value.partitions == [0]
+    assert _read_model_positions(db, read_model) == []
+    assert _rows(db)[0] == ("b", 2, 4)
+
+
 def test_checkpoint_by_a_non_owner_raises(db: Database, partitions: int) -> None:
     """An instance that does not own a partition cannot checkpoint it, even with its epoch."""
     (claim,) = _claim(db, "a", [2])

@@ -236,6 +236,25 @@ def test_partition_filter_matches_python_partitioning(
         assert row[5] % 8 in partitions
 
 
+def test_batch_reads_select_what_reads_select_every_time(db: Database) -> None:
+    """read_batch gives read's position, type, partition hash and payload, also when the same
+    store reads the same shape again (then straight from the driver)."""
+    _populate_many_sources(db, sources=200)
+    store = MessageStore(db)
+    shapes: list[dict[str, Any]] = [
+        {"partitions": {i: 0 for i in range(8)}, "partition_count": 8},
+        {"partitions": {1: 0, 3: 120, 6: 240}, "partition_count": 8},
+        {"after": 50, "types": ["test.store.changed"]},
+    ]
+    for _ in range(2):
+        for shape in shapes:
+            with db.read() as conn:
+                full = store.read(conn, ["parts"], limit=100, **shape)
+                batch = store.read_batch(conn, ["parts"], limit=100, **shape)
+            assert full
+            assert [tuple(row) for row in batch] == [(r[0], r[4], r[5], r[8]) for r in full]
+
+
 def test_partition_filter_property(db: Database) -> None:
     """For any partition count, partition set and checkpoints, SQL agrees with partition_of."""
     appended = _populate_many_sources(db, sources=300)
