@@ -40,7 +40,7 @@ from messaging.messages import MessageRegistry
 from messaging.messages import registry as default_registry
 from messaging.ownership import Ownership, PartitionRow
 from messaging.rebalance import plan
-from messaging.retry import retry_transient
+from messaging.retry import report_retry, retry_transient
 from messaging.settings import ConsumerGroupSettings, Distribution, Settings
 from messaging.store import MessageStore
 from messaging.worker import ConsumerWorker, InMemoryWorker
@@ -153,6 +153,7 @@ class Instance:
                 self.in_memory[spec.name] = InMemoryWorker(
                     db=self.db,
                     spec=spec,
+                    instance_id=self.id,
                     settings=self.consumer_settings,
                     hooks=self.hooks,
                     registry=self.registry,
@@ -225,7 +226,12 @@ class Instance:
             self.membership.register(conn, self.info)
 
     def _retry(self, action: Callable[[], T], what: str) -> T:
-        return retry_transient(action, self.consumer_settings.conflict_retry, what=what)
+        return retry_transient(
+            action,
+            self.consumer_settings.conflict_retry,
+            what=what,
+            on_retry=partial(report_retry, self.hooks, self.id, what),
+        )
 
     def _spawn(self, name: str, target: object, stop: threading.Event) -> None:
         thread = threading.Thread(target=target, args=(stop,), name=name, daemon=True)  # type: ignore[arg-type]

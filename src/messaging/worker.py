@@ -28,7 +28,7 @@ from messaging.errors import OwnershipLost
 from messaging.lifecycle import lifecycle_event
 from messaging.messages import Envelope, MessageRegistry
 from messaging.ownership import Claim, Ownership
-from messaging.retry import is_transient, retry_transient
+from messaging.retry import is_transient, report_retry, retry_transient
 from messaging.settings import ConsumerSettings
 from messaging.store import MessageStore
 
@@ -95,12 +95,14 @@ class _Worker:
         *,
         db: Database,
         spec: ConsumerSpec,
+        instance_id: str,
         settings: ConsumerSettings,
         hooks: pluggy.HookRelay,
         registry: MessageRegistry,
     ) -> None:
         self.db = db
         self.spec = spec
+        self.instance_id = instance_id
         self.settings = settings
         self.hooks = hooks
         self.store = MessageStore(db, registry)
@@ -145,8 +147,14 @@ class ConsumerWorker(_Worker):
         lanes: int = 1,
         limiter: AbstractContextManager[Any] | None = None,
     ) -> None:
-        super().__init__(db=db, spec=spec, settings=settings, hooks=hooks, registry=registry)
-        self.instance_id = instance_id
+        super().__init__(
+            db=db,
+            spec=spec,
+            instance_id=instance_id,
+            settings=settings,
+            hooks=hooks,
+            registry=registry,
+        )
         self.whole = whole
         """Single-owner mode: apply only while holding every partition (global order)."""
         self.lanes = 1 if whole else max(1, min(lanes, spec.partitions))
@@ -247,9 +255,7 @@ class ConsumerWorker(_Worker):
                 lambda: self._commit(rows, claims, immediate=False),
                 self.settings.conflict_retry,
                 what=f"apply {spec.name}",
-                on_retry=lambda exc: self.hooks.projections_retrying(
-                    what=f"apply {spec.name}", error=exc
-                ),
+                on_retry=partial(report_retry, self.hooks, self.instance_id, f"apply {spec.name}"),
             )
         except OwnershipLost as lost:
             self._lose(lost.partitions)
@@ -377,6 +383,7 @@ class ConsumerWorker(_Worker):
             position=position,
             type_name=type_name,
             error=error,
+            instance_id=self.instance_id,
         )
         detail = "".join(traceback.format_exception_only(error)).strip()
         with self.db.transaction() as conn:
@@ -408,6 +415,7 @@ class ConsumerWorker(_Worker):
                 position=position,
                 type_name=type_name,
                 error=detail,
+                instance_id=self.instance_id,
             )
 
 
@@ -419,11 +427,19 @@ class InMemoryWorker(_Worker):
         *,
         db: Database,
         spec: ConsumerSpec,
+        instance_id: str,
         settings: ConsumerSettings,
         hooks: pluggy.HookRelay,
         registry: MessageRegistry,
     ) -> None:
-        super().__init__(db=db, spec=spec, settings=settings, hooks=hooks, registry=registry)
+        super().__init__(
+            db=db,
+            spec=spec,
+            instance_id=instance_id,
+            settings=settings,
+            hooks=hooks,
+            registry=registry,
+        )
         self.position = 0
         self.halted: str | None = None
 
@@ -472,4 +488,5 @@ class InMemoryWorker(_Worker):
             position=position,
             type_name=type_name,
             error=poison.error,
+            instance_id=self.instance_id,
         )
