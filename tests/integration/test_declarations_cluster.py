@@ -1,0 +1,133 @@
+"""Declaration changes on running ``projections run`` processes (three declarations of
+one projection, v1 → v2 → v3): a new declaration rebuilds the read model, instances on
+the replaced one stop applying it and warn until restarted, and late instances on the
+declaration one back or an older one apply nothing and say which."""
+
+from __future__ import annotations
+
+import subprocess
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import tally_app
+from clusters import owned_by, start_instance, stop_instance, wait_until, write_config
+from sqlalchemy import MetaData, select
+from sqlalchemy.exc import OperationalError, ProgrammingError
+
+from messaging import Database, MessageStore
+
+pytestmark = pytest.mark.multiprocess
+
+REPLACED = "rebuilt under another declaration; applying nothing until restarted"
+ONE_BACK = "this instance runs the previous declaration; applying nothing until restarted"
+OLDER = "this instance runs a declaration older than the previous one"
+
+
+@pytest.fixture
+def read_model_metadata() -> list[MetaData]:
+    return [tally_app.metadata]
+
+
+class Cluster:
+    """Instances of ``tally_app``, each with the declaration version it was started with."""
+
+    def __init__(self, db: Database, tmp_path: Path) -> None:
+        self.db = db
+        self.tmp_path = tmp_path
+        self.config = write_config(tmp_path / "config.yaml", db)
+        self.processes: dict[str, subprocess.Popen[bytes]] = {}
+        self.appended = 0
+
+    def start(self, name: str, version: int) -> None:
+        self.processes[name] = start_instance(
+            self.config,
+            name,
+            "tally_app",
+            env={"TALLY_VERSION": str(version)},
+            log=self.tmp_path / f"{name}.log",
+        )
+
+    def stop(self, name: str) -> None:
+        assert stop_instance(self.processes.pop(name)) == 0, f"{name} did not stop cleanly"
+
+    def log(self, name: str) -> str:
+        path = self.tmp_path / f"{name}.log"
+        return path.read_text(encoding="utf-8") if path.exists() else ""
+
+    def append(self, count: int) -> None:
+        store = MessageStore(self.db)
+        with self.db.transaction() as conn:
+            for n in range(self.appended, self.appended + count):
+                store.append(conn, tally_app.TOPIC, f"s{n}", [tally_app.Counted(n)])
+        self.appended += count
+
+    def versions(self) -> Counter[int]:
+        """How many messages the read model holds, by the declaration that applied them."""
+        try:
+            with self.db.read() as conn:
+                return Counter(conn.execute(select(tally_app.applied.c.version)).scalars())
+        except (OperationalError, ProgrammingError):  # not created yet, or being recreated
+            return Counter()
+
+    def wait_applied_by(self, version: int, what: str) -> None:
+        """Until the read model holds every message, each applied under ``version`` only."""
+        wait_until(
+            lambda: self.versions() == Counter({version: self.appended}), timeout=60, what=what
+        )
+
+    def wait_logged(self, name: str, text: str) -> None:
+        wait_until(lambda: text in self.log(name), timeout=60, what=f"{name} to log {text!r}")
+
+
+@pytest.fixture
+def cluster(db: Database, tmp_path: Path) -> Iterator[Cluster]:
+    running = Cluster(db, tmp_path)
+    try:
+        yield running
+    finally:
+        for name in list(running.processes):
+            running.stop(name)
+
+
+def test_declaration_changes_on_a_running_cluster(db: Database, cluster: Cluster) -> None:
+    """v1 applies; v2 rebuilds and v1 goes quiet; v3 rebuilds and v2 goes quiet; late v2
+    and v1 instances apply nothing; v2 restarted as v3 shares the projection again."""
+    cluster.start("a1", 1)
+    cluster.append(40)
+    cluster.wait_applied_by(1, "a1 to apply everything under v1")
+
+    cluster.start("b2", 2)
+    cluster.wait_applied_by(2, "b2 to rebuild the read model under v2")
+    cluster.wait_logged("a1", REPLACED)
+    assert "event=declaration-mismatch consumer=tally instance=a1" in cluster.log("a1")
+    cluster.append(40)
+    cluster.wait_applied_by(2, "b2 alone to apply new messages")
+
+    cluster.start("c3", 3)
+    cluster.wait_applied_by(3, "c3 to rebuild the read model under v3")
+    cluster.wait_logged("b2", REPLACED)
+
+    cluster.start("d2", 2)  # one declaration back
+    cluster.start("e1", 1)  # older than that
+    cluster.wait_logged("d2", ONE_BACK)
+    cluster.wait_logged("e1", OLDER)
+    for name in ("d2", "e1"):
+        assert "event=rebuild" not in cluster.log(name), f"{name} rebuilt back"
+    cluster.append(40)
+    cluster.wait_applied_by(3, "c3 alone to apply new messages")
+    assert owned_by(db, {"c3"}, tally_app.CONSUMER), "a stale instance owns a partition"
+
+    cluster.stop("b2")
+    cluster.start("b3", 3)  # restarted with the current declaration: it shares again
+    wait_until(
+        lambda: (
+            set((owned_by(db, {"c3", "b3"}, tally_app.CONSUMER) or {}).values()) == {"c3", "b3"}
+        ),
+        timeout=60,
+        what="c3 and b3 to share the projection",
+    )
+    cluster.append(40)
+    cluster.wait_applied_by(3, "c3 and b3 to apply new messages under v3")
+    assert cluster.log("a1").count(REPLACED) == 1, "the warning is given once, not each round"
