@@ -7,10 +7,11 @@ seen, it rebuilds the consumer: in one transaction it records the new fingerprin
 partition for itself under a new epoch with checkpoint 0, which fences off every
 instance still applying the old declaration. Then it drops and recreates the read
 models (outside that transaction: DDL commits implicitly on MySQL) and marks the
-consumer running. A crash in between leaves it REBUILDING, and the next start redoes
-the rebuild. An instance that starts with a declaration the consumer has left behind
-(the one back, or any older one) applies nothing and says which; a declaration never
-seen before is new, and rebuilds.
+consumer running, replaying up to the head position of that moment (its rebuild target:
+reports show it REBUILDING until its checkpoints reach it). A crash in between leaves it
+REBUILDING, and the next start redoes the rebuild. An instance that starts with a
+declaration the consumer has left behind (the one back, or any older one) applies
+nothing and says which; a declaration never seen before is new, and rebuilds.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from messaging.database import Database
 from messaging.lifecycle import lifecycle_event
 from messaging.ownership import CONSUMER_RUNNING, Ownership
 from messaging.settings import Distribution
+from messaging.store import MessageStore
 
 log = logging.getLogger("messaging.declarations")
 
@@ -90,16 +92,20 @@ def declare(
 
 
 def _finish_rebuild(db: Database, spec: ConsumerSpec) -> None:
-    """Recreate the read models and let the consumer run again (its partitions were reset)."""
+    """Recreate the read models and let the consumer run again (its partitions were reset),
+    recording the head position it replays up to as its ``rebuild_target``."""
     _recreate_read_models(db, spec)
     table = db.schema.consumers
     with db.transaction() as conn:
+        target = MessageStore(db).head(conn)
         conn.execute(
             update(table)
             .where(table.c.tenant == db.tenant, table.c.name == spec.name)
-            .values(state=STATE_RUNNING, updated_at=db.clock.now())
+            .values(state=STATE_RUNNING, rebuild_target=target, updated_at=db.clock.now())
         )
-    lifecycle_event("rebuilt", consumer=spec.name, reason="replaying from the start")
+    lifecycle_event(
+        "rebuilt", consumer=spec.name, position=target, reason="replaying from the start"
+    )
 
 
 def perform_requested_rebuild(
