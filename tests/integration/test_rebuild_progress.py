@@ -40,8 +40,14 @@ def _cli(config: Path, *args: str) -> str:
 
 @pytest.fixture
 def rebuilder(db: Database, tmp_path: Path) -> Iterator[tuple[Path, Instance]]:
-    """(config, instance): an instance driven by hand (no loops), batches of 20 messages."""
-    config = write_config(tmp_path / "config.yaml", db, batch_size=20)
+    """(config, instance): an instance driven by hand (no loops), batches of 20 messages
+    (one lane, also on MySQL)."""
+    config = write_config(
+        tmp_path / "config.yaml",
+        db,
+        batch_size=20,
+        extra=f"projections:\n  consumers:\n    {CONSUMER}: {{concurrency-limit: 1}}\n",
+    )
     manager = create_plugin_manager(["projections.examples.ledger"], load_entrypoints=False)
     settings = load_settings(str(config))
     instance = Instance(db, collect_consumers(manager), settings, manager.hook, name="rebuilder")

@@ -296,7 +296,7 @@ def _unfenced_commit(self, conn, consumer, instance_id, epochs, position):  # ty
     )
 
 
-def _checkpoint_outside_the_transaction(self, rows, claims, *, immediate):  # type: ignore[no-untyped-def]
+def _checkpoint_outside_the_transaction(self, rows, claims, *, immediate, through=0):  # type: ignore[no-untyped-def]
     """Effects committed first, the fenced checkpoint in a second transaction."""
     with self.db.transaction() as conn:
         batch = self._fetch(conn, claims) if rows is None else rows
@@ -312,7 +312,7 @@ def _checkpoint_outside_the_transaction(self, rows, claims, *, immediate):  # ty
             self.spec.name,
             self.instance_id,
             {p: c.epoch for p, c in claims.items()},
-            batch[-1][0],
+            max(batch[-1][0], through),
         )
     return batch
 
