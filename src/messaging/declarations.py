@@ -11,7 +11,8 @@ consumer running, replaying up to the head position of that moment (its rebuild 
 reports show it REBUILDING until its checkpoints reach it). A crash in between leaves it
 REBUILDING, and the next start redoes the rebuild. An instance that starts with a
 declaration the consumer has left behind (the one back, or any older one) applies
-nothing and says which; a declaration never seen before is new, and rebuilds.
+nothing and says which, unless an operator requested a rebuild: then it rebuilds under
+its declaration (a roll back). A declaration never seen before is new, and rebuilds.
 """
 
 from __future__ import annotations
@@ -181,7 +182,8 @@ def _record(
         ownership.ensure_partitions(conn, spec.name, spec.partitions)
         return Declared(consumer=spec.name, outcome=UNCHANGED, fingerprint=fingerprint), False
     retired: list[str] = json.loads(row.retired_fingerprints or "[]")
-    if fingerprint in retired and row.fingerprint != fingerprint:
+    rolling_back = fingerprint in retired and row.fingerprint != fingerprint
+    if rolling_back and row.state != STATE_REBUILD_REQUESTED:
         which = (
             "the previous declaration"
             if row.previous_fingerprint == fingerprint
@@ -204,11 +206,11 @@ def _record(
         instance=instance_id,
         declaration=fingerprint,
         previous=row.fingerprint,
-        reason="new declaration",
+        reason="rolling back: rebuild requested" if rolling_back else "new declaration",
     )
     previous = row.previous_fingerprint if row.fingerprint == fingerprint else row.fingerprint
     if row.fingerprint != fingerprint:
-        retired.append(row.fingerprint)
+        retired = [f for f in retired if f != fingerprint] + [row.fingerprint]
     conn.execute(
         update(table)
         .where(*where)

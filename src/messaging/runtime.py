@@ -20,6 +20,7 @@ from functools import partial
 from types import FrameType
 from typing import TypeVar
 
+import attrs
 import pluggy
 
 from messaging.consumers import ConsumerKind, ConsumerSpec
@@ -161,6 +162,7 @@ class Instance:
                 continue
             declared = self._retry(partial(self._declare, spec), f"declare {spec.name}")
             if declared.outcome == STALE:
+                self._forget(spec.name)
                 continue
             self.workers[spec.name] = ConsumerWorker(
                 db=self.db,
@@ -337,6 +339,19 @@ class Instance:
         )
         worker = self.workers.pop(name)
         worker.drop_after_batch(sorted(worker.claims()))
+        self._forget(name)
+
+    def _forget(self, name: str) -> None:
+        """Stop telling the peers that this instance runs ``name``: it applies nothing of
+        it, so nobody may plan partitions of it here."""
+        runs = {consumer: run for consumer, run in self.info.runs.items() if consumer != name}
+        self.info = attrs.evolve(self.info, runs=runs)
+
+        def update() -> None:
+            with self.db.transaction() as conn:
+                self.membership.update_runs(conn, self.id, runs)
+
+        self._retry(update, f"forget {name}")
 
     def _event(self, consumer: str, partition: int, epoch: int | None) -> None:
         """A claim (with its epoch) or a release (``epoch`` None): log it, tell the plugins."""

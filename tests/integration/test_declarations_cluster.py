@@ -1,7 +1,8 @@
 """Declaration changes on running ``projections run`` processes (three declarations of
 one projection, v1 → v2 → v3): a new declaration rebuilds the read model, instances on
-the replaced one stop applying it and warn until restarted, and late instances on the
-declaration one back or an older one apply nothing and say which."""
+the replaced one stop applying it and warn until restarted, late instances on the
+declaration one back or an older one apply nothing and say which, and a requested
+rebuild lets the earlier version take over again (a roll back)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import tally_app
-from clusters import owned_by, start_instance, stop_instance, wait_until, write_config
+from clusters import cli, owned_by, start_instance, stop_instance, wait_until, write_config
 from sqlalchemy import MetaData, select
 from sqlalchemy.exc import OperationalError, ProgrammingError
 
@@ -93,7 +94,8 @@ def cluster(db: Database, tmp_path: Path) -> Iterator[Cluster]:
 
 def test_declaration_changes_on_a_running_cluster(db: Database, cluster: Cluster) -> None:
     """v1 applies; v2 rebuilds and v1 goes quiet; v3 rebuilds and v2 goes quiet; late v2
-    and v1 instances apply nothing; v2 restarted as v3 shares the projection again."""
+    and v1 instances apply nothing; v2 restarted as v3 shares the projection again; after
+    a requested rebuild, a v2 instance rolls the projection back to v2."""
     cluster.start("a1", 1)
     cluster.append(40)
     cluster.wait_applied_by(1, "a1 to apply everything under v1")
@@ -130,4 +132,13 @@ def test_declaration_changes_on_a_running_cluster(db: Database, cluster: Cluster
     )
     cluster.append(40)
     cluster.wait_applied_by(3, "c3 and b3 to apply new messages under v3")
+
+    # Roll back: stop the v3 instances, ask for a rebuild, start the earlier version.
+    cluster.stop("c3")
+    cluster.stop("b3")
+    cli(cluster.config, "rebuild", tally_app.CONSUMER, "--reason", "roll back", "--who", "t")
+    cluster.start("r2", 2)
+    cluster.wait_applied_by(2, "r2 to rebuild the read model under v2 again")
+    cluster.append(40)
+    cluster.wait_applied_by(2, "r2 to apply new messages under v2")
     assert cluster.log("a1").count(REPLACED) == 1, "the warning is given once, not each round"

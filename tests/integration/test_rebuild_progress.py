@@ -5,15 +5,13 @@ to the head as of the rebuild) until it reaches that head, then RUNNING: in the 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from admin_client import chromium, get_json, serve
-from clusters import seed_ledger, write_config
+from clusters import cli, seed_ledger, write_config
 
 from messaging import Instance, collect_consumers, create_plugin_manager, operations
 from messaging.config import load_settings
@@ -27,15 +25,6 @@ CONSUMER = "ledger-balances"
 def _balances(db: Database) -> dict[str, Any]:
     report = consumers_report(db, load_settings(None).messaging.consumer)
     return next(c for c in report["consumers"] if c["name"] == CONSUMER)
-
-
-def _cli(config: Path, *args: str) -> str:
-    return subprocess.run(
-        [sys.executable, "-m", "projections.cli", *args, "--config", str(config)],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
 
 
 @pytest.fixture
@@ -81,9 +70,9 @@ def test_a_rebuild_reports_its_progress_until_it_reaches_the_head_as_of_the_rebu
     entry = _balances(db)
     assert entry["rebuild"]["replayed"] == 20
 
-    text = _cli(config, "status")
+    text = cli(config, "status")
     assert f"rebuilding: 20/{replayed} replayed up to position {replayed}" in text
-    as_json = json.loads(_cli(config, "status", "--json"))
+    as_json = json.loads(cli(config, "status", "--json"))
     (listed,) = [c for c in as_json["consumers"] if c["name"] == CONSUMER]
     assert listed["state"] == "rebuilding" and listed["rebuild"] == entry["rebuild"]
     _check_admin(db, config, tmp_path, entry)
@@ -99,7 +88,7 @@ def test_a_rebuild_reports_its_progress_until_it_reaches_the_head_as_of_the_rebu
     assert "rebuild" not in entry
     assert entry["state"] == "running"
     assert sum(p["lag"] for p in entry["partitions"]) > 0  # the later messages: lag, not rebuild
-    assert "rebuilding" not in _cli(config, "status")
+    assert "rebuilding" not in cli(config, "status")
 
 
 def _check_admin(db: Database, config: Path, tmp_path: Path, entry: dict[str, Any]) -> None:

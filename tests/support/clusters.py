@@ -78,6 +78,16 @@ def start_instance(
         )
 
 
+def cli(config: Path, *args: str) -> str:
+    """Run a ``projections`` command against ``config`` in a real process; its stdout."""
+    return subprocess.run(
+        [sys.executable, "-m", "projections.cli", *args, "--config", str(config)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+
+
 def stop_instance(process: subprocess.Popen[bytes], timeout: float = 30) -> int:
     """SIGTERM a process and wait for its exit code."""
     process.send_signal(signal.SIGTERM)
