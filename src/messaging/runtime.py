@@ -383,7 +383,8 @@ class Instance:
         self.membership.remove_stale_when_due(self.consumer_settings.stale_instance_timeout)
 
     def _heartbeat_loop(self, stop: threading.Event) -> None:
-        self._every(self.consumer_settings.heartbeat_interval, self.heartbeat, "heartbeat", stop)
+        heartbeat = partial(self._retry, self.heartbeat, "heartbeat")
+        self._every(self.consumer_settings.heartbeat_interval, heartbeat, "heartbeat", stop)
 
     def _next_round(self, members: Sequence[InstanceRow]) -> float:
         """How soon the next rebalance is worth running: at the regular interval, but right
@@ -404,7 +405,7 @@ class Instance:
         while not stop.wait(max(0.0, started + self._next_round_in - time.monotonic())):
             started = time.monotonic()
             try:
-                self.rebalance()
+                self._retry(self.rebalance, "rebalance")
             except Exception:
                 self._next_round_in = interval
                 log.exception("instance %s: rebalance failed; trying again next round", self.name)

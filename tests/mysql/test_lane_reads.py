@@ -98,11 +98,6 @@ class ReadCounter:
 
 
 @pytest.fixture
-def backend() -> str:
-    return "mysql"
-
-
-@pytest.fixture
 def read_model_metadata() -> list[MetaData]:
     return [metadata]
 
