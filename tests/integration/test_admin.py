@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from admin_client import chromium, get, get_json, serve
+from admin_schemas import CLUSTER, COMMAND, CONSUMERS, ERROR, INSTANCES, check
 from clusters import lag, wait_until, write_config
 
 from messaging import Database, Instance, MessageStore, collect_consumers, create_plugin_manager
@@ -145,6 +146,7 @@ def test_consumers_route_is_the_consumers_report(live: tuple[str, Database, Sett
     base, db, settings = live
     status, body = get_json(base + "/admin/consumers")
     assert status == 200
+    check(body, CONSUMERS)
     assert body == json.loads(json.dumps(consumers_report(db, settings.messaging.consumer)))
     balances = next(c for c in body["consumers"] if c["name"] == "ledger-balances")
     assert {"name", "kind", "distribution", "state", "partitions"} <= balances.keys()
@@ -161,6 +163,7 @@ def test_instances_route_lists_the_live_instance(live: tuple[str, Database, Sett
     base, _, _ = live
     status, body = get_json(base + "/admin/instances")
     assert status == 200
+    check(body, INSTANCES)
     [instance] = body["instances"]
     assert instance["name"] == INSTANCE_NAME
     assert instance["live"] is True
@@ -171,6 +174,7 @@ def test_cluster_route_shares_every_partition(live: tuple[str, Database, Setting
     base, _, _ = live
     status, body = get_json(base + "/admin/cluster")
     assert status == 200
+    check(body, CLUSTER)
     assert body["answered_by"].endswith(f":{os.getpid()}")
     [member] = body["members"]
     assert member["name"] == INSTANCE_NAME
@@ -188,7 +192,7 @@ def test_unknown_routes_answer_404_json(live: tuple[str, Database, Settings]) ->
     for path in ("/admin/nope", "/", "/admin/consumers/extra"):
         status, body = get_json(base + path)
         assert status == 404
-        assert "error" in body
+        check(body, ERROR)
 
 
 def test_the_page_is_self_contained_html(live: tuple[str, Database, Settings]) -> None:
@@ -210,6 +214,7 @@ def test_database_errors_answer_500_with_one_line(tmp_path: Path) -> None:
         for path in ("/admin/consumers", "/admin/instances", "/admin/cluster"):
             status, body = get_json(base + path)
             assert status == 500
+            check(body, ERROR)
             assert body["error"].startswith("database: ")
             assert "\n" not in body["error"]
     finally:
@@ -310,8 +315,9 @@ def test_operator_commands_over_http_are_applied_and_audited(
     status, data = get_json(f"{base}/admin/consumers")
     assert [c["state"] for c in data["consumers"] if c["name"] == "ledger-balances"] == ["paused"]
     status, error = _post(f"{route}/pause", {})
-    assert status == 409 and "already paused" in error["error"]
-    assert _post(f"{route}/resume", {"who": "web"})[0] == 200
+    assert status == 409 and "already paused" in check(error, ERROR)["error"]
+    status, resumed = _post(f"{route}/resume", {"who": "web"})
+    assert status == 200 and check(resumed, COMMAND)["halted"] == []
     assert _post(f"{base}/admin/consumers/nope/rebuild", {})[0] == 409
     assert _post(f"{base}/admin/consumers/ledger-balances/explode", {})[0] == 404
     log = [(e["command"], e["who"]) for e in audit_log(db, "ledger-balances")]

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from admin_client import chromium, get_json, serve
+from admin_schemas import CONSUMERS, check
 from clusters import cli, seed_ledger, write_config
 
 from messaging import Instance, collect_consumers, create_plugin_manager, operations
@@ -72,7 +73,7 @@ def test_a_rebuild_reports_its_progress_until_it_reaches_the_head_as_of_the_rebu
 
     text = cli(config, "status")
     assert f"rebuilding: 20/{replayed} replayed up to position {replayed}" in text
-    as_json = json.loads(cli(config, "status", "--json"))
+    as_json = check(json.loads(cli(config, "status", "--json")), CONSUMERS)
     (listed,) = [c for c in as_json["consumers"] if c["name"] == CONSUMER]
     assert listed["state"] == "rebuilding" and listed["rebuild"] == entry["rebuild"]
     _check_admin(db, config, tmp_path, entry)
@@ -98,6 +99,7 @@ def _check_admin(db: Database, config: Path, tmp_path: Path, entry: dict[str, An
     try:
         status, body = get_json(base + "/admin/consumers")
         assert status == 200
+        check(body, CONSUMERS)
         (listed,) = [c for c in body["consumers"] if c["name"] == CONSUMER]
         assert listed["state"] == "rebuilding" and listed["rebuild"] == entry["rebuild"]
         dom = chromium(tmp_path / "profile", "--dump-dom", url=base + "/admin")
