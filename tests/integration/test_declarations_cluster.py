@@ -6,18 +6,16 @@ rebuild lets the earlier version take over again (a roll back)."""
 
 from __future__ import annotations
 
-import subprocess
-from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import tally_app
-from clusters import cli, owned_by, start_instance, stop_instance, wait_until, write_config
-from sqlalchemy import MetaData, select
-from sqlalchemy.exc import OperationalError, ProgrammingError
+from clusters import cli, owned_by, wait_until
+from sqlalchemy import MetaData
+from tally_cluster import TallyCluster
 
-from messaging import Database, MessageStore
+from messaging import Database
 
 pytestmark = pytest.mark.multiprocess
 
@@ -31,68 +29,13 @@ def read_model_metadata() -> list[MetaData]:
     return [tally_app.metadata]
 
 
-class Cluster:
-    """Instances of ``tally_app``, each with the declaration version it was started with."""
-
-    def __init__(self, db: Database, tmp_path: Path) -> None:
-        self.db = db
-        self.tmp_path = tmp_path
-        self.config = write_config(tmp_path / "config.yaml", db)
-        self.processes: dict[str, subprocess.Popen[bytes]] = {}
-        self.appended = 0
-
-    def start(self, name: str, version: int) -> None:
-        self.processes[name] = start_instance(
-            self.config,
-            name,
-            "tally_app",
-            env={"TALLY_VERSION": str(version)},
-            log=self.tmp_path / f"{name}.log",
-        )
-
-    def stop(self, name: str) -> None:
-        assert stop_instance(self.processes.pop(name)) == 0, f"{name} did not stop cleanly"
-
-    def log(self, name: str) -> str:
-        path = self.tmp_path / f"{name}.log"
-        return path.read_text(encoding="utf-8") if path.exists() else ""
-
-    def append(self, count: int) -> None:
-        store = MessageStore(self.db)
-        with self.db.transaction() as conn:
-            for n in range(self.appended, self.appended + count):
-                store.append(conn, tally_app.TOPIC, f"s{n}", [tally_app.Counted(n)])
-        self.appended += count
-
-    def versions(self) -> Counter[int]:
-        """How many messages the read model holds, by the declaration that applied them."""
-        try:
-            with self.db.read() as conn:
-                return Counter(conn.execute(select(tally_app.applied.c.version)).scalars())
-        except (OperationalError, ProgrammingError):  # not created yet, or being recreated
-            return Counter()
-
-    def wait_applied_by(self, version: int, what: str) -> None:
-        """Until the read model holds every message, each applied under ``version`` only."""
-        wait_until(
-            lambda: self.versions() == Counter({version: self.appended}), timeout=60, what=what
-        )
-
-    def wait_logged(self, name: str, text: str) -> None:
-        wait_until(lambda: text in self.log(name), timeout=60, what=f"{name} to log {text!r}")
-
-
 @pytest.fixture
-def cluster(db: Database, tmp_path: Path) -> Iterator[Cluster]:
-    running = Cluster(db, tmp_path)
-    try:
+def cluster(db: Database, tmp_path: Path) -> Iterator[TallyCluster]:
+    with TallyCluster(db, tmp_path) as running:
         yield running
-    finally:
-        for name in list(running.processes):
-            running.stop(name)
 
 
-def test_declaration_changes_on_a_running_cluster(db: Database, cluster: Cluster) -> None:
+def test_declaration_changes_on_a_running_cluster(db: Database, cluster: TallyCluster) -> None:
     """v1 applies; v2 rebuilds and v1 goes quiet; v3 rebuilds and v2 goes quiet; late v2
     and v1 instances apply nothing; v2 restarted as v3 shares the projection again; after
     a requested rebuild, a v2 instance rolls the projection back to v2."""
