@@ -26,6 +26,7 @@ name                                   instrument       from hook
 ``projections.message.failures``       counter          projections_message_failed
 ``projections.partition.halts``        counter          projections_partition_halted
 ``projections.retries``                counter          projections_retrying
+``projections.lock.contentions``       counter          projections_lock_contention
 ``projections.heartbeat.duration``     histogram (s)    projections_heartbeat
 ``projections.rebalance.duration``     histogram (s)    projections_rebalanced
 ``projections.membership.read.duration`` histogram (s)  projections_rebalanced
@@ -34,9 +35,9 @@ name                                   instrument       from hook
 =====================================  ===============  ===========================
 
 ``projections.message.failures`` and ``projections.partition.halts`` also carry
-``type`` (the message type); ``projections.retries`` carries ``what`` and
-``error.type``. Those three hooks do not name the instance: ``instance`` is set on
-them only when exactly one instance has started in this process (the usual case).
+``type`` (the message type); ``projections.retries`` carries ``what`` (what was being
+done) and ``error.type``; ``projections.lock.contentions`` carries ``what`` and
+``kind`` (``busy``/``locked`` on SQLite, ``lock-wait-timeout``/``deadlock`` on MySQL).
 
 Traces: a ``projections.batch`` span per applied batch, with attributes ``consumer``,
 ``count``, ``last_position``, ``partitions`` and ``instance``. The hook fires after the
@@ -69,12 +70,16 @@ from projections_otel.telemetry import (
     Telemetry,
     default_telemetry,
     projections_batch_applied,
+    projections_heartbeat,
     projections_instance_started,
     projections_instance_stopping,
+    projections_lag,
+    projections_lock_contention,
     projections_message_failed,
     projections_partition_claimed,
     projections_partition_halted,
     projections_partition_released,
+    projections_rebalanced,
     projections_retrying,
 )
 
@@ -84,12 +89,16 @@ __all__ = [
     "context_of",
     "default_telemetry",
     "projections_batch_applied",
+    "projections_heartbeat",
     "projections_instance_started",
     "projections_instance_stopping",
+    "projections_lag",
+    "projections_lock_contention",
     "projections_message_failed",
     "projections_partition_claimed",
     "projections_partition_halted",
     "projections_partition_released",
+    "projections_rebalanced",
     "projections_retrying",
     "trace_headers",
 ]

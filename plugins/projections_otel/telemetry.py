@@ -95,6 +95,11 @@ class Telemetry:
             unit="{retry}",
             description="Transient database errors retried",
         )
+        self.lock_contentions = meter.create_counter(
+            "projections.lock.contentions",
+            unit="{conflict}",
+            description="Lock conflicts met and retried (SQLite busy, MySQL lock wait or deadlock)",
+        )
         self.heartbeat_duration = meter.create_histogram(
             "projections.heartbeat.duration",
             unit="s",
@@ -129,12 +134,6 @@ class Telemetry:
     def _instance(self, instance_id: str) -> str:
         """The instance's name when it started here, else its id."""
         return self._names.get(instance_id, instance_id)
-
-    def _only_instance(self) -> dict[str, str]:
-        """``{"instance": name}`` when exactly one instance runs here, else nothing."""
-        with self._lock:
-            names = list(self._names.values())
-        return {"instance": names[0]} if len(names) == 1 else {}
 
     # -- hooks -------------------------------------------------------------------------
 
@@ -215,7 +214,13 @@ class Telemetry:
 
     @hookimpl
     def projections_message_failed(
-        self, consumer: str, partition: int, position: int, type_name: str, error: BaseException
+        self,
+        consumer: str,
+        partition: int,
+        position: int,
+        type_name: str,
+        error: BaseException,
+        instance_id: str,
     ) -> None:
         with _never_raise("projections_message_failed"):
             self.failures.add(
@@ -225,13 +230,13 @@ class Telemetry:
                     "partition": partition,
                     "type": type_name,
                     "error.type": type(error).__name__,
-                    **self._only_instance(),
+                    "instance": self._instance(instance_id),
                 },
             )
 
     @hookimpl
     def projections_partition_halted(
-        self, consumer: str, partition: int, position: int, type_name: str, error: str
+        self, consumer: str, partition: int, position: int, type_name: str, instance_id: str
     ) -> None:
         with _never_raise("projections_partition_halted"):
             self.halts.add(
@@ -240,15 +245,27 @@ class Telemetry:
                     "consumer": consumer,
                     "partition": partition,
                     "type": type_name,
-                    **self._only_instance(),
+                    "instance": self._instance(instance_id),
                 },
             )
 
     @hookimpl
-    def projections_retrying(self, what: str, error: BaseException) -> None:
+    def projections_retrying(self, what: str, instance_id: str, error: BaseException) -> None:
         with _never_raise("projections_retrying"):
             self.retries.add(
-                1, {"what": what, "error.type": type(error).__name__, **self._only_instance()}
+                1,
+                {
+                    "what": what,
+                    "error.type": type(error).__name__,
+                    "instance": self._instance(instance_id),
+                },
+            )
+
+    @hookimpl
+    def projections_lock_contention(self, what: str, instance_id: str, kind: str) -> None:
+        with _never_raise("projections_lock_contention"):
+            self.lock_contentions.add(
+                1, {"what": what, "kind": kind, "instance": self._instance(instance_id)}
             )
 
     @hookimpl
@@ -289,6 +306,7 @@ projections_batch_applied = default_telemetry.projections_batch_applied
 projections_message_failed = default_telemetry.projections_message_failed
 projections_partition_halted = default_telemetry.projections_partition_halted
 projections_retrying = default_telemetry.projections_retrying
+projections_lock_contention = default_telemetry.projections_lock_contention
 projections_heartbeat = default_telemetry.projections_heartbeat
 projections_rebalanced = default_telemetry.projections_rebalanced
 projections_lag = default_telemetry.projections_lag

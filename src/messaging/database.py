@@ -23,7 +23,8 @@ from messaging.errors import ConfigError
 from messaging.schema import Schema
 
 SQLITE_BUSY_TIMEOUT = 30.0
-"""Seconds a SQLite connection waits for another process's write lock."""
+"""Seconds a SQLite connection waits for another process's write lock, unless the URL
+says otherwise (``sqlite:///app.db?timeout=5``)."""
 
 _READ_ONLY = "projections_read_only"
 
@@ -50,9 +51,11 @@ def _normalize_url(url: str) -> str:
 
 
 def _sqlite_engine(url: str, pool: bool) -> Engine:
+    # A ``?timeout=SECONDS`` in the URL sets the busy timeout; connect_args would override it.
+    busy = {} if "timeout" in make_url(url).query else {"timeout": SQLITE_BUSY_TIMEOUT}
     engine = create_engine(
         url,
-        connect_args={"timeout": SQLITE_BUSY_TIMEOUT, "check_same_thread": False},
+        connect_args={**busy, "check_same_thread": False},
         **({} if pool else {"poolclass": NullPool}),
     )
 

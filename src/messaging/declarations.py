@@ -7,10 +7,12 @@ seen, it rebuilds the consumer: in one transaction it records the new fingerprin
 partition for itself under a new epoch with checkpoint 0, which fences off every
 instance still applying the old declaration. Then it drops and recreates the read
 models (outside that transaction: DDL commits implicitly on MySQL) and marks the
-consumer running. A crash in between leaves it REBUILDING, and the next start redoes
-the rebuild. An instance that starts with a declaration the consumer has left behind
-(the one back, or any older one) applies nothing and says which; a declaration never
-seen before is new, and rebuilds.
+consumer running, replaying up to the head position of that moment (its rebuild target:
+reports show it REBUILDING until its checkpoints reach it). A crash in between leaves it
+REBUILDING, and the next start redoes the rebuild. An instance that starts with a
+declaration the consumer has left behind (the one back, or any older one) applies
+nothing and says which, unless an operator requested a rebuild: then it rebuilds under
+its declaration (a roll back). A declaration never seen before is new, and rebuilds.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from messaging.errors import RegistrationError
 from messaging.lifecycle import lifecycle_event
 from messaging.ownership import CONSUMER_RUNNING, Ownership
 from messaging.settings import Distribution
+from messaging.store import MessageStore
 
 log = logging.getLogger("messaging.declarations")
 
@@ -93,16 +96,20 @@ def declare(
 
 
 def _finish_rebuild(db: Database, spec: ConsumerSpec) -> None:
-    """Recreate the read models and let the consumer run again (its partitions were reset)."""
+    """Recreate the read models and let the consumer run again (its partitions were reset),
+    recording the head position it replays up to as its ``rebuild_target``."""
     _recreate_read_models(db, spec)
     table = db.schema.consumers
     with db.transaction() as conn:
+        target = MessageStore(db).head(conn)
         conn.execute(
             update(table)
             .where(table.c.tenant == db.tenant, table.c.name == spec.name)
-            .values(state=STATE_RUNNING, updated_at=db.clock.now())
+            .values(state=STATE_RUNNING, rebuild_target=target, updated_at=db.clock.now())
         )
-    lifecycle_event("rebuilt", consumer=spec.name, reason="replaying from the start")
+    lifecycle_event(
+        "rebuilt", consumer=spec.name, position=target, reason="replaying from the start"
+    )
 
 
 def perform_requested_rebuild(
@@ -179,7 +186,8 @@ def _record(
         ownership.ensure_partitions(conn, spec.name, spec.partitions)
         return Declared(consumer=spec.name, outcome=UNCHANGED, fingerprint=fingerprint), False
     retired: list[str] = json.loads(row.retired_fingerprints or "[]")
-    if fingerprint in retired and row.fingerprint != fingerprint:
+    rolling_back = fingerprint in retired and row.fingerprint != fingerprint
+    if rolling_back and row.state != STATE_REBUILD_REQUESTED:
         which = (
             "the previous declaration"
             if row.previous_fingerprint == fingerprint
@@ -197,7 +205,7 @@ def _record(
         return Declared(consumer=spec.name, outcome=STALE, fingerprint=fingerprint), False
     previous = row.previous_fingerprint if row.fingerprint == fingerprint else row.fingerprint
     if row.fingerprint != fingerprint:
-        retired.append(row.fingerprint)
+        retired = [f for f in retired if f != fingerprint] + [row.fingerprint]
     if spec.kind is not ConsumerKind.PROJECTION:
         # Route consumers and sagas act beyond their own tables: replaying them would send
         # and do everything again, so a new declaration goes on where the old one stopped.
@@ -233,7 +241,7 @@ def _record(
         instance=instance_id,
         declaration=fingerprint,
         previous=row.fingerprint,
-        reason="new declaration",
+        reason="rolling back: rebuild requested" if rolling_back else "new declaration",
     )
     conn.execute(
         update(table)

@@ -74,21 +74,36 @@ def projections_batch_applied(
 
 @hookspec
 def projections_message_failed(
-    consumer: str, partition: int, position: int, type_name: str, error: BaseException
+    consumer: str,
+    partition: int,
+    position: int,
+    type_name: str,
+    error: BaseException,
+    instance_id: str,
 ) -> None:
-    """Called when a message could not be decoded or handled."""
+    """Called when a message could not be decoded or handled on ``instance_id``."""
 
 
 @hookspec
 def projections_partition_halted(
-    consumer: str, partition: int, position: int, type_name: str, error: str
+    consumer: str, partition: int, position: int, type_name: str, error: str, instance_id: str
 ) -> None:
-    """Called after a partition was halted at a poison message (recorded in the database)."""
+    """Called after ``instance_id`` halted a partition at a poison message (recorded in the
+    database)."""
 
 
 @hookspec
-def projections_retrying(what: str, error: BaseException) -> None:
-    """Called before a transient database error is retried (``conflict-retry``)."""
+def projections_retrying(what: str, instance_id: str, error: BaseException) -> None:
+    """Called before ``instance_id`` retries ``what`` after a transient database error
+    (``conflict-retry``)."""
+
+
+@hookspec
+def projections_lock_contention(what: str, instance_id: str, kind: str) -> None:
+    """Called before ``instance_id`` retries ``what`` after a lock conflict, right after
+    :func:`projections_retrying`. ``kind`` is ``"busy"`` or ``"locked"`` (SQLite: another
+    process held the database lock beyond the busy timeout), ``"lock-wait-timeout"`` or
+    ``"deadlock"`` (MySQL)."""
 
 
 # -------------------------------------------------------------------------------------

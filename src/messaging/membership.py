@@ -100,6 +100,17 @@ class Membership:
         )
         return result.rowcount == 1
 
+    def update_runs(
+        self, conn: Connection, instance_id: str, runs: Mapping[str, Mapping[str, Any]]
+    ) -> None:
+        """Record what the instance runs now (it stopped applying a consumer)."""
+        t = self.table
+        conn.execute(
+            update(t)
+            .where(t.c.tenant == self.db.tenant, t.c.id == instance_id)
+            .values(runs=json.dumps(runs, sort_keys=True))
+        )
+
     def deregister(self, conn: Connection, instance_id: str) -> None:
         """Delete this instance's row (clean stop)."""
         t = self.table

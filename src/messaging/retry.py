@@ -6,24 +6,31 @@ import logging
 import random
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 from messaging.errors import ConcurrentUpdate
 from messaging.settings import ConflictRetrySettings
 
+if TYPE_CHECKING:
+    import pluggy
+
 T = TypeVar("T")
 log = logging.getLogger("messaging.retry")
 
+_MYSQL_LOCKS = {1205: "lock-wait-timeout", 1213: "deadlock"}
 _MYSQL_TRANSIENT = {
-    1205,  # lock wait timeout
-    1213,  # deadlock
+    *_MYSQL_LOCKS,
     2006,  # server has gone away
     2013,  # lost connection during query
     1040,  # too many connections
 }
-_SQLITE_TRANSIENT = ("database is locked", "database table is locked", "database is busy")
+_SQLITE_LOCKS = {
+    "database is locked": "busy",
+    "database is busy": "busy",
+    "database table is locked": "locked",
+}
 _FIRST_DELAY = 0.01
 
 
@@ -40,8 +47,30 @@ def is_transient(exc: BaseException) -> bool:
     args = getattr(orig, "args", ())
     if args and isinstance(args[0], int):
         return args[0] in _MYSQL_TRANSIENT
-    text = str(orig).lower()
-    return any(fragment in text for fragment in _SQLITE_TRANSIENT)
+    return lock_conflict(exc) is not None
+
+
+def lock_conflict(exc: BaseException) -> str | None:
+    """Which lock conflict ``exc`` is, if it is one: ``"lock-wait-timeout"`` or
+    ``"deadlock"`` (MySQL), ``"busy"`` or ``"locked"`` (SQLite); None for anything else."""
+    if not isinstance(exc, OperationalError):
+        return None
+    args = getattr(exc.orig, "args", ())
+    if args and isinstance(args[0], int):
+        return _MYSQL_LOCKS.get(args[0])
+    text = str(exc.orig).lower()
+    return next((kind for fragment, kind in _SQLITE_LOCKS.items() if fragment in text), None)
+
+
+def report_retry(
+    hooks: pluggy.HookRelay, instance_id: str, what: str, error: BaseException
+) -> None:
+    """Tell the plugins that ``what`` on ``instance_id`` retries after ``error``: always
+    ``projections_retrying``, and ``projections_lock_contention`` for a lock conflict."""
+    hooks.projections_retrying(what=what, instance_id=instance_id, error=error)
+    kind = lock_conflict(error)
+    if kind is not None:
+        hooks.projections_lock_contention(what=what, instance_id=instance_id, kind=kind)
 
 
 def backoff_delays(settings: ConflictRetrySettings) -> list[float]:

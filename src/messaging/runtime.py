@@ -20,6 +20,7 @@ from functools import partial
 from types import FrameType
 from typing import TypeVar
 
+import attrs
 import pluggy
 
 from messaging.consumers import ConsumerKind, ConsumerSpec
@@ -40,7 +41,7 @@ from messaging.messages import MessageRegistry
 from messaging.messages import registry as default_registry
 from messaging.ownership import Ownership, PartitionRow
 from messaging.rebalance import plan
-from messaging.retry import retry_transient
+from messaging.retry import report_retry, retry_transient
 from messaging.settings import ConsumerGroupSettings, Distribution, Settings
 from messaging.store import MessageStore
 from messaging.worker import ConsumerWorker, InMemoryWorker
@@ -153,6 +154,7 @@ class Instance:
                 self.in_memory[spec.name] = InMemoryWorker(
                     db=self.db,
                     spec=spec,
+                    instance_id=self.id,
                     settings=self.consumer_settings,
                     hooks=self.hooks,
                     registry=self.registry,
@@ -160,6 +162,7 @@ class Instance:
                 continue
             declared = self._retry(partial(self._declare, spec), f"declare {spec.name}")
             if declared.outcome == STALE:
+                self._forget(spec.name)
                 continue
             worker_class = spec.options.worker or ConsumerWorker
             self.workers[spec.name] = worker_class(
@@ -226,7 +229,12 @@ class Instance:
             self.membership.register(conn, self.info)
 
     def _retry(self, action: Callable[[], T], what: str) -> T:
-        return retry_transient(action, self.consumer_settings.conflict_retry, what=what)
+        return retry_transient(
+            action,
+            self.consumer_settings.conflict_retry,
+            what=what,
+            on_retry=partial(report_retry, self.hooks, self.id, what),
+        )
 
     def _spawn(self, name: str, target: object, stop: threading.Event) -> None:
         thread = threading.Thread(target=target, args=(stop,), name=name, daemon=True)  # type: ignore[arg-type]
@@ -332,6 +340,19 @@ class Instance:
         )
         worker = self.workers.pop(name)
         worker.drop_after_batch(sorted(worker.claims()))
+        self._forget(name)
+
+    def _forget(self, name: str) -> None:
+        """Stop telling the peers that this instance runs ``name``: it applies nothing of
+        it, so nobody may plan partitions of it here."""
+        runs = {consumer: run for consumer, run in self.info.runs.items() if consumer != name}
+        self.info = attrs.evolve(self.info, runs=runs)
+
+        def update() -> None:
+            with self.db.transaction() as conn:
+                self.membership.update_runs(conn, self.id, runs)
+
+        self._retry(update, f"forget {name}")
 
     def _event(self, consumer: str, partition: int, epoch: int | None) -> None:
         """A claim (with its epoch) or a release (``epoch`` None): log it, tell the plugins."""
@@ -363,7 +384,8 @@ class Instance:
         self.membership.remove_stale_when_due(self.consumer_settings.stale_instance_timeout)
 
     def _heartbeat_loop(self, stop: threading.Event) -> None:
-        self._every(self.consumer_settings.heartbeat_interval, self.heartbeat, "heartbeat", stop)
+        heartbeat = partial(self._retry, self.heartbeat, "heartbeat")
+        self._every(self.consumer_settings.heartbeat_interval, heartbeat, "heartbeat", stop)
 
     def _next_round(self, members: Sequence[InstanceRow]) -> float:
         """How soon the next rebalance is worth running: at the regular interval, but right
@@ -384,7 +406,7 @@ class Instance:
         while not stop.wait(max(0.0, started + self._next_round_in - time.monotonic())):
             started = time.monotonic()
             try:
-                self.rebalance()
+                self._retry(self.rebalance, "rebalance")
             except Exception:
                 self._next_round_in = interval
                 log.exception("instance %s: rebalance failed; trying again next round", self.name)

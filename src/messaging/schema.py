@@ -22,7 +22,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects import mysql
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 """The newest schema migration this code expects."""
 
 _TEXT = Text().with_variant(mysql.LONGTEXT(), "mysql", "mariadb")
@@ -83,6 +83,7 @@ class Schema:
             Column("state", String(32), nullable=False),
             Column("updated_at", _SECONDS, nullable=False),
             Column("retired_fingerprints", _TEXT, nullable=True),  # V2, hence last
+            Column("rebuild_target", BigInteger, nullable=True),  # V4
             PrimaryKeyConstraint("tenant", "name"),
         )
         self.partitions = Table(

@@ -14,7 +14,8 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
-from contextlib import AbstractContextManager, ExitStack, nullcontext
+from concurrent.futures import ThreadPoolExecutor, wait
+from contextlib import AbstractContextManager, nullcontext
 from functools import partial
 from typing import Any
 
@@ -29,7 +30,7 @@ from messaging.lifecycle import lifecycle_event
 from messaging.messages import Envelope, MessageRegistry
 from messaging.outbox import Outbox
 from messaging.ownership import Claim, Ownership
-from messaging.retry import is_transient, retry_transient
+from messaging.retry import is_transient, report_retry, retry_transient
 from messaging.settings import ConsumerSettings
 from messaging.store import MessageStore
 
@@ -102,12 +103,14 @@ class _Worker:
         *,
         db: Database,
         spec: ConsumerSpec,
+        instance_id: str,
         settings: ConsumerSettings,
         hooks: pluggy.HookRelay,
         registry: MessageRegistry,
     ) -> None:
         self.db = db
         self.spec = spec
+        self.instance_id = instance_id
         self.settings = settings
         self.hooks = hooks
         self.store = MessageStore(db, registry)
@@ -153,18 +156,26 @@ class ConsumerWorker(_Worker):
         lanes: int = 1,
         limiter: AbstractContextManager[Any] | None = None,
     ) -> None:
-        super().__init__(db=db, spec=spec, settings=settings, hooks=hooks, registry=registry)
-        self.instance_id = instance_id
+        super().__init__(
+            db=db,
+            spec=spec,
+            instance_id=instance_id,
+            settings=settings,
+            hooks=hooks,
+            registry=registry,
+        )
         self.whole = whole
         """Single-owner mode: apply only while holding every partition (global order)."""
         self.lanes = 1 if whole else max(1, min(lanes, spec.partitions))
-        """Batches applied at once: partition ``p`` belongs to lane ``p % lanes``."""
+        """Parts of a batch applied at once: partition ``p`` belongs to lane ``p % lanes``."""
         self._limiter = limiter if limiter is not None else nullcontext()
         self.ownership = Ownership(db)
         self._claims: dict[int, Claim] = {}
         self._lock = threading.Lock()
-        self._batch_in_flight = [threading.Lock() for _ in range(self.lanes)]
-        self._catching_up: dict[int | None, bool] = {}
+        self._batch_in_flight = threading.Lock()
+        self._catching_up = False
+        self._lane_pool: ThreadPoolExecutor | None = None
+        """Applies the lanes after the first of each batch (the polling thread applies it)."""
 
     # -- ownership, changed by the rebalance loop ----------------------------------------
 
@@ -187,83 +198,123 @@ class ConsumerWorker(_Worker):
 
     def drop_after_batch(self, partitions: Sequence[int]) -> None:
         """Stop applying ``partitions`` once the batches in flight (if any) have committed."""
-        with ExitStack() as stack:
-            for lock in self._batch_in_flight:
-                stack.enter_context(lock)
+        with self._batch_in_flight:
             self.drop(partitions)
 
     # -- applying ------------------------------------------------------------------------
 
     def run(self, stop: threading.Event) -> None:
-        """Poll every lane, each in its own thread, until ``stop`` is set."""
-        extra = [
-            threading.Thread(
-                target=self._loop,
-                args=(stop, partial(self._poll_lane, lane)),
-                name=f"{threading.current_thread().name}/{lane}",
-                daemon=True,
-            )
-            for lane in range(1, self.lanes)
-        ]
-        for thread in extra:
-            thread.start()
-        self._loop(stop, partial(self._poll_lane, 0))
-        for thread in extra:
-            thread.join()
+        """Poll until ``stop`` is set."""
+        try:
+            self._loop(stop, self._poll_in_flight)
+        finally:
+            if self._lane_pool is not None:
+                self._lane_pool.shutdown()
+                self._lane_pool = None
 
-    def lane_claims(self, lane: int | None) -> dict[int, Claim]:
-        """The claims ``lane`` applies now (all lanes when None); none in single-owner mode
-        until every partition is held, since a single owner applies in global order."""
+    def _poll_in_flight(self) -> int:
+        with self._batch_in_flight:  # a release waits for this batch to commit
+            return self.poll()
+
+    def held_claims(self) -> dict[int, Claim]:
+        """The claims to apply now: none in single-owner mode until every partition is
+        held, since a single owner applies in global position order."""
         claims = self.claims()
         if self.whole and len(claims) < self.spec.partitions:
             return {}
-        if lane is not None:
-            claims = {p: c for p, c in claims.items() if p % self.lanes == lane}
         return claims
 
-    def _poll_lane(self, lane: int) -> int:
-        with self._batch_in_flight[lane]:  # a release waits for this batch to commit
-            return self.poll(lane if self.lanes > 1 else None)
+    def poll(self) -> int:
+        """Fetch and apply one batch of the owned partitions; return how many messages were
+        applied.
 
-    def poll(self, lane: int | None = None) -> int:
-        """Fetch and apply one batch of the partitions of ``lane`` (all partitions when
-        None); return how many messages were applied.
-
-        While batches come back full (catching up), the next one is read inside the apply
-        transaction; otherwise it is read first in a short read-only transaction, so an
-        idle poller never takes the write lock. At most ``executor.max-workers`` batches
-        of the instance are applied at once (the limiter).
+        One read serves every lane: with several lanes, it fetches up to ``batch-size``
+        messages per lane and each lane's part is applied in parallel, in a transaction
+        of its own. (A read per lane would scan past the other lanes' messages.)
+        With one lane, while batches come back full (catching up), the next one is read
+        inside the apply transaction; otherwise it is read first in a short read-only
+        transaction, so an idle poller never takes the write lock. At most
+        ``executor.max-workers`` batches of the instance are applied at once (the limiter).
         """
-        claims = self.lane_claims(lane)
+        claims = self.held_claims()
         if not claims:
             return 0
         started = time.perf_counter()
         rows: Sequence[StoredRow] | None = None
-        if not self._catching_up.get(lane):
+        if self.lanes > 1 or not self._catching_up:
             with self.db.read() as conn:
-                rows = self._fetch(conn, claims)
+                rows = self._fetch(conn, claims, self.settings.batch_size * self.lanes)
             if not rows:
                 return 0
-        self._catching_up[lane] = False
+        self._catching_up = False
+        if self.lanes == 1:
+            return self._apply_limited(claims, rows, started)
+        return self._apply_lanes(claims, rows or (), started)
+
+    def _apply_lanes(
+        self, claims: Mapping[int, Claim], rows: Sequence[StoredRow], started: float
+    ) -> int:
+        """Apply ``rows`` split by lane, the lanes in parallel, each committing its
+        checkpoints at the read's last position. The partitions of lanes without messages
+        go with the first lane that has some, so that the next read starts after them too."""
+        count = self.spec.partitions
+        by_lane: dict[int, list[StoredRow]] = {}
+        for row in rows:
+            by_lane.setdefault(row[2] % count % self.lanes, []).append(row)
+        first = min(by_lane)
+        parts = [
+            (
+                {
+                    p: c
+                    for p, c in claims.items()
+                    if p % self.lanes == lane or (lane == first and p % self.lanes not in by_lane)
+                },
+                lane_rows,
+            )
+            for lane, lane_rows in sorted(by_lane.items())
+        ]
+        if self._lane_pool is None:
+            self._lane_pool = ThreadPoolExecutor(
+                self.lanes - 1, thread_name_prefix=f"{threading.current_thread().name}/lane"
+            )
+        through = int(rows[-1][0])
+        futures = [
+            self._lane_pool.submit(self._apply_limited, lane_claims, lane_rows, started, through)
+            for lane_claims, lane_rows in parts[1:]
+        ]
+        try:
+            applied = self._apply_limited(*parts[0], started, through)
+        finally:
+            wait(futures)  # the batch is in flight until every lane has committed
+        return applied + sum(future.result() for future in futures)
+
+    def _apply_limited(
+        self,
+        claims: Mapping[int, Claim],
+        rows: Sequence[StoredRow] | None,
+        started: float,
+        through: int = 0,
+    ) -> int:
         with self._limiter:
-            return self._apply(claims, rows, started, lane)
+            return self._apply(claims, rows, started, through)
 
     def _apply(
         self,
         claims: Mapping[int, Claim],
         rows: Sequence[StoredRow] | None,
         started: float,
-        lane: int | None,
+        through: int = 0,
     ) -> int:
+        """Apply ``rows`` (read in the transaction when None) and commit the checkpoints of
+        ``claims`` at the last row, or at ``through`` when the read behind ``rows`` went that
+        far (it holds every message of ``claims`` up to it)."""
         spec = self.spec
         try:
             rows = retry_transient(
-                lambda: self._commit(rows, claims, immediate=False),
+                lambda: self._commit(rows, claims, immediate=False, through=through),
                 self.settings.conflict_retry,
                 what=f"apply {spec.name}",
-                on_retry=lambda exc: self.hooks.projections_retrying(
-                    what=f"apply {spec.name}", error=exc
-                ),
+                on_retry=partial(report_retry, self.hooks, self.instance_id, f"apply {spec.name}"),
             )
         except OwnershipLost as lost:
             self._lose(lost.partitions)
@@ -286,16 +337,20 @@ class ConsumerWorker(_Worker):
                 return 0
         if not rows:
             return 0
-        self._applied(claims, rows, started)
-        self._catching_up[lane] = len(rows) >= self.settings.batch_size
+        self._applied(claims, rows, started, through)
+        self._catching_up = len(rows) >= self.settings.batch_size
         return len(rows)
 
     def _applied(
-        self, claims: Mapping[int, Claim], rows: Sequence[StoredRow], started: float
+        self,
+        claims: Mapping[int, Claim],
+        rows: Sequence[StoredRow],
+        started: float,
+        through: int = 0,
     ) -> None:
         """After ``rows`` committed: move the local checkpoints and tell the plugins."""
         last = int(rows[-1][0])
-        self._advance(claims, last)
+        self._advance(claims, max(last, through))
         self.hooks.projections_batch_applied(
             consumer=self.spec.name,
             partitions=sorted(claims),
@@ -306,14 +361,16 @@ class ConsumerWorker(_Worker):
             seconds=time.perf_counter() - started,
         )
 
-    def _fetch(self, conn: Connection, claims: Mapping[int, Claim]) -> Sequence[StoredRow]:
+    def _fetch(
+        self, conn: Connection, claims: Mapping[int, Claim], limit: int | None = None
+    ) -> Sequence[StoredRow]:
         return self.store.read_batch(
             conn,
             self.spec.topics,
             partitions={p: c.checkpoint for p, c in claims.items()},
             partition_count=self.spec.partitions,
             types=self.dispatcher.type_names,
-            limit=self.settings.batch_size,
+            limit=limit or self.settings.batch_size,
         )
 
     def _commit(
@@ -322,9 +379,10 @@ class ConsumerWorker(_Worker):
         claims: Mapping[int, Claim],
         *,
         immediate: bool,
+        through: int = 0,
     ) -> Sequence[StoredRow]:
         """In one transaction: read the batch unless given, apply it, commit the fenced
-        checkpoints. Returns the rows applied."""
+        checkpoints (at its last row or ``through``, the further). Returns the rows applied."""
         with self.db.transaction() as conn:
             batch = self._fetch(conn, claims) if rows is None else rows
             if not batch:
@@ -352,7 +410,7 @@ class ConsumerWorker(_Worker):
                 self.spec.name,
                 self.instance_id,
                 {p: c.epoch for p, c in claims.items()},
-                int(batch[-1][0]),
+                max(int(batch[-1][0]), through),
             )
             return batch
 
@@ -394,6 +452,7 @@ class ConsumerWorker(_Worker):
             position=position,
             type_name=type_name,
             error=error,
+            instance_id=self.instance_id,
         )
         detail = "".join(traceback.format_exception_only(error)).strip()
         with self.db.transaction() as conn:
@@ -425,6 +484,7 @@ class ConsumerWorker(_Worker):
                 position=position,
                 type_name=type_name,
                 error=detail,
+                instance_id=self.instance_id,
             )
 
 
@@ -436,11 +496,19 @@ class InMemoryWorker(_Worker):
         *,
         db: Database,
         spec: ConsumerSpec,
+        instance_id: str,
         settings: ConsumerSettings,
         hooks: pluggy.HookRelay,
         registry: MessageRegistry,
     ) -> None:
-        super().__init__(db=db, spec=spec, settings=settings, hooks=hooks, registry=registry)
+        super().__init__(
+            db=db,
+            spec=spec,
+            instance_id=instance_id,
+            settings=settings,
+            hooks=hooks,
+            registry=registry,
+        )
         self.position = 0
         self.halted: str | None = None
 
@@ -489,4 +557,5 @@ class InMemoryWorker(_Worker):
             position=position,
             type_name=type_name,
             error=poison.error,
+            instance_id=self.instance_id,
         )

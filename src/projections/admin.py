@@ -267,12 +267,14 @@ ADMIN_PAGE = """<!doctype html>
   .OWNED { color: #176f2c; } .ORPHANED { color: #b35c00; } .UNCLAIMED { color: #888; }
   .bar { display: inline-block; height: .8em; background: #5b7fd6; vertical-align: middle; }
   .muted { color: #777; }
+  li.rebuilding { color: #1b4fb3; font-weight: bold; }
 </style>
 </head>
 <body>
 <h1>projections admin</h1>
 <div id="status">loading…</div>
 <h2>Consumers</h2>
+<ul id="consumer-states"></ul>
 <table id="consumers">
   <thead><tr><th>consumer</th><th>partition</th><th>instance</th><th>state</th>
   <th>status</th><th>checkpoint</th><th>lag</th><th>error</th></tr></thead>
@@ -303,7 +305,16 @@ async function getJSON(path) {
   if (!response.ok) throw new Error(path + ": " + (data.error || response.status));
   return data;
 }
+function consumerState(c) {
+  if (!c.rebuild) return c.name + ": " + c.state;
+  const r = c.rebuild;
+  const percent = r.total ? (100 * r.replayed / r.total).toFixed(1) : "100.0";
+  return c.name + ": " + c.state + " " + r.replayed + "/" + r.total + " (" + percent +
+    "%) replayed up to position " + r.target;
+}
 function renderConsumers(report) {
+  document.getElementById("consumer-states").replaceChildren(...report.consumers.map(
+    (c) => el("li", {"data-consumer-state": c.name, class: c.state}, [consumerState(c)])));
   const rows = [];
   for (const c of report.consumers) {
     for (const p of c.partitions) {

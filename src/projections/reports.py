@@ -2,7 +2,9 @@
 
 A partition is OWNED while a live instance owns it, ORPHANED when its owner is no
 longer live, and UNCLAIMED when nobody owns it. Lag is the number of messages of the
-partition (in the consumer's topics and types) after its checkpoint.
+partition (in the consumer's topics and types) after its checkpoint. A rebuilt consumer
+is ``rebuilding`` until its checkpoints reach the head position as of its rebuild, with
+its progress under ``rebuild``.
 """
 
 from __future__ import annotations
@@ -10,9 +12,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from sqlalchemy import and_, func, select
+from sqlalchemy import Connection, RowMapping, and_, case, func, select
 
 from messaging.database import Database
+from messaging.declarations import STATE_REBUILDING, STATE_RUNNING
 from messaging.membership import Membership
 from messaging.settings import ConsumerSettings
 
@@ -39,8 +42,15 @@ def consumers_report(db: Database, settings: ConsumerSettings) -> dict[str, Any]
         report = []
         for consumer in declared:
             topics, types = json.loads(consumer["topics"]), json.loads(consumer["types"])
+            target = consumer["rebuild_target"]
+            replaying = consumer["state"] == STATE_RUNNING and target is not None
+            to_replay = func.count(case((messages.c.position <= (target or 0), 1)))
             lag = (
-                select(parts.c.partition_no, func.count(messages.c.position).label("lag"))
+                select(
+                    parts.c.partition_no,
+                    func.count(messages.c.position).label("lag"),
+                    to_replay.label("to_replay"),
+                )
                 .select_from(
                     parts.outerjoin(
                         messages,
@@ -57,7 +67,9 @@ def consumers_report(db: Database, settings: ConsumerSettings) -> dict[str, Any]
                 .where(parts.c.tenant == db.tenant, parts.c.consumer == consumer["name"])
                 .group_by(parts.c.partition_no)
             )
-            lags: dict[int, int] = {int(p): int(n) for p, n in conn.execute(lag)}
+            counts = conn.execute(lag).all()
+            lags: dict[int, int] = {int(row.partition_no): int(row.lag) for row in counts}
+            remaining = sum(int(row.to_replay) for row in counts) if replaying else 0
             rows = conn.execute(
                 select(parts)
                 .where(parts.c.tenant == db.tenant, parts.c.consumer == consumer["name"])
@@ -89,16 +101,40 @@ def consumers_report(db: Database, settings: ConsumerSettings) -> dict[str, Any]
                         "error": row["error"],
                     }
                 partitions.append(entry)
-            report.append(
-                {
-                    "name": consumer["name"],
-                    "kind": consumer["kind"],
-                    "distribution": consumer["distribution"],
-                    "state": consumer["state"],
-                    "partitions": partitions,
+            entry = {
+                "name": consumer["name"],
+                "kind": consumer["kind"],
+                "distribution": consumer["distribution"],
+                "state": consumer["state"],
+                "partitions": partitions,
+            }
+            if remaining:
+                total = _replay_total(db, conn, consumer, topics, types)
+                entry["state"] = STATE_REBUILDING
+                entry["rebuild"] = {
+                    "target": target,
+                    "replayed": total - remaining,
+                    "total": total,
                 }
-            )
+            report.append(entry)
     return {"consumers": report}
+
+
+def _replay_total(
+    db: Database, conn: Connection, consumer: RowMapping, topics: list[str], types: list[str]
+) -> int:
+    """How many messages of ``consumer`` a rebuild replays: those up to its target."""
+    m = db.schema.messages
+    return int(
+        conn.execute(
+            select(func.count()).where(
+                m.c.tenant == db.tenant,
+                m.c.topic.in_(topics),
+                m.c.type.in_(types),
+                m.c.position <= consumer["rebuild_target"],
+            )
+        ).scalar_one()
+    )
 
 
 def instances_report(db: Database, settings: ConsumerSettings) -> dict[str, Any]:
@@ -126,9 +162,12 @@ def format_consumers(report: dict[str, Any]) -> str:
     """The consumers report as a plain-text table."""
     lines = []
     for consumer in report["consumers"]:
+        state = consumer["state"]
+        if "rebuild" in consumer:
+            r = consumer["rebuild"]
+            state += f": {r['replayed']}/{r['total']} replayed up to position {r['target']}"
         lines.append(
-            f"{consumer['name']}  ({consumer['kind']}, {consumer['distribution']}, "
-            f"{consumer['state']})"
+            f"{consumer['name']}  ({consumer['kind']}, {consumer['distribution']}, {state})"
         )
         lines.append(
             f"  {'partition':>9}  {'state':<10} {'status':<8} {'checkpoint':>10} "

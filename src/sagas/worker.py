@@ -13,6 +13,7 @@ deadlines wait: a deadline is delivered only after the messages recorded before 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
 import attrs
@@ -25,7 +26,7 @@ from messaging.database import Database
 from messaging.errors import OwnershipLost, ProjectionsError, RegistrationError
 from messaging.messages import Envelope, MessageRegistry
 from messaging.ownership import Claim
-from messaging.retry import is_transient, retry_transient
+from messaging.retry import is_transient, report_retry, retry_transient
 from messaging.store import partition_of
 from messaging.worker import ConsumerWorker, Dispatcher, Poison, StoredRow
 from sagas.context import SagaContext
@@ -196,18 +197,24 @@ class SagaWorker(ConsumerWorker):
 
     dispatcher_class = SagaDispatcher
 
-    def poll(self, lane: int | None = None) -> int:
+    def __init__(self, **options: Any) -> None:
+        # One lane: a batch is applied in position order in one transaction, so messages of
+        # one saga instance that reach one instance are applied in the order they were
+        # recorded (lanes would apply them in parallel, in any order).
+        super().__init__(**{**options, "lanes": 1})
+
+    def poll(self) -> int:
         """Apply one batch of messages; once they are caught up, deliver the due deadlines
         of the same claims. A deadline thus never overtakes a message recorded before its
         delivery (and every message committed with the one that scheduled it)."""
-        applied = super().poll(lane)
-        if applied >= self.settings.batch_size:
+        applied = super().poll()
+        if applied >= self.settings.batch_size * self.lanes:
             return applied  # a backlog: its messages come first
-        return applied + self.deliver_due(lane)
+        return applied + self.deliver_due()
 
-    def deliver_due(self, lane: int | None = None) -> int:
-        """Deliver the due deadlines of ``lane``'s partitions (one batch); return how many."""
-        claims = self.lane_claims(lane)
+    def deliver_due(self) -> int:
+        """Deliver one batch of the due deadlines of the held partitions; return how many."""
+        claims = self.held_claims()
         if not claims:
             return 0
         dispatcher: SagaDispatcher = self.dispatcher  # type: ignore[assignment]
@@ -221,7 +228,7 @@ class SagaWorker(ConsumerWorker):
                     lambda: self._deliver(claims),
                     self.settings.conflict_retry,
                     what=what,
-                    on_retry=lambda exc: self.hooks.projections_retrying(what=what, error=exc),
+                    on_retry=partial(report_retry, self.hooks, self.instance_id, what),
                 )
             except OwnershipLost as lost:
                 self._lose(lost.partitions)

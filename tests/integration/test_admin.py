@@ -8,15 +8,15 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
+from admin_client import chromium, get, get_json, serve
+from admin_schemas import CLUSTER, COMMAND, CONSUMERS, ERROR, INSTANCES, check
 from clusters import lag, wait_until, write_config
 
 from messaging import Database, Instance, MessageStore, collect_consumers, create_plugin_manager
@@ -99,27 +99,6 @@ def test_cluster_report_of_an_empty_database() -> None:
 # -- a live instance and the server ------------------------------------------------------
 
 
-def _get(url: str) -> tuple[int, str, bytes]:
-    try:
-        with urllib.request.urlopen(url, timeout=10) as response:
-            return response.status, response.headers["Content-Type"], response.read()
-    except urllib.error.HTTPError as error:
-        return error.code, error.headers["Content-Type"], error.read()
-
-
-def _get_json(url: str) -> tuple[int, Any]:
-    status, content_type, body = _get(url)
-    assert content_type == "application/json"
-    return status, json.loads(body)
-
-
-def _serve(server: ThreadingHTTPServer) -> tuple[str, threading.Thread]:
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05})
-    thread.start()
-    host, port = server.server_address[:2]
-    return f"http://{host!s}:{port}", thread
-
-
 @pytest.fixture(scope="module")
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Database, Settings]]:
     """(base URL, db, settings): a ledger instance that has applied some traffic, and an
@@ -150,7 +129,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Databa
 
         wait_until(caught_up, timeout=30, what="the instance to own and apply every partition")
         server = make_server(db, settings, "127.0.0.1", 0)
-        base, thread = _serve(server)
+        base, thread = serve(server)
         yield base, db, settings
         server.shutdown()
         thread.join()
@@ -165,8 +144,9 @@ def test_consumers_route_is_the_consumers_report(live: tuple[str, Database, Sett
     from projections.reports import consumers_report
 
     base, db, settings = live
-    status, body = _get_json(base + "/admin/consumers")
+    status, body = get_json(base + "/admin/consumers")
     assert status == 200
+    check(body, CONSUMERS)
     assert body == json.loads(json.dumps(consumers_report(db, settings.messaging.consumer)))
     balances = next(c for c in body["consumers"] if c["name"] == "ledger-balances")
     assert {"name", "kind", "distribution", "state", "partitions"} <= balances.keys()
@@ -181,8 +161,9 @@ def test_consumers_route_is_the_consumers_report(live: tuple[str, Database, Sett
 
 def test_instances_route_lists_the_live_instance(live: tuple[str, Database, Settings]) -> None:
     base, _, _ = live
-    status, body = _get_json(base + "/admin/instances")
+    status, body = get_json(base + "/admin/instances")
     assert status == 200
+    check(body, INSTANCES)
     [instance] = body["instances"]
     assert instance["name"] == INSTANCE_NAME
     assert instance["live"] is True
@@ -191,8 +172,9 @@ def test_instances_route_lists_the_live_instance(live: tuple[str, Database, Sett
 
 def test_cluster_route_shares_every_partition(live: tuple[str, Database, Settings]) -> None:
     base, _, _ = live
-    status, body = _get_json(base + "/admin/cluster")
+    status, body = get_json(base + "/admin/cluster")
     assert status == 200
+    check(body, CLUSTER)
     assert body["answered_by"].endswith(f":{os.getpid()}")
     [member] = body["members"]
     assert member["name"] == INSTANCE_NAME
@@ -208,14 +190,14 @@ def test_cluster_route_shares_every_partition(live: tuple[str, Database, Setting
 def test_unknown_routes_answer_404_json(live: tuple[str, Database, Settings]) -> None:
     base, _, _ = live
     for path in ("/admin/nope", "/", "/admin/consumers/extra"):
-        status, body = _get_json(base + path)
+        status, body = get_json(base + path)
         assert status == 404
-        assert "error" in body
+        check(body, ERROR)
 
 
 def test_the_page_is_self_contained_html(live: tuple[str, Database, Settings]) -> None:
     base, _, _ = live
-    status, content_type, body = _get(base + "/admin")
+    status, content_type, body = get(base + "/admin")
     assert status == 200
     assert content_type.startswith("text/html")
     page = body.decode()
@@ -227,11 +209,12 @@ def test_the_page_is_self_contained_html(live: tuple[str, Database, Settings]) -
 def test_database_errors_answer_500_with_one_line(tmp_path: Path) -> None:
     db = Database(f"sqlite:///{tmp_path}/empty.db", table_prefix="prj_")  # never prepared
     server = make_server(db, Settings(), "127.0.0.1", 0)
-    base, thread = _serve(server)
+    base, thread = serve(server)
     try:
         for path in ("/admin/consumers", "/admin/instances", "/admin/cluster"):
-            status, body = _get_json(base + path)
+            status, body = get_json(base + path)
             assert status == 500
+            check(body, ERROR)
             assert body["error"].startswith("database: ")
             assert "\n" not in body["error"]
     finally:
@@ -241,33 +224,6 @@ def test_database_errors_answer_500_with_one_line(tmp_path: Path) -> None:
         db.dispose()
 
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-
-
-def _chromium(tmp: Path, *options: str, url: str) -> subprocess.CompletedProcess[str]:
-    assert CHROMIUM is not None, "chromium is needed: apt-get install -y chromium"
-    return subprocess.run(
-        [
-            CHROMIUM,
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-quic",
-            "--no-first-run",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-            f"--user-data-dir={tmp}",
-            "--virtual-time-budget=5000",
-            *options,
-            url,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-
-
 @pytest.mark.multiprocess
 def test_chromium_renders_a_row_per_partition(
     live: tuple[str, Database, Settings], tmp_path: Path
@@ -275,7 +231,7 @@ def test_chromium_renders_a_row_per_partition(
     """The page, rendered by a real headless browser, shows each partition of the
     ledger projection owned by the instance, the instances table and the cluster shares."""
     base, _, _ = live
-    dom = _chromium(tmp_path / "profile-dom", "--dump-dom", url=base + "/admin")
+    dom = chromium(tmp_path / "profile-dom", "--dump-dom", url=base + "/admin")
     assert dom.returncode == 0, dom.stderr
     html = dom.stdout
     assert html.count("<tr data-partition=") == 8
@@ -286,7 +242,7 @@ def test_chromium_renders_a_row_per_partition(
     assert '<div id="status" class="">updated ' in html
 
     shot = tmp_path / "admin.png"
-    result = _chromium(
+    result = chromium(
         tmp_path / "profile-shot",
         f"--screenshot={shot}",
         "--window-size=1200,900",
@@ -319,7 +275,7 @@ def test_the_admin_command_serves_until_sigterm(tmp_path: Path) -> None:
         line = process.stdout.readline()
         assert line.startswith("admin page: http://127.0.0.1:"), line
         base = line.split(": ", 1)[1].strip().removesuffix("/admin")
-        status, body = _get_json(base + "/admin/cluster")
+        status, body = get_json(base + "/admin/cluster")
         assert status == 200
         assert body["answered_by"].endswith(f":{process.pid}")
         process.send_signal(signal.SIGTERM)
@@ -356,11 +312,12 @@ def test_operator_commands_over_http_are_applied_and_audited(
         200,
         {"consumer": "ledger-balances", "command": "pause"},
     )
-    status, data = _get_json(f"{base}/admin/consumers")
+    status, data = get_json(f"{base}/admin/consumers")
     assert [c["state"] for c in data["consumers"] if c["name"] == "ledger-balances"] == ["paused"]
     status, error = _post(f"{route}/pause", {})
-    assert status == 409 and "already paused" in error["error"]
-    assert _post(f"{route}/resume", {"who": "web"})[0] == 200
+    assert status == 409 and "already paused" in check(error, ERROR)["error"]
+    status, resumed = _post(f"{route}/resume", {"who": "web"})
+    assert status == 200 and check(resumed, COMMAND)["halted"] == []
     assert _post(f"{base}/admin/consumers/nope/rebuild", {})[0] == 409
     assert _post(f"{base}/admin/consumers/ledger-balances/explode", {})[0] == 404
     log = [(e["command"], e["who"]) for e in audit_log(db, "ledger-balances")]
@@ -397,7 +354,7 @@ def test_run_serves_the_admin_endpoints_alongside_the_instance(tmp_path: Path) -
         base = line.split()[-1].removesuffix("/admin")
 
         def named() -> list[str]:
-            status, data = _get_json(f"{base}/admin/instances")
+            status, data = get_json(f"{base}/admin/instances")
             return [i["name"] for i in data["instances"] if i["live"]] if status == 200 else []
 
         wait_until(lambda: named() == ["with-admin"], timeout=30, what="the instance to show up")

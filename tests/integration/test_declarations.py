@@ -7,7 +7,7 @@ import attrs
 import pytest
 from sqlalchemy import Column, Integer, MetaData, String, Table, insert, select, update
 
-from messaging import Database, HandlerContext, OwnershipLost, handler, message
+from messaging import Database, HandlerContext, OwnershipLost, handler, message, operations
 from messaging.consumers import consumer_spec
 from messaging.declarations import CREATED, REBUILT, STALE, UNCHANGED, declare
 from messaging.membership import InstanceInfo, Membership
@@ -112,3 +112,17 @@ def test_an_even_older_declaration_applies_nothing_and_does_not_rebuild_back(
     assert declare(db, v1, P, "a").outcome == STALE
     assert declare(db, v2, P, "a").outcome == STALE
     assert declare(db, v3, P, "a").outcome == UNCHANGED
+
+
+def test_a_requested_rebuild_rolls_back_to_a_left_behind_declaration(db: Database) -> None:
+    """v1 → v2, then an operator asks for a rebuild: an instance starting on v1 rebuilds
+    under v1, which is current again, and v2 is the one left behind."""
+    v1, _ = _spec(db, 1)
+    v2, _ = _spec(db, 2)
+    _register(db, "a")
+    declare(db, v1, P, "a")
+    assert declare(db, v2, P, "a").outcome == REBUILT
+    operations.rebuild(db, "decl-notes", who="test", reason="roll back")
+    assert declare(db, v1, P, "a").outcome == REBUILT
+    assert declare(db, v1, P, "a").outcome == UNCHANGED
+    assert declare(db, v2, P, "a").outcome == STALE

@@ -3,10 +3,12 @@ message and rebuild take effect within one poll on every instance, and are audit
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 
 import attrs
 import pytest
+from admin_schemas import CONSUMERS, check
 from sqlalchemy import BigInteger, Column, Integer, MetaData, String, Table, insert, select
 
 from messaging import (
@@ -20,7 +22,9 @@ from messaging import (
 )
 from messaging.operations import OperationError, audit_log, pause, rebuild, resume
 from messaging.ownership import Ownership
+from messaging.settings import ConsumerSettings
 from projections import projection
+from projections.reports import consumers_report
 from projections.testing import SimulatedCluster
 
 metadata = MetaData()
@@ -120,6 +124,11 @@ def test_resume_past_the_poison_skips_exactly_that_message(cluster: SimulatedClu
         halted = [p for p in Ownership(db).partitions(conn, ["ops-notes"]) if p.status == "halted"]
     assert len(halted) == 1 and halted[0].halted_type == "test.ops.noted"
     assert "poison" not in _texts(db)
+    report = check(json.loads(json.dumps(consumers_report(db, ConsumerSettings()))), CONSUMERS)
+    (reported,) = [
+        p["halted"] for c in report["consumers"] for p in c["partitions"] if "halted" in p
+    ]
+    assert reported["position"] == halted[0].halted_position
 
     skipped = resume(db, "ops-notes", who="ops@test", skip_poison=True, reason="bad data")
     assert [s["position"] for s in skipped] == [halted[0].halted_position]

@@ -3,12 +3,11 @@ replayed while the instances keep running, ending equal to a sequential replay."
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from clusters import (
+    cli,
     lag,
     ledger_matches_replay,
     owned_by,
@@ -26,15 +25,6 @@ from projections.examples import ledger
 pytestmark = pytest.mark.multiprocess
 
 
-def _cli(config: Path, *args: str) -> str:
-    return subprocess.run(
-        [sys.executable, "-m", "projections.cli", *args, "--config", str(config)],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-
-
 def test_rebuild_on_a_running_cluster_equals_a_sequential_replay(
     db: Database, tmp_path: Path
 ) -> None:
@@ -49,11 +39,11 @@ def test_rebuild_on_a_running_cluster_equals_a_sequential_replay(
             conn.execute(update(ledger.balances).values(balance=-1))
         assert ledger_matches_replay(db)[0] != ledger_matches_replay(db)[1]
 
-        output = _cli(config, "rebuild", "ledger-balances", "--reason", "corrupted", "--who", "t")
+        output = cli(config, "rebuild", "ledger-balances", "--reason", "corrupted", "--who", "t")
         assert "rebuild of ledger-balances requested" in output
         wait_until(
             lambda: (
-                '"state": "running"' in _cli(config, "status", "--json")
+                '"state": "running"' in cli(config, "status", "--json")
                 and lag(db) == 0
                 and owned_by(db, {"r1", "r2"})
             ),
@@ -67,4 +57,4 @@ def test_rebuild_on_a_running_cluster_equals_a_sequential_replay(
             assert stop_instance(process) == 0
     actual, expected = ledger_matches_replay(db)
     assert actual == expected
-    assert '"command": "rebuild"' in _cli(config, "audit", "--json")
+    assert '"command": "rebuild"' in cli(config, "audit", "--json")

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
+from clusters import wait_until
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
@@ -23,8 +26,15 @@ from messaging import (
     Settings,
     collect_consumers,
     create_plugin_manager,
+    handler,
+    hookimpl,
     load_settings,
+    message,
+    partition_of,
 )
+from messaging.config import settings_from_mapping
+from messaging.worker import ConsumerWorker
+from projections import projection
 from projections.examples.ledger import TOPIC, traffic
 from projections.reports import consumers_report
 from projections_otel import Telemetry, context_of, trace_headers
@@ -227,6 +237,10 @@ def test_the_plugin_loads_from_the_config(tmp_path: Path) -> None:
         "projections_message_failed",
         "projections_partition_halted",
         "projections_retrying",
+        "projections_lock_contention",
+        "projections_heartbeat",
+        "projections_rebalanced",
+        "projections_lag",
     }
     # Every implementation matches a specification (the manager checked them on creation).
     manager.check_pending()
@@ -238,4 +252,114 @@ def test_hooks_never_raise(telemetry: Telemetry, monkeypatch: pytest.MonkeyPatch
         raise RuntimeError("exporter down")
 
     monkeypatch.setattr(telemetry.retries, "add", broken)
-    telemetry.projections_retrying(what="apply x", error=TimeoutError())
+    telemetry.projections_retrying(what="apply x", instance_id="i", error=TimeoutError())
+
+
+def _contended_instance(
+    tmp_path: Path, telemetry: Telemetry
+) -> tuple[Database, Instance, ConsumerWorker]:
+    """An instance driven by hand (no loops) on a SQLite file whose busy timeout is 50 ms."""
+    db = Database(f"sqlite:///{tmp_path}/contended.db?timeout=0.05")
+    db.prepare()
+    settings = settings_from_mapping(
+        {"messaging": {"consumer": {"conflict-retry": {"max-retries": 10}}}}
+    )
+    manager = create_plugin_manager(
+        ["projections.examples.ledger"], plugins=[telemetry], load_entrypoints=False
+    )
+    instance = Instance(db, collect_consumers(manager), settings, manager.hook, name="contended")
+    instance.start(loops=False)
+    return db, instance, instance.workers[CONSUMER]
+
+
+def test_a_batch_meeting_another_writers_lock_is_retried_and_counted(
+    tmp_path: Path, telemetry: Telemetry, reader: InMemoryMetricReader
+) -> None:
+    """While another connection holds SQLite's write lock, the batch's commit meets it, is
+    retried, and counted as lock contention; once the lock is let go the batch commits."""
+    db, instance, worker = _contended_instance(tmp_path, telemetry)
+    try:
+        appended = len(_append(db, 40))
+        outcome: list[int | BaseException] = []
+
+        def poll() -> None:
+            try:
+                outcome.append(worker.poll())
+            except BaseException as exc:  # reported by the assertion below
+                outcome.append(exc)
+
+        other = Database(db.url)
+        with other.transaction():  # BEGIN IMMEDIATE: the second writer holds the lock
+            thread = threading.Thread(target=poll)
+            thread.start()
+            wait_until(
+                lambda: _points(reader).get("projections.lock.contentions"),
+                timeout=10,
+                what="the batch to meet the lock",
+            )
+        thread.join(timeout=30)
+        other.dispose()
+        assert outcome == [appended]
+    finally:
+        instance.stop()
+        db.dispose()
+    (contention,) = _points(reader)["projections.lock.contentions"]
+    assert dict(contention.attributes) == {
+        "what": f"apply {CONSUMER}",
+        "kind": "busy",
+        "instance": "contended",
+    }
+    assert contention.value >= 1
+    (retries,) = _points(reader)["projections.retries"]
+    assert dict(retries.attributes) == {
+        "what": f"apply {CONSUMER}",
+        "error.type": "OperationalError",
+        "instance": "contended",
+    }
+    assert retries.value == contention.value
+
+
+@message("test.otel.fragile")
+@attrs.define(frozen=True)
+class FragileNoted:
+    text: str
+
+
+@projection("otel-fragile", topics="fragile", partitions=2)
+class Fragile:
+    @handler
+    def noted(self, event: FragileNoted) -> None:
+        if event.text == "poison":
+            raise ValueError("cannot handle poison")
+
+
+class _FragileApp:
+    @hookimpl
+    def projections_consumers(self) -> list[type]:
+        return [Fragile]
+
+
+def test_failures_and_halts_name_the_instance(
+    db: Database, telemetry: Telemetry, reader: InMemoryMetricReader
+) -> None:
+    """A poison message counts as a failure and a halt of its partition, on its instance."""
+    manager = create_plugin_manager([], plugins=[telemetry, _FragileApp()], load_entrypoints=False)
+    instance = Instance(db, collect_consumers(manager), Settings(), manager.hook, name="fragile-1")
+    instance.start(loops=False)
+    try:
+        with db.transaction() as conn:
+            MessageStore(db).append(conn, "fragile", "s1", [FragileNoted("poison")])
+        instance.workers["otel-fragile"].poll()
+    finally:
+        instance.stop()
+    points = _points(reader)
+    expected = {
+        "consumer": "otel-fragile",
+        "partition": partition_of("s1", 2),
+        "type": "test.otel.fragile",
+        "instance": "fragile-1",
+    }
+    (failure,) = points["projections.message.failures"]
+    assert dict(failure.attributes) == {**expected, "error.type": "ValueError"}
+    (halt,) = points["projections.partition.halts"]
+    assert dict(halt.attributes) == expected

@@ -85,11 +85,6 @@ def _recorder(name: str, number: int) -> type:
 
 
 @pytest.fixture
-def backend() -> str:
-    return "mysql"
-
-
-@pytest.fixture
 def read_model_metadata() -> list[MetaData]:
     return [metadata]
 

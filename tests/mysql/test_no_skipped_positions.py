@@ -53,11 +53,6 @@ class Recorder:
 
 
 @pytest.fixture
-def backend() -> str:
-    return "mysql"
-
-
-@pytest.fixture
 def read_model_metadata() -> list[MetaData]:
     return [metadata]
 

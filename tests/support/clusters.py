@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -18,10 +19,8 @@ from messaging.settings import ConsumerSettings
 from projections.examples import ledger
 from projections.reports import consumers_report
 
-_SUPPORT_PATH = os.pathsep.join(
-    p for p in (str(Path(__file__).parent), os.environ.get("PYTHONPATH")) if p
-)
-"""Test applications in this folder can be run by ``projections run`` too."""
+SUPPORT = Path(__file__).resolve().parent
+"""This directory: application modules of the tests live here."""
 
 FAST_CONSUMER_CONFIG = """\
 database: {url}
@@ -48,24 +47,45 @@ def write_config(path: Path, db: Database, *, batch_size: int = 100, extra: str 
     return path
 
 
-def start_instance(config: Path, name: str, *modules: str) -> subprocess.Popen[bytes]:
-    """Start ``projections run`` as a real OS process."""
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "projections.cli",
-            "--log-level",
-            "WARNING",
-            "run",
-            *(modules or ("projections.examples.ledger",)),
-            "--config",
-            str(config),
-            "--instance-name",
-            name,
-        ],
-        env={**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": _SUPPORT_PATH},
-    )
+def start_instance(
+    config: Path,
+    name: str,
+    *modules: str,
+    env: dict[str, str] | None = None,
+    log: Path | None = None,
+) -> subprocess.Popen[bytes]:
+    """Start ``projections run`` as a real OS process, with ``env`` added to its environment
+    (tests/support on its path) and its log (stderr) written to ``log`` if given."""
+    path = os.pathsep.join(filter(None, [str(SUPPORT), os.environ.get("PYTHONPATH")]))
+    with ExitStack() as stack:
+        stderr = None if log is None else stack.enter_context(log.open("ab"))
+        return subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "projections.cli",
+                "--log-level",
+                "WARNING",
+                "run",
+                *(modules or ("projections.examples.ledger",)),
+                "--config",
+                str(config),
+                "--instance-name",
+                name,
+            ],
+            env={**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": path, **(env or {})},
+            stderr=stderr,
+        )
+
+
+def cli(config: Path, *args: str) -> str:
+    """Run a ``projections`` command against ``config`` in a real process; its stdout."""
+    return subprocess.run(
+        [sys.executable, "-m", "projections.cli", *args, "--config", str(config)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
 
 
 def stop_instance(process: subprocess.Popen[bytes], timeout: float = 30) -> int:

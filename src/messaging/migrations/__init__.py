@@ -114,7 +114,8 @@ def _check_versions(applied: set[int], labels: list[str]) -> None:
 
 
 def create_sqlite_schema(db: Database) -> None:
-    """Create every table on SQLite and record the schema version (idempotent)."""
+    """Create every table on SQLite and record the schema version (idempotent). A file
+    made by an older version gets the columns added since (they are all nullable)."""
     table = db.schema.migrations
     with db.transaction() as conn:
         db.schema.metadata.create_all(conn)
@@ -123,8 +124,21 @@ def create_sqlite_schema(db: Database) -> None:
         if newer:
             _check_versions(applied, [])
         if SCHEMA_VERSION not in applied:
+            _add_missing_columns(conn, db)
             conn.execute(
                 insert(table).values(
                     version=SCHEMA_VERSION, name="create_all", applied_at=db.clock.now()
                 )
             )
+
+
+def _add_missing_columns(conn: Connection, db: Database) -> None:
+    inspector = inspect(conn)
+    for table in db.schema.metadata.sorted_tables:
+        present = {column["name"] for column in inspector.get_columns(table.name)}
+        for column in table.columns:
+            if column.name not in present:
+                kind = column.type.compile(dialect=conn.dialect)
+                conn.exec_driver_sql(
+                    f'ALTER TABLE "{table.name}" ADD COLUMN "{column.name}" {kind}'
+                )

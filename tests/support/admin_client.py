@@ -1,0 +1,66 @@
+"""Helpers for tests of the admin server: serve it in a thread, fetch its routes, and
+render its page in headless Chromium."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import threading
+import urllib.error
+import urllib.request
+from http.server import ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def get(url: str) -> tuple[int, str, bytes]:
+    """(status, content type, body) of a GET, error statuses included."""
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return response.status, response.headers["Content-Type"], response.read()
+    except urllib.error.HTTPError as error:
+        return error.code, error.headers["Content-Type"], error.read()
+
+
+def get_json(url: str) -> tuple[int, Any]:
+    """(status, decoded body) of a GET that must answer JSON."""
+    status, content_type, body = get(url)
+    assert content_type == "application/json"
+    return status, json.loads(body)
+
+
+def serve(server: ThreadingHTTPServer) -> tuple[str, threading.Thread]:
+    """Serve ``server`` in a thread; return its base URL and the thread."""
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05})
+    thread.start()
+    host, port = server.server_address[:2]
+    return f"http://{host!s}:{port}", thread
+
+
+def chromium(profile: Path, *options: str, url: str) -> subprocess.CompletedProcess[str]:
+    """Run headless Chromium on ``url`` with ``options`` (``--dump-dom``, ``--screenshot``),
+    letting the page's scripts run for up to 5 s of virtual time."""
+    assert CHROMIUM is not None, "chromium is needed: apt-get install -y chromium"
+    return subprocess.run(
+        [
+            CHROMIUM,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            f"--user-data-dir={profile}",
+            "--virtual-time-budget=5000",
+            *options,
+            url,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )

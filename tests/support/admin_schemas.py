@@ -1,0 +1,125 @@
+"""JSON Schemas of the admin routes' answers (``status --json`` is the consumers one),
+strict about unknown keys, so that a test catches any change of shape."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jsonschema
+
+_ID = {"type": "string", "minLength": 1}
+_INT = {"type": "integer", "minimum": 0}
+_RANGES = {
+    "type": "array",
+    "items": {"type": "array", "items": _INT, "minItems": 2, "maxItems": 2},
+}
+
+
+def _object(required: dict[str, Any], optional: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "properties": {**required, **(optional or {})},
+        "required": sorted(required),
+        "additionalProperties": False,
+    }
+
+
+_HALTED = {"position": _INT, "type": _ID, "error": {"type": "string"}}
+_PARTITION = _object(
+    {
+        "partition": _INT,
+        "instance": {"type": ["string", "null"]},
+        "instance_id": {"type": ["string", "null"]},
+        "state": {"enum": ["OWNED", "ORPHANED", "UNCLAIMED"]},
+        "status": {"enum": ["running", "halted"]},
+        "epoch": _INT,
+        "checkpoint": _INT,
+        "lag": _INT,
+    },
+    {"halted": _object(_HALTED)},
+)
+
+CONSUMERS = _object(
+    {
+        "consumers": {
+            "type": "array",
+            "items": _object(
+                {
+                    "name": _ID,
+                    "kind": _ID,
+                    "distribution": {"enum": ["partitioned", "single-owner"]},
+                    "state": {"enum": ["running", "paused", "rebuild-requested", "rebuilding"]},
+                    "partitions": {"type": "array", "items": _PARTITION},
+                },
+                {"rebuild": _object({"target": _INT, "replayed": _INT, "total": _INT})},
+            ),
+        }
+    }
+)
+
+INSTANCES = _object(
+    {
+        "instances": {
+            "type": "array",
+            "items": _object(
+                {
+                    "id": _ID,
+                    "name": _ID,
+                    "host": _ID,
+                    "pid": _INT,
+                    "started_at": {"type": "number"},
+                    "heartbeat_at": {"type": "number"},
+                    "live": {"type": "boolean"},
+                    "stopping": {"type": "boolean"},
+                }
+            ),
+        }
+    }
+)
+
+_MEMBER = {"id": _ID, "name": _ID, "host": _ID, "pid": _INT}
+CLUSTER = _object(
+    {
+        "answered_by": _ID,
+        "members": {"type": "array", "items": _object(_MEMBER)},
+        "consumers": {
+            "type": "array",
+            "items": _object(
+                {
+                    "name": _ID,
+                    "kind": _ID,
+                    "distribution": {"enum": ["partitioned", "single-owner"]},
+                    "partitioned": {"type": "boolean"},
+                    "partitions": _INT,
+                    "shares": {
+                        "type": "array",
+                        "items": _object(
+                            {
+                                "id": _ID,
+                                "instance": _ID,
+                                "partitions": {"type": "array", "items": _INT},
+                                "ranges": _RANGES,
+                                "share": {"type": "number", "minimum": 0, "maximum": 1},
+                            }
+                        ),
+                    },
+                    "unowned": _RANGES,
+                },
+                {"reason": {"type": "string"}},
+            ),
+        },
+    }
+)
+
+COMMAND = _object(
+    {"consumer": _ID, "command": {"enum": ["pause", "resume", "rebuild"]}},
+    {"halted": {"type": "array", "items": _object({"partition": _INT, **_HALTED})}},
+)
+
+ERROR = _object({"error": {"type": "string", "minLength": 1}})
+
+
+def check(body: Any, schema: dict[str, Any]) -> Any:
+    """``body`` if it matches ``schema``; a failed test naming the mismatch otherwise."""
+    jsonschema.validate(body, schema)
+    return body
