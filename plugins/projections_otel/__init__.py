@@ -27,6 +27,8 @@ name                                   instrument       from hook
 ``projections.partition.halts``        counter          projections_partition_halted
 ``projections.retries``                counter          projections_retrying
 ``projections.lock.contentions``       counter          projections_lock_contention
+``projections.deadlines.delivered``    counter          projections_deadlines_delivered
+``projections.deadline.lateness``      histogram (s)    projections_deadlines_delivered
 ``projections.heartbeat.duration``     histogram (s)    projections_heartbeat
 ``projections.rebalance.duration``     histogram (s)    projections_rebalanced
 ``projections.membership.read.duration`` histogram (s)  projections_rebalanced
@@ -70,6 +72,7 @@ from projections_otel.telemetry import (
     Telemetry,
     default_telemetry,
     projections_batch_applied,
+    projections_deadlines_delivered,
     projections_heartbeat,
     projections_instance_started,
     projections_instance_stopping,
@@ -89,6 +92,7 @@ __all__ = [
     "context_of",
     "default_telemetry",
     "projections_batch_applied",
+    "projections_deadlines_delivered",
     "projections_heartbeat",
     "projections_instance_started",
     "projections_instance_stopping",

@@ -100,6 +100,16 @@ class Telemetry:
             unit="{conflict}",
             description="Lock conflicts met and retried (SQLite busy, MySQL lock wait or deadlock)",
         )
+        self.deadlines_delivered = meter.create_counter(
+            "projections.deadlines.delivered",
+            unit="{deadline}",
+            description="Saga deadlines delivered and committed",
+        )
+        self.deadline_lateness = meter.create_histogram(
+            "projections.deadline.lateness",
+            unit="s",
+            description="Time from a saga deadline's due time to its delivery",
+        )
         self.heartbeat_duration = meter.create_histogram(
             "projections.heartbeat.duration",
             unit="s",
@@ -269,6 +279,16 @@ class Telemetry:
             )
 
     @hookimpl
+    def projections_deadlines_delivered(
+        self, consumer: str, instance_id: str, count: int, lateness: Sequence[float]
+    ) -> None:
+        with _never_raise("projections_deadlines_delivered"):
+            attributes: Attributes = {"consumer": consumer, "instance": self._instance(instance_id)}
+            self.deadlines_delivered.add(count, attributes)
+            for seconds in lateness:
+                self.deadline_lateness.record(seconds, attributes)
+
+    @hookimpl
     def projections_heartbeat(self, instance_id: str, seconds: float) -> None:
         with _never_raise("projections_heartbeat"):
             self.heartbeat_duration.record(seconds, {"instance": self._instance(instance_id)})
@@ -307,6 +327,7 @@ projections_message_failed = default_telemetry.projections_message_failed
 projections_partition_halted = default_telemetry.projections_partition_halted
 projections_retrying = default_telemetry.projections_retrying
 projections_lock_contention = default_telemetry.projections_lock_contention
+projections_deadlines_delivered = default_telemetry.projections_deadlines_delivered
 projections_heartbeat = default_telemetry.projections_heartbeat
 projections_rebalanced = default_telemetry.projections_rebalanced
 projections_lag = default_telemetry.projections_lag

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+import deadline_app
 import pytest
 from clusters import wait_until
 from opentelemetry.sdk.metrics import MeterProvider
@@ -22,6 +23,7 @@ import projections_otel
 from messaging import (
     Database,
     Instance,
+    ManualClock,
     MessageStore,
     Settings,
     collect_consumers,
@@ -37,6 +39,7 @@ from messaging.worker import ConsumerWorker
 from projections import projection
 from projections.examples.ledger import TOPIC, traffic
 from projections.reports import consumers_report
+from projections.testing import SimulatedCluster
 from projections_otel import Telemetry, context_of, trace_headers
 
 CONSUMER = "ledger-balances"
@@ -238,6 +241,7 @@ def test_the_plugin_loads_from_the_config(tmp_path: Path) -> None:
         "projections_partition_halted",
         "projections_retrying",
         "projections_lock_contention",
+        "projections_deadlines_delivered",
         "projections_heartbeat",
         "projections_rebalanced",
         "projections_lag",
@@ -363,3 +367,34 @@ def test_failures_and_halts_name_the_instance(
     assert dict(failure.attributes) == {**expected, "error.type": "ValueError"}
     (halt,) = points["projections.partition.halts"]
     assert dict(halt.attributes) == expected
+
+
+def test_delivered_deadlines_are_counted_with_their_lateness(
+    tmp_path: Path, telemetry: Telemetry, reader: InMemoryMetricReader
+) -> None:
+    """Each committed deadline delivery adds to the counter and records its lateness."""
+    db = Database(f"sqlite:///{tmp_path}/deadlines.db", clock=ManualClock())
+    db.prepare()
+    cluster = SimulatedCluster(
+        db,
+        [deadline_app.Timers],
+        settings_from_mapping({"messaging": {"consumer": {"batch-size": 10}}}),
+        plugins=[telemetry],
+    )
+    cluster.join("timekeeper")
+    due = cluster.clock.value + 1
+    with db.transaction() as conn:
+        for i in range(3):
+            MessageStore(db).append(conn, "timers", f"t{i}", [deadline_app.TimerSet(f"t{i}", due)])
+    cluster.poll_all()
+    cluster.clock.advance(1.5)
+    cluster.poll_all()
+
+    points = _points(reader)
+    (delivered,) = points["projections.deadlines.delivered"]
+    assert delivered.value == 3
+    assert dict(delivered.attributes) == {"consumer": "test-timers", "instance": "timekeeper"}
+    (lateness,) = points["projections.deadline.lateness"]
+    assert lateness.count == 3
+    assert lateness.sum == pytest.approx(1.5)
+    db.dispose()
