@@ -125,10 +125,13 @@ class _Worker:
         """Poll until ``stop`` is set."""
         self._loop(stop, self.poll)
 
+    def idle_wait(self) -> float:
+        """Seconds to wait after a poll that applied nothing: ``idle-poll-interval``."""
+        return self.settings.idle_poll_interval
+
     def _loop(self, stop: threading.Event, poll: Callable[[], int]) -> None:
         """Call ``poll`` until ``stop`` is set; wait ``idle-poll-interval`` after an empty
         poll and ``conflict-retry.max-delay`` after a failed one."""
-        idle = self.settings.idle_poll_interval
         while not stop.is_set():
             try:
                 applied = poll()
@@ -137,7 +140,7 @@ class _Worker:
                 applied = 0
                 stop.wait(self.settings.conflict_retry.max_delay)
             if applied == 0:
-                stop.wait(idle)
+                stop.wait(self.idle_wait())
 
 
 class ConsumerWorker(_Worker):

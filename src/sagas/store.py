@@ -240,6 +240,22 @@ class SagaStore:
         ).first()
         return found is not None
 
+    def next_due_in(
+        self, conn: Connection, partitions: Sequence[int], within: float
+    ) -> float | None:
+        """Seconds until the earliest deadline of ``partitions`` falls due, if one does
+        within ``within`` seconds (None otherwise): an index range of that window only."""
+        d = self._deadlines
+        now = self.db.clock.now()
+        found = conn.execute(
+            select(func.min(d.c.due_at) - now).where(
+                *self._of_saga(d),
+                d.c.partition_no.in_(list(partitions)),
+                d.c.due_at <= now + within,
+            )
+        ).scalar()
+        return None if found is None else max(0.0, float(found))
+
     def take(self, conn: Connection, deadlines: Sequence[Deadline]) -> None:
         """Delete deadlines being delivered (one batched statement); ConcurrentUpdate if any
         changed since read (the caller's transaction then rolls back whole)."""

@@ -12,6 +12,7 @@ deadlines wait: a deadline is delivered only after the messages recorded before 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from functools import partial
 from typing import Any
@@ -202,6 +203,16 @@ class SagaWorker(ConsumerWorker):
         # one saga instance that reach one instance are applied in the order they were
         # recorded (lanes would apply them in parallel, in any order).
         super().__init__(**{**options, "lanes": 1})
+        self._wake_at: float | None = None
+        """When the next deadline falls due (monotonic), if before the next idle poll."""
+
+    def idle_wait(self) -> float:
+        """Until the next deadline falls due, if that comes before ``idle-poll-interval``:
+        so deadlines are delivered on time, not up to one poll interval late."""
+        idle = self.settings.idle_poll_interval
+        if self._wake_at is None:
+            return idle
+        return max(0.0, min(idle, self._wake_at - time.monotonic()))
 
     def poll(self) -> int:
         """Apply one batch of messages; once they are caught up, deliver the due deadlines
@@ -214,12 +225,17 @@ class SagaWorker(ConsumerWorker):
 
     def deliver_due(self) -> int:
         """Deliver one batch of the due deadlines of the held partitions; return how many."""
+        self._wake_at = None
         claims = self.held_claims()
         if not claims:
             return 0
         dispatcher: SagaDispatcher = self.dispatcher  # type: ignore[assignment]
         with self.db.read() as conn:  # an idle poll never takes the write lock
             if not dispatcher.store.any_due(conn, sorted(claims)):
+                wait = dispatcher.store.next_due_in(
+                    conn, sorted(claims), self.settings.idle_poll_interval
+                )
+                self._wake_at = None if wait is None else time.monotonic() + wait
                 return 0
         what = f"deliver deadlines of {self.spec.name}"
         with self._limiter:

@@ -432,3 +432,21 @@ def test_batched_takes_and_saves_still_detect_a_concurrent_change(
         assert store.pending(conn) == 2
         assert sorted(store.load(conn, ["k0", "k1", "k2", "k9"])) == ["k0", "k1", "k2"]
         assert store.load(conn, ["k0"])["k0"].version == 1
+
+
+def test_an_idle_saga_worker_wakes_when_its_next_deadline_falls_due(
+    cluster: SimulatedCluster,
+) -> None:
+    """Not up to one idle-poll-interval later: the wait ends at the due time."""
+    instance = cluster.join("a")
+    worker = instance.workers["test-orders"]
+    idle = SETTINGS.messaging.consumer.idle_poll_interval
+    _append(cluster, OrderPlaced("w1", 5))
+    _drain(cluster)
+    assert worker.idle_wait() == idle  # due in 10 s: nothing to wake for
+    cluster.clock.advance(PAYMENT_TIMEOUT - 0.05)
+    assert cluster.poll_all() == 0
+    assert 0 < worker.idle_wait() <= 0.05
+    cluster.clock.advance(0.05)
+    assert worker.poll() == 1  # the deadline
+    assert worker.idle_wait() == idle
