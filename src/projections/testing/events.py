@@ -1,0 +1,117 @@
+"""Cluster events as values: what happens to a :class:`SimulatedCluster`, one step each.
+
+An event that names an instance does so by ``pick``, an index into the sorted names of
+the instances it can apply to (taken modulo their number), so any event list can be
+applied to any cluster; an event with no instance to apply to does nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import attrs
+
+from projections.testing.cluster import SimulatedCluster
+
+
+def _pick(names: Iterable[str], pick: int) -> str | None:
+    ordered = sorted(names)
+    return ordered[pick % len(ordered)] if ordered else None
+
+
+def _as_tuple(items: Iterable[object]) -> tuple[object, ...]:
+    return tuple(items)
+
+
+@attrs.define(frozen=True)
+class Join:
+    """A new instance joins."""
+
+    def apply(self, cluster: SimulatedCluster) -> None:
+        cluster.join()
+
+
+@attrs.define(frozen=True)
+class Stop:
+    """A running instance stops cleanly."""
+
+    pick: int = 0
+
+    def apply(self, cluster: SimulatedCluster) -> None:
+        if (name := _pick(cluster.running, self.pick)) is not None:
+            cluster.stop(name)
+
+
+@attrs.define(frozen=True)
+class Crash:
+    """A running or paused instance dies without releasing anything."""
+
+    pick: int = 0
+
+    def apply(self, cluster: SimulatedCluster) -> None:
+        if (name := _pick([*cluster.running, *cluster.paused], self.pick)) is not None:
+            cluster.crash(name)
+
+
+@attrs.define(frozen=True)
+class Pause:
+    """A running instance stops answering, keeping what it believes it owns."""
+
+    pick: int = 0
+
+    def apply(self, cluster: SimulatedCluster) -> None:
+        if (name := _pick(cluster.running, self.pick)) is not None:
+            cluster.pause(name)
+
+
+@attrs.define(frozen=True)
+class Wake:
+    """A paused instance resumes: it polls on its old claims first, as a zombie."""
+
+    pick: int = 0
+
+    def apply(self, cluster: SimulatedCluster) -> None:
+        if (name := _pick(cluster.paused, self.pick)) is not None:
+            cluster.wake(name)
+
+
+@attrs.define(frozen=True)
+class Tick:
+    """``times`` rebalance intervals pass; running instances heartbeat and rebalance."""
+
+    times: int = 1
+
+    def apply(self, cluster: SimulatedCluster) -> None:
+        for _ in range(self.times):
+            cluster.tick()
+
+
+@attrs.define(frozen=True)
+class Poll:
+    """Every running instance applies one batch of each consumer."""
+
+    def apply(self, cluster: SimulatedCluster) -> None:
+        if cluster.running:
+            cluster.poll_all()
+
+
+@attrs.define(frozen=True)
+class Append:
+    """Messages of one source appended to ``topic`` in one transaction."""
+
+    topic: str
+    source: str
+    messages: tuple[object, ...] = attrs.field(converter=_as_tuple)
+
+    def apply(self, cluster: SimulatedCluster) -> None:
+        cluster.append(self.topic, self.source, self.messages)
+
+
+ClusterEvent = Join | Stop | Crash | Pause | Wake | Tick | Poll | Append
+"""Any one event."""
+
+
+def run_events(cluster: SimulatedCluster, events: Iterable[ClusterEvent]) -> None:
+    """Apply ``events`` to ``cluster`` in order."""
+    for event in events:
+        event.apply(cluster)
