@@ -19,7 +19,7 @@ from messaging.migrations import migrate
 from projections.testing.database import drop_tables
 
 # Loaded here too for runs whose installed metadata predates the pytest11 entry point.
-pytest_plugins = ["projections.testing.plugin"]
+pytest_plugins = ["projections.testing.plugin", "pytester"]
 
 MYSQL_URL_ENV = "PROJECTIONS_TEST_MYSQL_URL"
 

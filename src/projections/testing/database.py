@@ -26,10 +26,12 @@ DATABASE_ENV = "PROJECTIONS_TEST_DATABASE"
 _configured: list[str | None] = [None]
 
 
-def configure_database(url: str | None) -> None:
+def configure_database(url: str | None) -> str | None:
     """Make ``url`` the database of every simulated cluster opened without one (None: the
-    environment variable, else a temporary SQLite file). The pytest plugin calls it."""
-    _configured[0] = url
+    environment variable, else a temporary SQLite file); return the one it replaces. The
+    pytest plugin calls it."""
+    previous, _configured[0] = _configured[0], url
+    return previous
 
 
 def configured_database() -> str | None:

@@ -32,47 +32,58 @@ class Join:
 
 
 @attrs.define(frozen=True)
-class Stop:
+class _OnInstance:
+    """An event for one of the instances :meth:`among` returns, chosen by ``pick``."""
+
+    pick: int = 0
+
+    def among(self, cluster: SimulatedCluster) -> Iterable[str]:
+        return cluster.running
+
+    def act(self, cluster: SimulatedCluster, name: str) -> None:
+        raise NotImplementedError
+
+    def apply(self, cluster: SimulatedCluster) -> None:
+        if (name := _pick(self.among(cluster), self.pick)) is not None:
+            self.act(cluster, name)
+
+
+@attrs.define(frozen=True)
+class Stop(_OnInstance):
     """A running instance stops cleanly."""
 
-    pick: int = 0
-
-    def apply(self, cluster: SimulatedCluster) -> None:
-        if (name := _pick(cluster.running, self.pick)) is not None:
-            cluster.stop(name)
+    def act(self, cluster: SimulatedCluster, name: str) -> None:
+        cluster.stop(name)
 
 
 @attrs.define(frozen=True)
-class Crash:
+class Crash(_OnInstance):
     """A running or paused instance dies without releasing anything."""
 
-    pick: int = 0
+    def among(self, cluster: SimulatedCluster) -> Iterable[str]:
+        return [*cluster.running, *cluster.paused]
 
-    def apply(self, cluster: SimulatedCluster) -> None:
-        if (name := _pick([*cluster.running, *cluster.paused], self.pick)) is not None:
-            cluster.crash(name)
+    def act(self, cluster: SimulatedCluster, name: str) -> None:
+        cluster.crash(name)
 
 
 @attrs.define(frozen=True)
-class Pause:
+class Pause(_OnInstance):
     """A running instance stops answering, keeping what it believes it owns."""
 
-    pick: int = 0
-
-    def apply(self, cluster: SimulatedCluster) -> None:
-        if (name := _pick(cluster.running, self.pick)) is not None:
-            cluster.pause(name)
+    def act(self, cluster: SimulatedCluster, name: str) -> None:
+        cluster.pause(name)
 
 
 @attrs.define(frozen=True)
-class Wake:
+class Wake(_OnInstance):
     """A paused instance resumes: it polls on its old claims first, as a zombie."""
 
-    pick: int = 0
+    def among(self, cluster: SimulatedCluster) -> Iterable[str]:
+        return cluster.paused
 
-    def apply(self, cluster: SimulatedCluster) -> None:
-        if (name := _pick(cluster.paused, self.pick)) is not None:
-            cluster.wake(name)
+    def act(self, cluster: SimulatedCluster, name: str) -> None:
+        cluster.wake(name)
 
 
 @attrs.define(frozen=True)

@@ -58,14 +58,17 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addini(_OPTION, f"database of simulated clusters (after ${DATABASE_ENV})")
 
 
+_PREVIOUS = pytest.StashKey[str | None]()
+
+
 def pytest_configure(config: pytest.Config) -> None:
-    configure_database(
+    config.stash[_PREVIOUS] = configure_database(
         config.getoption(_OPTION) or os.environ.get(DATABASE_ENV) or config.getini(_OPTION) or None
     )
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    configure_database(None)
+    configure_database(config.stash.get(_PREVIOUS, None))
 
 
 @pytest.fixture
