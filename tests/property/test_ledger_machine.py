@@ -102,3 +102,56 @@ def test_a_projection_not_idempotent_under_replay_is_caught_with_a_replayable_sc
     program = notes[notes.index("state = CachedLedgerMachine()") : notes.index("state.teardown()")]
     with pytest.raises(AssertionError, match="read model differs"):  # as pasted into a test
         exec(program + "state.teardown()", {**vars(ledger), **globals()})
+
+
+MAILBOX: dict[str, tuple[str, int, int]] = {}
+"""Another system the next projection sends balances to."""
+
+
+@projection("ledger-mailed-balances", topics=ledger.TOPIC, partitions=8, tables=[ledger.balances])
+class MailedBalances:
+    """Sends each new balance to another system from the handler, outside the transaction:
+    a batch that rolls back (a zombie's, whose fence failed) has been sent all the same."""
+
+    @handler
+    def opened(self, event: ledger.AccountOpened) -> None:
+        MAILBOX[event.account_id] = (event.owner, 0, 0)
+
+    @handler
+    def deposited(self, event: ledger.Deposited) -> None:
+        owner, total, count = MAILBOX[event.account_id]
+        MAILBOX[event.account_id] = (owner, total + event.amount, count + 1)
+
+
+class MailedLedgerMachine(LedgerMachine):
+    consumers = (MailedBalances,)
+
+    def __init__(self, database_url: str | None = None) -> None:
+        MAILBOX.clear()
+        super().__init__(database_url)
+
+    def actual(self, conn: Connection) -> object:
+        return dict(MAILBOX)
+
+
+@pytest.mark.parametrize(
+    ("machine", "caught"), [(LedgerMachine, False), (MailedLedgerMachine, True)]
+)
+def test_a_zombie_scenario_replayed_as_a_regular_test_catches_writes_outside_the_transaction(
+    machine: type[LedgerMachine], caught: bool, projections_database_url: str | None
+) -> None:
+    """i0 applies the openings, freezes with a deposit pending, is replaced and wakes: its
+    batch rolls back, but what it sent elsewhere stays sent, and the deposit counts twice."""
+    state = machine(projections_database_url)
+    try:
+        state.poll()
+        state.append(Append(ledger.TOPIC, "acct-0", [ledger.Deposited("acct-0", 5)]))
+        state.pause_and_wake(pick=0, rounds=4)
+        if caught:
+            twice = r"'acct-0': \(\('ada', 5, 1\), \('ada', 10, 2\)\)"
+            with pytest.raises(AssertionError, match=twice):
+                state.settle()
+        else:
+            state.settle()
+    finally:
+        state.teardown()

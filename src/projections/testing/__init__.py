@@ -17,6 +17,7 @@ from projections.testing.events import (
     Crash,
     Join,
     Pause,
+    PauseAndWake,
     Poll,
     Stop,
     Tick,
@@ -24,7 +25,14 @@ from projections.testing.events import (
     run_events,
 )
 from projections.testing.machine import ClusterMachine, machine_settings
-from projections.testing.strategies import SOURCES, cluster_events, messages_of, picks, ticks
+from projections.testing.strategies import (
+    SOURCES,
+    cluster_events,
+    messages_of,
+    pauses,
+    picks,
+    ticks,
+)
 
 __all__ = [
     "DATABASE_ENV",
@@ -37,6 +45,7 @@ __all__ = [
     "Crash",
     "Join",
     "Pause",
+    "PauseAndWake",
     "Poll",
     "SimulatedCluster",
     "Stop",
@@ -47,6 +56,7 @@ __all__ = [
     "machine_settings",
     "messages_of",
     "open_cluster",
+    "pauses",
     "picks",
     "run_events",
     "scratch_database",

@@ -87,6 +87,20 @@ class Wake(_OnInstance):
 
 
 @attrs.define(frozen=True)
+class PauseAndWake(_OnInstance):
+    """A running instance freezes for ``rounds`` rebalance intervals (long enough, and it
+    has turned stale and been replaced) and then wakes up as a zombie."""
+
+    rounds: int = 4
+
+    def act(self, cluster: SimulatedCluster, name: str) -> None:
+        cluster.pause(name)
+        for _ in range(self.rounds):
+            cluster.tick()
+        cluster.wake(name)
+
+
+@attrs.define(frozen=True)
 class Tick:
     """``times`` rebalance intervals pass; running instances heartbeat and rebalance."""
 
@@ -118,7 +132,7 @@ class Append:
         cluster.append(self.topic, self.source, self.messages)
 
 
-ClusterEvent = Join | Stop | Crash | Pause | Wake | Tick | Poll | Append
+ClusterEvent = Join | Stop | Crash | Pause | Wake | PauseAndWake | Tick | Poll | Append
 """Any one event."""
 
 

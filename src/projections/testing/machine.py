@@ -24,8 +24,18 @@ from sqlalchemy import Connection
 from messaging import Distribution, Settings
 from messaging.ownership import HALTED, Ownership
 from projections.testing.cluster import SimulatedCluster, open_cluster
-from projections.testing.events import Append, Crash, Join, Pause, Poll, Stop, Tick, Wake
-from projections.testing.strategies import picks, ticks
+from projections.testing.events import (
+    Append,
+    Crash,
+    Join,
+    Pause,
+    PauseAndWake,
+    Poll,
+    Stop,
+    Tick,
+    Wake,
+)
+from projections.testing.strategies import pauses, picks, ticks
 
 
 def machine_settings(max_examples: int = 20, steps: int = 25) -> settings:
@@ -145,6 +155,13 @@ class ClusterMachine(RuleBasedStateMachine):
     @rule(pick=picks())
     def wake(self, pick: int) -> None:
         Wake(pick).apply(self.cluster)
+
+    @precondition(lambda self: self.cluster.running)
+    @rule(pick=picks(), rounds=pauses())
+    def pause_and_wake(self, pick: int, rounds: int) -> None:
+        """The zombie case in one step: frozen past its stale timeout, then awake."""
+        self._failed()
+        PauseAndWake(pick, rounds).apply(self.cluster)
 
     @rule(batch=st.runner().flatmap(lambda machine: machine.messages))
     def append(self, batch: Append) -> None:

@@ -16,6 +16,7 @@ from projections.testing.events import (
     Crash,
     Join,
     Pause,
+    PauseAndWake,
     Poll,
     Stop,
     Tick,
@@ -34,6 +35,11 @@ def picks() -> SearchStrategy[int]:
 def ticks() -> SearchStrategy[int]:
     """How many rebalance intervals one tick event lets pass."""
     return st.integers(1, 3)
+
+
+def pauses() -> SearchStrategy[int]:
+    """How many rebalance intervals a pause-and-wake event freezes an instance for."""
+    return st.integers(1, 8)
 
 
 def messages_of(
@@ -85,7 +91,7 @@ def messages_of(
 
 
 def cluster_events(messages: SearchStrategy[Append]) -> SearchStrategy[ClusterEvent]:
-    """Any event: join, stop, crash, pause, wake, tick, poll, or an append from
+    """Any event: join, stop, crash, pause, wake, pause-and-wake, tick, poll, or an append from
     ``messages`` (see :func:`messages_of`)."""
     return st.one_of(
         st.just(Join()),
@@ -93,6 +99,7 @@ def cluster_events(messages: SearchStrategy[Append]) -> SearchStrategy[ClusterEv
         st.builds(Crash, picks()),
         st.builds(Pause, picks()),
         st.builds(Wake, picks()),
+        st.builds(PauseAndWake, picks(), pauses()),
         st.builds(Tick, ticks()),
         st.just(Poll()),
         messages,
