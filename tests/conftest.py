@@ -11,11 +11,15 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
-from sqlalchemy import MetaData, create_engine, inspect, text
+from sqlalchemy import MetaData, create_engine, text
 from sqlalchemy.engine import make_url
 
 from messaging import Database
 from messaging.migrations import migrate
+from projections.testing.database import drop_tables
+
+# Loaded here too for runs whose installed metadata predates the pytest11 entry point.
+pytest_plugins = ["projections.testing.plugin", "pytester"]
 
 MYSQL_URL_ENV = "PROJECTIONS_TEST_MYSQL_URL"
 
@@ -35,14 +39,6 @@ def mysql_url() -> str:
     except Exception as exc:  # the server must be there when the variable says so
         pytest.fail(f"{MYSQL_URL_ENV}={url} is set but the server cannot be reached: {exc}")
     return url
-
-
-def _drop_prefixed(db: Database, extra: list[str]) -> None:
-    with db.engine.begin() as conn:
-        names = inspect(conn).get_table_names()
-        for name in names:
-            if name.startswith(db.schema.prefix) or name in extra:
-                conn.execute(text(f"DROP TABLE IF EXISTS `{name}`"))
 
 
 @pytest.fixture(params=["sqlite", pytest.param("mysql", marks=pytest.mark.mysql)])
@@ -81,6 +77,13 @@ def database_url(backend: str, tmp_path: os.PathLike[str], request: pytest.Fixtu
 
 
 @pytest.fixture
+def projections_database_url(backend: str, request: pytest.FixtureRequest) -> str | None:
+    """The testing kit's clusters, on each backend: its own temporary SQLite file, or this
+    session's MySQL database."""
+    return None if backend == "sqlite" else str(request.getfixturevalue("mysql_database_url"))
+
+
+@pytest.fixture
 def table_prefix(backend: str) -> str:
     """A table prefix unique to this test, so MySQL tests never see each other's rows."""
     return "prj_" if backend == "sqlite" else f"t{uuid.uuid4().hex[:8]}_"
@@ -101,10 +104,10 @@ def db(
     """A prepared database (schema created on SQLite, migrated on MySQL)."""
     database = Database(database_url, table_prefix=table_prefix)
     if not database.is_sqlite:
-        _drop_prefixed(database, [t for m in read_model_metadata for t in m.tables])
+        drop_tables(database, [t for m in read_model_metadata for t in m.tables])
         migrate(database)
     database.prepare()
     yield database
     if not database.is_sqlite:
-        _drop_prefixed(database, [t for m in read_model_metadata for t in m.tables])
+        drop_tables(database, [t for m in read_model_metadata for t in m.tables])
     database.dispose()

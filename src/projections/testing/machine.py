@@ -1,0 +1,298 @@
+"""A Hypothesis state machine of the cluster for the application's own consumers.
+
+Subclass :class:`ClusterMachine`, name the consumers, a strategy of appends and (for
+exactly-once effects) the expected and actual read-model state; Hypothesis then joins,
+stops, crashes, pauses and wakes instances, lets time pass and appends messages, and
+checks the built-in invariants after every step. On a failure the shrunk run is printed
+twice: Hypothesis' ``state.…()`` program, which replays it with every check when pasted
+into a test, and the cluster scenario, which says which instance did what, in order.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from contextlib import ExitStack
+from typing import Any, ClassVar
+
+from hypothesis import HealthCheck, currently_in_test_context, note, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.strategies import SearchStrategy
+from sqlalchemy import Connection
+
+from messaging import Distribution, Settings
+from messaging.ownership import HALTED, Ownership
+from projections.testing.cluster import SimulatedCluster, open_cluster
+from projections.testing.events import (
+    Append,
+    Crash,
+    Join,
+    Pause,
+    PauseAndWake,
+    Poll,
+    Stop,
+    Tick,
+    Wake,
+)
+from projections.testing.strategies import pauses, picks, ticks
+
+
+def machine_settings(max_examples: int = 20, steps: int = 25) -> settings:
+    """Hypothesis settings sized for a simulated cluster: a few runs of a few steps, no
+    deadline (a step is several transactions), no health check about slow data."""
+    return settings(
+        max_examples=max_examples,
+        stateful_step_count=steps,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+    )
+
+
+class ClusterMachine(RuleBasedStateMachine):
+    """Cluster events against the application's consumers, with the protocol's invariants.
+
+    Set ``consumers`` (the decorated classes) and ``messages`` (a strategy of
+    :class:`Append`, see :func:`messages_of`); optionally ``initial`` appends made
+    before the first step, ``initial_instances``, ``max_instances`` and
+    ``cluster_settings``. Override
+    :meth:`expected` and :meth:`actual` to check the read models after every settle;
+    add checks of your own with ``@invariant()``.
+
+    Built in: no partition committed by two instances under one epoch; epochs and
+    checkpoints never decrease; no message committed twice, every message committed
+    once and the read models equal to the expected state after settling; a single-owner
+    consumer never owned by two running instances; every partition owned by a running
+    instance again within the handover bound.
+    """
+
+    consumers: ClassVar[Sequence[type]] = ()
+    messages: ClassVar[SearchStrategy[Append]]
+    initial: ClassVar[Sequence[Append]] = ()
+    cluster_settings: ClassVar[Settings | None] = None
+    """None: :func:`simulation_settings` (short intervals, small batches)."""
+    initial_instances: ClassVar[int] = 2
+    """Instances joined before the first step (after the ``initial`` appends)."""
+    max_instances: ClassVar[int] = 4
+    """Running and paused instances at most."""
+
+    def __init__(self, database_url: str | None = None) -> None:
+        """Open a cluster (no instance yet) on the configured database, or ``database_url``."""
+        super().__init__()
+        name = type(self).__name__
+        if not self.consumers or not hasattr(self, "messages"):
+            raise TypeError(f"{name} must set `consumers` and `messages` (a strategy)")
+        self._resources = ExitStack()
+        self.cluster: SimulatedCluster = self._resources.enter_context(
+            open_cluster(self.consumers, settings=self.cluster_settings, database_url=database_url)
+        )
+        self.epochs: dict[tuple[str, int], int] = {}
+        self.checkpoints: dict[tuple[str, int], int] = {}
+        self.unowned_since: dict[tuple[str, int], float] = {}
+        self.last_failure = self.cluster.clock.value
+        """When an instance last crashed or froze: each failure restarts the handover bound,
+        since partitions may have been assigned to the instance that just failed."""
+        try:
+            for batch in self.initial:
+                batch.apply(self.cluster)
+            for _ in range(self.initial_instances):
+                self.cluster.join()
+        except BaseException:
+            self._resources.close()
+            raise
+
+    def teardown(self) -> None:
+        if currently_in_test_context():
+            note(
+                "Cluster scenario (calls on the SimulatedCluster, what each caused below it):\n"
+                + self.cluster.scenario()
+            )
+        self._resources.close()
+
+    # -- what the application says -----------------------------------------------------------
+
+    def expected(self, messages: Sequence[object]) -> object:
+        """The read-model state that ``messages`` (every message appended, in order) should
+        give, e.g. by a sequential replay. None (the default) skips the comparison."""
+        return None
+
+    def actual(self, conn: Connection) -> object:
+        """The read-model state as stored, read through ``conn``, comparable with
+        :meth:`expected`. None (the default) skips the comparison."""
+        return None
+
+    # -- rules -------------------------------------------------------------------------------
+
+    def _members(self) -> int:
+        return len(self.cluster.running) + len(self.cluster.paused)
+
+    def _failed(self) -> None:
+        self.last_failure = self.cluster.clock.value
+
+    @precondition(lambda self: self._members() < self.max_instances)
+    @rule()
+    def join(self) -> None:
+        Join().apply(self.cluster)
+
+    @precondition(lambda self: self.cluster.running)
+    @rule(pick=picks())
+    def stop(self, pick: int) -> None:
+        Stop(pick).apply(self.cluster)
+
+    @precondition(lambda self: self._members())
+    @rule(pick=picks())
+    def crash(self, pick: int) -> None:
+        Crash(pick).apply(self.cluster)
+        self._failed()
+
+    @precondition(lambda self: self.cluster.running)
+    @rule(pick=picks())
+    def pause(self, pick: int) -> None:
+        Pause(pick).apply(self.cluster)
+        self._failed()
+
+    @precondition(lambda self: self.cluster.paused)
+    @rule(pick=picks())
+    def wake(self, pick: int) -> None:
+        Wake(pick).apply(self.cluster)
+
+    @precondition(lambda self: self.cluster.running)
+    @rule(pick=picks(), rounds=pauses())
+    def pause_and_wake(self, pick: int, rounds: int) -> None:
+        """The zombie case in one step: frozen past its stale timeout, then awake."""
+        self._failed()
+        PauseAndWake(pick, rounds).apply(self.cluster)
+
+    @rule(batch=st.runner().flatmap(lambda machine: machine.messages))
+    def append(self, batch: Append) -> None:
+        batch.apply(self.cluster)
+
+    @rule(times=ticks())
+    def tick(self, times: int) -> None:
+        Tick(times).apply(self.cluster)
+
+    @precondition(lambda self: self.cluster.running)
+    @rule()
+    def poll(self) -> None:
+        Poll().apply(self.cluster)
+
+    @precondition(lambda self: self.cluster.running)
+    @rule()
+    def settle(self) -> None:
+        """Time passes with no failures: every message gets committed, exactly once, and
+        the read models equal the expected state."""
+        self.cluster.settle(each_round=self._observe_ownership)
+        self.check_settled()
+
+    def check_settled(self) -> None:
+        """After :meth:`SimulatedCluster.settle`: nothing halted, every message committed
+        once by each consumer that handles it, read models as expected."""
+        with self.cluster.db.read() as conn:
+            rows = Ownership(self.cluster.db).partitions(conn)
+            actual = self.actual(conn)
+        halted = [
+            f"{r.consumer} p{r.partition} at position {r.halted_position}: {r.error}"
+            for r in rows
+            if r.status == HALTED
+        ]
+        assert not halted, f"halted after settling: {halted}"
+        committed, handled = self._committed(), self._handled()
+        assert committed == handled, (
+            f"messages committed (by consumer) after settling {dict(committed)}, "
+            f"handled by the consumers {dict(handled)}"
+        )
+        expected = self.expected([message for _, message in self.cluster.appended])
+        assert actual == expected, _difference(expected, actual)
+
+    # -- invariants --------------------------------------------------------------------------
+
+    def _committed(self) -> Counter[str]:
+        committed: Counter[str] = Counter()
+        for commit in self.cluster.commits:
+            committed[commit.consumer] += commit.count
+        return committed
+
+    def _handled(self) -> Counter[str]:
+        """Per transactional consumer, how many of the appended messages it handles."""
+        handled: Counter[str] = Counter()
+        for spec in self.cluster.specs:
+            if spec.transactional:
+                handled[spec.name] = sum(
+                    topic in spec.topics and type(message) in spec.handlers
+                    for topic, message in self.cluster.appended
+                )
+        return handled
+
+    @invariant()
+    def no_message_committed_twice(self) -> None:
+        committed, handled = self._committed(), self._handled()
+        over = {c: (committed[c], handled[c]) for c in committed if committed[c] > handled[c]}
+        assert not over, f"(committed, appended) messages, more committed than appended: {over}"
+
+    @invariant()
+    def one_committer_per_partition_and_epoch(self) -> None:
+        committers: dict[tuple[str, int, int], set[str]] = {}
+        for commit in self.cluster.commits:
+            for partition, epoch in commit.epochs.items():
+                committers.setdefault((commit.consumer, partition, epoch), set()).add(
+                    commit.instance
+                )
+        shared = {k: v for k, v in committers.items() if len(v) > 1}
+        assert not shared, f"committed by two instances under one epoch: {shared}"
+
+    @invariant()
+    def epochs_and_checkpoints_never_decrease(self) -> None:
+        with self.cluster.db.read() as conn:
+            rows = Ownership(self.cluster.db).partitions(conn)
+        for row in rows:
+            key = (row.consumer, row.partition)
+            assert row.epoch >= self.epochs.get(key, 0), f"{key} epoch went back"
+            assert row.checkpoint >= self.checkpoints.get(key, 0), f"{key} checkpoint went back"
+            self.epochs[key], self.checkpoints[key] = row.epoch, row.checkpoint
+
+    @invariant()
+    def single_owner_consumers_have_one_owner(self) -> None:
+        single = {
+            name
+            for name, distribution in self.cluster.distributions.items()
+            if distribution is Distribution.SINGLE_OWNER
+        }
+        if not single:
+            return
+        owners: dict[str, set[str]] = {name: set() for name in single}
+        for (consumer, _), owner in self.cluster.owners().items():
+            if consumer in single and owner:
+                owners[consumer].add(owner)
+        for name, names in owners.items():
+            # Two owners are fine while one of them has failed and awaits its successor.
+            assert len(names) <= 1 or not names <= set(self.cluster.running), (
+                f"{name} is single-owner but owned by {sorted(names)}"
+            )
+
+    @invariant()
+    def partitions_owned_again_within_the_bounds(self) -> None:
+        self._observe_ownership()
+
+    def _observe_ownership(self) -> None:
+        now, bound = self.cluster.clock.value, self.cluster.handover_bound
+        for key, owner in self.cluster.owners().items():
+            if owner in self.cluster.running or not self.cluster.running:
+                self.unowned_since.pop(key, None)
+                continue
+            since = max(self.unowned_since.setdefault(key, now), self.last_failure)
+            assert now - since <= bound + 1e-6, (
+                f"{key} without a running owner for {now - since:.1f}s (bound {bound}s)"
+            )
+
+
+def _difference(expected: object, actual: object) -> str:
+    """What differs between two read-model states, for an assertion message."""
+    if isinstance(expected, Mapping) and isinstance(actual, Mapping):
+        keys = sorted({*expected, *actual}, key=repr)
+        wrong: dict[Any, tuple[object, object]] = {
+            key: (expected.get(key), actual.get(key))
+            for key in keys
+            if expected.get(key) != actual.get(key)
+        }
+        return f"read model differs from the expected state, (expected, actual) by key: {wrong}"
+    return f"read model differs from the expected state:\n{expected!r} expected\n{actual!r} stored"
