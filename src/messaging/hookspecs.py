@@ -137,7 +137,12 @@ def projections_lag(consumer: str, instance_id: str, lags: Mapping[int, int]) ->
 
 @hookspec
 def projections_deadlines_delivered(
-    consumer: str, instance_id: str, count: int, lateness: Sequence[float]
+    consumer: str,
+    instance_id: str,
+    count: int,
+    deadlines: Sequence[tuple[str, str, float]],
+    lateness: Sequence[float],
 ) -> None:
-    """``count`` saga deadlines of ``consumer`` were delivered and committed here;
-    ``lateness`` holds, for each, the seconds between its due time and its delivery."""
+    """``count`` saga deadlines of ``consumer`` were delivered and committed here:
+    ``deadlines`` names each as (saga key, deadline name, due time), ``lateness`` holds,
+    for each, the seconds between its due time and its delivery."""

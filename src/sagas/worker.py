@@ -254,6 +254,7 @@ class SagaWorker(ConsumerWorker):
                 consumer=self.spec.name,
                 instance_id=self.instance_id,
                 count=len(delivered),
+                deadlines=[(d.key, d.name, d.due_at) for d in delivered],
                 lateness=[max(0.0, now - d.due_at) for d in delivered],
             )
         return len(delivered)

@@ -6,6 +6,7 @@ with the ``make_cluster`` and ``run_machine`` fixtures."""
 from projections.testing.cluster import (
     SIMULATION_CONFIG,
     Commit,
+    Delivery,
     SimulatedCluster,
     open_cluster,
     simulation_settings,
@@ -43,6 +44,7 @@ __all__ = [
     "ClusterMachine",
     "Commit",
     "Crash",
+    "Delivery",
     "Join",
     "Pause",
     "PauseAndWake",

@@ -62,6 +62,17 @@ class Commit:
     count: int
 
 
+@attrs.define(frozen=True)
+class Delivery:
+    """One committed delivery of a saga deadline: by which instance, of which deadline."""
+
+    instance: str
+    consumer: str
+    key: str
+    name: str
+    due_at: float
+
+
 class _Recorder:
     """Collects commits, and notes of what each step caused, from the framework's hooks."""
 
@@ -81,6 +92,18 @@ class _Recorder:
         self.cluster.commits.append(Commit(name, consumer, dict(epochs), last_position, count))
         parts = " ".join(f"p{p}/e{e}" for p, e in sorted(epochs.items()))
         self.cluster.note(f"{name} committed {consumer} {parts}: {count} up to {last_position}")
+
+    @hookimpl
+    def projections_deadlines_delivered(
+        self, consumer: str, instance_id: str, deadlines: Sequence[tuple[str, str, float]]
+    ) -> None:
+        name = self.cluster.name_of(instance_id)
+        for key, deadline, due_at in deadlines:
+            self.cluster.deliveries.append(Delivery(name, consumer, key, deadline, due_at))
+            self.cluster.note(
+                f"{name} delivered {consumer} deadline {deadline!r} of {key!r} "
+                f"(due t=+{due_at - self.cluster.started_at:.1f}s)"
+            )
 
     @hookimpl
     def projections_partition_claimed(
@@ -117,6 +140,8 @@ class SimulatedCluster:
         self.specs: list[ConsumerSpec] = collect_specs(list(consumers))
         self.store = MessageStore(db)
         self.commits: list[Commit] = []
+        self.deliveries: list[Delivery] = []
+        """Saga deadlines delivered (committed), in order."""
         self.moves = 0
         """Claims and releases so far."""
         self.appended: list[tuple[str, object]] = []
@@ -129,7 +154,8 @@ class SimulatedCluster:
         """What happened, in order: the calls, each with the time and what it caused."""
         self._names: dict[str, str] = {}
         self._joined = 0
-        self._started_at = self.clock.value
+        self.started_at = self.clock.value
+        """The clock when the cluster was made: scenario times are counted from it."""
         self._notes: list[str] = []
         self._hooks = create_plugin_manager(
             [], plugins=[_Recorder(self), *plugins], load_entrypoints=False
@@ -267,7 +293,7 @@ class SimulatedCluster:
         self._notes.append(text)
 
     def _record(self, call: str, outcome: str = "") -> None:
-        when = f"t=+{self.clock.value - self._started_at:.1f}s"
+        when = f"t=+{self.clock.value - self.started_at:.1f}s"
         self.log.append(f"cluster.{call}  # {when}{', ' + outcome if outcome else ''}")
         self.log.extend(f"#     {note}" for note in self._notes)
         self._notes.clear()

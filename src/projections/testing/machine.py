@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, currently_in_test_context, note, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 from hypothesis.strategies import SearchStrategy
-from sqlalchemy import Connection
+from sqlalchemy import Connection, select
 
 from messaging import Distribution, Settings
 from messaging.ownership import HALTED, Ownership
@@ -63,7 +63,8 @@ class ClusterMachine(RuleBasedStateMachine):
     checkpoints never decrease; no message committed twice, every message committed
     once and the read models equal to the expected state after settling; a single-owner
     consumer never owned by two running instances; every partition owned by a running
-    instance again within the handover bound.
+    instance again within the handover bound; no saga deadline delivered twice, and none
+    due but undelivered after settling.
     """
 
     consumers: ClassVar[Sequence[type]] = ()
@@ -203,6 +204,19 @@ class ClusterMachine(RuleBasedStateMachine):
         )
         expected = self.expected([message for _, message in self.cluster.appended])
         assert actual == expected, _difference(expected, actual)
+        overdue = self._overdue_deadlines()
+        assert not overdue, f"saga deadlines due but not delivered after settling: {overdue}"
+
+    def _overdue_deadlines(self) -> list[tuple[str, str, str, float]]:
+        """Saga deadlines due by now and still pending: (saga, key, name, due time)."""
+        d = self.cluster.db.schema.deadlines
+        with self.cluster.db.read() as conn:
+            rows = conn.execute(
+                select(d.c.saga, d.c.saga_key, d.c.name, d.c.due_at).where(
+                    d.c.tenant == self.cluster.db.tenant, d.c.due_at <= self.cluster.clock.value
+                )
+            )
+            return [(saga, key, name, float(due)) for saga, key, name, due in rows]
 
     # -- invariants --------------------------------------------------------------------------
 
@@ -228,6 +242,12 @@ class ClusterMachine(RuleBasedStateMachine):
         committed, handled = self._committed(), self._handled()
         over = {c: (committed[c], handled[c]) for c in committed if committed[c] > handled[c]}
         assert not over, f"(committed, appended) messages, more committed than appended: {over}"
+
+    @invariant()
+    def deadlines_delivered_at_most_once(self) -> None:
+        delivered = Counter((d.consumer, d.key, d.name, d.due_at) for d in self.cluster.deliveries)
+        twice = {deadline: n for deadline, n in delivered.items() if n > 1}
+        assert not twice, f"saga deadlines delivered more than once: {twice}"
 
     @invariant()
     def one_committer_per_partition_and_epoch(self) -> None:

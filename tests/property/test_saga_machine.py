@@ -1,0 +1,117 @@
+"""Saga deadlines under any cluster events: the kit's state machine with a timer saga.
+Whatever joins, stops, crashes, pauses and wakes, no deadline is delivered twice and none
+that is due is left undelivered once the cluster settles. A broken variant that does not
+take a delivered deadline off the table is caught."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import attrs
+import pytest
+from hypothesis import strategies as st
+from hypothesis.stateful import invariant
+
+from messaging import handler, message
+from projections.testing import Append, ClusterMachine, machine_settings, messages_of
+from projections.testing.plugin import RunMachine
+from sagas import SagaContext, SagaStore, saga, start
+
+TIMERS = [f"timer-{n}" for n in range(4)]
+
+
+@message("sim-saga.timer-set")
+@attrs.define(frozen=True)
+class TimerSet:
+    timer_id: str
+    seconds: float
+
+
+@message("sim-saga.timer-due")
+@attrs.define(frozen=True)
+class TimerDue:
+    timer_id: str
+
+
+@message("sim-saga.fired")
+@attrs.define(frozen=True)
+class Fired:
+    timer_id: str
+
+
+@attrs.define
+class Timer:
+    fired: int = 0
+
+
+@saga("sim-timers", topics="sim-timers", correlate_by="timer_id", state=Timer, partitions=4)
+class Timers:
+    """Setting a timer (again) moves its deadline; each delivery fires it once more."""
+
+    @start
+    def set(self, event: TimerSet, ctx: SagaContext) -> None:
+        if ctx.state is None:
+            ctx.state = Timer()
+        ctx.schedule(TimerDue(event.timer_id), after=event.seconds, name="due")
+
+    @handler
+    def due(self, event: TimerDue, ctx: SagaContext) -> None:
+        ctx.state.fired += 1
+        ctx.send("sim-fired", Fired(ctx.key), key=ctx.key)
+
+
+class TimersMachine(ClusterMachine):
+    consumers = (Timers,)
+    messages = messages_of(
+        TimerSet,
+        topic="sim-timers",
+        source="timer_id",
+        fields={"timer_id": st.sampled_from(TIMERS), "seconds": st.floats(0, 6)},
+    )
+
+    @invariant()
+    def every_firing_is_a_committed_delivery(self) -> None:
+        """The saga's effects (its commands) match the deliveries one for one."""
+        with self.cluster.db.read() as conn:
+            rows = self.cluster.store.read(conn, ["sim-fired"], limit=100_000)
+        fired = Counter(row.source for row in rows)
+        delivered = Counter(d.key for d in self.cluster.deliveries)
+        assert fired == delivered, (fired, delivered)
+
+
+def test_saga_deadlines_are_delivered_once_under_any_cluster_events(
+    run_machine: RunMachine,
+) -> None:
+    run_machine(TimersMachine, machine_settings(max_examples=25, steps=30))
+
+
+def test_a_deadline_left_in_the_table_after_delivery_is_caught(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Broken: delivering does not delete the deadline, so it is delivered again."""
+    monkeypatch.setattr(SagaStore, "take", lambda self, conn, deadlines: None)
+    machine = TimersMachine()
+    try:
+        machine.append(Append("sim-timers", "timer-0", [TimerSet("timer-0", 1.0)]))
+        machine.poll()  # the saga starts and schedules its deadline a second from now
+        machine.tick(2)
+        machine.poll()  # delivered
+        machine.poll()  # and delivered again
+        with pytest.raises(AssertionError, match="delivered more than once"):
+            machine.deadlines_delivered_at_most_once()
+    finally:
+        machine.teardown()
+
+
+def test_a_deadline_never_delivered_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Broken: the workers never see a deadline as due, so none is delivered."""
+    monkeypatch.setattr(SagaStore, "any_due", lambda self, conn, partitions: False)
+    machine = TimersMachine()
+    try:
+        machine.append(Append("sim-timers", "timer-1", [TimerSet("timer-1", 1.0)]))
+        machine.poll()
+        machine.tick(2)
+        with pytest.raises(AssertionError, match="due but not delivered"):
+            machine.settle()
+    finally:
+        machine.teardown()
