@@ -22,6 +22,7 @@ name                                   instrument       from hook
 ``projections.batch.duration``         histogram (s)    projections_batch_applied
 ``projections.checkpoint.position``    gauge            projections_batch_applied
 ``projections.partition.claims``       counter          projections_partition_claimed
+``projections.partition.moves``        counter          projections_partition_claimed
 ``projections.partition.releases``     counter          projections_partition_released
 ``projections.message.failures``       counter          projections_message_failed
 ``projections.partition.halts``        counter          projections_partition_halted

@@ -75,6 +75,11 @@ class Telemetry:
             unit="{claim}",
             description="Partitions claimed by this instance under a new epoch",
         )
+        self.moves = meter.create_counter(
+            "projections.partition.moves",
+            unit="{move}",
+            description="Partitions claimed here that another instance held before (epoch > 1)",
+        )
         self.releases = meter.create_counter(
             "projections.partition.releases",
             unit="{release}",
@@ -164,14 +169,14 @@ class Telemetry:
         self, consumer: str, partition: int, epoch: int, instance_id: str
     ) -> None:
         with _never_raise("projections_partition_claimed"):
-            self.claims.add(
-                1,
-                {
-                    "consumer": consumer,
-                    "partition": partition,
-                    "instance": self._instance(instance_id),
-                },
-            )
+            attributes: Attributes = {
+                "consumer": consumer,
+                "partition": partition,
+                "instance": self._instance(instance_id),
+            }
+            self.claims.add(1, attributes)
+            if epoch > 1:  # the partition was owned before: it moved here
+                self.moves.add(1, attributes)
 
     @hookimpl
     def projections_partition_released(

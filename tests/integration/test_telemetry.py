@@ -37,7 +37,7 @@ from messaging import (
 from messaging.config import settings_from_mapping
 from messaging.worker import ConsumerWorker
 from projections import projection
-from projections.examples.ledger import TOPIC, traffic
+from projections.examples.ledger import TOPIC, Balances, traffic
 from projections.reports import consumers_report
 from projections.testing import SimulatedCluster
 from projections_otel import Telemetry, context_of, trace_headers
@@ -397,4 +397,28 @@ def test_delivered_deadlines_are_counted_with_their_lateness(
     (lateness,) = points["projections.deadline.lateness"]
     assert lateness.count == 3
     assert lateness.sum == pytest.approx(1.5)
+    db.dispose()
+
+
+def test_a_partition_claimed_from_another_instance_counts_as_a_move(
+    tmp_path: Path, telemetry: Telemetry, reader: InMemoryMetricReader
+) -> None:
+    """First claims are not moves; the partitions a joiner takes over are."""
+    db = Database(f"sqlite:///{tmp_path}/moves.db", clock=ManualClock())
+    db.prepare()
+    cluster = SimulatedCluster(db, [Balances], settings_from_mapping({}), plugins=[telemetry])
+    cluster.join("first")
+    cluster.join("second")
+    for _ in range(4):
+        cluster.tick()
+    moved = sum(1 for owner in cluster.owners().values() if owner == "second")
+    assert moved == 4  # half of the ledger's 8 partitions
+
+    points = _points(reader)
+    moves = {dict(p.attributes)["instance"]: 0 for p in points["projections.partition.moves"]}
+    for point in points["projections.partition.moves"]:
+        moves[dict(point.attributes)["instance"]] += point.value
+    assert moves == {"second": moved}
+    claims = sum(p.value for p in points["projections.partition.claims"])
+    assert claims == 8 + moved
     db.dispose()
