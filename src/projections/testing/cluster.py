@@ -38,10 +38,13 @@ SIMULATION_CONFIG: Mapping[str, object] = {
     "heartbeat-interval": "400ms",
     "graceful-shutdown-timeout": "2s",
     "batch-size": 4,
+    "executor": {"max-workers": 1},
     "conflict-retry": {"max-retries": 3, "max-delay": "50ms"},
 }
 """``messaging.consumer`` settings of a simulation: short intervals (the clock is manual
-anyway) and small batches, so that a few messages already span several batches."""
+anyway), small batches, so that a few messages already span several batches, and one
+batch at a time (on MySQL, lanes would commit in parallel, in no fixed order, and a
+scenario would not replay the same way)."""
 
 
 def simulation_settings(**sections: object) -> Settings:
