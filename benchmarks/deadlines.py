@@ -22,9 +22,8 @@ is a hand-written ``sqlite3`` (resp. PyMySQL) loop that selects due rows by the 
 ``(tenant, saga, partition_no, due_at)`` index in transactions of the same batch size
 (500), deletes each, reads the sagas' state rows and rewrites each by version, and
 touches the partitions' rows as the fence does. Framework and baseline runs alternate;
-the medians are printed with ``ratio framework/hand-written``. On MySQL the framework
-runs twice per round: with 8 lanes (``executor.max-workers: 8``, batches of disjoint
-partitions delivered at once) and with 1 lane, the baseline's single connection.
+the medians are printed with ``ratio framework/hand-written``. A saga is applied in one
+lane (in position order), like the baseline's single connection.
 
 **Lateness.** With an instance running, ``--lateness-deadlines`` (2,000) sagas are
 started, their deadlines spread evenly from 2 s to 2 s + ``--spread`` (3 s) after
@@ -64,12 +63,12 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 import attrs
-import pymysql  # type: ignore[import-untyped]
 from sqlalchemy import delete, func, insert, inspect, select, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
 
 import messaging
+import raw_mysql
 from messaging import (
     ConsumerSpec,
     Database,
@@ -206,9 +205,8 @@ def saga_spec() -> tuple[ConsumerSpec, Any]:
     return spec, manager.hook
 
 
-def settings(idle_poll_interval: float, max_workers: int = 8) -> Settings:
-    """Sub-second intervals for one instance; the batch size of the baseline. On MySQL,
-    ``max_workers`` is the number of lanes delivering at once (SQLite has one)."""
+def settings(idle_poll_interval: float) -> Settings:
+    """Sub-second intervals for one instance; the batch size of the baseline."""
     return settings_from_mapping(
         {
             "messaging": {
@@ -219,7 +217,6 @@ def settings(idle_poll_interval: float, max_workers: int = 8) -> Settings:
                     "graceful-shutdown-timeout": "10s",
                     "idle-poll-interval": f"{idle_poll_interval * 1000:g}ms",
                     "batch-size": BATCH,
-                    "executor": {"max-workers": max_workers},
                     "conflict-retry": {"max-retries": 5, "max-delay": "100ms"},
                 }
             }
@@ -331,12 +328,12 @@ def verify(db: Database, label: str, prefix: str, count: int, delivered: int) ->
 
 @contextmanager
 def running_instance(
-    url: str, prefix: str, spec: ConsumerSpec, hooks: Any, idle: float, max_workers: int = 8
+    url: str, prefix: str, spec: ConsumerSpec, hooks: Any, idle: float
 ) -> Iterator[Database]:
     """A real instance with its threads, stopped gracefully at the end."""
     db = Database(url, tenant=TENANT, table_prefix=prefix)
     name = f"deadlines-{uuid.uuid4().hex[:6]}"
-    instance = Instance(db, [spec], settings(idle, max_workers), hooks, name=name)
+    instance = Instance(db, [spec], settings(idle), hooks, name=name)
     try:
         instance.start()
         yield db
@@ -352,14 +349,13 @@ def framework_run(
     count: int,
     spec: ConsumerSpec,
     hooks: Any,
-    max_workers: int,
 ) -> float:
     """Restore the overdue deadlines, start an instance; deadlines/s until all delivered."""
     db = Database(url, tenant=TENANT, table_prefix=prefix)
     try:
         restore(db, rows)
         PROBE.reset()
-        with running_instance(url, prefix, spec, hooks, 0.2, max_workers):
+        with running_instance(url, prefix, spec, hooks, 0.2):
             PROBE.wait(lambda: PROBE.delivered >= count, f"{count} deliveries")
             ready_at, last_at, delivered = PROBE.ready_at, PROBE.last_delivery_at, PROBE.delivered
         if ready_at is None:
@@ -513,19 +509,9 @@ class MysqlHandWritten(HandWritten):
         cur.connection.commit()
 
     def run(self, url: str) -> tuple[int, float]:
-        parsed = make_url(url)
-        con = pymysql.connect(
-            host=parsed.host or "127.0.0.1",
-            port=parsed.port or 3306,
-            user=parsed.username or "root",
-            password=parsed.password or "",
-            database=parsed.database,
-            charset="utf8mb4",
-            autocommit=False,
-        )
+        con = raw_mysql.connect(url)
         try:
             cur = con.cursor()
-            cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
             started = time.perf_counter()
             delivered = self.loop(cur)
             return delivered, time.perf_counter() - started
@@ -574,15 +560,12 @@ def measure(label: str, url: str, prefix: str, options: Options) -> None:
         rows = snapshot(db)
         if len(rows[1]) != count:
             raise BenchmarkFailure(f"setup stored {len(rows[1])} deadlines, not {count}")
-        sqlite = db.is_sqlite
     finally:
         db.dispose()
-    lanes = [1] if sqlite else [8, 1]  # SQLite applies one batch of a consumer at a time
-    ours: dict[int, list[float]] = {n: [] for n in lanes}
+    ours: list[float] = []
     theirs: list[float] = []
     for _ in range(options.runs):
-        for n in lanes:
-            ours[n].append(framework_run(url, prefix, rows, count, spec, hooks, n))
+        ours.append(framework_run(url, prefix, rows, count, spec, hooks))
         theirs.append(hand_written_run(url, prefix, rows, count))
     lateness = [
         lateness_run(url, prefix, run, options, spec, hooks) for run in range(options.lateness_runs)
@@ -593,7 +576,7 @@ def measure(label: str, url: str, prefix: str, options: Options) -> None:
 def report(
     label: str,
     options: Options,
-    ours: dict[int, list[float]],
+    ours: list[float],
     theirs: list[float],
     lateness: list[Lateness],
 ) -> None:
@@ -604,16 +587,11 @@ def report(
         f"{label}: {options.deadlines} overdue deadlines, batch {BATCH}, "
         f"median of {options.runs} runs (every deadline delivered once, none left)"
     )
-    for lanes, rates in ours.items():
-        what = f"framework, {lanes} lane{'s' if lanes > 1 else ''}:"
-        print(f"  {what:<28} {statistics.median(rates):>8,.0f} deadlines/s  runs {_fmt(rates)}")
+    what = "framework (SagaWorker):"
+    print(f"  {what:<28} {statistics.median(ours):>8,.0f} deadlines/s  runs {_fmt(ours)}")
     what = f"hand-written {baseline} loop:"
     print(f"  {what:<28} {theirs_median:>8,.0f} deadlines/s  runs {_fmt(theirs)}")
-    for lanes, rates in ours.items():
-        ratio = statistics.median(rates) / theirs_median
-        print(
-            f"  ratio framework ({lanes} lane{'s' if lanes > 1 else ''})/hand-written: {ratio:.2f}"
-        )
+    print(f"  ratio framework/hand-written: {statistics.median(ours) / theirs_median:.2f}")
     pooled = [x for run in lateness for x in run.seconds]
     cuts = statistics.quantiles(pooled, n=100, method="inclusive")
     p50, p95, p99, worst = cuts[49], cuts[94], cuts[98], max(pooled)

@@ -37,12 +37,12 @@ from typing import Any
 # Measure this checkout's code, whichever checkout an editable install points at.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-import pymysql  # type: ignore[import-untyped]
 from sqlalchemy import delete, inspect, select, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
 
 import messaging
+import raw_mysql
 from messaging import ConsumerSpec, Database, MessageStore, NewMessage
 from messaging.declarations import declare
 from messaging.membership import InstanceInfo, Membership
@@ -282,19 +282,9 @@ def sqlite_hand_written(path: str, *, table_prefix: str) -> float:
 
 def mysql_hand_written(url: str, *, table_prefix: str) -> float:
     """The same loop with raw PyMySQL at READ COMMITTED; returns messages/s."""
-    parsed = make_url(url)
-    con = pymysql.connect(
-        host=parsed.host or "127.0.0.1",
-        port=parsed.port or 3306,
-        user=parsed.username or "root",
-        password=parsed.password or "",
-        database=parsed.database,
-        charset="utf8mb4",
-        autocommit=False,
-    )
+    con = raw_mysql.connect(url)
     try:
         cur = con.cursor()
-        cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
         select_batch = (
             f"SELECT position, type, payload FROM {table_prefix}messages "
             "WHERE tenant = %s AND topic = %s AND position > %s ORDER BY position LIMIT %s"
