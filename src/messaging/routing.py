@@ -18,10 +18,12 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
 from sqlalchemy import Table, bindparam, insert, select
+from sqlalchemy.exc import IntegrityError
 
 from messaging.consumers import ConsumerKind, ConsumerOptions, ConsumerSpec, mark_consumer
 from messaging.context import HandlerContext
 from messaging.database import Database
+from messaging.errors import ConcurrentUpdate
 from messaging.messages import MessageRegistry
 from messaging.worker import ConsumerWorker, Dispatcher, StoredRow
 
@@ -88,8 +90,15 @@ class IdempotentDispatcher(Dispatcher):
                 records.append({"message": message_id, "at_position": row[0]})
             fresh.append(row)
         super().apply(fresh, ctx, partition_count)
-        for record in records:
-            ctx.execute(self._record, record)
+        if records:
+            try:
+                ctx.connection.execute(self._record, records)
+            except IntegrityError as exc:
+                # Another batch (another lane or instance) handled one of these ids and
+                # committed first: this batch retries, and skips it.
+                raise ConcurrentUpdate(
+                    f"{self.spec.name}: a message id was handled concurrently"
+                ) from exc
 
     def _handled(self, ctx: HandlerContext, ids: list[str]) -> set[str]:
         table = self.db.schema.processed

@@ -216,3 +216,40 @@ def test_two_partitions_updating_one_saga_are_serialized_by_its_version(
     assert json.loads(state) == {"value": 3}
     assert conflicts.seen == 1
     db.dispose()
+
+
+def test_an_id_recorded_by_a_concurrent_batch_makes_the_batch_retry(
+    clock_db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two batches holding one id (sent twice with different keys, so to two partitions)
+    both found it unhandled: the one that records it second is retried, not halted, and
+    then skips it."""
+    from messaging.routing import IdempotentDispatcher
+
+    cluster = SimulatedCluster(clock_db, [Idempotent], SETTINGS)
+    cluster.join("a")
+    store = MessageStore(clock_db)
+    with clock_db.transaction() as conn:
+        store.send(conn, "test-guarded", Ping("x"), key="k1", message_id="same")
+    while cluster.poll_all():
+        pass
+    retried: list[BaseException] = []
+    real = IdempotentDispatcher._handled
+    calls = iter([set(), None])  # the first read misses the id recorded above
+
+    def stale_then_real(self, ctx, ids):  # type: ignore[no-untyped-def]
+        first = next(calls)
+        return first if first is not None else real(self, ctx, ids)
+
+    monkeypatch.setattr(IdempotentDispatcher, "_handled", stale_then_real)
+    with clock_db.transaction() as conn:
+        store.send(conn, "test-guarded", Ping("x"), key="k2", message_id="same")
+    worker = cluster.running["a"].workers["test-guarded"]
+    monkeypatch.setattr(
+        worker.hooks, "projections_retrying", lambda **kw: retried.append(kw["error"])
+    )
+    assert worker.poll() == 1  # applied on the retry: skipped as already handled
+    assert [type(e) for e in retried] == [ConcurrentUpdate]
+    with clock_db.read() as conn:
+        rows = conn.execute(select(effects.c.item).where(effects.c.consumer == "guarded"))
+        assert rows.scalars().all() == ["x"]
