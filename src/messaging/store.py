@@ -58,20 +58,22 @@ def partition_of(key: str, partitions: int) -> int:
 class NewMessage:
     """A message ready to append: already encoded, with an optional expected source version."""
 
-    topic: str = attrs.field(validator=lambda _, a, v: _check_id(a.name, v))
-    source: str = attrs.field(validator=lambda _, a, v: _check_id(a.name, v))
-    type: str = attrs.field(validator=lambda _, a, v: _check_id(a.name, v))
+    topic: str = attrs.field(validator=lambda _, a, v: check_id(f"message {a.name}", v))
+    source: str = attrs.field(validator=lambda _, a, v: check_id(f"message {a.name}", v))
+    type: str = attrs.field(validator=lambda _, a, v: check_id(f"message {a.name}", v))
     payload: str
     headers: Mapping[str, Any] | None = None
 
 
-def _check_id(what: str, value: object) -> None:
-    """Ids are compared exactly on every backend; MySQL's PAD SPACE collations would ignore
+def check_id(what: str, value: object) -> None:
+    """Refuse an id that is not 1 to 200 characters, or that starts or ends with whitespace.
+
+    Ids are compared exactly on every backend; MySQL's PAD SPACE collations would ignore
     trailing spaces, so ids with surrounding whitespace are refused outright."""
     if not isinstance(value, str) or not value or len(value) > 200:
-        raise ValueError(f"message {what} must be a string of 1 to 200 characters, got {value!r}")
+        raise ValueError(f"{what} must be a string of 1 to 200 characters, got {value!r}")
     if value != value.strip():
-        raise ValueError(f"message {what} {value!r} must not start or end with whitespace")
+        raise ValueError(f"{what} {value!r} must not start or end with whitespace")
 
 
 class MessageStore:
@@ -161,6 +163,7 @@ class MessageStore:
         self, destination: str, message: object, *, key: str | None, message_id: str
     ) -> NewMessage:
         """``message`` encoded for ``destination``: its source is the partition key."""
+        check_id("message id", message_id)
         type_name, payload = self.registry.encode(message)
         return NewMessage(
             topic=destination,
@@ -395,6 +398,14 @@ class MessageStore:
         elif groups and len(groups[0]) != partition_count:  # all partitions need no filter
             where.append(bucket.in_([literal(p) for p in groups[0]]))
         return select(*columns).where(*where).order_by(m.c.position).limit(limit)
+
+    def recorded_at(self, conn: Connection, position: int) -> float | None:
+        """When the message at ``position`` was appended (database time), if it exists."""
+        m = self._messages
+        value = conn.execute(
+            select(m.c.recorded_at).where(m.c.tenant == self.db.tenant, m.c.position == position)
+        ).scalar_one_or_none()
+        return None if value is None else float(value)
 
     def head(self, conn: Connection) -> int:
         """The highest position committed for this tenant (0 when empty)."""

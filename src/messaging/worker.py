@@ -329,10 +329,7 @@ class ConsumerWorker(_Worker):
             except Poison as poison:
                 # Commit what came before the poison message, so that its partition's
                 # checkpoint stops right before it, then halt that partition there.
-                index = [row[0] for row in poison.batch].index(poison.row[0])
-                if index:
-                    self._commit(poison.batch[:index], claims, immediate=False)
-                    self._applied(claims, poison.batch[:index], started)
+                index = self._commit_before(poison, claims, started)
                 self._halt(poison, claims)
                 return index
             except OwnershipLost as lost:
@@ -343,6 +340,24 @@ class ConsumerWorker(_Worker):
         self._applied(claims, rows, started, through)
         self._catching_up = len(rows) >= self.settings.batch_size
         return len(rows)
+
+    def _commit_before(self, poison: Poison, claims: Mapping[int, Claim], started: float) -> int:
+        """Commit the messages before ``poison``'s; return how many. Should those fail as a
+        whole (a write at the end of the batch), the poison moves to the message the
+        failure names, until a prefix commits or none is left."""
+        while index := [row[0] for row in poison.batch].index(poison.row[0]):
+            try:
+                self._commit(poison.batch[:index], claims, immediate=False)
+            except Poison as earlier:
+                poison.row, poison.partition, poison.error = (
+                    earlier.row,
+                    earlier.partition,
+                    earlier.error,
+                )
+                continue
+            self._applied(claims, poison.batch[:index], started)
+            return index
+        return 0
 
     def _applied(
         self,

@@ -201,44 +201,51 @@ class SagaStore:
             where.append(d.c.name.in_(list(names)))
         conn.execute(delete(d).where(*where))
 
-    def due_query(self, partitions: Sequence[int], limit: int) -> Select[Any]:
+    def _due(self, partitions: Sequence[int], until: float | None) -> list[ColumnElement[bool]]:
+        """Deadlines of ``partitions`` due now (and by ``until``, when given)."""
+        d = self._deadlines
+        where = [
+            *self._of_saga(d),
+            d.c.partition_no.in_(list(partitions)),
+            d.c.due_at <= self.db.clock.now(),
+        ]
+        if until is not None:
+            where.append(d.c.due_at <= until)
+        return where
+
+    def due_query(
+        self, partitions: Sequence[int], limit: int, until: float | None = None
+    ) -> Select[Any]:
         """The query of :meth:`due`: a range of the ``(tenant, saga, partition, due_at)``
         index per partition, never a scan of the table."""
         d = self._deadlines
         return (
             select(d.c.saga_key, d.c.name, d.c.partition_no, d.c.due_at, d.c.type, d.c.payload)
-            .where(
-                *self._of_saga(d),
-                d.c.partition_no.in_(list(partitions)),
-                d.c.due_at <= self.db.clock.now(),
-            )
+            .where(*self._due(partitions, until))
             .order_by(d.c.due_at)
             .limit(limit)
         )
 
-    def due(self, conn: Connection, partitions: Sequence[int], limit: int) -> list[Deadline]:
-        """The deadlines of ``partitions`` due now, earliest first, at most ``limit``."""
-        rows = conn.execute(self.due_query(partitions, limit))
+    def due(
+        self, conn: Connection, partitions: Sequence[int], limit: int, until: float | None = None
+    ) -> list[Deadline]:
+        """The deadlines of ``partitions`` due now (and by ``until``), earliest first, at
+        most ``limit``."""
+        rows = conn.execute(self.due_query(partitions, limit, until))
         return [
             Deadline(key=k, name=n, partition=p, due_at=float(due), type=t, payload=payload)
             for k, n, p, due, t, payload in rows
         ]
 
-    def any_due(self, conn: Connection, partitions: Sequence[int]) -> bool:
-        """Whether any deadline of ``partitions`` is due now. Unordered, so it stops at the
-        first due row it finds instead of sorting a backlog of them, as ``due(..., 1)``
-        would."""
+    def any_due(
+        self, conn: Connection, partitions: Sequence[int], until: float | None = None
+    ) -> bool:
+        """Whether any deadline of ``partitions`` is due now (and by ``until``). Unordered,
+        so it stops at the first due row it finds instead of sorting a backlog of them, as
+        ``due(..., 1)`` would."""
         d = self._deadlines
-        found = conn.execute(
-            select(d.c.due_at)
-            .where(
-                *self._of_saga(d),
-                d.c.partition_no.in_(list(partitions)),
-                d.c.due_at <= self.db.clock.now(),
-            )
-            .limit(1)
-        ).first()
-        return found is not None
+        found = conn.execute(select(d.c.due_at).where(*self._due(partitions, until)).limit(1))
+        return found.first() is not None
 
     def next_due_in(
         self, conn: Connection, partitions: Sequence[int], within: float

@@ -13,9 +13,9 @@ deadlines wait: a deadline is delivered only after the messages recorded before 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 import cattrs.preconf.json
@@ -28,11 +28,13 @@ from messaging.errors import OwnershipLost, ProjectionsError, RegistrationError
 from messaging.messages import Envelope, MessageRegistry
 from messaging.ownership import Claim
 from messaging.retry import is_transient, report_retry, retry_transient
-from messaging.store import partition_of
+from messaging.store import check_id, partition_of
 from messaging.worker import ConsumerWorker, Dispatcher, Poison, StoredRow
 from sagas.context import SagaContext
 from sagas.decorators import saga_options, starts_saga
 from sagas.store import Deadline, SagaRow, SagaStore
+
+T = TypeVar("T")
 
 
 class SagaDispatcher(Dispatcher):
@@ -88,6 +90,11 @@ class SagaDispatcher(Dispatcher):
         batch.load(d.key for d in deadlines)
         self.store.take(ctx.connection, deadlines)
         for deadline in deadlines:
+            earlier = batch.instances.get(deadline.key)
+            if earlier is not None and (
+                deadline.name in earlier.cancelled or deadline.name in earlier.scheduled
+            ):
+                continue  # cancelled or moved by a deadline delivered just before it
             decode = self.handlers.get(deadline.type, (None, None))[0]
             if decode is None:
                 raise ProjectionsError(
@@ -108,6 +115,8 @@ class _Batch:
         self.ctx = ctx
         self.rows: dict[str, SagaRow] = {}
         self.instances: dict[str, SagaContext] = {}
+        self.encoded: dict[str, tuple[str, list[Deadline]]] = {}
+        """Per instance handled: its state and deadlines, encoded after its last message."""
         self._now: float | None = None
 
     @property
@@ -133,6 +142,7 @@ class _Batch:
         dispatcher = self.dispatcher
         instance = self.instances.get(key)
         if instance is None:
+            check_id(f"saga {dispatcher.spec.name!r}: correlation key", key)
             row = self.rows[key]
             if row.ended:
                 return
@@ -148,22 +158,41 @@ class _Batch:
                 f"saga {dispatcher.spec.name!r}: after {type_name!r} the state of {key!r} is "
                 f"{instance.state!r}, not a {dispatcher.options.state.__qualname__}"
             )
-        for name, (_due, deadline) in instance.scheduled.items():
+        self.instances[key] = instance
+        self.encoded[key] = (dispatcher.converter.dumps(instance.state), self._deadlines(instance))
+
+    def _deadlines(self, instance: SagaContext) -> list[Deadline]:
+        """The deadlines ``instance`` has scheduled, encoded (a bad one fails here, at the
+        message that scheduled it)."""
+        dispatcher = self.dispatcher
+        encoded = []
+        for name, (due, deadline) in instance.scheduled.items():
+            check_id(f"saga {dispatcher.spec.name!r}: deadline name", name)
             if type(deadline) not in dispatcher.spec.handlers:
                 raise ProjectionsError(
                     f"saga {dispatcher.spec.name!r} schedules deadline {name!r} as a "
                     f"{type(deadline).__qualname__}, which it has no handler for"
                 )
-        self.instances[key] = instance
+            type_name, payload = dispatcher.registry.encode(deadline)
+            encoded.append(
+                Deadline(
+                    key=instance.key,
+                    name=name,
+                    partition=partition_of(instance.key, dispatcher.spec.partitions),
+                    due_at=due,
+                    type=type_name,
+                    payload=payload,
+                )
+            )
+        return encoded
 
     def write(self) -> None:
         """Store every changed instance with its deadlines (ConcurrentUpdate if one moved on)."""
-        dispatcher = self.dispatcher
-        store, conn = dispatcher.store, self.ctx.connection
+        store, conn = self.dispatcher.store, self.ctx.connection
         store.save(
             conn,
             [
-                (self.rows[key], dispatcher.converter.dumps(instance.state), instance.ended)
+                (self.rows[key], self.encoded[key][0], instance.ended)
                 for key, instance in self.instances.items()
             ],
         )
@@ -174,18 +203,7 @@ class _Batch:
                 continue
             if instance.cancelled:
                 store.cancel(conn, key, sorted(instance.cancelled))
-            for name, (due, message) in instance.scheduled.items():
-                type_name, payload = dispatcher.registry.encode(message)
-                scheduled.append(
-                    Deadline(
-                        key=key,
-                        name=name,
-                        partition=partition_of(key, dispatcher.spec.partitions),
-                        due_at=due,
-                        type=type_name,
-                        payload=payload,
-                    )
-                )
+            scheduled.extend(self.encoded[key][1])
         store.schedule(conn, scheduled)
 
 
@@ -215,40 +233,49 @@ class SagaWorker(ConsumerWorker):
         return max(0.0, min(idle, self._wake_at - time.monotonic()))
 
     def poll(self) -> int:
-        """Apply one batch of messages; once they are caught up, deliver the due deadlines
-        of the same claims. A deadline thus never overtakes a message recorded before its
-        delivery (and every message committed with the one that scheduled it)."""
-        applied = super().poll()
-        if applied >= self.settings.batch_size * self.lanes:
-            return applied  # a backlog: its messages come first
-        return applied + self.deliver_due()
+        """Apply one batch of messages, then deliver due deadlines of the same claims.
 
-    def deliver_due(self) -> int:
-        """Deliver one batch of the due deadlines of the held partitions; return how many."""
+        A deadline never overtakes a message recorded before it fell due: while the
+        messages are caught up every due deadline goes; behind a backlog, only those due
+        by the time the last applied message was recorded."""
+        applied = super().poll()
+        until = None
+        if applied >= self.settings.batch_size * self.lanes:
+            claims = self.held_claims()
+            applied_through = max((c.checkpoint for c in claims.values()), default=0)
+            with self.db.read() as conn:
+                until = self.store.recorded_at(conn, applied_through)
+            if until is None:
+                return applied
+        return applied + self.deliver_due(until)
+
+    def deliver_due(self, until: float | None = None) -> int:
+        """Deliver one batch of the deadlines of the held partitions due now (and by
+        ``until``); return how many. A deadline whose delivery fails halts its partition,
+        as a poison message does; the others are delivered."""
         self._wake_at = None
         claims = self.held_claims()
         if not claims:
             return 0
         dispatcher: SagaDispatcher = self.dispatcher  # type: ignore[assignment]
         with self.db.read() as conn:  # an idle poll never takes the write lock
-            if not dispatcher.store.any_due(conn, sorted(claims)):
-                wait = dispatcher.store.next_due_in(
-                    conn, sorted(claims), self.settings.idle_poll_interval
-                )
-                self._wake_at = None if wait is None else time.monotonic() + wait
+            if not dispatcher.store.any_due(conn, sorted(claims), until):
+                if until is None:
+                    wait = dispatcher.store.next_due_in(
+                        conn, sorted(claims), self.settings.idle_poll_interval
+                    )
+                    self._wake_at = None if wait is None else time.monotonic() + wait
                 return 0
-        what = f"deliver deadlines of {self.spec.name}"
         with self._limiter:
             try:
-                delivered, now = retry_transient(
-                    lambda: self._deliver(claims),
-                    self.settings.conflict_retry,
-                    what=what,
-                    on_retry=partial(report_retry, self.hooks, self.instance_id, what),
-                )
+                delivered, now = self._retried(lambda: self._deliver(claims, until))
             except OwnershipLost as lost:
                 self._lose(lost.partitions)
                 return 0
+            except Exception as exc:
+                if is_transient(exc):
+                    raise
+                delivered, now = self._deliver_one_by_one(claims, until)
         if delivered:
             self.hooks.projections_deadlines_delivered(
                 consumer=self.spec.name,
@@ -259,10 +286,25 @@ class SagaWorker(ConsumerWorker):
             )
         return len(delivered)
 
-    def _deliver(self, claims: dict[int, Claim]) -> tuple[list[Deadline], float]:
+    def _retried(self, action: Callable[[], T]) -> T:
+        what = f"deliver deadlines of {self.spec.name}"
+        return retry_transient(
+            action,
+            self.settings.conflict_retry,
+            what=what,
+            on_retry=partial(report_retry, self.hooks, self.instance_id, what),
+        )
+
+    def _deliver(
+        self, claims: dict[int, Claim], until: float | None, only: Deadline | None = None
+    ) -> tuple[list[Deadline], float]:
+        """In one fenced transaction: read the due deadlines (or just ``only``, if still
+        due), deliver them, commit."""
         dispatcher: SagaDispatcher = self.dispatcher  # type: ignore[assignment]
         with self.db.transaction() as conn:
-            due = dispatcher.store.due(conn, sorted(claims), self.settings.batch_size)
+            due = dispatcher.store.due(conn, sorted(claims), self.settings.batch_size, until)
+            if only is not None:
+                due = [d for d in due if d == only]
             if not due:
                 return [], 0.0
             ctx = HandlerContext(conn, _no_envelopes, outbox=self.outbox)
@@ -271,3 +313,35 @@ class SagaWorker(ConsumerWorker):
             epochs = {d.partition: claims[d.partition].epoch for d in due}
             self.ownership.commit_checkpoint(conn, self.spec.name, self.instance_id, epochs, 0)
             return due, now
+
+    def _deliver_one_by_one(
+        self, claims: dict[int, Claim], until: float | None
+    ) -> tuple[list[Deadline], float]:
+        """After a failed batch: each due deadline in a transaction of its own; the one that
+        fails halts its partition at the partition's checkpoint, with the reason."""
+        dispatcher: SagaDispatcher = self.dispatcher  # type: ignore[assignment]
+        with self.db.read() as conn:
+            due = dispatcher.store.due(conn, sorted(claims), self.settings.batch_size, until)
+        delivered: list[Deadline] = []
+        now = 0.0
+        for deadline in due:
+            held = self.held_claims()
+            if deadline.partition not in held:
+                continue  # its partition halted (or moved) meanwhile
+            try:
+                done, now = self._retried(partial(self._deliver, held, until, deadline))
+            except OwnershipLost as lost:
+                self._lose(lost.partitions)
+                continue
+            except Exception as exc:
+                if is_transient(exc):
+                    raise
+                failure = ProjectionsError(
+                    f"deadline {deadline.name!r} of saga instance {deadline.key!r}: {exc}"
+                )
+                claim = held[deadline.partition]
+                row = (claim.checkpoint, deadline.type, deadline.partition, deadline.payload)
+                self._halt(Poison(row, deadline.partition, failure), held)
+                continue
+            delivered.extend(done)
+        return delivered, now

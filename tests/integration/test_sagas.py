@@ -18,6 +18,7 @@ from messaging import (
     MessageStore,
     handler,
     message,
+    partition_of,
     route_consumer,
     settings_from_mapping,
 )
@@ -450,3 +451,131 @@ def test_an_idle_saga_worker_wakes_when_its_next_deadline_falls_due(
     cluster.clock.advance(0.05)
     assert worker.poll() == 1  # the deadline
     assert worker.idle_wait() == idle
+
+
+@message("test-saga.alarm")
+@attrs.define(frozen=True)
+class Alarm:
+    order_id: str
+    which: str
+
+
+@attrs.define
+class Alarms:
+    rang: list[str] = attrs.field(factory=list)
+
+
+@saga("test-alarms", topics="orders", correlate_by="order_id", state=Alarms, partitions=4)
+class AlarmSaga:
+    """Placing sets alarms "a" (1 s) and "b" (2 s); alarm "a" cancels "b"; an order
+    "bad-…" has an alarm whose handler fails (due first, at 0.5 s)."""
+
+    @start
+    def placed(self, event: OrderPlaced, ctx: SagaContext) -> None:
+        ctx.state = Alarms()
+        first = 0.5 if ctx.key.startswith("bad-") else 1  # due before the others
+        ctx.schedule(Alarm(event.order_id, "a"), after=first, name="a")
+        ctx.schedule(Alarm(event.order_id, "b"), after=2, name="b")
+
+    @handler
+    def rings(self, event: Alarm, ctx: SagaContext) -> None:
+        if ctx.key.startswith("bad-"):
+            raise RuntimeError("the alarm bell is broken")
+        ctx.state.rang.append(event.which)
+        if event.which == "a":
+            ctx.cancel("b")
+
+
+def _alarms(db: Database) -> dict[str, list[str]]:
+    t = db.schema.sagas
+    with db.read() as conn:
+        rows = conn.execute(select(t.c.saga_key, t.c.state).where(t.c.saga == "test-alarms")).all()
+    return {key: json.loads(state)["rang"] for key, state in rows}
+
+
+def test_a_deadline_cancelled_by_one_delivered_just_before_it_is_not_delivered(
+    cluster: SimulatedCluster,
+) -> None:
+    """Both alarms are overdue together (nothing ran meanwhile): "a" cancels "b"."""
+    alarms = SimulatedCluster(cluster.db, [AlarmSaga], SETTINGS)
+    alarms.join("a")
+    _append(alarms, OrderPlaced("z1", 1))
+    _drain(alarms)
+    alarms.stop("a")
+    alarms.clock.advance(5)
+    alarms.join("b")
+    _drain(alarms)
+    assert _alarms(cluster.db) == {"z1": ["a"]}
+
+
+def test_a_failing_deadline_halts_its_partition_and_the_others_are_delivered(
+    cluster: SimulatedCluster,
+) -> None:
+    alarms = SimulatedCluster(cluster.db, [AlarmSaga], SETTINGS)
+    alarms.join("a")
+    keys = [f"k{i}" for i in range(6)]
+    _append(alarms, OrderPlaced("bad-1", 1), *(OrderPlaced(k, 1) for k in keys))
+    _drain(alarms)
+    alarms.clock.advance(1.5)
+    _drain(alarms)
+    bad_partition = partition_of("bad-1", 4)
+    with cluster.db.read() as conn:
+        rows = Ownership(cluster.db).partitions(conn, ["test-alarms"])
+    (halted,) = [r for r in rows if r.status == "halted"]
+    assert halted.partition == bad_partition
+    assert halted.halted_type == "test-saga.alarm"
+    assert "deadline 'a' of saga instance 'bad-1'" in (halted.error or "")
+    assert "the alarm bell is broken" in (halted.error or "")
+    rang = _alarms(cluster.db)
+    for key in keys:
+        assert rang[key] == ([] if partition_of(key, 4) == bad_partition else ["a"]), key
+
+
+def test_a_state_that_cannot_be_stored_halts_at_its_message(cluster: SimulatedCluster) -> None:
+    """The state is encoded right after each handler: the failure names its message, and
+    the messages before it in the batch commit."""
+
+    @saga("test-unstorable", topics="orders", correlate_by="order_id", state=OrderState)
+    class Unstorable:
+        @start
+        def placed(self, event: OrderPlaced, ctx: SagaContext) -> None:
+            amount: object = object() if event.order_id == "u2" else event.amount
+            ctx.state = OrderState(amount=amount)  # type: ignore[arg-type]
+
+    bad = SimulatedCluster(cluster.db, [Unstorable], SETTINGS)
+    bad.join("a")
+    store = MessageStore(cluster.db)
+    with cluster.db.transaction() as conn:  # one source: one partition, one batch
+        positions = [
+            store.append(conn, "orders", "one-source", [OrderPlaced(f"u{i}", 1)])[0]
+            for i in (1, 2, 3)
+        ]
+    _drain(bad)
+    with cluster.db.read() as conn:
+        rows = Ownership(cluster.db).partitions(conn, ["test-unstorable"])
+    (halted,) = [r for r in rows if r.status == "halted"]
+    assert halted.halted_position == positions[1]
+    assert halted.checkpoint == positions[0]
+
+
+def test_behind_a_backlog_only_deadlines_due_by_its_applied_messages_go(
+    cluster: SimulatedCluster,
+) -> None:
+    """Payments recorded before the deadline fell due are applied before it; payments
+    recorded after do not hold it back."""
+    cluster.join("a")
+    _append(cluster, OrderPlaced("o-late", 100))
+    _drain(cluster)
+    backlog = [PaymentReceived("unknown", 1) for _ in range(120)]  # 3 batches of 50
+    _append(cluster, *backlog[:60], PaymentReceived("o-late", 100), *backlog[60:])
+    cluster.clock.advance(PAYMENT_TIMEOUT + 1)
+    worker = cluster.running["a"].workers["test-orders"]
+    while worker.poll():
+        pass
+    assert _commands(cluster.db) == [("ship", "o-late")]  # paid in time: no Cancel
+    _append(cluster, OrderPlaced("o-2", 100))
+    _drain(cluster)
+    cluster.clock.advance(PAYMENT_TIMEOUT + 1)
+    _append(cluster, *backlog)  # recorded after o-2's deadline fell due
+    assert worker.poll() == 50 + 1  # a full batch, then the deadline all the same
+    assert ("cancel", "o-2") in _commands(cluster.db)

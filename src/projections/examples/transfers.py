@@ -129,6 +129,8 @@ class TransferSaga:
 
     @start
     def requested(self, event: TransferRequested, ctx: SagaContext) -> None:
+        if ctx.state is not None:
+            return  # a request appended twice: the transfer is under way already
         ctx.state = Transfer(
             from_account=event.from_account,
             to_account=event.to_account,
