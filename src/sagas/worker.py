@@ -6,8 +6,10 @@ partition delivers it, inside a transaction that deletes the deadline row, appli
 saga's handler and commits under the partition's fence (owner and epoch): a crash
 before the commit leaves the deadline for the next owner, a zombie cannot commit, so
 every deadline is delivered exactly once. Deadlines due while no instance ran are due
-at the first poll after a claim. While a saga works through a backlog of messages, its
-deadlines wait: a deadline is delivered only after the messages recorded before it.
+at the first poll after a claim. A deadline never overtakes a message of its partitions
+recorded before it fell due: behind a backlog, only the deadlines due by the time the
+last applied message was recorded are delivered. A deadline whose delivery fails halts
+its partition, as a poison message does.
 """
 
 from __future__ import annotations
