@@ -111,3 +111,12 @@ def db(
     if not database.is_sqlite:
         drop_tables(database, [t for m in read_model_metadata for t in m.tables])
     database.dispose()
+
+
+@pytest.fixture(autouse=True)
+def _no_process_outlives_its_test() -> Iterator[None]:
+    """Instance processes a failing test left running are killed when it ends."""
+    yield
+    from clusters import kill_leftovers
+
+    kill_leftovers()

@@ -59,7 +59,7 @@ def start_instance(
     path = os.pathsep.join(filter(None, [str(SUPPORT), os.environ.get("PYTHONPATH")]))
     with ExitStack() as stack:
         stderr = None if log is None else stack.enter_context(log.open("ab"))
-        return subprocess.Popen(
+        process = subprocess.Popen(
             [
                 sys.executable,
                 "-m",
@@ -76,6 +76,25 @@ def start_instance(
             env={**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": path, **(env or {})},
             stderr=stderr,
         )
+    _STARTED.append(process)
+    return process
+
+
+_STARTED: list[subprocess.Popen[bytes]] = []
+"""Every process :func:`start_instance` started, for :func:`kill_leftovers`."""
+
+
+def kill_leftovers() -> list[int]:
+    """SIGKILL the started processes still running (a test that failed before stopping
+    them), so that none outlives its test; return their pids."""
+    killed = []
+    for process in _STARTED:
+        if process.poll() is None:
+            process.kill()
+            process.wait(timeout=10)
+            killed.append(process.pid)
+    _STARTED.clear()
+    return killed
 
 
 def cli(config: Path, *args: str) -> str:
