@@ -134,7 +134,9 @@ class Instance:
         if self._started:
             raise ProjectionsError("instance already started")
         self._started = True
-        self.db.prepare()
+        # Another process may be creating a new SQLite file's schema (and WAL mode) at
+        # this moment: that is a lock error like any other, and retried.
+        self._retry(self.db.prepare, "prepare the schema")
         runs = {}
         for spec in self.specs:
             if spec.transactional:

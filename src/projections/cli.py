@@ -173,6 +173,7 @@ def _admin_alongside(args: argparse.Namespace, settings: Settings) -> Iterator[N
     from projections.admin import make_server
 
     db = _database(settings)
+    db.prepare()  # before the first request, which would find no tables otherwise
     server = make_server(db, settings, "127.0.0.1", args.admin_port)
     host, port = server.server_address[:2]
     print(f"admin page: http://{host!s}:{port}/admin", flush=True)
