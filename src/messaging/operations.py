@@ -12,7 +12,7 @@ import json
 import socket
 from typing import Any
 
-from sqlalchemy import Connection, insert, select, update
+from sqlalchemy import Connection, delete, insert, select, update
 
 from messaging.consumers import ConsumerKind
 from messaging.database import Database
@@ -177,6 +177,34 @@ def rebuild(db: Database, consumer: str, *, who: str, reason: str = "") -> None:
         _set_state(db, conn, consumer, STATE_REBUILD_REQUESTED)
         _fence_all(db, conn, consumer)
         _audit(db, conn, "rebuild", consumer, who, {"reason": reason, "was": state})
+
+
+def forget_processed(
+    db: Database, consumer: str, *, older_than: float, who: str, reason: str = ""
+) -> int:
+    """Forget the message ids an idempotent route consumer handled more than
+    ``older_than`` seconds ago (its guard's table only grows); return how many. A message
+    with a forgotten id that is sent again is handled again."""
+    if older_than < 0:
+        raise OperationError(f"--older-than must not be negative, got {older_than}")
+    t = db.schema.processed
+    with db.transaction() as conn:
+        _state(db, conn, consumer)
+        kind = _kind(db, conn, consumer)
+        if kind != ConsumerKind.ROUTE_CONSUMER.value:
+            raise OperationError(
+                f"consumer {consumer!r} is a {kind}: only route consumers record handled ids"
+            )
+        forgotten = conn.execute(
+            delete(t).where(
+                t.c.tenant == db.tenant,
+                t.c.consumer == consumer,
+                t.c.processed_at < db.clock.now() - older_than,
+            )
+        ).rowcount
+        detail = {"reason": reason, "older_than": older_than, "forgotten": forgotten}
+        _audit(db, conn, "forget-processed", consumer, who, detail)
+    return int(forgotten)
 
 
 def audit_log(db: Database, consumer: str | None = None) -> list[dict[str, Any]]:

@@ -20,11 +20,9 @@ from typing import Any, TypeVar
 from sqlalchemy import Table, bindparam, insert, select
 from sqlalchemy.exc import IntegrityError
 
-from messaging.consumers import ConsumerKind, ConsumerOptions, ConsumerSpec, mark_consumer
+from messaging.consumers import ConsumerKind, ConsumerOptions, mark_consumer
 from messaging.context import HandlerContext
-from messaging.database import Database
 from messaging.errors import ConcurrentUpdate
-from messaging.messages import MessageRegistry
 from messaging.worker import ConsumerWorker, Dispatcher, StoredRow
 
 C = TypeVar("C", bound=type)
@@ -64,15 +62,14 @@ def route_consumer(
 class IdempotentDispatcher(Dispatcher):
     """Skips messages whose id this consumer has handled, and records the ids it handles."""
 
-    def __init__(self, spec: ConsumerSpec, registry: MessageRegistry, db: Database) -> None:
-        super().__init__(spec, registry, db)
-        table = db.schema.processed
-        self._record = insert(table).values(
-            tenant=db.tenant,
-            consumer=spec.name,
+    def _record(self) -> Any:
+        """The insert of handled ids, stamped with the clock's time now."""
+        return insert(self.db.schema.processed).values(
+            tenant=self.db.tenant,
+            consumer=self.spec.name,
             message_id=bindparam("message"),
             position=bindparam("at_position"),
-            processed_at=db.clock.now(),
+            processed_at=self.db.clock.now(),
         )
 
     def apply(self, rows: Sequence[StoredRow], ctx: HandlerContext, partition_count: int) -> None:
@@ -92,7 +89,7 @@ class IdempotentDispatcher(Dispatcher):
         super().apply(fresh, ctx, partition_count)
         if records:
             try:
-                ctx.connection.execute(self._record, records)
+                ctx.connection.execute(self._record(), records)
             except IntegrityError as exc:
                 # Another batch (another lane or instance) handled one of these ids and
                 # committed first: this batch retries, and skips it.

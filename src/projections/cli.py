@@ -16,7 +16,7 @@ from typing import Any
 
 from sqlalchemy.exc import DBAPIError
 
-from messaging.config import load_settings
+from messaging.config import load_settings, parse_duration
 from messaging.database import Database
 from messaging.errors import ProjectionsError
 from messaging.migrations import migrate
@@ -100,11 +100,19 @@ def build_parser() -> argparse.ArgumentParser:
         ("pause", "stop every instance from applying a consumer"),
         ("resume", "let a paused consumer or its halted partitions run again"),
         ("rebuild", "empty a consumer's read models and replay it from the start"),
+        ("forget-processed", "drop old ids from an idempotent route consumer's guard"),
     ):
         operation = commands.add_parser(name, help=help_text)
         operation.add_argument("consumer", metavar="CONSUMER")
         operation.add_argument("--reason", default="", help="recorded in the audit log")
         operation.add_argument("--who", default=None, help="recorded operator (default user@host)")
+        if name == "forget-processed":
+            operation.add_argument(
+                "--older-than",
+                required=True,
+                type=parse_duration,
+                help="ids handled longer ago than this, e.g. 168h (a week) or 30m",
+            )
         if name == "resume":
             operation.add_argument(
                 "--skip-poison",
@@ -301,6 +309,11 @@ def cmd_operation(args: argparse.Namespace) -> int:
         if args.command == "pause":
             operations.pause(db, args.consumer, who=who, reason=args.reason)
             print(f"paused {args.consumer}")
+        elif args.command == "forget-processed":
+            count = operations.forget_processed(
+                db, args.consumer, older_than=args.older_than, who=who, reason=args.reason
+            )
+            print(f"forgot {count} handled message ids of {args.consumer}")
         elif args.command == "rebuild":
             operations.rebuild(db, args.consumer, who=who, reason=args.reason)
             print(f"rebuild of {args.consumer} requested; a running instance performs it")
@@ -373,6 +386,7 @@ _COMMANDS = {
     "append": cmd_append,
     "demo": cmd_demo,
     "pause": cmd_operation,
+    "forget-processed": cmd_operation,
     "resume": cmd_operation,
     "rebuild": cmd_operation,
     "audit": cmd_audit,

@@ -6,9 +6,11 @@ from __future__ import annotations
 import json
 import threading
 import uuid
+from pathlib import Path
 
 import attrs
 import pytest
+import yaml
 from sqlalchemy import Column, Integer, MetaData, String, Table, func, insert, select
 
 from messaging import (
@@ -253,3 +255,49 @@ def test_an_id_recorded_by_a_concurrent_batch_makes_the_batch_retry(
     with clock_db.read() as conn:
         rows = conn.execute(select(effects.c.item).where(effects.c.consumer == "guarded"))
         assert rows.scalars().all() == ["x"]
+
+
+def test_old_handled_ids_can_be_forgotten(clock_db: Database, tmp_path: Path) -> None:
+    """The guard's table only grows: an operator drops the ids handled long enough ago;
+    one of those sent again is handled again, a newer one is still skipped."""
+    from messaging.operations import OperationError, audit_log, forget_processed
+    from projections.cli import main
+
+    cluster = SimulatedCluster(clock_db, [Idempotent], SETTINGS)
+    cluster.join("a")
+    store = MessageStore(clock_db)
+
+    def send(*ids: str) -> None:
+        with clock_db.transaction() as conn:
+            for message_id in ids:
+                store.send(conn, "test-guarded", Ping(message_id), message_id=message_id)
+        while cluster.poll_all():
+            pass
+
+    send("old-1", "old-2")
+    cluster.clock.advance(100)
+    send("new-1")
+    assert forget_processed(clock_db, "test-guarded", older_than=50, who="ops") == 2
+    send("old-1", "new-1")
+    with clock_db.read() as conn:
+        items = conn.execute(select(effects.c.item).where(effects.c.consumer == "guarded"))
+        assert sorted(items.scalars()) == ["new-1", "old-1", "old-1", "old-2"]
+    (entry,) = [e for e in audit_log(clock_db) if e["command"] == "forget-processed"]
+    assert entry["detail"]["forgotten"] == 2 and entry["who"] == "ops"
+    with pytest.raises(OperationError, match="unknown consumer 'nope'"):
+        forget_processed(clock_db, "nope", older_than=1, who="ops")
+    # From the command line, with the database's own clock (far past the manual one).
+    config = {"database": clock_db.url, "table-prefix": clock_db.schema.prefix}
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config), encoding="utf-8")
+    command = ["forget-processed", "test-guarded", "--older-than", "1h", "--config", str(path)]
+    assert main(command) == 0
+
+
+def test_only_route_consumers_have_handled_ids_to_forget(clock_db: Database) -> None:
+    from messaging.operations import OperationError, forget_processed
+
+    cluster = SimulatedCluster(clock_db, [Counter], SETTINGS)
+    cluster.join("a")
+    with pytest.raises(OperationError, match="only route consumers record handled ids"):
+        forget_processed(clock_db, "test-counter", older_than=1, who="ops")
