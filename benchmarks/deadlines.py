@@ -65,10 +65,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 import attrs
 from sqlalchemy import delete, func, insert, inspect, select, text
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import DBAPIError
 
+import bench_mysql
 import messaging
-import raw_mysql
 from messaging import (
     ConsumerSpec,
     Database,
@@ -509,7 +508,7 @@ class MysqlHandWritten(HandWritten):
         cur.connection.commit()
 
     def run(self, url: str) -> tuple[int, float]:
-        con = raw_mysql.connect(url)
+        con = bench_mysql.connect(url)
         try:
             cur = con.cursor()
             started = time.perf_counter()
@@ -625,33 +624,10 @@ def run_sqlite(options: Options) -> None:
         measure("sqlite", f"sqlite:///{os.path.join(tmp, 'bench.db')}", "prj_", options)
 
 
-@contextmanager
-def scratch_database(url: str) -> Iterator[str]:
-    """A database of its own beside the URL's, dropped afterwards (the URL's own if it may
-    not create one)."""
-    admin = Database(url)
-    base = make_url(admin.url)
-    name = f"{base.database or 'test'}_deadlines_{uuid.uuid4().hex[:8]}"
-    try:
-        with admin.engine.begin() as conn:
-            conn.execute(text(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4"))
-    except DBAPIError as exc:
-        admin.dispose()
-        print(f"(no scratch database: {exc.orig}; using {base.database})", file=sys.stderr)
-        yield admin.url
-        return
-    try:
-        yield base.set(database=name).render_as_string(hide_password=False)
-    finally:
-        with admin.engine.begin() as conn:
-            conn.execute(text(f"DROP DATABASE IF EXISTS `{name}`"))
-        admin.dispose()
-
-
 def run_mysql(url: str, options: Options) -> None:
     """Measure in a scratch database, under a unique table prefix whose tables are dropped."""
     prefix = f"bench{uuid.uuid4().hex[:8]}_"
-    with scratch_database(url) as target:
+    with bench_mysql.scratch_database(url, "deadlines") as target:
         try:
             measure("mysql", target, prefix, options)
         finally:

@@ -30,7 +30,6 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -38,11 +37,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from sqlalchemy import delete, inspect, select, text
-from sqlalchemy.engine import make_url
-from sqlalchemy.exc import DBAPIError
 
+import bench_mysql
 import messaging
-import raw_mysql
 from messaging import ConsumerSpec, Database, MessageStore, NewMessage
 from messaging.declarations import declare
 from messaging.membership import InstanceInfo, Membership
@@ -282,7 +279,7 @@ def sqlite_hand_written(path: str, *, table_prefix: str) -> float:
 
 def mysql_hand_written(url: str, *, table_prefix: str) -> float:
     """The same loop with raw PyMySQL at READ COMMITTED; returns messages/s."""
-    con = raw_mysql.connect(url)
+    con = bench_mysql.connect(url)
     try:
         cur = con.cursor()
         select_batch = (
@@ -430,35 +427,9 @@ def run_sqlite(count: int, profile: bool) -> None:
                 next(copies, None)
 
 
-@contextmanager
-def scratch_database(url: str) -> Iterator[str]:
-    """A database of its own beside the URL's, dropped afterwards (the URL's own if not allowed).
-
-    The example's read model is the fixed table ``ledger_balances``: a table prefix cannot
-    keep it apart from other users of the same database, whose tests create and drop it.
-    """
-    admin = Database(url)
-    base = make_url(admin.url)
-    name = f"{base.database or 'test'}_throughput_{uuid.uuid4().hex[:8]}"
-    try:
-        with admin.engine.begin() as conn:
-            conn.execute(text(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4"))
-    except DBAPIError as exc:
-        admin.dispose()
-        print(f"(no scratch database: {exc.orig}; using {base.database})", file=sys.stderr)
-        yield url
-        return
-    try:
-        yield base.set(database=name).render_as_string(hide_password=False)
-    finally:
-        with admin.engine.begin() as conn:
-            conn.execute(text(f"DROP DATABASE IF EXISTS `{name}`"))
-        admin.dispose()
-
-
 def run_mysql(url: str, count: int) -> None:
     """Seed uniquely prefixed tables once; reset the read model and checkpoints per run."""
-    with scratch_database(url) as target:
+    with bench_mysql.scratch_database(url, "throughput") as target:
         _run_mysql(target, count)
 
 
