@@ -123,7 +123,9 @@ class HandlerContext:
         count = self._sent[cause] = self._sent.get(cause, 0) + 1
         if message_id is None:
             message_id = outbox.derived_id(cause, count)
-        self._outgoing.append(outbox.outgoing(destination, message, key=key, message_id=message_id))
+        self._outgoing.append(
+            outbox.store.outgoing(destination, message, key=key, message_id=message_id)
+        )
         return message_id
 
     def append(self, topic: str, source: str, message: object) -> None:

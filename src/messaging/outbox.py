@@ -26,12 +26,6 @@ class Outbox:
         """The id of the ``count``-th message sent because of ``cause`` (stable across retries)."""
         return uuid.uuid5(_ID_NAMESPACE, f"{self.sender}\x1f{cause}\x1f{count}").hex
 
-    def outgoing(
-        self, destination: str, message: object, *, key: str | None, message_id: str
-    ) -> NewMessage:
-        """``message`` addressed to ``destination``, partitioned by ``key`` (else its id)."""
-        return self.store.outgoing(destination, message, key=key, message_id=message_id)
-
     def event(self, topic: str, source: str, message: object) -> NewMessage:
         """``message`` as the next event of ``source`` in ``topic``."""
         type_name, payload = self.store.registry.encode(message)

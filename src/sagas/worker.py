@@ -217,6 +217,7 @@ class SagaWorker(ConsumerWorker):
     """Applies a saga's owned partitions: their messages, then their due deadlines."""
 
     dispatcher_class = SagaDispatcher
+    dispatcher: SagaDispatcher
 
     def __init__(self, **options: Any) -> None:
         # One lane: a batch is applied in position order in one transaction, so messages of
@@ -241,26 +242,26 @@ class SagaWorker(ConsumerWorker):
         messages are caught up every due deadline goes; behind a backlog, only those due
         by the time the last applied message was recorded."""
         applied = super().poll()
-        until = None
-        if applied >= self.settings.batch_size * self.lanes:
-            claims = self.held_claims()
-            applied_through = max((c.checkpoint for c in claims.values()), default=0)
-            with self.db.read() as conn:
-                until = self.store.recorded_at(conn, applied_through)
-            if until is None:
-                return applied
-        return applied + self.deliver_due(until)
+        backlog = applied >= self.settings.batch_size * self.lanes
+        return applied + self.deliver_due(behind_backlog=backlog)
 
-    def deliver_due(self, until: float | None = None) -> int:
-        """Deliver one batch of the deadlines of the held partitions due now (and by
-        ``until``); return how many. A deadline whose delivery fails halts its partition,
-        as a poison message does; the others are delivered."""
+    def deliver_due(self, *, behind_backlog: bool = False) -> int:
+        """Deliver one batch of the deadlines of the held partitions due now (behind a
+        backlog: and by the time its last applied message was recorded); return how many.
+        A deadline whose delivery fails halts its partition, as a poison message does; the
+        others are delivered."""
         self._wake_at = None
         claims = self.held_claims()
         if not claims:
             return 0
-        dispatcher: SagaDispatcher = self.dispatcher  # type: ignore[assignment]
+        dispatcher = self.dispatcher
+        until = None
         with self.db.read() as conn:  # an idle poll never takes the write lock
+            if behind_backlog:
+                applied_through = max(c.checkpoint for c in claims.values())
+                until = self.store.recorded_at(conn, applied_through)
+                if until is None:
+                    return 0
             if not dispatcher.store.any_due(conn, sorted(claims), until):
                 if until is None:
                     wait = dispatcher.store.next_due_in(
@@ -302,7 +303,7 @@ class SagaWorker(ConsumerWorker):
     ) -> tuple[list[Deadline], float]:
         """In one fenced transaction: read the due deadlines (or just ``only``, if still
         due), deliver them, commit."""
-        dispatcher: SagaDispatcher = self.dispatcher  # type: ignore[assignment]
+        dispatcher = self.dispatcher
         with self.db.transaction() as conn:
             due = dispatcher.store.due(conn, sorted(claims), self.settings.batch_size, until)
             if only is not None:
@@ -321,7 +322,7 @@ class SagaWorker(ConsumerWorker):
     ) -> tuple[list[Deadline], float]:
         """After a failed batch: each due deadline in a transaction of its own; the one that
         fails halts its partition at the partition's checkpoint, with the reason."""
-        dispatcher: SagaDispatcher = self.dispatcher  # type: ignore[assignment]
+        dispatcher = self.dispatcher
         with self.db.read() as conn:
             due = dispatcher.store.due(conn, sorted(claims), self.settings.batch_size, until)
         delivered: list[Deadline] = []
