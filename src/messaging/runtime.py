@@ -130,10 +130,21 @@ class Instance:
         """Prepare the schema, register (the first heartbeat), declare the consumers, claim,
         and start every loop. With ``loops=False`` no thread is started: the caller drives
         :meth:`heartbeat`, :meth:`rebalance` and the workers' ``poll()`` itself (tests with
-        an injected clock do)."""
+        an injected clock do). A start that fails part-way stops what it had started (its
+        registration included) before the error goes on."""
         if self._started:
             raise ProjectionsError("instance already started")
         self._started = True
+        try:
+            self._start(loops)
+        except BaseException:
+            try:
+                self.stop()
+            except Exception:
+                log.exception("instance %s: could not undo its failed start", self.name)
+            raise
+
+    def _start(self, loops: bool) -> None:
         # Another process may be creating a new SQLite file's schema (and WAL mode) at
         # this moment: that is a lock error like any other, and retried.
         self._retry(self.db.prepare, "prepare the schema")

@@ -110,7 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
             operation.add_argument(
                 "--older-than",
                 required=True,
-                type=parse_duration,
+                type=_duration,
                 help="ids handled longer ago than this, e.g. 168h (a week) or 30m",
             )
         if name == "resume":
@@ -296,6 +296,14 @@ def cmd_append(args: argparse.Namespace) -> int:
         db.dispose()
     print(f"appended {count} messages")
     return 0
+
+
+def _duration(text: str) -> float:
+    """An argparse type: a duration like ``30m`` (its error says what is expected)."""
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def cmd_operation(args: argparse.Namespace) -> int:

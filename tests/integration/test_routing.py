@@ -301,3 +301,13 @@ def test_only_route_consumers_have_handled_ids_to_forget(clock_db: Database) -> 
     cluster.join("a")
     with pytest.raises(OperationError, match="only route consumers record handled ids"):
         forget_processed(clock_db, "test-counter", older_than=1, who="ops")
+
+
+def test_forget_processed_names_a_bad_duration(capsys: pytest.CaptureFixture[str]) -> None:
+    from projections.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["forget-processed", "test-guarded", "--older-than", "7d"])
+    assert exit_.value.code == 2
+    error = capsys.readouterr().err
+    assert "--older-than: expected a duration like 10s or 500ms, got '7d'" in error

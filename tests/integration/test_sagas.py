@@ -13,6 +13,7 @@ from sqlalchemy import event, select
 
 from messaging import (
     Database,
+    Distribution,
     HandlerContext,
     ManualClock,
     MessageStore,
@@ -254,6 +255,62 @@ def test_a_saga_without_a_start_handler_is_refused(cluster: SimulatedCluster) ->
 
     with pytest.raises(RegistrationError, match="no @start handler"):
         SimulatedCluster(cluster.db, [NoStart], SETTINGS).join("a")
+
+
+def test_a_saga_declared_wrongly_is_refused_naming_what_is_wrong(
+    cluster: SimulatedCluster,
+) -> None:
+    with pytest.raises(RegistrationError, match="state must be an attrs class"):
+        saga("test-bad", topics="orders", correlate_by="order_id", state=dict)
+    with pytest.raises(RegistrationError, match="correlate_by must be an attribute name"):
+        saga("test-bad", topics="orders", correlate_by="order id", state=OrderState)
+
+    @saga("test-no-key", topics="orders", correlate_by="customer", state=OrderState)
+    class NoKey:
+        @start
+        def placed(self, event: OrderPlaced, ctx: SagaContext) -> None: ...
+
+    with pytest.raises(RegistrationError, match="has no attribute 'customer' to correlate"):
+        SimulatedCluster(cluster.db, [NoKey], SETTINGS).join("a")
+    with cluster.db.read() as conn:  # the failed start took its registration back
+        assert conn.execute(select(cluster.db.schema.instances)).all() == []
+
+    @saga("test-no-context", topics="orders", correlate_by="order_id", state=OrderState)
+    class NoContext:
+        @start
+        def placed(self, event: OrderPlaced) -> None: ...
+
+    with pytest.raises(RegistrationError, match=r"must take \(self, message, ctx\)"):
+        SimulatedCluster(cluster.db, [NoContext], SETTINGS).join("b")
+
+
+def test_route_consumers_and_sagas_take_their_distribution_from_the_config(
+    cluster: SimulatedCluster,
+) -> None:
+    """`routing.consumers.<destination>` and `sagas.consumers.<name>` in the YAML: both
+    single-owner here, so one instance owns all their partitions, the other none."""
+    import yaml
+
+    config = yaml.safe_load(
+        """
+        messaging: {consumer: {rebalance-interval: 1s, stale-instance-timeout: 3s,
+                               heartbeat-interval: 400ms}}
+        routing: {consumers: {test-shipping: {distribution: single-owner}}}
+        sagas: {distribution: single-owner}
+        """
+    )
+    single = SimulatedCluster(cluster.db, [OrderSaga, Shipping], settings_from_mapping(config))
+    single.join("a")
+    single.join("b")
+    for _ in range(4):
+        single.tick()
+    owners = single.owners()
+    for consumer in ("test-orders", "test-shipping"):
+        holders = {owner for (name, _), owner in owners.items() if name == consumer}
+        assert len(holders) == 1 and holders <= {"a", "b"}, (consumer, holders)
+    assert {single.distributions["test-orders"], single.distributions["test-shipping"]} == {
+        Distribution.SINGLE_OWNER
+    }
 
 
 def _declared_again(partitions: int) -> type:
