@@ -21,7 +21,7 @@ from messaging.messages import Envelope, MessageRegistry, message, registry
 from messaging.plugins import collect_consumers, create_plugin_manager
 from messaging.routing import route_consumer
 from messaging.runtime import Instance
-from messaging.settings import Distribution, Settings
+from messaging.settings import Distribution, InvalidSettings, Settings
 from messaging.store import MessageStore, NewMessage, partition_hash, partition_of
 
 __all__ = [
@@ -38,6 +38,7 @@ __all__ = [
     "Envelope",
     "HandlerContext",
     "Instance",
+    "InvalidSettings",
     "ManualClock",
     "MessageRegistry",
     "MessageStore",

@@ -39,6 +39,7 @@ from messaging.lifecycle import lifecycle_event
 from messaging.membership import InstanceInfo, InstanceRow, Membership
 from messaging.messages import MessageRegistry
 from messaging.messages import registry as default_registry
+from messaging.overrides import check_overrides
 from messaging.ownership import Ownership, PartitionRow
 from messaging.rebalance import plan
 from messaging.retry import report_retry, retry_transient
@@ -145,6 +146,7 @@ class Instance:
             raise
 
     def _start(self, loops: bool) -> None:
+        check_overrides(self.settings, self.specs)
         # Another process may be creating a new SQLite file's schema (and WAL mode) at
         # this moment: that is a lock error like any other, and retried.
         self._retry(self.db.prepare, "prepare the schema")
