@@ -12,12 +12,13 @@ import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from pathlib import Path
+from typing import Any, NoReturn
 
 from sqlalchemy.exc import DBAPIError
 
 from messaging.config import load_settings, parse_duration
-from messaging.database import Database
+from messaging.database import Database, parse_database_url
 from messaging.errors import ProjectionsError
 from messaging.migrations import migrate
 from messaging.plugins import collect_consumers, create_plugin_manager, import_module
@@ -25,6 +26,34 @@ from messaging.runtime import Instance
 from messaging.settings import ConsumerSettings, Settings
 
 EXIT_ERROR = 1
+EXIT_USAGE = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line (the usage is in ``--help``)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _number(low: int, high: int | None = None) -> Callable[[str], int]:
+    """An argparse type: a whole number from ``low`` (to ``high``), named in its error."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if value < low or (high is not None and value > high):
+            span = f"from {low} to {high}" if high is not None else f"{low} or more"
+            raise argparse.ArgumentTypeError(f"must be {span}, got {value}")
+        return value
+
+    return parse
+
+
+_positive = _number(1)
+_port = _number(0, 65535)
 
 
 def _add_database_options(parser: argparse.ArgumentParser) -> None:
@@ -38,7 +67,7 @@ def _add_database_options(parser: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="projections", description="Partitioned CQRS projections over one SQL database."
     )
     parser.add_argument(
@@ -58,14 +87,14 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--instance-name", help="this instance's name (default host:pid)")
     run.add_argument(
         "--admin-port",
-        type=int,
+        type=_port,
         default=None,
         help="also serve the admin endpoints and page on this port (0: any free port)",
     )
     run.add_argument(
         "--workers",
-        type=int,
-        default=0,
+        type=_positive,
+        default=None,
         help="start a supervisor with this many instance processes",
     )
     _add_database_options(run)
@@ -87,7 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
         "append", help='append JSON lines {"topic", "source", "type", "payload"}'
     )
     append.add_argument("file", nargs="?", default="-", help="input file, or - for stdin")
-    append.add_argument("--batch-size", type=int, default=1000, help="lines per transaction")
+    append.add_argument("--batch-size", type=_positive, default=1000, help="lines per transaction")
     append.add_argument(
         "--module",
         action="append",
@@ -127,15 +156,17 @@ def build_parser() -> argparse.ArgumentParser:
     _add_database_options(audit)
 
     demo = commands.add_parser("demo", help="run the ledger example end to end and verify it")
-    demo.add_argument("--messages", type=int, default=20_000, help="messages of traffic to write")
-    demo.add_argument("--workers", type=int, default=3, help="instance processes to run")
+    demo.add_argument(
+        "--messages", type=_positive, default=20_000, help="messages of traffic to write"
+    )
+    demo.add_argument("--workers", type=_number(2), default=3, help="instance processes to run")
     demo.add_argument(
         "--database", default="sqlite:///projections-demo.db", help="demo database (recreated)"
     )
     demo.add_argument("--seed", type=int, default=7, help="random seed of the traffic")
 
     admin = commands.add_parser("admin", help="serve the reports as JSON and an HTML page")
-    admin.add_argument("--port", type=int, required=True, help="port to listen on (0: any)")
+    admin.add_argument("--port", type=_port, required=True, help="port to listen on (0: any)")
     admin.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     _add_database_options(admin)
     return parser
@@ -147,6 +178,20 @@ def _settings(args: argparse.Namespace) -> Settings:
 
 def _database(settings: Settings) -> Database:
     return Database(settings.database, tenant=settings.tenant, table_prefix=settings.table_prefix)
+
+
+def _existing_database(settings: Settings) -> Database:
+    """The database of a command that only reads or operates on what runs: a SQLite file
+    that does not exist is an error naming it, never created empty."""
+    url = parse_database_url(settings.database)
+    if url.get_backend_name() == "sqlite" and url.database:
+        path = Path(url.database)
+        if not path.is_file():
+            raise ProjectionsError(
+                f"no database at {path.resolve()}: nothing has run here yet "
+                "(pass --database or --config, or run an instance first)"
+            )
+    return _database(settings)
 
 
 def _print_json(data: Any) -> None:
@@ -181,8 +226,16 @@ def _admin_alongside(args: argparse.Namespace, settings: Settings) -> Iterator[N
     from projections.admin import make_server
 
     db = _database(settings)
-    db.prepare()  # before the first request, which would find no tables otherwise
-    server = make_server(db, settings, "127.0.0.1", args.admin_port)
+    try:
+        db.prepare()  # before the first request, which would find no tables otherwise
+        server = make_server(db, settings, "127.0.0.1", args.admin_port)
+    except OSError as exc:
+        db.dispose()
+        reason = exc.strerror or exc
+        raise ProjectionsError(f"cannot listen on 127.0.0.1:{args.admin_port}: {reason}") from None
+    except BaseException:
+        db.dispose()
+        raise
     host, port = server.server_address[:2]
     print(f"admin page: http://{host!s}:{port}/admin", flush=True)
     thread = threading.Thread(target=server.serve_forever, name="admin", daemon=True)
@@ -196,9 +249,7 @@ def _admin_alongside(args: argparse.Namespace, settings: Settings) -> Iterator[N
 
 
 def _run(args: argparse.Namespace, settings: Settings, manager: Any, specs: list[Any]) -> int:
-    if args.workers:
-        if args.workers < 1:
-            raise ProjectionsError("--workers must be at least 1")
+    if args.workers is not None:
         from messaging.supervisor import Supervisor
 
         db = _database(settings)
@@ -227,7 +278,7 @@ def _report(
     as_text: Callable[[dict[str, Any]], str],
 ) -> int:
     settings = _settings(args)
-    db = _database(settings)
+    db = _existing_database(settings)
     try:
         db.prepare()
         report = build(db, settings.messaging.consumer)
@@ -265,7 +316,7 @@ def cmd_db(args: argparse.Namespace) -> int:
 
 def cmd_append(args: argparse.Namespace) -> int:
     from messaging.messages import registry
-    from projections.appending import append_lines
+    from projections.appending import append_lines, utf8_lines
 
     settings = _settings(args)
     for module in args.module:
@@ -273,25 +324,17 @@ def cmd_append(args: argparse.Namespace) -> int:
     db = _database(settings)
     try:
         db.prepare()
-        if args.file == "-":
+        try:
+            stream = sys.stdin.buffer if args.file == "-" else open(args.file, "rb")  # noqa: SIM115
+        except OSError as exc:
+            raise ProjectionsError(f"cannot read {args.file}: {exc.strerror}") from None
+        with stream:
             count = append_lines(
                 db,
-                sys.stdin,
+                utf8_lines(stream),
                 batch_size=args.batch_size,
                 registry=registry if args.module else None,
             )
-        else:
-            try:
-                stream = open(args.file, encoding="utf-8")  # noqa: SIM115
-            except OSError as exc:
-                raise ProjectionsError(f"cannot read {args.file}: {exc.strerror}") from None
-            with stream:
-                count = append_lines(
-                    db,
-                    stream,
-                    batch_size=args.batch_size,
-                    registry=registry if args.module else None,
-                )
     finally:
         db.dispose()
     print(f"appended {count} messages")
@@ -309,8 +352,7 @@ def _duration(text: str) -> float:
 def cmd_operation(args: argparse.Namespace) -> int:
     from messaging import operations
 
-    settings = _settings(args)
-    db = _database(settings)
+    db = _existing_database(_settings(args))
     who = args.who or operations.default_operator()
     try:
         db.prepare()
@@ -344,8 +386,7 @@ def cmd_operation(args: argparse.Namespace) -> int:
 def cmd_audit(args: argparse.Namespace) -> int:
     from messaging.operations import audit_log
 
-    settings = _settings(args)
-    db = _database(settings)
+    db = _existing_database(_settings(args))
     try:
         db.prepare()
         entries = audit_log(db, args.consumer)
@@ -424,6 +465,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_ERROR
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:  # a bug or an unforeseen failure: still one line
+        if args.traceback:
+            raise
+        first = (str(exc).splitlines() or [""])[0]
+        print(
+            f"projections: error: {type(exc).__name__}: {first} (--traceback shows where)",
+            file=sys.stderr,
+        )
+        return EXIT_ERROR
 
 
 if __name__ == "__main__":

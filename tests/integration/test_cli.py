@@ -149,6 +149,9 @@ def test_status_as_text_and_before_any_declaration(
     url: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Status works on an empty database and lists a declared consumer's partitions as text."""
+    empty = Database(url)
+    empty.prepare()
+    empty.dispose()
     assert main(["status", "--json", "--database", url]) == 0
     assert json.loads(capsys.readouterr().out) == {"consumers": []}
     _declare_ledger(url)
