@@ -26,6 +26,7 @@ from messaging.consumers import ConsumerSpec
 from messaging.context import HandlerContext
 from messaging.database import Database
 from messaging.errors import OwnershipLost
+from messaging.failures import last_frames
 from messaging.lifecycle import lifecycle_event
 from messaging.messages import Envelope, MessageRegistry
 from messaging.outbox import Outbox
@@ -482,12 +483,14 @@ class ConsumerWorker(_Worker):
                 position=position,
                 type_name=type_name,
                 error=detail,
+                trace=last_frames(error),
             )
         self.drop([partition])
         if halted:
             lifecycle_event(
                 "halt",
                 level=logging.ERROR,
+                exc_info=error,
                 consumer=self.spec.name,
                 partition=partition,
                 instance=self.instance_id,
@@ -529,6 +532,8 @@ class InMemoryWorker(_Worker):
         )
         self.position = 0
         self.halted: str | None = None
+        self.trace: str | None = None
+        """Where the handler failed (the last frames of its traceback), while halted."""
 
     @property
     def target(self) -> Any:
@@ -568,7 +573,8 @@ class InMemoryWorker(_Worker):
         position, type_name = int(poison.row[0]), str(poison.row[1])
         detail = "".join(traceback.format_exception_only(poison.error)).strip()
         self.halted = f"halted at position {position} ({type_name}): {detail}"
-        log.error("in-memory consumer %s %s", self.spec.name, self.halted)
+        self.trace = last_frames(poison.error)
+        log.error("in-memory consumer %s %s", self.spec.name, self.halted, exc_info=poison.error)
         self.hooks.projections_message_failed(
             consumer=self.spec.name,
             partition=poison.partition,

@@ -323,9 +323,13 @@ function renderConsumers(report) {
       const error = p.halted
         ? "halted at " + p.halted.position + " (" + p.halted.type + "): " + p.halted.error
         : "";
+      const where = p.halted && p.halted.trace
+        ? el("details", {}, [el("summary", {}, ["where"]), el("pre", {}, [p.halted.trace])])
+        : "";
       rows.push(el("tr", attrs, [
         td(c.name), td(p.partition, "num"), td(p.instance), td(p.state, p.state),
-        td(p.status), td(p.checkpoint, "num"), td(p.lag, "num"), td(error, "error"),
+        td(p.status), td(p.checkpoint, "num"), td(p.lag, "num"),
+        el("td", {class: "error"}, [error, where]),
       ]));
     }
   }

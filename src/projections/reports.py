@@ -99,6 +99,7 @@ def consumers_report(db: Database, settings: ConsumerSettings) -> dict[str, Any]
                         "position": row["halted_position"],
                         "type": row["halted_type"],
                         "error": row["error"],
+                        "trace": row["halted_trace"],
                     }
                 partitions.append(entry)
             entry = {

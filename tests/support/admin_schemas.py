@@ -36,7 +36,7 @@ _PARTITION = _object(
         "checkpoint": _INT,
         "lag": _INT,
     },
-    {"halted": _object(_HALTED)},
+    {"halted": _object(_HALTED, {"trace": {"type": ["string", "null"]}})},
 )
 
 CONSUMERS = _object(
