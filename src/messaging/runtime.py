@@ -39,6 +39,7 @@ from messaging.lifecycle import lifecycle_event
 from messaging.membership import InstanceInfo, InstanceRow, Membership
 from messaging.messages import MessageRegistry
 from messaging.messages import registry as default_registry
+from messaging.outage import Outage
 from messaging.overrides import check_overrides
 from messaging.ownership import Ownership, PartitionRow
 from messaging.rebalance import plan
@@ -112,6 +113,9 @@ class Instance:
         self._started = False
         self.distributions: dict[str, Distribution] = {}
         self._waiting: dict[str, str | None] = {}
+        self.outage = Outage(f"instance {self.name}")
+        """The database as the workers and the rebalance loop see it: logged on its edges."""
+        self.heartbeat_outage = Outage(f"instance {self.name} heartbeat")
 
     def _group(self, spec: ConsumerSpec) -> ConsumerGroupSettings:
         return {
@@ -191,6 +195,8 @@ class Instance:
                 lanes=self._lanes(spec),
                 limiter=self._limiter,
             )
+        for worker in [*self.workers.values(), *self.in_memory.values()]:
+            worker.outage = self.outage
         log.info("instance %s (%s) started with %s", self.name, self.id, sorted(runs))
         self.hooks.projections_instance_started(
             instance_id=self.id, name=self.name, consumers=[s.name for s in self.specs]
@@ -400,7 +406,13 @@ class Instance:
 
     def _heartbeat_loop(self, stop: threading.Event) -> None:
         heartbeat = partial(self._retry, self.heartbeat, "heartbeat")
-        self._every(self.consumer_settings.heartbeat_interval, heartbeat, "heartbeat", stop)
+        self._every(
+            self.consumer_settings.heartbeat_interval,
+            heartbeat,
+            "heartbeat",
+            stop,
+            self.heartbeat_outage,
+        )
 
     def _next_round(self, members: Sequence[InstanceRow]) -> float:
         """How soon the next rebalance is worth running: at the regular interval, but right
@@ -422,22 +434,38 @@ class Instance:
             started = time.monotonic()
             try:
                 self._retry(self.rebalance, "rebalance")
-            except Exception:
+            except Exception as exc:
                 self._next_round_in = interval
-                log.exception("instance %s: rebalance failed; trying again next round", self.name)
+                if not self.outage.failed(exc):
+                    log.exception(
+                        "instance %s: rebalance failed; trying again next round", self.name
+                    )
+            else:
+                self.outage.succeeded()
 
     def _every(
-        self, interval: float, action: Callable[[], None], what: str, stop: threading.Event
+        self,
+        interval: float,
+        action: Callable[[], None],
+        what: str,
+        stop: threading.Event,
+        outage: Outage,
     ) -> None:
         """Run ``action`` every ``interval`` seconds, counted from each round's start, so a
-        slow round (a lock wait, a batch in flight) does not push the next one back."""
+        slow round (a lock wait, a batch in flight) does not push the next one back. An
+        unreachable database is logged by ``outage``, once per outage."""
         due = time.monotonic() + interval
         while not stop.wait(max(0.0, due - time.monotonic())):
             due = max(due + interval, time.monotonic())
             try:
                 action()
-            except Exception:
-                log.exception("instance %s: %s failed; trying again next round", self.name, what)
+            except Exception as exc:
+                if not outage.failed(exc):
+                    log.exception(
+                        "instance %s: %s failed; trying again next round", self.name, what
+                    )
+            else:
+                outage.succeeded()
 
     # -- stop --------------------------------------------------------------------------
 

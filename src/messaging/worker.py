@@ -29,6 +29,7 @@ from messaging.errors import OwnershipLost
 from messaging.failures import last_frames
 from messaging.lifecycle import lifecycle_event
 from messaging.messages import Envelope, MessageRegistry
+from messaging.outage import Outage
 from messaging.outbox import Outbox
 from messaging.ownership import Claim, Ownership
 from messaging.retry import is_transient, report_retry, retry_transient
@@ -117,6 +118,8 @@ class _Worker:
         self.store = MessageStore(db, registry)
         self.outbox = Outbox(self.store, spec.name)
         self.dispatcher = self.dispatcher_class(spec, registry, db)
+        self.outage = Outage(f"consumer {spec.name}")
+        """Logs an unreachable database once; the instance shares one among its workers."""
 
     def poll(self) -> int:
         """Apply one batch; return how many messages were applied."""
@@ -136,10 +139,15 @@ class _Worker:
         while not stop.is_set():
             try:
                 applied = poll()
-            except Exception:
-                log.exception("consumer %s: poll failed; retrying after a pause", self.spec.name)
+            except Exception as exc:
+                if not self.outage.failed(exc):
+                    log.exception(
+                        "consumer %s: poll failed; retrying after a pause", self.spec.name
+                    )
                 applied = 0
                 stop.wait(self.settings.conflict_retry.max_delay)
+            else:
+                self.outage.succeeded()
             if applied == 0:
                 stop.wait(self.idle_wait())
 
