@@ -18,10 +18,11 @@ import uuid
 from collections.abc import Callable, Sequence
 from functools import partial
 from types import FrameType
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import attrs
 import pluggy
+from sqlalchemy import Connection
 
 from messaging.consumers import ConsumerKind, ConsumerSpec
 from messaging.database import Database
@@ -35,6 +36,7 @@ from messaging.declarations import (
     perform_requested_rebuild,
 )
 from messaging.errors import ProjectionsError
+from messaging.in_memory import InMemoryConsumer
 from messaging.lifecycle import lifecycle_event
 from messaging.membership import InstanceInfo, InstanceRow, Membership
 from messaging.messages import MessageRegistry
@@ -46,7 +48,7 @@ from messaging.rebalance import plan
 from messaging.retry import report_retry, retry_transient
 from messaging.settings import ConsumerGroupSettings, Distribution, Settings
 from messaging.store import MessageStore
-from messaging.worker import ConsumerWorker, InMemoryWorker
+from messaging.worker import ConsumerWorker
 
 log = logging.getLogger("messaging.runtime")
 
@@ -109,13 +111,15 @@ class Instance:
         self._next_round_in = settings.messaging.consumer.rebalance_interval
         self._threads: list[threading.Thread] = []
         self.workers: dict[str, ConsumerWorker] = {}
-        self.in_memory: dict[str, InMemoryWorker] = {}
+        self.in_memory: dict[str, InMemoryConsumer] = {}
         self._started = False
         self.distributions: dict[str, Distribution] = {}
         self._waiting: dict[str, str | None] = {}
         self.outage = Outage(f"instance {self.name}")
         """The database as the workers and the rebalance loop see it: logged on its edges."""
         self.heartbeat_outage = Outage(f"instance {self.name} heartbeat")
+        self.admin_url: str | None = None
+        """Where this instance's admin endpoints answer, if it serves them (published)."""
 
     def _group(self, spec: ConsumerSpec) -> ConsumerGroupSettings:
         return {
@@ -170,7 +174,7 @@ class Instance:
         self._registered = True
         for spec in self.specs:
             if not spec.transactional:
-                self.in_memory[spec.name] = InMemoryWorker(
+                self.in_memory[spec.name] = InMemoryConsumer(
                     db=self.db,
                     spec=spec,
                     instance_id=self.id,
@@ -197,7 +201,15 @@ class Instance:
             )
         for worker in [*self.workers.values(), *self.in_memory.values()]:
             worker.outage = self.outage
-        log.info("instance %s (%s) started with %s", self.name, self.id, sorted(runs))
+        if self.in_memory:
+            self._retry(self.publish_in_memory, "publish the in-memory consumers")
+        log.info(
+            "instance %s (%s) started with %s, in memory %s",
+            self.name,
+            self.id,
+            sorted(runs),
+            sorted(self.in_memory),
+        )
         self.hooks.projections_instance_started(
             instance_id=self.id, name=self.name, consumers=[s.name for s in self.specs]
         )
@@ -401,8 +413,45 @@ class Instance:
             if not self.membership.heartbeat(conn, self.id, stopping=self.stop_requested.is_set()):
                 log.warning("instance %s: row was removed; registering again", self.name)
                 self.membership.register(conn, self.info)
+            if self.in_memory:
+                self._publish_in_memory(conn)
         self.hooks.projections_heartbeat(instance_id=self.id, seconds=time.perf_counter() - started)
         self.membership.remove_stale_when_due(self.consumer_settings.stale_instance_timeout)
+
+    def publish_in_memory(self) -> None:
+        """Write what this instance's in-memory consumers are doing to its row now (the
+        heartbeat does it too), for ``status`` and the admin endpoints of every instance."""
+        with self.db.transaction() as conn:
+            self._publish_in_memory(conn)
+
+    def _publish_in_memory(self, conn: Connection) -> None:
+        consumers = {name: worker.snapshot() for name, worker in self.in_memory.items()}
+        published = {"admin": self.admin_url, "consumers": consumers}
+        self.membership.publish_in_memory(conn, self.id, published)
+
+    def operate_in_memory(
+        self, name: str, command: str, *, skip_poison: bool = False
+    ) -> dict[str, Any]:
+        """Pause, resume or rebuild this instance's copy of in-memory consumer ``name``
+        (other instances' copies are untouched), log it, and publish the new state.
+
+        Raises :class:`KeyError` for a name this instance does not run in memory and
+        :class:`~messaging.in_memory.InMemoryOperationError` for a command that does not
+        fit the copy's state.
+        """
+        worker = self.in_memory[name]
+        if command == "pause":
+            result = worker.pause()
+        elif command == "resume":
+            result = worker.resume(skip_poison=skip_poison)
+        elif command == "rebuild":
+            result = worker.rebuild()
+        else:
+            raise ValueError(f"unknown command {command!r}")
+        verb = "resume --skip-poison" if skip_poison and command == "resume" else command
+        lifecycle_event(verb, consumer=name, instance=self.name, scope="this instance")
+        self._retry(self.publish_in_memory, "publish the in-memory consumers")
+        return {"consumer": name, "command": command, "instance": self.name, **result}
 
     def _heartbeat_loop(self, stop: threading.Event) -> None:
         heartbeat = partial(self._retry, self.heartbeat, "heartbeat")

@@ -542,6 +542,8 @@ class InMemoryWorker(_Worker):
         self.halted: str | None = None
         self.trace: str | None = None
         """Where the handler failed (the last frames of its traceback), while halted."""
+        self.halted_message: dict[str, Any] | None = None
+        """The poison message's position, type and error, while halted."""
 
     @property
     def target(self) -> Any:
@@ -582,6 +584,7 @@ class InMemoryWorker(_Worker):
         detail = "".join(traceback.format_exception_only(poison.error)).strip()
         self.halted = f"halted at position {position} ({type_name}): {detail}"
         self.trace = last_frames(poison.error)
+        self.halted_message = {"position": position, "type": type_name, "error": detail}
         log.error("in-memory consumer %s %s", self.spec.name, self.halted, exc_info=poison.error)
         self.hooks.projections_message_failed(
             consumer=self.spec.name,

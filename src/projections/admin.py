@@ -30,6 +30,8 @@ from sqlalchemy.exc import DBAPIError
 from messaging import operations
 from messaging.database import Database
 from messaging.errors import ProjectionsError
+from messaging.in_memory import InMemoryOperationError
+from messaging.runtime import Instance
 from messaging.settings import Distribution, Settings
 from projections.reports import OWNED, consumers_report, instances_report
 
@@ -117,8 +119,11 @@ def _one_line(exc: BaseException) -> str:
     return lines[0] if lines else type(exc).__name__
 
 
-def make_server(db: Database, settings: Settings, host: str, port: int) -> ThreadingHTTPServer:
-    """A (not yet serving) admin server on ``host:port``; port 0 picks a free one."""
+def make_server(
+    db: Database, settings: Settings, host: str, port: int, instance: Instance | None = None
+) -> ThreadingHTTPServer:
+    """A (not yet serving) admin server on ``host:port``; port 0 picks a free one. Served
+    beside an ``instance``, the POST commands for its in-memory consumers act on its copy."""
     consumer_settings = settings.messaging.consumer
     me = identity()
     routes: dict[str, Callable[[], dict[str, Any]]] = {
@@ -193,7 +198,10 @@ def make_server(db: Database, settings: Settings, host: str, port: int) -> Threa
                 return
             try:
                 result: dict[str, Any] = {"consumer": consumer, "command": command}
-                if command == "pause":
+                if instance is not None and consumer in instance.in_memory:
+                    skip = bool(body.get("skip_poison"))
+                    result = instance.operate_in_memory(consumer, command, skip_poison=skip)
+                elif command == "pause":
                     operations.pause(db, consumer, who=who, reason=reason)
                 elif command == "rebuild":
                     operations.rebuild(db, consumer, who=who, reason=reason)
@@ -205,7 +213,7 @@ def make_server(db: Database, settings: Settings, host: str, port: int) -> Threa
                         reason=reason,
                         skip_poison=bool(body.get("skip_poison")),
                     )
-            except operations.OperationError as exc:
+            except (operations.OperationError, InMemoryOperationError) as exc:
                 self._json(409, {"error": str(exc)})
                 return
             except Exception as exc:

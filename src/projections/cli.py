@@ -12,6 +12,7 @@ import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -213,13 +214,25 @@ def cmd_run(args: argparse.Namespace) -> int:
     settings = _settings(args)
     manager = create_plugin_manager([*args.modules, *settings.plugins])
     specs = collect_consumers(manager)  # fail here, once, rather than in every worker
-    with _admin_alongside(args, settings):
-        return _run(args, settings, manager, specs)
+    if args.workers is not None:
+        with _admin_alongside(args, settings, None):
+            return _supervise(args, settings)
+    db = _database(settings)
+    instance = Instance(db, specs, settings, manager.hook, name=args.instance_name)
+    try:
+        with _admin_alongside(args, settings, instance):
+            instance.run()
+    finally:
+        db.dispose()
+    return 0
 
 
 @contextmanager
-def _admin_alongside(args: argparse.Namespace, settings: Settings) -> Iterator[None]:
-    """With ``--admin-port``, serve the admin endpoints from this process meanwhile."""
+def _admin_alongside(
+    args: argparse.Namespace, settings: Settings, instance: Instance | None
+) -> Iterator[None]:
+    """With ``--admin-port``, serve the admin endpoints from this process meanwhile (and
+    operate ``instance``'s in-memory consumers through them)."""
     if args.admin_port is None:
         yield
         return
@@ -228,7 +241,7 @@ def _admin_alongside(args: argparse.Namespace, settings: Settings) -> Iterator[N
     db = _database(settings)
     try:
         db.prepare()  # before the first request, which would find no tables otherwise
-        server = make_server(db, settings, "127.0.0.1", args.admin_port)
+        server = make_server(db, settings, "127.0.0.1", args.admin_port, instance)
     except OSError as exc:
         db.dispose()
         reason = exc.strerror or exc
@@ -238,6 +251,8 @@ def _admin_alongside(args: argparse.Namespace, settings: Settings) -> Iterator[N
         raise
     host, port = server.server_address[:2]
     print(f"admin page: http://{host!s}:{port}/admin", flush=True)
+    if instance is not None:
+        instance.admin_url = f"http://{host!s}:{port}"
     thread = threading.Thread(target=server.serve_forever, name="admin", daemon=True)
     thread.start()
     try:
@@ -248,28 +263,21 @@ def _admin_alongside(args: argparse.Namespace, settings: Settings) -> Iterator[N
         db.dispose()
 
 
-def _run(args: argparse.Namespace, settings: Settings, manager: Any, specs: list[Any]) -> int:
-    if args.workers is not None:
-        from messaging.supervisor import Supervisor
+def _supervise(args: argparse.Namespace, settings: Settings) -> int:
+    """``run --workers N``: a supervisor of N instance processes."""
+    from messaging.supervisor import Supervisor
 
-        db = _database(settings)
-        try:
-            db.prepare()  # a schema that is behind fails here, not in every restarted worker
-        finally:
-            db.dispose()
-
-        timeout = settings.messaging.consumer.graceful_shutdown_timeout + 10
-        supervisor = Supervisor(
-            lambda index: _worker_command(args, index), args.workers, stop_timeout=timeout
-        )
-        return supervisor.run()
     db = _database(settings)
-    instance = Instance(db, specs, settings, manager.hook, name=args.instance_name)
     try:
-        instance.run()
+        db.prepare()  # a schema that is behind fails here, not in every restarted worker
     finally:
         db.dispose()
-    return 0
+
+    timeout = settings.messaging.consumer.graceful_shutdown_timeout + 10
+    supervisor = Supervisor(
+        lambda index: _worker_command(args, index), args.workers, stop_timeout=timeout
+    )
+    return supervisor.run()
 
 
 def _report(
@@ -324,17 +332,19 @@ def cmd_append(args: argparse.Namespace) -> int:
     db = _database(settings)
     try:
         db.prepare()
-        try:
-            stream = sys.stdin.buffer if args.file == "-" else open(args.file, "rb")  # noqa: SIM115
-        except OSError as exc:
-            raise ProjectionsError(f"cannot read {args.file}: {exc.strerror}") from None
-        with stream:
-            count = append_lines(
-                db,
-                utf8_lines(stream),
-                batch_size=args.batch_size,
-                registry=registry if args.module else None,
-            )
+        append = partial(
+            append_lines, db, batch_size=args.batch_size, registry=registry if args.module else None
+        )
+        if args.file == "-":
+            buffer = getattr(sys.stdin, "buffer", None)  # none when replaced by a text stream
+            count = append(sys.stdin if buffer is None else utf8_lines(buffer))
+        else:
+            try:
+                stream = open(args.file, "rb")  # noqa: SIM115
+            except OSError as exc:
+                raise ProjectionsError(f"cannot read {args.file}: {exc.strerror}") from None
+            with stream:
+                count = append(utf8_lines(stream))
     finally:
         db.dispose()
     print(f"appended {count} messages")
@@ -351,36 +361,67 @@ def _duration(text: str) -> float:
 
 def cmd_operation(args: argparse.Namespace) -> int:
     from messaging import operations
+    from projections.reports import in_memory_copies
 
-    db = _existing_database(_settings(args))
+    settings = _settings(args)
+    db = _existing_database(settings)
     who = args.who or operations.default_operator()
     try:
         db.prepare()
-        if args.command == "pause":
-            operations.pause(db, args.consumer, who=who, reason=args.reason)
-            print(f"paused {args.consumer}")
-        elif args.command == "forget-processed":
-            count = operations.forget_processed(
-                db, args.consumer, older_than=args.older_than, who=who, reason=args.reason
-            )
-            print(f"forgot {count} handled message ids of {args.consumer}")
-        elif args.command == "rebuild":
-            operations.rebuild(db, args.consumer, who=who, reason=args.reason)
-            print(f"rebuild of {args.consumer} requested; a running instance performs it")
-        else:
-            halted = operations.resume(
-                db, args.consumer, who=who, reason=args.reason, skip_poison=args.skip_poison
-            )
-            verb = "skipped" if args.skip_poison else "retrying"
-            for entry in halted:
-                print(
-                    f"partition {entry['partition']}: {verb} position {entry['position']} "
-                    f"({entry['type']})"
-                )
-            print(f"resumed {args.consumer}")
+        _operate(args, db, who)
+    except operations.OperationError:
+        copies = in_memory_copies(db, settings.messaging.consumer, args.consumer)
+        if not copies:
+            raise
+        raise ProjectionsError(_in_memory_pointer(args, copies)) from None
     finally:
         db.dispose()
     return 0
+
+
+def _in_memory_pointer(args: argparse.Namespace, copies: list[dict[str, Any]]) -> str:
+    """Where to operate an in-memory consumer: each instance's admin endpoint."""
+    route = f"/admin/consumers/{args.consumer}/{args.command}"
+    where = [
+        f"{c['instance']}: POST {c['admin']}{route}"
+        if c["admin"]
+        else f"{c['instance']}: started without --admin-port"
+        for c in copies
+    ]
+    body = ' with {"skip_poison": true}' if getattr(args, "skip_poison", False) else ""
+    return (
+        f"{args.consumer} is an in-memory projection: each instance runs its own copy, which "
+        f"a command through the database cannot reach; operate a copy on its instance's "
+        f"admin endpoint{body} ({'; '.join(where)})"
+    )
+
+
+def _operate(args: argparse.Namespace, db: Database, who: str) -> None:
+    """Run the operator command ``args.command`` through the database; print the outcome."""
+    from messaging import operations
+
+    if args.command == "pause":
+        operations.pause(db, args.consumer, who=who, reason=args.reason)
+        print(f"paused {args.consumer}")
+    elif args.command == "forget-processed":
+        count = operations.forget_processed(
+            db, args.consumer, older_than=args.older_than, who=who, reason=args.reason
+        )
+        print(f"forgot {count} handled message ids of {args.consumer}")
+    elif args.command == "rebuild":
+        operations.rebuild(db, args.consumer, who=who, reason=args.reason)
+        print(f"rebuild of {args.consumer} requested; a running instance performs it")
+    else:
+        halted = operations.resume(
+            db, args.consumer, who=who, reason=args.reason, skip_poison=args.skip_poison
+        )
+        verb = "skipped" if args.skip_poison else "retrying"
+        for entry in halted:
+            print(
+                f"partition {entry['partition']}: {verb} position {entry['position']} "
+                f"({entry['type']})"
+            )
+        print(f"resumed {args.consumer}")
 
 
 def cmd_audit(args: argparse.Namespace) -> int:

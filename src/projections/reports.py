@@ -22,6 +22,8 @@ from messaging.settings import ConsumerSettings
 OWNED = "OWNED"
 ORPHANED = "ORPHANED"
 UNCLAIMED = "UNCLAIMED"
+IN_MEMORY = "in-memory"
+"""The kind of an in-memory consumer in the reports: each instance runs its own copy."""
 
 
 def consumers_report(db: Database, settings: ConsumerSettings) -> dict[str, Any]:
@@ -118,7 +120,53 @@ def consumers_report(db: Database, settings: ConsumerSettings) -> dict[str, Any]
                     "total": total,
                 }
             report.append(entry)
-    return {"consumers": report}
+        in_memory = _in_memory(db, conn, instances)
+    return {"consumers": report, "in_memory": in_memory}
+
+
+def _in_memory(db: Database, conn: Connection, instances: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each in-memory consumer with its copy on every instance that published one: state,
+    position, lag (messages of its topics and types after the position), halted message."""
+    m = db.schema.messages
+    by_name: dict[str, list[dict[str, Any]]] = {}
+    for instance_id, published in Membership(db).in_memory(conn).items():
+        row = instances.get(instance_id)
+        if row is None:
+            continue
+        for name, copy in sorted(published.get("consumers", {}).items()):
+            lag = conn.execute(
+                select(func.count()).where(
+                    m.c.tenant == db.tenant,
+                    m.c.topic.in_(copy["topics"]),
+                    m.c.type.in_(copy["types"]),
+                    m.c.position > copy["position"],
+                )
+            ).scalar_one()
+            entry = {
+                "instance": row.name,
+                "instance_id": instance_id,
+                "live": row.live,
+                "admin": published.get("admin"),
+                "state": copy["state"],
+                "position": copy["position"],
+                "lag": int(lag),
+            }
+            if "halted" in copy:
+                entry["halted"] = copy["halted"]
+            by_name.setdefault(name, []).append(entry)
+    return [
+        {"name": name, "kind": IN_MEMORY, "instances": copies}
+        for name, copies in sorted(by_name.items())
+    ]
+
+
+def in_memory_copies(db: Database, settings: ConsumerSettings, name: str) -> list[dict[str, Any]]:
+    """The copies of in-memory consumer ``name`` the instances published (empty when no
+    instance runs one by that name)."""
+    for entry in consumers_report(db, settings)["in_memory"]:
+        if entry["name"] == name:
+            return list(entry["instances"])
+    return []
 
 
 def _replay_total(
@@ -179,12 +227,25 @@ def format_consumers(report: dict[str, Any]) -> str:
                 f"  {p['partition']:>9}  {p['state']:<10} {p['status']:<8} {p['checkpoint']:>10} "
                 f"{p['lag']:>8}  {p['instance'] or '-'}"
             )
-            if "halted" in p:
-                h = p["halted"]
-                lines.append(
-                    f"  {'':>9}  halted at position {h['position']} ({h['type']}): {h['error']}"
-                )
+            lines += _halted(p, f"  {'':>9}  ")
+    for consumer in report.get("in_memory", []):
+        lines.append(f"{consumer['name']}  ({IN_MEMORY}, each instance runs its own copy)")
+        lines.append(f"  {'instance':<30} {'state':<8} {'position':>10} {'lag':>8}  admin")
+        for c in consumer["instances"]:
+            lines.append(
+                f"  {c['instance']:<30} {c['state']:<8} {c['position']:>10} {c['lag']:>8}  "
+                f"{c['admin'] or '-'}"
+            )
+            lines += _halted(c, "  ")
     return "\n".join(lines) if lines else "no consumers declared yet"
+
+
+def _halted(entry: dict[str, Any], indent: str) -> list[str]:
+    """The line about a halted partition or copy's poison message, if it has one."""
+    if "halted" not in entry:
+        return []
+    h = entry["halted"]
+    return [f"{indent}halted at position {h['position']} ({h['type']}): {h['error']}"]
 
 
 def format_instances(report: dict[str, Any]) -> str:

@@ -124,7 +124,7 @@ def test_append_then_status_reports_lag_per_partition(
 
     assert main(["status", "--json", "--database", url]) == 0
     report = json.loads(capsys.readouterr().out)
-    assert set(report) == {"consumers"}
+    assert set(report) == {"consumers", "in_memory"}
     (consumer,) = report["consumers"]
     assert {"name", "kind", "distribution", "partitions"} <= set(consumer)
     assert (consumer["name"], consumer["kind"], consumer["distribution"]) == (
@@ -153,7 +153,7 @@ def test_status_as_text_and_before_any_declaration(
     empty.prepare()
     empty.dispose()
     assert main(["status", "--json", "--database", url]) == 0
-    assert json.loads(capsys.readouterr().out) == {"consumers": []}
+    assert json.loads(capsys.readouterr().out) == {"consumers": [], "in_memory": []}
     _declare_ledger(url)
     capsys.readouterr()
     assert main(["status", "--database", url]) == 0
@@ -356,13 +356,13 @@ def test_db_migrate_applies_every_migration_then_is_up_to_date(
     assert main(["db", "migrate", "--config", str(config)]) == 0
     assert capsys.readouterr().out.strip() == (
         "applied V1__initial_schema, V2__operator_audit, V3__routing_and_sagas, "
-        "V4__rebuild_progress"
+        "V4__rebuild_progress, V5__halt_traceback"
     )
     assert main(["db", "migrate", "--config", str(config)]) == 0
     assert capsys.readouterr().out.strip() == "schema is up to date"
 
     assert main(["status", "--json", "--config", str(config)]) == 0
-    assert json.loads(capsys.readouterr().out) == {"consumers": []}
+    assert json.loads(capsys.readouterr().out) == {"consumers": [], "in_memory": []}
     db = Database(url, table_prefix=prefix)
     try:
         with db.engine.connect() as conn:

@@ -54,7 +54,33 @@ CONSUMERS = _object(
                 {"rebuild": _object({"target": _INT, "replayed": _INT, "total": _INT})},
             ),
         }
-    }
+    },
+    {
+        "in_memory": {
+            "type": "array",
+            "items": _object(
+                {
+                    "name": _ID,
+                    "kind": {"const": "in-memory"},
+                    "instances": {
+                        "type": "array",
+                        "items": _object(
+                            {
+                                "instance": _ID,
+                                "instance_id": _ID,
+                                "live": {"type": "boolean"},
+                                "admin": {"type": ["string", "null"]},
+                                "state": {"enum": ["running", "paused", "halted"]},
+                                "position": _INT,
+                                "lag": _INT,
+                            },
+                            {"halted": _object(_HALTED, {"trace": {"type": ["string", "null"]}})},
+                        ),
+                    },
+                }
+            ),
+        }
+    },
 )
 
 INSTANCES = _object(
