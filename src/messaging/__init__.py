@@ -3,6 +3,7 @@
 from messaging.assignor import assign
 from messaging.clock import Clock, DatabaseClock, ManualClock
 from messaging.config import load_settings, parse_duration, settings_from_mapping
+from messaging.connection import connect
 from messaging.consumers import ConsumerKind, ConsumerOptions, ConsumerSpec, handler
 from messaging.context import HandlerContext
 from messaging.database import Database
@@ -51,6 +52,7 @@ __all__ = [
     "VersionConflict",
     "assign",
     "collect_consumers",
+    "connect",
     "create_plugin_manager",
     "handler",
     "hookimpl",

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -19,6 +20,7 @@ from typing import Any, NoReturn
 from sqlalchemy.exc import DBAPIError
 
 from messaging.config import load_settings, parse_duration
+from messaging.connection import database_for
 from messaging.database import Database, parse_database_url
 from messaging.errors import ProjectionsError
 from messaging.migrations import migrate
@@ -55,6 +57,23 @@ def _number(low: int, high: int | None = None) -> Callable[[str], int]:
 
 _positive = _number(1)
 _port = _number(0, 65535)
+
+
+def _add_app_dir_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--app-dir",
+        default=".",
+        help="folder to import the application's modules from (default: the current folder)",
+    )
+
+
+def _use_app_dir(args: argparse.Namespace) -> None:
+    """Let the application's modules be imported from ``--app-dir`` (first on the path)."""
+    folder = os.path.abspath(args.app_dir)
+    if not os.path.isdir(folder):
+        raise ProjectionsError(f"--app-dir {args.app_dir}: no such folder")
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
 
 
 def _add_database_options(parser: argparse.ArgumentParser) -> None:
@@ -98,6 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="start a supervisor with this many instance processes",
     )
+    _add_app_dir_option(run)
     _add_database_options(run)
 
     status = commands.add_parser("status", help="each consumer's partitions: owner, state, lag")
@@ -124,6 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         help="import this module and check each payload against its message types",
     )
+    _add_app_dir_option(append)
     _add_database_options(append)
 
     for name, help_text in (
@@ -177,8 +198,7 @@ def _settings(args: argparse.Namespace) -> Settings:
     return load_settings(args.config, database=args.database)
 
 
-def _database(settings: Settings) -> Database:
-    return Database(settings.database, tenant=settings.tenant, table_prefix=settings.table_prefix)
+_database = database_for
 
 
 def _existing_database(settings: Settings) -> Database:
@@ -201,7 +221,7 @@ def _print_json(data: Any) -> None:
 
 def _worker_command(args: argparse.Namespace, index: int) -> list[str]:
     command = [sys.executable, "-m", "projections.cli", "--log-level", args.log_level, "run"]
-    command += list(args.modules)
+    command += [*args.modules, "--app-dir", os.path.abspath(args.app_dir)]
     for option in ("config", "database"):
         if getattr(args, option):
             command += [f"--{option}", getattr(args, option)]
@@ -212,6 +232,7 @@ def _worker_command(args: argparse.Namespace, index: int) -> list[str]:
 
 def cmd_run(args: argparse.Namespace) -> int:
     settings = _settings(args)
+    _use_app_dir(args)
     manager = create_plugin_manager([*args.modules, *settings.plugins])
     specs = collect_consumers(manager)  # fail here, once, rather than in every worker
     if args.workers is not None:
@@ -327,6 +348,7 @@ def cmd_append(args: argparse.Namespace) -> int:
     from projections.appending import append_lines, utf8_lines
 
     settings = _settings(args)
+    _use_app_dir(args)
     for module in args.module:
         import_module(module)
     db = _database(settings)
@@ -436,9 +458,13 @@ def cmd_audit(args: argparse.Namespace) -> int:
     if args.json:
         _print_json({"audit": entries})
     else:
+        from projections.reports import format_time
+
+        if entries:
+            print(f"{'at':<29}  {'who':<24} {'command':<22} consumer  detail")
         for entry in entries:
             print(
-                f"{entry['at']:.3f}  {entry['who']:<24} {entry['command']:<22} "
+                f"{format_time(entry['at']):<29}  {entry['who']:<24} {entry['command']:<22} "
                 f"{entry['consumer']}  {json.dumps(entry['detail'], sort_keys=True)}"
             )
         if not entries:

@@ -10,6 +10,7 @@ its progress under ``rebuild``.
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Connection, RowMapping, and_, case, func, select
@@ -22,6 +23,8 @@ from messaging.settings import ConsumerSettings
 OWNED = "OWNED"
 ORPHANED = "ORPHANED"
 UNCLAIMED = "UNCLAIMED"
+LATE_HEARTBEATS = 2
+"""A live instance is late when its last heartbeat is older than this many intervals."""
 IN_MEMORY = "in-memory"
 """The kind of an in-memory consumer in the reports: each instance runs its own copy."""
 
@@ -187,9 +190,13 @@ def _replay_total(
 
 
 def instances_report(db: Database, settings: ConsumerSettings) -> dict[str, Any]:
-    """``{"instances": [{"id", "name", "host", "pid", "started_at", "heartbeat_at", "live"}]}``."""
+    """``{"instances": [{"id", "name", "host", "pid", "started_at", "heartbeat_at", "live",
+    "stopping", "last_heard", "late"}]}``: ``last_heard`` is the seconds since its last
+    heartbeat by the database's clock; ``late`` a live instance whose heartbeat is more
+    than two intervals old (it may have died; it turns stale at stale-instance-timeout)."""
     with db.read() as conn:
         rows = Membership(db).instances(conn, settings.stale_instance_timeout)
+    late_after = LATE_HEARTBEATS * settings.heartbeat_interval
     return {
         "instances": [
             {
@@ -201,6 +208,8 @@ def instances_report(db: Database, settings: ConsumerSettings) -> dict[str, Any]
                 "heartbeat_at": r.heartbeat_at,
                 "live": r.live,
                 "stopping": r.stopping,
+                "last_heard": round(max(0.0, settings.stale_instance_timeout - r.expires_in), 3),
+                "late": r.live and r.expires_in < settings.stale_instance_timeout - late_after,
             }
             for r in rows
         ]
@@ -249,10 +258,32 @@ def _halted(entry: dict[str, Any], indent: str) -> list[str]:
 
 
 def format_instances(report: dict[str, Any]) -> str:
-    """The instances report as plain text, one instance a line."""
-    lines = [
-        f"{row['name']:<30} {'live' if row['live'] else 'stale':<6} "
-        f"{row['host']}:{row['pid']}  {row['id']}"
-        for row in report["instances"]
-    ]
-    return "\n".join(lines) if lines else "no instances registered"
+    """The instances report as a plain-text table with a header, one instance a line."""
+    if not report["instances"]:
+        return "no instances registered"
+    lines = [f"{'name':<30} {'state':<8} {'last heard':<18} {'host:pid':<24} id"]
+    for row in report["instances"]:
+        state = (
+            "stale"
+            if not row["live"]
+            else "stopping"
+            if row["stopping"]
+            else "late"
+            if row["late"]
+            else "live"
+        )
+        heard = f"{row['last_heard']:.1f} s ago"
+        where = f"{row['host']}:{row['pid']}"
+        lines.append(f"{row['name']:<30} {state:<8} {heard:<18} {where:<24} {row['id']}")
+    return "\n".join(lines)
+
+
+def format_time(epoch: float) -> str:
+    """Seconds since the epoch as local time to the millisecond, with its UTC offset:
+    ``2026-11-30 10:17:46.123 +0000``."""
+    moment = datetime.fromtimestamp(epoch).astimezone()
+    return (
+        moment.strftime("%Y-%m-%d %H:%M:%S.")
+        + f"{moment.microsecond // 1000:03d}"
+        + (moment.strftime(" %z"))
+    )

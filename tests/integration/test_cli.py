@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 import uuid
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from clusters import wait_until
 from sqlalchemy import inspect, text
 
 from messaging import (
@@ -26,6 +28,7 @@ from messaging import (
     settings_from_mapping,
 )
 from projections.cli import main
+from projections.reports import instances_report
 
 MYSQL_URL_ENV = "PROJECTIONS_TEST_MYSQL_URL"
 
@@ -370,3 +373,48 @@ def test_db_migrate_applies_every_migration_then_is_up_to_date(
     finally:
         db.dispose()
     assert names == set(db.schema.metadata.tables)
+
+
+TIME = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3} [+-]\d{4}"
+
+
+def test_audit_prints_readable_times_under_a_header(
+    url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`audit` shows each command's local time to the millisecond, not epoch seconds."""
+    _declare_ledger(url)
+    assert main(["pause", "ledger-balances", "--database", url, "--who", "ops"]) == 0
+    capsys.readouterr()
+    assert main(["audit", "--database", url]) == 0
+    header, line = capsys.readouterr().out.strip().splitlines()
+    assert header.split() == ["at", "who", "command", "consumer", "detail"]
+    assert re.match(rf"{TIME}  ops +pause +ledger-balances ", line), line
+
+
+def test_instances_have_a_header_and_say_when_one_was_last_heard(
+    url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`instances` has a header; an instance whose heartbeats stopped (here: no loops) is
+    `late` with the seconds since it was last heard, before it turns stale."""
+    manager = create_plugin_manager(["projections.examples.ledger"], load_entrypoints=False)
+    settings = settings_from_mapping({"database": url, "messaging": {"consumer": FAST}})
+    db = Database(url)
+    quiet = Instance(db, collect_consumers(manager), settings, manager.hook, name="quiet")
+    quiet.start(loops=False)  # registered, then never heard from again
+    try:
+        report = settings.messaging.consumer
+
+        def late() -> bool:
+            [row] = instances_report(db, report)["instances"]
+            return bool(row["late"]) and row["live"] and row["last_heard"] >= 0.2
+
+        wait_until(late, timeout=10, what="the instance to be late")
+        config = tmp_path / "fast.yaml"
+        config.write_text(json.dumps({"messaging": {"consumer": FAST}}), encoding="utf-8")
+        assert main(["instances", "--database", url, "--config", str(config)]) == 0
+        header, line = capsys.readouterr().out.strip().splitlines()
+        assert header.split() == ["name", "state", "last", "heard", "host:pid", "id"]
+        assert re.match(r"quiet +late +\d+\.\d s ago ", line), line
+    finally:
+        quiet.stop()
+        db.dispose()

@@ -97,6 +97,8 @@ INSTANCES = _object(
                     "heartbeat_at": {"type": "number"},
                     "live": {"type": "boolean"},
                     "stopping": {"type": "boolean"},
+                    "last_heard": {"type": "number", "minimum": 0},
+                    "late": {"type": "boolean"},
                 }
             ),
         }
