@@ -44,6 +44,7 @@ from messaging.messages import registry as default_registry
 from messaging.outage import Outage
 from messaging.overrides import check_overrides
 from messaging.ownership import Ownership, PartitionRow
+from messaging.pulse import PULSE_INTERVAL, Pulse, read_pulse
 from messaging.rebalance import plan
 from messaging.retry import report_retry, retry_transient
 from messaging.settings import ConsumerGroupSettings, Distribution, Settings
@@ -118,6 +119,10 @@ class Instance:
         self.outage = Outage(f"instance {self.name}")
         """The database as the workers and the rebalance loop see it: logged on its edges."""
         self.heartbeat_outage = Outage(f"instance {self.name} heartbeat")
+        self._pulse: Pulse = ()
+        self._awaited: dict[str, int] = {}
+        """Partitions of each consumer assigned here but still held by live peers."""
+        self._awaiting_since: float | None = None
         self.admin_url: str | None = None
         """Where this instance's admin endpoints answer, if it serves them (published)."""
 
@@ -214,6 +219,7 @@ class Instance:
             instance_id=self.id, name=self.name, consumers=[s.name for s in self.specs]
         )
         self._retry(self.rebalance, "rebalance")
+        self._announce_wait()
         if not loops:
             return
         self._spawn("heartbeat", self._heartbeat_loop, self._stop_heartbeat)
@@ -291,6 +297,7 @@ class Instance:
             rows = self.ownership.partitions(conn, sorted(self.workers))
             declared = current_declarations(self.db, conn, sorted(self.workers))
             head = self._store.head(conn)
+            self._pulse = read_pulse(self.db, conn, sorted(self.workers))
         read_seconds = time.perf_counter() - started
         moved = {"claimed": 0, "released": 0}
         self._round(live, rows, declared, moved)
@@ -306,6 +313,29 @@ class Instance:
             lags = {p: max(0, head - c.checkpoint) for p, c in worker.claims().items()}
             self.hooks.projections_lag(consumer=name, instance_id=self.id, lags=lags)
         self._next_round_in = self._next_round(members)
+        if self._awaiting_since is not None and not any(self._awaited.values()):
+            waited = time.monotonic() - self._awaiting_since
+            self._awaiting_since = None
+            log.info("instance %s: has its share of every consumer after %.1f s", self.name, waited)
+
+    def _announce_wait(self) -> None:
+        """Say, once at start, what this instance waits for and for how long at most: the
+        partitions assigned here that live peers still hold until their next round."""
+        awaited = {name: n for name, n in self._awaited.items() if n}
+        if not awaited:
+            return
+        self._awaiting_since = time.monotonic()
+        interval = self.consumer_settings.rebalance_interval
+        usually = 2 * min(PULSE_INTERVAL, interval)
+        log.info(
+            "instance %s: waiting for %s held by live instances: they hand them over at "
+            "their next rebalance round, usually within %g s, at most %g s (two "
+            "rebalance-intervals) plus a batch in flight",
+            self.name,
+            ", ".join(f"{n} partition(s) of {name}" for name, n in sorted(awaited.items())),
+            usually,
+            2 * interval,
+        )
 
     def _round(
         self,
@@ -352,11 +382,13 @@ class Instance:
                 log.warning("consumer %s: applying nothing here: %s", name, target.waiting_for)
             self._waiting[name] = target.waiting_for
             wanted = sorted(target.target - set(worker.claims()))
+            self._awaited[name] = 0
             if not wanted:
                 continue
             with self.db.transaction() as conn:
                 claims = self.ownership.claim(conn, name, wanted, self.id, live_ids)
             worker.add_claims(claims)
+            self._awaited[name] = len(target.target - set(worker.claims()))
             moved["claimed"] += len(claims)
             for claim in claims:
                 self._event(name, claim.partition, claim.epoch)
@@ -476,10 +508,29 @@ class Instance:
         expiring = [m.expires_in + _EXPIRY_MARGIN for m in peers if not m.stopping]
         return max(0.0, min([soonest, *expiring]))
 
+    def _changed(self) -> bool:
+        """Whether the pulse moved since the last round read it (see :mod:`messaging.pulse`);
+        a failed look is no change (the regular round comes anyway)."""
+        try:
+            with self.db.read() as conn:
+                return read_pulse(self.db, conn, sorted(self.workers)) != self._pulse
+        except Exception:
+            return False
+
+    def _wait_for_round(self, stop: threading.Event, started: float) -> bool:
+        """Wait until the next round is due, or the pulse moved; False once stopped."""
+        look = min(PULSE_INTERVAL, self.consumer_settings.rebalance_interval)
+        while True:
+            due = started + self._next_round_in - time.monotonic()
+            if stop.wait(max(0.0, min(due, look))):
+                return False
+            if due <= look or self._changed():
+                return True
+
     def _rebalance_loop(self, stop: threading.Event) -> None:
         interval = self.consumer_settings.rebalance_interval
         started = time.monotonic()
-        while not stop.wait(max(0.0, started + self._next_round_in - time.monotonic())):
+        while self._wait_for_round(stop, started):
             started = time.monotonic()
             try:
                 self._retry(self.rebalance, "rebalance")
