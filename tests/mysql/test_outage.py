@@ -40,8 +40,11 @@ DOWN_FOR = 3.0
 
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[PrivateMariaDB]:
-    private = PrivateMariaDB(tmp_path / "mariadb")
+    folder = tmp_path / "mariadb"
+    folder.mkdir()
+    private = PrivateMariaDB(folder)
     private.start()
+    private.execute("CREATE DATABASE outage")
     try:
         yield private
     finally:
@@ -73,7 +76,8 @@ def test_an_outage_is_one_warning_and_one_info_per_loop(
     """Stop the instance's MariaDB for a few seconds under traffic: its log has exactly one
     WARNING and one INFO for its work and for its heartbeat, no traceback, and every
     message written is applied afterwards."""
-    db = Database(server.url)
+    url = server.url("outage")
+    db = Database(url)
     migrate(db)
     db.prepare()
     with db.transaction() as conn:
@@ -82,7 +86,7 @@ def test_an_outage_is_one_warning_and_one_info_per_loop(
                 conn, ledger.TOPIC, account, [ledger.AccountOpened(account, "o")]
             )
     config = tmp_path / "app.yaml"
-    settings = {"database": server.url, "messaging": {"consumer": TIMINGS}}
+    settings = {"database": url, "messaging": {"consumer": TIMINGS}}
     config.write_text(yaml.safe_dump(settings), encoding="utf-8")
     log_path = tmp_path / "instance.log"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}

@@ -1,85 +1,104 @@
-"""A MariaDB server of a test's own (its own datadir, port and socket), to stop and start at
-will without touching the shared server."""
+"""A MariaDB server of a test's own (its own datadir and port), which the test may stop
+and start again; the shared server on 3306 is never touched."""
 
 from __future__ import annotations
 
 import shutil
 import socket
 import subprocess
+import time
 from pathlib import Path
 
 import pymysql
-from clusters import wait_until
+
+MARIADBD = shutil.which("mariadbd") or "/usr/sbin/mariadbd"
+INSTALL_DB = shutil.which("mariadb-install-db") or "/usr/bin/mariadb-install-db"
 
 
 def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 class PrivateMariaDB:
-    """``mariadbd --no-defaults`` on a fresh datadir under ``folder``, root without password."""
+    """A throw-away server in ``directory``; :meth:`start` and :meth:`stop` as often as
+    wanted. Root connects over TCP without a password."""
 
-    def __init__(self, folder: Path) -> None:
-        self.folder = folder
-        self.datadir = folder / "data"
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
         self.port = _free_port()
-        self.process: subprocess.Popen[bytes] | None = None
-        install = shutil.which("mariadb-install-db") or shutil.which("mysql_install_db")
-        assert install is not None, "mariadb-install-db is needed for a private server"
+        self._process: subprocess.Popen[bytes] | None = None
         subprocess.run(
             [
-                install,
+                INSTALL_DB,
                 "--no-defaults",
-                f"--datadir={self.datadir}",
-                "--user=root",
+                f"--datadir={directory / 'data'}",
                 "--auth-root-authentication-method=normal",
                 "--skip-test-db",
+                "--user=root",
             ],
             check=True,
             capture_output=True,
             timeout=120,
         )
 
-    @property
-    def url(self) -> str:
-        return f"mysql+pymysql://root@127.0.0.1:{self.port}/outage"
+    def url(self, database: str) -> str:
+        """The SQLAlchemy URL of ``database`` on this server."""
+        return f"mysql+pymysql://root@127.0.0.1:{self.port}/{database}"
+
+    def _connect(self) -> pymysql.connections.Connection:  # type: ignore[type-arg]
+        return pymysql.connect(host="127.0.0.1", port=self.port, user="root", connect_timeout=2)
 
     def start(self) -> None:
-        """Start the server and wait until it accepts connections (and has the database)."""
-        log = (self.folder / "server.log").open("ab")
-        self.process = subprocess.Popen(
+        """Start the server and wait until it accepts connections."""
+        log = (self.directory / "mariadbd.log").open("ab")
+        self._process = subprocess.Popen(
             [
-                "/usr/sbin/mariadbd",
+                MARIADBD,
                 "--no-defaults",
-                f"--datadir={self.datadir}",
+                f"--datadir={self.directory / 'data'}",
                 f"--port={self.port}",
                 "--bind-address=127.0.0.1",
-                f"--socket={self.folder / 'mysqld.sock'}",
-                f"--pid-file={self.folder / 'mysqld.pid'}",
+                f"--socket={self.directory / 'mariadbd.sock'}",
+                f"--pid-file={self.directory / 'mariadbd.pid'}",
                 "--user=root",
-                "--skip-grant-tables",
-                "--skip-log-bin",
+                "--skip-name-resolve",
                 "--innodb-buffer-pool-size=32M",
             ],
             stdout=log,
             stderr=log,
         )
         log.close()
-        wait_until(self._create_database, timeout=60, what="the private MariaDB to start")
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                self._connect().close()
+                return
+            except pymysql.err.OperationalError:
+                if self._process.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"private mariadbd did not start; see {self.directory}/mariadbd.log"
+                    ) from None
+                time.sleep(0.1)
 
-    def _create_database(self) -> bool:
+    def execute(self, sql: str) -> None:
+        """Run one statement as root."""
+        connection = self._connect()
         try:
-            with pymysql.connect(host="127.0.0.1", port=self.port, user="root") as conn:
-                conn.cursor().execute("CREATE DATABASE IF NOT EXISTS outage")
-        except pymysql.err.OperationalError:
-            return False
-        return True
+            with connection.cursor() as cursor:
+                cursor.execute(sql)
+            connection.commit()
+        finally:
+            connection.close()
 
     def stop(self) -> None:
-        """Shut the server down (SIGTERM) and wait until it has exited."""
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            self.process.wait(timeout=60)
-        self.process = None
+        """Stop the server (SIGTERM, a clean shutdown) and wait for it."""
+        if self._process is not None and self._process.poll() is None:
+            self._process.terminate()
+            try:
+                self._process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait()
+        self._process = None
