@@ -7,6 +7,7 @@ from messaging.consumers import ConsumerKind, ConsumerOptions, ConsumerSpec, han
 from messaging.context import HandlerContext
 from messaging.database import Database
 from messaging.errors import (
+    CheckpointMoved,
     ConcurrentUpdate,
     ConfigError,
     DecodeError,
@@ -25,6 +26,7 @@ from messaging.settings import Distribution, Settings
 from messaging.store import MessageStore, NewMessage, partition_hash, partition_of
 
 __all__ = [
+    "CheckpointMoved",
     "Clock",
     "ConcurrentUpdate",
     "ConfigError",

@@ -19,13 +19,14 @@ from contextlib import AbstractContextManager, nullcontext
 from functools import partial
 from typing import Any
 
+import attrs
 import pluggy
 from sqlalchemy import Connection
 
 from messaging.consumers import ConsumerSpec
 from messaging.context import HandlerContext
 from messaging.database import Database
-from messaging.errors import OwnershipLost
+from messaging.errors import CheckpointMoved, OwnershipLost
 from messaging.lifecycle import lifecycle_event
 from messaging.messages import Envelope, MessageRegistry
 from messaging.outbox import Outbox
@@ -310,7 +311,24 @@ class ConsumerWorker(_Worker):
     ) -> int:
         """Apply ``rows`` (read in the transaction when None) and commit the checkpoints of
         ``claims`` at the last row, or at ``through`` when the read behind ``rows`` went that
-        far (it holds every message of ``claims`` up to it)."""
+        far (it holds every message of ``claims`` up to it). A lost fence drops its
+        partitions; a checkpoint found already moved (an earlier commit went through
+        unacknowledged) is taken from the database: either way nothing is applied."""
+        try:
+            return self._apply_or_halt(claims, rows, started, through)
+        except OwnershipLost as lost:
+            self._lose(lost.partitions)
+        except CheckpointMoved as moved:
+            self._moved(moved, claims)
+        return 0
+
+    def _apply_or_halt(
+        self,
+        claims: Mapping[int, Claim],
+        rows: Sequence[StoredRow] | None,
+        started: float,
+        through: int,
+    ) -> int:
         spec = self.spec
         try:
             rows = retry_transient(
@@ -319,9 +337,6 @@ class ConsumerWorker(_Worker):
                 what=f"apply {spec.name}",
                 on_retry=partial(report_retry, self.hooks, self.instance_id, f"apply {spec.name}"),
             )
-        except OwnershipLost as lost:
-            self._lose(lost.partitions)
-            return 0
         except Poison as failed:
             # The buffered writes hide which message failed: replay it unbuffered to find out.
             try:
@@ -332,9 +347,6 @@ class ConsumerWorker(_Worker):
                 index = self._commit_before(poison, claims, started)
                 self._halt(poison, claims)
                 return index
-            except OwnershipLost as lost:
-                self._lose(lost.partitions)
-                return 0
         if not rows:
             return 0
         self._applied(claims, rows, started, through)
@@ -424,11 +436,7 @@ class ConsumerWorker(_Worker):
                 poison.batch = batch
                 raise
             self.ownership.commit_checkpoint(
-                conn,
-                self.spec.name,
-                self.instance_id,
-                {p: c.epoch for p, c in claims.items()},
-                max(int(batch[-1][0]), through),
+                conn, self.spec.name, self.instance_id, claims, max(int(batch[-1][0]), through)
             )
             return batch
 
@@ -444,6 +452,24 @@ class ConsumerWorker(_Worker):
                     self._claims[partition] = Claim(
                         partition=partition, epoch=claim.epoch, checkpoint=position
                     )
+
+    def _moved(self, moved: CheckpointMoved, claims: Mapping[int, Claim]) -> None:
+        """Take the checkpoints an unacknowledged earlier commit under ``claims`` wrote: go
+        on from there (unless the partition was claimed again meanwhile)."""
+        lifecycle_event(
+            "checkpoint-moved",
+            level=logging.WARNING,
+            consumer=self.spec.name,
+            checkpoints=moved.checkpoints,
+            instance=self.instance_id,
+            reason="an earlier commit went through unacknowledged; the batch was rolled back",
+        )
+        with self._lock:
+            for partition, checkpoint in moved.checkpoints.items():
+                current = self._claims.get(partition)
+                if current is not None and current.epoch == claims[partition].epoch:
+                    self._claims[partition] = attrs.evolve(current, checkpoint=checkpoint)
+        self._catching_up = False
 
     def _lose(self, partitions: Sequence[int]) -> None:
         for partition in partitions:

@@ -26,7 +26,7 @@ from sqlalchemy import select
 from messaging.consumers import ConsumerSpec
 from messaging.context import HandlerContext
 from messaging.database import Database
-from messaging.errors import OwnershipLost, ProjectionsError, RegistrationError
+from messaging.errors import CheckpointMoved, OwnershipLost, ProjectionsError, RegistrationError
 from messaging.messages import Envelope, MessageRegistry
 from messaging.ownership import Claim
 from messaging.retry import is_transient, report_retry, retry_transient
@@ -275,6 +275,9 @@ class SagaWorker(ConsumerWorker):
             except OwnershipLost as lost:
                 self._lose(lost.partitions)
                 return 0
+            except CheckpointMoved as moved:
+                self._moved(moved, claims)
+                return 0
             except Exception as exc:
                 if is_transient(exc):
                     raise
@@ -313,8 +316,8 @@ class SagaWorker(ConsumerWorker):
             ctx = HandlerContext(conn, _no_envelopes, outbox=self.outbox)
             now = dispatcher.deliver(due, ctx)
             ctx.flush()
-            epochs = {d.partition: claims[d.partition].epoch for d in due}
-            self.ownership.commit_checkpoint(conn, self.spec.name, self.instance_id, epochs, 0)
+            fenced = {d.partition: claims[d.partition] for d in due}
+            self.ownership.commit_checkpoint(conn, self.spec.name, self.instance_id, fenced, 0)
             return due, now
 
     def _deliver_one_by_one(
@@ -335,6 +338,9 @@ class SagaWorker(ConsumerWorker):
                 done, now = self._retried(partial(self._deliver, held, until, deadline))
             except OwnershipLost as lost:
                 self._lose(lost.partitions)
+                continue
+            except CheckpointMoved as moved:
+                self._moved(moved, held)
                 continue
             except Exception as exc:
                 if is_transient(exc):
