@@ -256,13 +256,22 @@ class Ownership:
             conn, statement, [params], direct=statements.sends_directly(conn)
         )
         if updated != len(pairs):
-            held = self.owned(conn, consumer, instance_id, claims)
-            lost = sorted(p for p, c in claims.items() if p not in held or held[p].epoch != c.epoch)
-            if lost:
-                raise OwnershipLost(consumer, lost)
-            raise CheckpointMoved(
-                consumer, {p: c.checkpoint for p, c in held.items() if c != claims[p]}
-            )
+            self.verify(conn, consumer, instance_id, claims)
+            raise OwnershipLost(consumer, sorted(claims))  # changed and changed back meanwhile
+
+    def verify(
+        self, conn: Connection, consumer: str, instance_id: str, claims: Mapping[int, Claim]
+    ) -> None:
+        """Check ``claims`` against the database: :class:`OwnershipLost` for partitions
+        ``instance_id`` no longer holds under the claim's epoch (or that halted),
+        :class:`CheckpointMoved` when all are held but a checkpoint differs."""
+        held = self.owned(conn, consumer, instance_id, claims)
+        lost = sorted(p for p, c in claims.items() if p not in held or held[p].epoch != c.epoch)
+        if lost:
+            raise OwnershipLost(consumer, lost)
+        moved = {p: c.checkpoint for p, c in held.items() if c.checkpoint != claims[p].checkpoint}
+        if moved:
+            raise CheckpointMoved(consumer, moved)
 
     def owned(
         self, conn: Connection, consumer: str, instance_id: str, partitions: Iterable[int]

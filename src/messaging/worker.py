@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from contextlib import AbstractContextManager, nullcontext
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 import pluggy
@@ -31,11 +31,12 @@ from messaging.lifecycle import lifecycle_event
 from messaging.messages import Envelope, MessageRegistry
 from messaging.outbox import Outbox
 from messaging.ownership import Claim, Ownership
-from messaging.retry import is_transient, report_retry, retry_transient
+from messaging.retry import is_ambiguous, is_transient, report_retry, retry_transient
 from messaging.settings import ConsumerSettings
 from messaging.store import MessageStore
 
 log = logging.getLogger("messaging.worker")
+T = TypeVar("T")
 
 Handler = tuple[Callable[[Any, int | None], Any], Callable[[Any, HandlerContext], Any]]
 """(decode, handle) of one message type."""
@@ -178,6 +179,8 @@ class ConsumerWorker(_Worker):
         self._lock = threading.Lock()
         self._batch_in_flight = threading.Lock()
         self._catching_up = False
+        self._stale = False
+        """An error of unknown outcome happened: re-read the claims before applying more."""
         self._lane_pool: ThreadPoolExecutor | None = None
         """Applies the lanes after the first of each batch (the polling thread applies it)."""
 
@@ -223,10 +226,53 @@ class ConsumerWorker(_Worker):
     def held_claims(self) -> dict[int, Claim]:
         """The claims to apply now: none in single-owner mode until every partition is
         held, since a single owner applies in global position order."""
+        if self._stale:
+            self._recheck()
         claims = self.claims()
         if self.whole and len(claims) < self.spec.partitions:
             return {}
         return claims
+
+    def _recheck(self) -> None:
+        """After an error of unknown outcome: take every claim's epoch and checkpoint from
+        the database (our commit may have gone through unacknowledged); drop partitions no
+        longer held under the same epoch."""
+        claims = self.claims()
+        with self.db.read() as conn:
+            held = self.ownership.owned(conn, self.spec.name, self.instance_id, claims)
+        lost = [p for p, c in claims.items() if p not in held or held[p].epoch != c.epoch]
+        with self._lock:
+            for partition, claim in held.items():
+                current = self._claims.get(partition)
+                if current is not None and current.epoch == claim.epoch:
+                    self._claims[partition] = claim
+        self._stale = False
+        if lost:
+            self._lose(lost)
+
+    def _reread(self, claims: Mapping[int, Claim], _error: BaseException) -> None:
+        """Before retrying a commit of unknown outcome: raise :class:`CheckpointMoved` (or
+        :class:`OwnershipLost`) unless ``claims`` are still what the database holds. Every
+        claim is re-read before the next batch too."""
+        self._stale = True
+        with self.db.read() as conn:
+            self.ownership.verify(conn, self.spec.name, self.instance_id, claims)
+
+    def _retry_commit(self, action: Callable[[], T], claims: Mapping[int, Claim], what: str) -> T:
+        """Run the commit ``action`` under ``conflict-retry``; after an error of unknown
+        outcome, re-read ``claims`` before retrying (:meth:`_reread`)."""
+        try:
+            return retry_transient(
+                action,
+                self.settings.conflict_retry,
+                what=what,
+                on_retry=partial(report_retry, self.hooks, self.instance_id, what),
+                reread=partial(self._reread, claims),
+            )
+        except Exception as exc:
+            if is_ambiguous(exc):
+                self._stale = True
+            raise
 
     def poll(self) -> int:
         """Fetch and apply one batch of the owned partitions; return how many messages were
@@ -320,6 +366,10 @@ class ConsumerWorker(_Worker):
             self._lose(lost.partitions)
         except CheckpointMoved as moved:
             self._moved(moved, claims)
+        except Exception as exc:
+            if is_ambiguous(exc):  # a poison replay, a prefix or a halt of unknown outcome
+                self._stale = True
+            raise
         return 0
 
     def _apply_or_halt(
@@ -329,13 +379,11 @@ class ConsumerWorker(_Worker):
         started: float,
         through: int,
     ) -> int:
-        spec = self.spec
         try:
-            rows = retry_transient(
+            rows = self._retry_commit(
                 lambda: self._commit(rows, claims, immediate=False, through=through),
-                self.settings.conflict_retry,
-                what=f"apply {spec.name}",
-                on_retry=partial(report_retry, self.hooks, self.instance_id, f"apply {spec.name}"),
+                claims,
+                f"apply {self.spec.name}",
             )
         except Poison as failed:
             # The buffered writes hide which message failed: replay it unbuffered to find out.
