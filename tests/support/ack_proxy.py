@@ -64,6 +64,9 @@ class AckProxy:
         """COMMITs forwarded so far."""
         self.dropped = 0
         """Acknowledgements lost so far."""
+        self.on_drop: Callable[[], object] | None = None
+        """Called after a lost acknowledgement's commit, before the client's connection is
+        cut: whatever it does happens before the client can retry."""
         self._random = random.Random(seed)
         self._armed = 0
         self._filter: TransactionFilter | None = None
@@ -167,6 +170,8 @@ class AckProxy:
                     # The server's answer to the COMMIT: it has committed. Keep the answer.
                     with self._lock:
                         self.dropped += 1
+                    if self.on_drop is not None:
+                        self.on_drop()
                     break
                 client.sendall(packet[0] + packet[1])
         except OSError:
