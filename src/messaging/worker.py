@@ -137,8 +137,15 @@ class _Worker:
         while not stop.is_set():
             try:
                 applied = poll()
-            except Exception:
-                log.exception("consumer %s: poll failed; retrying after a pause", self.spec.name)
+            except Exception as exc:
+                if is_transient(exc):  # a lost connection or a lock conflict, retries spent
+                    log.warning(
+                        "consumer %s: poll failed, retrying after a pause: %s", self.spec.name, exc
+                    )
+                else:
+                    log.exception(
+                        "consumer %s: poll failed; retrying after a pause", self.spec.name
+                    )
                 applied = 0
                 stop.wait(self.settings.conflict_retry.max_delay)
             if applied == 0:

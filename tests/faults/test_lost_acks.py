@@ -30,6 +30,7 @@ from messaging import (
     Settings,
     create_plugin_manager,
     operations,
+    partition_of,
     registry,
 )
 from messaging.consumers import consumer_spec
@@ -130,6 +131,26 @@ def test_projection_batch_whose_ack_is_lost_is_applied_once(
     assert result.exact, result
     assert result.applied == 60
     assert _claims_match_the_database(db, worker)
+
+
+def test_prefix_and_halt_whose_acks_are_lost_apply_the_prefix_once(
+    db: Database, proxied: Database, proxy: AckProxy
+) -> None:
+    """A poison message: the prefix before it commits (ack lost), then the halt (ack lost).
+    The messages before the poison are applied once, the partition ends halted at the
+    poison, and the worker no longer holds it."""
+    worker = _worker(db, proxied, fault_app.SingleSequence)
+    append_numbered(db, ["p"], 1, 3)
+    with db.transaction() as conn:
+        MessageStore(db).append(conn, fault_app.TOPIC, "p", [fault_app.Numbered("p", -1)])
+    partition = partition_of("p", worker.spec.partitions)
+    proxy.arm(2, when=lambda st: CHECKPOINT(st) or touches("SET status", "halted")(st))
+    _drive(worker, lambda: partition not in worker.claims(), "the partition to halt")
+    assert proxy.dropped == 2
+    assert tally(db, "fault-seq-single", {"p": 3}).exact
+    with db.read() as conn:
+        (row,) = [r for r in Ownership(db).partitions(conn) if r.partition == partition]
+    assert (row.status, row.checkpoint, row.halted_position) == ("halted", 3, 4)
 
 
 @pytest.mark.parametrize(("lanes", "batch_size"), [(3, 500), (1, 4)], ids=["lanes", "catching-up"])

@@ -97,6 +97,8 @@ class Sequence:
 class SingleSequence:
     @handler
     def numbered(self, event: Numbered, ctx: HandlerContext) -> None:
+        if event.seq < 0:
+            raise ValueError(f"poison: seq {event.seq}")
         _record(ctx, "fault-seq-single", event)
 
 
