@@ -58,6 +58,7 @@ def test_random_lost_acks_under_two_instances_equal_the_sequential_replay(
 ) -> None:
     config = write_config(tmp_path / "config.yaml", proxied, batch_size=20, extra=SINGLE_OWNER)
     proxy.probability = DROP_PROBABILITY
+    started = time.monotonic()
     instances = [
         start_instance(config, f"random-{n}", "fault_app", log=tmp_path / f"random-{n}.log")
         for n in (1, 2)
@@ -69,16 +70,19 @@ def test_random_lost_acks_under_two_instances_equal_the_sequential_replay(
             store.append(conn, fault_app.TIMERS, timer, [fault_app.TimerSet(timer, due)])
     for seq in range(1, ROUNDS + 1):
         append_numbered(db, SOURCES, seq, 1)
-        time.sleep(0.08)  # traffic spread over the run, not a synchronisation
+        time.sleep(0.05)  # traffic spread over the run, not a synchronisation
+    appended = time.monotonic()
     jobs = [f"{s}:{seq}" for s in SOURCES for seq in range(5, ROUNDS + 1, 5)]
     wait_until(lambda: _caught_up(db, jobs), timeout=60, what="every consumer to catch up")
+    caught_up = time.monotonic()
     proxy.probability = 0.0
     assert [stop_instance(process) for process in instances] == [0, 0]
 
     expected = dict.fromkeys(SOURCES, ROUNDS)
     tallies = {name: tally(db, name, expected) for name in fault_app.PROJECTIONS}
     print(
-        f"\nlost acknowledgements: {proxy.dropped} of {proxy.commits} commits; "
+        f"\ntraffic {appended - started:.1f}s, caught up {caught_up - appended:.1f}s later; "
+        f"lost acknowledgements: {proxy.dropped} of {proxy.commits} commits; "
         + "; ".join(
             f"{name}: applied {t.applied} of {ROUNDS * len(SOURCES)}, duplicates {t.duplicates}, "
             f"reordered {t.reordered}, lost {t.lost}"
