@@ -10,7 +10,9 @@ read-model writes and checkpoint updates, each run on a fresh copy of the seeded
 Every run's read model is compared with a sequential ``ledger.replay`` of all messages;
 any difference fails the benchmark. Prints the median rate of each and, per backend,
 ``ratio framework/hand-written: X.XX`` (MySQL first when given, SQLite last).
-``--profile`` adds a cProfile summary of one framework run on stderr.
+``--profile`` adds a cProfile summary of one framework run on stderr. ``--tenant T``
+runs both as tenant ``T``, whose read model is the copy ``T__ledger_balances`` that the
+framework's statements are translated to (``messaging.tenancy``).
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from messaging.membership import InstanceInfo, Membership
 from messaging.migrations import migrate
 from messaging.ownership import Ownership
 from messaging.settings import ConsumerSettings, Distribution
+from messaging.tenancy import physical_name
 from messaging.worker import ConsumerWorker
 from projections.examples import ledger
 
@@ -66,6 +69,11 @@ SIGNS = {
 }
 
 Model = dict[str, tuple[str, int, int]]
+
+
+def balances_name() -> str:
+    """The physical name of the balances table for the tenant benchmarked."""
+    return physical_name(TENANT, ledger.balances.name)
 
 
 class BenchmarkFailure(Exception):
@@ -154,7 +162,7 @@ def framework_state(db: Database) -> tuple[Model, list[int]]:
     """The balances read model and the consumer's checkpoints, read through SQLAlchemy."""
     t = db.schema.partitions
     with db.read() as conn:
-        rows = conn.execute(select(ledger.balances)).mappings().all()
+        rows = conn.execute(select(db.read_model(ledger.balances))).mappings().all()
         checkpoints = conn.execute(
             select(t.c.checkpoint)
             .where(t.c.tenant == db.tenant, t.c.consumer == CONSUMER)
@@ -234,11 +242,12 @@ def sqlite_hand_written(path: str, *, table_prefix: str) -> float:
             f"SELECT position, type, payload FROM {table_prefix}messages "
             "WHERE tenant = ? AND topic = ? AND position > ? ORDER BY position LIMIT ?"
         )
+        balances = balances_name()
         insert_account = (
-            "INSERT INTO ledger_balances (account_id, owner, balance, entries) VALUES (?, ?, 0, 0)"
+            f"INSERT INTO {balances} (account_id, owner, balance, entries) VALUES (?, ?, 0, 0)"
         )
         change_balance = (
-            "UPDATE ledger_balances SET balance = balance + ?, entries = entries + 1 "
+            f"UPDATE {balances} SET balance = balance + ?, entries = entries + 1 "
             "WHERE account_id = ?"
         )
         checkpoint_update = (
@@ -286,12 +295,12 @@ def mysql_hand_written(url: str, *, table_prefix: str) -> float:
             f"SELECT position, type, payload FROM {table_prefix}messages "
             "WHERE tenant = %s AND topic = %s AND position > %s ORDER BY position LIMIT %s"
         )
+        balances = balances_name()
         insert_account = (
-            "INSERT INTO ledger_balances (account_id, owner, balance, entries) "
-            "VALUES (%s, %s, 0, 0)"
+            f"INSERT INTO {balances} (account_id, owner, balance, entries) VALUES (%s, %s, 0, 0)"
         )
         change_balance = (
-            "UPDATE ledger_balances SET balance = balance + %s, entries = entries + 1 "
+            f"UPDATE {balances} SET balance = balance + %s, entries = entries + 1 "
             "WHERE account_id = %s"
         )
         checkpoint_update = (
@@ -438,10 +447,10 @@ def _run_mysql(url: str, count: int) -> None:
     prefix = f"bench{uuid.uuid4().hex[:8]}_"
     db = Database(url, tenant=TENANT, table_prefix=prefix)
     with db.engine.connect() as conn:
-        if inspect(conn).has_table(ledger.balances.name):
+        if inspect(conn).has_table(balances_name()):
             db.dispose()
             raise BenchmarkFailure(
-                f"table {ledger.balances.name} already exists in {db!r}; "
+                f"table {balances_name()} already exists in {db!r}; "
                 "refusing to benchmark over someone else's read model"
             )
     try:
@@ -453,7 +462,7 @@ def _run_mysql(url: str, count: int) -> None:
 
         def fresh() -> Iterator[str]:
             with db.transaction() as conn:
-                conn.execute(text(f"DROP TABLE IF EXISTS {ledger.balances.name}"))
+                conn.execute(text(f"DROP TABLE IF EXISTS {balances_name()}"))
                 for table in (t.partitions, t.consumers, t.instances):
                     conn.execute(delete(table).where(table.c.tenant == TENANT))
             declare(db, spec, Distribution.PARTITIONED, SEEDER)
@@ -470,7 +479,7 @@ def _run_mysql(url: str, count: int) -> None:
     finally:
         with db.engine.begin() as conn:
             for name in inspect(conn).get_table_names():
-                if name.startswith(prefix) or name == ledger.balances.name:
+                if name.startswith(prefix) or name == balances_name():
                     conn.execute(text(f"DROP TABLE IF EXISTS `{name}`"))
         db.dispose()
 
@@ -484,7 +493,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--profile", action="store_true", help="cProfile one framework run (stderr)"
     )
+    parser.add_argument(
+        "--tenant", default=TENANT, help="the tenant to run as (default: the default tenant)"
+    )
     args = parser.parse_args(argv)
+    globals()["TENANT"] = args.tenant
     if args.messages is not None and args.messages < 2:
         parser.error("--messages must be at least 2")
     try:
