@@ -19,7 +19,9 @@ Each run starts from a fresh copy of the seeded data, and every run's read model
 checkpoints are compared with a sequential ``ledger.replay`` of all messages; any
 difference fails the benchmark. Prints the median rate of each and, per backend,
 ``ratio framework/best hand-written: X.XX`` (MySQL first when given, SQLite last).
-``--profile`` adds a cProfile summary of one framework run on stderr.
+``--profile`` adds a cProfile summary of one framework run on stderr. ``--tenant T``
+runs all as tenant ``T``, whose read model is the copy ``T__ledger_balances`` that the
+framework's statements are translated to (``messaging.tenancy``).
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ from messaging.membership import InstanceInfo, Membership
 from messaging.migrations import migrate
 from messaging.ownership import Ownership
 from messaging.settings import ConsumerSettings, Distribution
+from messaging.tenancy import physical_name
 from messaging.worker import ConsumerWorker
 from projections.examples import ledger
 
@@ -75,6 +78,11 @@ SIGNS = {
 }
 
 Model = dict[str, tuple[str, int, int]]
+
+
+def balances_name() -> str:
+    """The physical name of the balances table for the tenant benchmarked."""
+    return physical_name(TENANT, ledger.balances.name)
 
 
 class BenchmarkFailure(Exception):
@@ -163,7 +171,7 @@ def framework_state(db: Database) -> tuple[Model, list[int]]:
     """The balances read model and the consumer's checkpoints, read through SQLAlchemy."""
     t = db.schema.partitions
     with db.read() as conn:
-        rows = conn.execute(select(ledger.balances)).mappings().all()
+        rows = conn.execute(select(db.read_model(ledger.balances))).mappings().all()
         checkpoints = conn.execute(
             select(t.c.checkpoint)
             .where(t.c.tenant == db.tenant, t.c.consumer == CONSUMER)
@@ -254,39 +262,40 @@ def fold(rows: Sequence[tuple[Any, ...]]) -> list[BalanceRow]:
 
 
 class Sql:
-    """The SQL both loops send, in the driver's parameter style (``?`` or ``%s``)."""
+    """The SQL the loops send, in the driver's parameter style (``?`` or ``%s``)."""
 
     def __init__(self, table_prefix: str, mark: str) -> None:
+        balances = balances_name()
         self.select_batch = (
             f"SELECT position, type, payload FROM {table_prefix}messages "
             f"WHERE tenant = {mark} AND topic = {mark} AND position > {mark} "
             f"ORDER BY position LIMIT {mark}"
         )
         self.insert_account = (
-            "INSERT INTO ledger_balances (account_id, owner, balance, entries) "
+            f"INSERT INTO {balances} (account_id, owner, balance, entries) "
             f"VALUES ({mark}, {mark}, 0, 0)"
         )
         self.change_balance = (
-            f"UPDATE ledger_balances SET balance = balance + {mark}, entries = entries + 1 "
+            f"UPDATE {balances} SET balance = balance + {mark}, entries = entries + 1 "
             f"WHERE account_id = {mark}"
+        )
+        self.upsert = (
+            f"INSERT INTO {balances} (account_id, owner, balance, entries) "
+            f"VALUES ({mark}, {mark}, {mark}, {mark}) "
+            + (
+                "ON CONFLICT (account_id) DO UPDATE SET balance = balance + excluded.balance, "
+                "entries = entries + excluded.entries"
+                if mark == "?"
+                # VALUES(), not a row alias: PyMySQL batches only "… VALUES (…) ON DUPLICATE …"
+                else "ON DUPLICATE KEY UPDATE "
+                "balance = balance + VALUES(balance), entries = entries + VALUES(entries)"
+            )
         )
         self.checkpoint = (
             f"UPDATE {table_prefix}consumer_partitions SET checkpoint = {mark} "
             f"WHERE tenant = {mark} AND consumer = {mark} AND partition_no IN ({PARTITION_LIST})"
         )
         self.guarded_checkpoint = f"{self.checkpoint} AND checkpoint = {mark}"
-
-
-SQLITE_UPSERT = (
-    "INSERT INTO ledger_balances (account_id, owner, balance, entries) VALUES (?, ?, ?, ?) "
-    "ON CONFLICT (account_id) DO UPDATE SET balance = balance + excluded.balance, "
-    "entries = entries + excluded.entries"
-)
-MYSQL_UPSERT = (  # VALUES(), not a row alias: PyMySQL batches only "… VALUES (…) ON DUPLICATE …"
-    "INSERT INTO ledger_balances (account_id, owner, balance, entries) "
-    "VALUES (%s, %s, %s, %s) ON DUPLICATE KEY UPDATE "
-    "balance = balance + VALUES(balance), entries = entries + VALUES(entries)"
-)
 
 
 def apply_mirror(cur: Any, sql: Sql, rows: Sequence[tuple[Any, ...]]) -> None:
@@ -329,7 +338,7 @@ def sqlite_loop(path: str, *, table_prefix: str, best: bool) -> float:
                 break
             previous, checkpoint = checkpoint, rows[-1][0]
             if best:
-                cur.executemany(SQLITE_UPSERT, fold(rows))
+                cur.executemany(sql.upsert, fold(rows))
                 commit_guarded(cur, sql, checkpoint, previous)
             else:
                 apply_mirror(cur, sql, rows)
@@ -364,7 +373,7 @@ def mysql_loop(url: str, *, table_prefix: str, best: bool) -> float:
                 break
             previous, checkpoint = checkpoint, rows[-1][0]
             if best:
-                cur.executemany(MYSQL_UPSERT, fold(rows))  # one multi-row INSERT
+                cur.executemany(sql.upsert, fold(rows))  # one multi-row INSERT
                 commit_guarded(cur, sql, checkpoint, previous)
             else:
                 apply_mirror(cur, sql, rows)
@@ -499,10 +508,10 @@ def _run_mysql(url: str, count: int) -> None:
     prefix = f"bench{uuid.uuid4().hex[:8]}_"
     db = Database(url, tenant=TENANT, table_prefix=prefix)
     with db.engine.connect() as conn:
-        if inspect(conn).has_table(ledger.balances.name):
+        if inspect(conn).has_table(balances_name()):
             db.dispose()
             raise BenchmarkFailure(
-                f"table {ledger.balances.name} already exists in {db!r}; "
+                f"table {balances_name()} already exists in {db!r}; "
                 "refusing to benchmark over someone else's read model"
             )
     try:
@@ -514,7 +523,7 @@ def _run_mysql(url: str, count: int) -> None:
 
         def fresh() -> Iterator[str]:
             with db.transaction() as conn:
-                conn.execute(text(f"DROP TABLE IF EXISTS {ledger.balances.name}"))
+                conn.execute(text(f"DROP TABLE IF EXISTS {balances_name()}"))
                 for table in (t.partitions, t.consumers, t.instances):
                     conn.execute(delete(table).where(table.c.tenant == TENANT))
             declare(db, spec, Distribution.PARTITIONED, SEEDER)
@@ -537,7 +546,7 @@ def _run_mysql(url: str, count: int) -> None:
     finally:
         with db.engine.begin() as conn:
             for name in inspect(conn).get_table_names():
-                if name.startswith(prefix) or name == ledger.balances.name:
+                if name.startswith(prefix) or name == balances_name():
                     conn.execute(text(f"DROP TABLE IF EXISTS `{name}`"))
         db.dispose()
 
@@ -551,7 +560,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--profile", action="store_true", help="cProfile one framework run (stderr)"
     )
+    parser.add_argument(
+        "--tenant", default=TENANT, help="the tenant to run as (default: the default tenant)"
+    )
     args = parser.parse_args(argv)
+    globals()["TENANT"] = args.tenant
     if args.messages is not None and args.messages < 2:
         parser.error("--messages must be at least 2")
     try:

@@ -138,7 +138,8 @@ class Settings:
     """The whole configuration of one deployment.
 
     :ivar database: SQLAlchemy URL of the shared database.
-    :ivar tenant: Rows and instances of other tenants in the same database are invisible.
+    :ivar tenant: Rows and instances of other tenants in the same database are invisible;
+        read models are the tenant's own tables (``<tenant>__<name>`` unless ``default``).
     :ivar table_prefix: Prefix of every table name (``table-prefix``).
     :ivar messaging: Settings shared by every consumer.
     :ivar projections: Projection consumers.
