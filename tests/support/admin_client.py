@@ -9,11 +9,15 @@ import subprocess
 import threading
 import urllib.error
 import urllib.request
-from http.server import ThreadingHTTPServer
+from http.server import HTTPServer
 from pathlib import Path
 from typing import Any
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+#: The admin token of the tests' servers.
+TOKEN = "test-admin-token-0123456789"
+#: The config lines that set it.
+TOKEN_CONFIG = f"admin:\n  token: {TOKEN}\n"
 
 
 def get(url: str) -> tuple[int, str, bytes]:
@@ -32,7 +36,22 @@ def get_json(url: str) -> tuple[int, Any]:
     return status, json.loads(body)
 
 
-def serve(server: ThreadingHTTPServer) -> tuple[str, threading.Thread]:
+def post(url: str, body: Any, *, token: str | None = TOKEN) -> tuple[int, Any]:
+    """(status, decoded JSON answer) of a command POSTed as JSON, with ``token`` if given."""
+    headers = {"Content-Type": "application/json"}
+    if token is not None:
+        headers["Authorization"] = f"Bearer {token}"
+    request = urllib.request.Request(
+        url, data=json.dumps(body).encode(), method="POST", headers=headers
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+def serve(server: HTTPServer) -> tuple[str, threading.Thread]:
     """Serve ``server`` in a thread; return its base URL and the thread."""
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05})
     thread.start()

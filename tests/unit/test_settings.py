@@ -680,5 +680,5 @@ def test_plugins_are_a_list_of_module_names() -> None:
     """`plugins` loads extra modules; anything but a list of names is refused at its key."""
     assert settings_from_mapping({"plugins": ["a.b", "c"]}).plugins == ("a.b", "c")
     for bad in ("a.b", [1], [""], {"a": 1}):
-        with pytest.raises(ConfigError, match=r"expected a list of module names.* @ plugins"):
+        with pytest.raises(ConfigError, match=r"expected a list of names.* @ plugins"):
             settings_from_mapping({"plugins": bad})
