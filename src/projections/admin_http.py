@@ -34,6 +34,10 @@ log = logging.getLogger(__name__)
 #: Most bytes of header lines a request may send.
 MAX_HEAD_BYTES = 16 * 1024
 
+#: How long and how much a closing connection's unread input is read and dropped.
+_LINGER_SECONDS = 1.0
+_LINGER_BYTES = 1024 * 1024
+
 _BUSY = json.dumps({"error": "the server is busy; try again"}).encode()
 _BUSY_RESPONSE = (
     b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
@@ -151,7 +155,22 @@ class BoundedHTTPServer(HTTPServer):
         with contextlib.suppress(OSError):
             request.setblocking(False)
             request.send(_BUSY_RESPONSE)
-        self.shutdown_request(request)
+        super().shutdown_request(request)
+
+    def shutdown_request(self, request: Any) -> None:
+        """Close after reading what the client still sends, for a short while: closing
+        with unread input would reset the connection and lose the answer just sent."""
+        with contextlib.suppress(OSError):
+            request.shutdown(socket.SHUT_WR)
+            deadline = time.monotonic() + _LINGER_SECONDS
+            drained = 0
+            while drained < _LINGER_BYTES and (left := deadline - time.monotonic()) > 0:
+                request.settimeout(left)
+                chunk = request.recv(65536)
+                if not chunk:
+                    break
+                drained += len(chunk)
+        self.close_request(request)
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         log.warning("admin: error serving %s", client_address, exc_info=True)
