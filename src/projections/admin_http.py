@@ -37,6 +37,7 @@ MAX_HEAD_BYTES = 16 * 1024
 #: How long and how much a closing connection's unread input is read and dropped.
 _LINGER_SECONDS = 1.0
 _LINGER_BYTES = 1024 * 1024
+_LINGER_GAP = 0.2  # a client that sends nothing for this long has nothing more to send
 
 _BUSY = json.dumps({"error": "the server is busy; try again"}).encode()
 _BUSY_RESPONSE = (
@@ -104,6 +105,8 @@ class BoundedHTTPServer(HTTPServer):
     """An :class:`HTTPServer` that serves connections on a bounded thread pool (see the
     module's docstring). Its handler must be a :class:`LimitedRequestHandler`."""
 
+    request_queue_size = 128
+
     def __init__(
         self,
         address: tuple[str, int],
@@ -115,11 +118,19 @@ class BoundedHTTPServer(HTTPServer):
     ) -> None:
         self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
         self.request_timeout = request_timeout
+        self.max_threads = max_threads
+        self.max_waiting = max_waiting
         self._slots = threading.BoundedSemaphore(max_threads + max_waiting)
         self._accepted: dict[socket.socket, float] = {}
         self._lock = threading.Lock()
         super().__init__(address, handler)
         self._pool = ThreadPoolExecutor(max_threads, thread_name_prefix="admin-http")
+
+    @property
+    def open_connections(self) -> int:
+        """Connections accepted and not yet closed (served or waiting for a thread)."""
+        with self._lock:
+            return len(self._accepted)
 
     def accepted_at(self, request: socket.socket) -> float:
         """When ``request`` was accepted (:func:`time.monotonic`)."""
@@ -165,7 +176,7 @@ class BoundedHTTPServer(HTTPServer):
             deadline = time.monotonic() + _LINGER_SECONDS
             drained = 0
             while drained < _LINGER_BYTES and (left := deadline - time.monotonic()) > 0:
-                request.settimeout(left)
+                request.settimeout(min(left, _LINGER_GAP))
                 chunk = request.recv(65536)
                 if not chunk:
                     break
