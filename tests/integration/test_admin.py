@@ -5,15 +5,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from admin_client import TOKEN_CONFIG, chromium, get, get_json, post, serve
+from admin_client import TOKEN_CONFIG, admin_process, chromium, get, get_json, post, serve
 from admin_schemas import CLUSTER, COMMAND, CONSUMERS, ERROR, INSTANCES, check
 from clusters import lag, wait_until, write_config
 
@@ -267,27 +264,11 @@ def test_the_admin_command_serves_until_sigterm(tmp_path: Path) -> None:
     db = Database(url)
     db.prepare()
     db.dispose()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "projections.cli", "admin", "--port", "0", "--database", url],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    try:
-        assert process.stdout is not None
-        line = process.stdout.readline()
-        assert line.startswith("admin page: http://127.0.0.1:"), line
-        base = line.split(": ", 1)[1].strip().removesuffix("/admin")
+    with admin_process("admin", "--port", "0", "--database", url) as (process, base):
+        assert base.startswith("http://127.0.0.1:")
         status, body = get_json(base + "/admin/cluster")
         assert status == 200
         assert body["answered_by"].endswith(f":{process.pid}")
-        process.send_signal(signal.SIGTERM)
-        assert process.wait(timeout=15) == 0
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
 
 
 def test_operator_commands_over_http_are_applied_and_audited(
@@ -321,30 +302,19 @@ def test_operator_commands_over_http_are_applied_and_audited(
 def test_run_serves_the_admin_endpoints_alongside_the_instance(tmp_path: Path) -> None:
     """`run --admin-port 0` prints the page's address and answers for its own instance."""
     database = f"sqlite:///{tmp_path}/run-admin.db"
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "projections.cli",
-            "--log-level",
-            "WARNING",
-            "run",
-            "projections.examples.ledger",
-            "--database",
-            database,
-            "--admin-port",
-            "0",
-            "--instance-name",
-            "with-admin",
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert process.stdout is not None
-        line = process.stdout.readline()
-        assert line.startswith("admin page: http://127.0.0.1:"), line
-        base = line.split()[-1].removesuffix("/admin")
+    with admin_process(
+        "--log-level",
+        "WARNING",
+        "run",
+        "projections.examples.ledger",
+        "--database",
+        database,
+        "--admin-port",
+        "0",
+        "--instance-name",
+        "with-admin",
+    ) as (_, base):
+        assert base.startswith("http://127.0.0.1:")
 
         def named() -> list[str]:
             try:  # the page is up before the instance has made its tables
@@ -354,6 +324,3 @@ def test_run_serves_the_admin_endpoints_alongside_the_instance(tmp_path: Path) -
             return [i["name"] for i in data["instances"] if i["live"]] if status == 200 else []
 
         wait_until(lambda: named() == ["with-admin"], timeout=30, what="the instance to show up")
-    finally:
-        process.send_signal(signal.SIGTERM)
-        assert process.wait(timeout=30) == 0

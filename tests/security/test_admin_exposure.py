@@ -4,14 +4,13 @@ command line; with one, the server starts and still names its Host rules."""
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from admin_client import TOKEN, get_json, serve
+from admin_client import TOKEN, admin_process, get_json, serve
 
 from messaging import Database, ProjectionsError
 from messaging.config import settings_from_mapping
@@ -57,26 +56,11 @@ def test_the_admin_command_refuses_a_public_address_without_a_token(tmp_path: Pa
     assert "without an admin token" in line and "PROJECTIONS_ADMIN_TOKEN" in line
     assert refused.stdout == ""
 
-    process = subprocess.Popen(
-        command,
-        env={**env, "PROJECTIONS_ADMIN_TOKEN": TOKEN, "PYTHONUNBUFFERED": "1"},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert process.stdout is not None
-        line = process.stdout.readline()
-        assert line.startswith("admin page: http://0.0.0.0:"), line
-        port = int(line.rsplit(":", 1)[1].split("/")[0])
-        status, body = get_json(f"http://127.0.0.1:{port}/admin/cluster")
+    arguments = command[3:]
+    with admin_process(*arguments, env={"PROJECTIONS_ADMIN_TOKEN": TOKEN}) as (process, base):
+        assert base.startswith("http://0.0.0.0:"), base
+        status, body = get_json(base.replace("0.0.0.0", "127.0.0.1") + "/admin/cluster")
         assert status == 200 and body["answered_by"].endswith(f":{process.pid}")
-        process.send_signal(signal.SIGTERM)
-        assert process.wait(timeout=15) == 0
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
 
 
 def test_host_rules_of_a_server_on_every_interface_and_behind_a_proxy(tmp_path: Path) -> None:

@@ -4,11 +4,16 @@ render its page in headless Chromium."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 import subprocess
+import sys
 import threading
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from http.server import HTTPServer
 from pathlib import Path
 from typing import Any
@@ -57,6 +62,33 @@ def serve(server: HTTPServer) -> tuple[str, threading.Thread]:
     thread.start()
     host, port = server.server_address[:2]
     return f"http://{host!s}:{port}", thread
+
+
+@contextmanager
+def admin_process(
+    *arguments: str, env: dict[str, str] | None = None
+) -> Iterator[tuple[subprocess.Popen[str], str]]:
+    """Run ``projections ARGUMENTS...`` (which serves the admin page) with ``env`` added
+    to the environment; yield the process and the base URL it printed. On exit it is sent
+    SIGTERM and must stop cleanly (exit 0)."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "projections.cli", *arguments],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+    )
+    try:
+        assert process.stdout is not None
+        line = process.stdout.readline()
+        assert line.startswith("admin page: http://"), (line, process.stderr.read())
+        yield process, line.split(": ", 1)[1].strip().removesuffix("/admin")
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=30) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
 
 
 def chromium(profile: Path, *options: str, url: str) -> subprocess.CompletedProcess[str]:
