@@ -38,7 +38,7 @@ def default_operator() -> str:
         user = getpass.getuser()
     except (KeyError, OSError):
         user = "unknown"
-    return f"{user}@{socket.gethostname()}"
+    return f"{user}@{socket.gethostname()}"[:200]  # the audit's who column holds 200
 
 
 def check_reason(reason: str) -> None:

@@ -62,7 +62,7 @@ def command(
 
 
 def test_a_command_without_the_right_token_is_unauthorized(guarded: LiveAdmin) -> None:
-    before = guarded.snapshot()
+    before = guarded.baseline()
     for token in (None, "", "wrong", TOKEN[:-1], TOKEN + "x", TOKEN.upper()):
         status, headers, body = command(guarded.port, token=token)
         assert (status, body) == (401, {"error": UNAUTHORIZED}), token
@@ -76,7 +76,7 @@ def test_a_command_without_the_right_token_is_unauthorized(guarded: LiveAdmin) -
 def test_without_a_configured_token_commands_are_disabled_and_reads_work(
     unguarded: LiveAdmin,
 ) -> None:
-    before = unguarded.snapshot()
+    before = unguarded.baseline()
     for token in (None, TOKEN, "anything-at-all-long-enough"):
         status, _, body = command(unguarded.port, token=token)
         assert (status, body) == (403, {"error": DISABLED})
@@ -90,7 +90,7 @@ def test_a_foreign_host_header_is_misdirected_for_reads_and_commands(guarded: Li
     """DNS rebinding: a page of evil.example whose name now resolves to 127.0.0.1 sends
     its own name as Host; the server answers nothing but 421."""
     port = guarded.port
-    before = guarded.snapshot()
+    before = guarded.baseline()
     for host in (
         "evil.example",
         f"evil.example:{port}",
@@ -114,7 +114,7 @@ def test_a_foreign_host_header_is_misdirected_for_reads_and_commands(guarded: Li
 
 def test_a_cross_origin_command_is_refused_even_with_the_token(guarded: LiveAdmin) -> None:
     port = guarded.port
-    before = guarded.snapshot()
+    before = guarded.baseline()
     for origin in (
         "http://evil.example",
         f"http://127.0.0.1:{port + 1}",
@@ -129,7 +129,7 @@ def test_a_cross_origin_command_is_refused_even_with_the_token(guarded: LiveAdmi
 
 def test_form_and_text_bodies_are_refused_even_with_the_token(guarded: LiveAdmin) -> None:
     """What a <form> or a no-cors fetch can send is never a command."""
-    before = guarded.snapshot()
+    before = guarded.baseline()
     for content_type, body in (
         ("application/x-www-form-urlencoded", b"reason=x"),
         ("multipart/form-data; boundary=x", b"--x--\r\n"),
@@ -145,7 +145,7 @@ def test_form_and_text_bodies_are_refused_even_with_the_token(guarded: LiveAdmin
 
 def test_bad_bodies_are_answered_400_or_413_and_change_nothing(guarded: LiveAdmin) -> None:
     port = guarded.port
-    before = guarded.snapshot()
+    before = guarded.baseline()
     long_reason = json.dumps({"reason": "r" * (MAX_REASON_LENGTH + 1)}).encode()
     for body, needle in (
         (long_reason, f"at most {MAX_REASON_LENGTH}"),
@@ -192,7 +192,7 @@ def test_percent_encoded_names_are_operated_and_traversal_finds_nothing(
     assert command(guarded.port, f"{route}/resume")[0] == 200
     assert [e["command"] for e in audit_log(guarded.db, name)][-2:] == ["pause", "resume"]
 
-    before = guarded.snapshot()
+    before = guarded.baseline()
     status, _, answer = command(guarded.port, "/admin/consumers/..%2F..%2Fetc%2Fpasswd/pause")
     assert status == 409 and answer["error"].startswith("unknown consumer '../../etc/passwd'")
     assert command(guarded.port, "/admin/consumers/%ff%fe/pause")[0] == 404  # not UTF-8

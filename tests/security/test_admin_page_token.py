@@ -88,7 +88,7 @@ def test_the_page_asks_for_the_token_once_and_commands_with_it(
 
     # A wrong token is refused in plain sight and forgotten, so the next click asks again.
     browser.evaluate("sessionStorage.clear()")
-    before = guarded.snapshot()
+    before = guarded.baseline()
     refused = _click(browser, "pause", answer="a-wrong-token-0123456789")
     assert refused["refused"] and refused["text"].startswith(f"REFUSED (401) pause {TARGET}: ")
     assert "admin token" in refused["text"] and refused["stored"] is None
@@ -99,7 +99,7 @@ def test_without_a_token_configured_the_page_says_commands_are_disabled(
     unguarded: LiveAdmin, browser: Browser
 ) -> None:
     browser.open(unguarded.base + "/admin")
-    before = unguarded.snapshot()
+    before = unguarded.baseline()
     refused = _click(browser, "rebuild", answer=TOKEN)
     assert refused["refused"]
     assert refused["text"].startswith(f"REFUSED (403) rebuild {TARGET}: state-changing commands")
