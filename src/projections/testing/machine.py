@@ -57,7 +57,9 @@ def machine_settings(max_examples: int = 25, steps: int = 12) -> settings:
 class _TestCaseProperty:
     """``Machine.TestCase``: a unittest case of the machine that runs its battery first."""
 
-    def __get__(self, obj: object, owner: type[ClusterMachine]) -> type[unittest.TestCase]:
+    def __get__(
+        self, obj: ClusterMachine | None, owner: type[ClusterMachine]
+    ) -> type[unittest.TestCase]:
         return _test_case(owner if obj is None else type(obj))
 
 
@@ -103,7 +105,7 @@ class ClusterMachine(RuleBasedStateMachine):
     """Instances joined before the first step (after the ``initial`` appends)."""
     max_instances: ClassVar[int] = 4
     """Running and paused instances at most."""
-    TestCase = _TestCaseProperty()  # type: ignore[assignment]
+    TestCase = _TestCaseProperty()
     """``TestLedger = LedgerMachine.TestCase``: a unittest test case running the battery,
     then the search with :func:`machine_settings` (or the case's ``settings``), on the
     configured database."""
