@@ -157,7 +157,8 @@ class ClusterMachine(RuleBasedStateMachine):
 
     def expected(self, messages: Sequence[object]) -> object:
         """The read-model state that ``messages`` (every message appended, in order) should
-        give, e.g. by a sequential replay. None (the default) skips the comparison."""
+        give, e.g. by a sequential replay. None (the default) skips the comparison (the
+        battery's rebuild still compares :meth:`actual` before and after a rebuild)."""
         return None
 
     def actual(self, conn: Connection) -> object:
@@ -324,7 +325,7 @@ class ClusterMachine(RuleBasedStateMachine):
             f"handled by the consumers {dict(handled)}"
         )
         expected = self.expected([message for _, message in self.cluster.appended])
-        if actual != expected:
+        if expected is not None and actual != expected:
             raise ReadModelDiffers(expected, actual)
         overdue = self._overdue_deadlines()
         assert not overdue, f"saga deadlines due but not delivered after settling: {overdue}"
