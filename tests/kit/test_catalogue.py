@@ -13,14 +13,27 @@ from collections.abc import Sequence
 
 import attrs
 import pytest
+from hypothesis import settings
 from hypothesis import strategies as st
-from sqlalchemy import BigInteger, Column, Connection, Integer, MetaData, String, Table
-from sqlalchemy import bindparam, insert, select, update
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    Connection,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    bindparam,
+    insert,
+    select,
+    update,
+)
 
 from messaging import HandlerContext, handler, message, route_consumer
 from projections import projection
-from projections.testing import Append, ClusterMachine, messages_of
+from projections.testing import Append, ClusterMachine, machine_settings, messages_of
 from projections.testing.plugin import RunMachine
+from projections.testing.runner import run_cluster_machine
 from sagas import SagaContext, saga, start
 
 SKUS = ["sku-0", "sku-1", "sku-2"]
@@ -208,7 +221,10 @@ class ReportedMachine(StockMachine):
         super().__init__(database_url)
 
     def actual(self, conn: Connection) -> object:
-        return {sku: (WAREHOUSE.get(sku, 0), entries) for sku, (_, entries) in super().actual(conn).items()}  # type: ignore[attr-defined]
+        return {
+            sku: (WAREHOUSE.get(sku, 0), entries)
+            for sku, (_, entries) in super().actual(conn).items()
+        }  # type: ignore[attr-defined]
 
 
 # -- a route consumer -------------------------------------------------------------------------
@@ -360,11 +376,21 @@ def _with(machine: type[ClusterMachine], consumers: Sequence[type]) -> type[Clus
 
 CATALOGUE = [
     Entry("in-memory running totals", StockMachine, [CachedStock], "scenario 'handover'"),
-    Entry("writes outside the transaction", ReportedMachine, [ReportedStock], "scenario 'rolled-back batch'"),
+    Entry(
+        "writes outside the transaction",
+        ReportedMachine,
+        [ReportedStock],
+        "scenario 'rolled-back batch'",
+    ),
     Entry("a handler reading the wall clock", StampedMachine, [ClockStock], "scenario 'rebuild'"),
     Entry("a handler using randomness", StampedMachine, [RandomReceiptStock], "scenario 'rebuild'"),
     Entry("a route consumer without the guard", EmailsMachine, [Emails], "scenario 'sent twice'"),
-    Entry("deadline state kept in memory", RemindersMachine, [ForgetfulReminders], "scenario"),
+    Entry(
+        "deadline state kept in memory",
+        RemindersMachine,
+        [ForgetfulReminders],
+        "scenario 'deadlines across a takeover'",
+    ),
 ]
 CORRECT = [
     StockMachine,
@@ -392,7 +418,26 @@ def test_each_broken_consumer_is_caught_by_the_defaults_in_seconds(
 
 
 @pytest.mark.parametrize("machine", CORRECT, ids=[m.__name__ for m in CORRECT])
-def test_each_correct_consumer_passes_the_defaults(
+def test_each_correct_consumer_passes_the_battery_and_a_short_search(
     machine: type[ClusterMachine], run_machine: RunMachine
 ) -> None:
-    run_machine(machine)
+    """The whole battery, and a run of the search (the default search's 25 runs on both
+    backends would take minutes here; tests/property runs it in full)."""
+    run_machine(machine, machine_settings(max_examples=1))
+
+
+def test_the_search_alone_finds_state_kept_in_the_instance_and_reports_within_a_minute() -> None:
+    """Without the battery, the default search (from scratch: no saved examples) finds
+    the cached stock, shrinks it and reports it, program and cluster scenario included,
+    within the default report time. (On SQLite only: it takes the whole report time.)"""
+    machine = type(
+        "SearchedCachedStock", (StockMachine,), {"consumers": (CachedStock,), "battery": ()}
+    )
+    started = time.perf_counter()
+    with pytest.raises(AssertionError, match="read model differs") as failure:
+        run_cluster_machine(machine, settings(machine_settings(), database=None))
+    took = time.perf_counter() - started
+    print(f"\nfound by the search alone and reported in {took:.1f} s")
+    notes = "\n".join(getattr(failure.value, "__notes__", []))
+    assert "state = SearchedCachedStock()" in notes and "Cluster scenario" in notes, notes
+    assert took < REPORTED_WITHIN, f"reported after {took:.1f} s"

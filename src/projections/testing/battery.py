@@ -284,7 +284,7 @@ def _has(kind: ConsumerKind) -> Callable[[Sequence[ConsumerSpec], Samples], bool
 BATTERY: tuple[Scenario, ...] = (
     Scenario(
         "handover",
-        "the read model depends on state kept in the instance",
+        "the consumer depends on state kept in the instance",
         _handover,
         lambda specs, samples: any(s.transactional for s in specs),
     ),
@@ -294,6 +294,13 @@ BATTERY: tuple[Scenario, ...] = (
         "harmless (writes outside the transaction, or state kept in the instance)",
         _rolled_back,
         lambda specs, samples: any(s.transactional for s in specs),
+    ),
+    Scenario(
+        "rebuild",
+        "the read model depends on when, where or in which order it is built (the wall "
+        "clock, randomness, or messages of other partitions)",
+        _rebuild,
+        _has(ConsumerKind.PROJECTION),
     ),
     Scenario(
         "zombie",
@@ -308,13 +315,6 @@ BATTERY: tuple[Scenario, ...] = (
         "in the instance)",
         _crash,
         lambda specs, samples: any(s.transactional for s in specs),
-    ),
-    Scenario(
-        "rebuild",
-        "the read model depends on when, where or in which order it is built (the wall "
-        "clock, randomness, or messages of other partitions)",
-        _rebuild,
-        _has(ConsumerKind.PROJECTION),
     ),
     Scenario(
         "deadlines across a takeover",

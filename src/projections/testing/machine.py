@@ -17,7 +17,7 @@ from contextlib import ExitStack
 from functools import cache
 from typing import ClassVar
 
-from hypothesis import HealthCheck, currently_in_test_context, note, settings
+from hypothesis import HealthCheck, Phase, currently_in_test_context, note, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 from hypothesis.strategies import SearchStrategy
@@ -45,13 +45,22 @@ from projections.testing.strategies import pauses, picks, ticks
 def machine_settings(max_examples: int = 25, steps: int = 12) -> settings:
     """Hypothesis settings sized for a simulated cluster: a few runs of a few steps (short
     runs shrink fast), no deadline (a step is several transactions), no health check
-    about slow data."""
+    about slow data, and no explain phase (it reruns the failure many times to say which
+    lines only failing runs reach)."""
     return settings(
         max_examples=max_examples,
         stateful_step_count=steps,
+        phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink],
         deadline=None,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
     )
+
+
+HANDOVERS = ("join", "stop", "crash", "freeze")
+"""How :meth:`ClusterMachine.append_across_a_handover` moves a partition."""
+
+_messages = st.runner().flatmap(lambda machine: machine.messages)
+"""The machine's own strategy of appends."""
 
 
 class _TestCaseProperty:
@@ -130,9 +139,8 @@ class ClusterMachine(RuleBasedStateMachine):
         self.rebuilt_at: dict[str, int] = {}
         """Consumer → how many commits the cluster had recorded when it was last rebuilt
         (those before are not counted any more)."""
-        self.batches: dict[tuple[str, str], tuple[Append, int]] = {}
-        """(topic, source) → the last append drawn for it, and how many claims the cluster
-        had made by then (a later claim of its partition means the partition moved)."""
+        self.batches: dict[tuple[str, str], Append] = {}
+        """(topic, source) → the last append drawn for it."""
         self.last_failure = self.cluster.clock.value
         """When an instance last crashed or froze: each failure restarts the handover bound,
         since partitions may have been assigned to the instance that just failed."""
@@ -208,36 +216,38 @@ class ClusterMachine(RuleBasedStateMachine):
         self._failed()
         PauseAndWake(pick, rounds).apply(self.cluster)
 
-    @rule(batch=st.runner().flatmap(lambda machine: machine.messages))
+    @rule(batch=_messages)
     def append(self, batch: Append) -> None:
         batch.apply(self.cluster)
-        self.batches[batch.topic, batch.source] = (batch, len(self.cluster.claims))
+        self.batches[batch.topic, batch.source] = batch
 
-    def moved_batches(self) -> list[Append]:
-        """The last appends of the sources whose partition has been claimed anew (moved to
-        another instance, or fenced and claimed again) since: where state kept in an
-        instance, or an effect of a rolled-back batch, shows."""
-        moved = []
-        for batch, claims_then in self.batches.values():
-            partitions = {
-                (spec.name, partition_of(batch.source, spec.partitions))
-                for spec in self.cluster.specs
-                if batch.topic in spec.topics
-            }
-            if any(
-                (claim.consumer, claim.partition) in partitions and claim.epoch > 1
-                for claim in self.cluster.claims[claims_then:]
-            ):
-                moved.append(batch)
-        return moved
-
-    @precondition(lambda self: self.moved_batches())
-    @rule(pick=st.integers(0, 7))
-    def append_after_handover(self, pick: int) -> None:
-        """Append again what was last appended to a source whose partition has just moved
-        (the search leans toward handovers, where most consumer bugs show)."""
-        moved = self.moved_batches()
-        self.append(moved[pick % len(moved)])
+    @precondition(lambda self: self.cluster.running)
+    @rule(batch=_messages, how=st.sampled_from(HANDOVERS))
+    def append_across_a_handover(self, batch: Append, how: str) -> None:
+        """Append and apply ``batch``; move its partition away from the instance that
+        applied it (``how``: a join, a clean stop, a crash or a freeze of that instance);
+        append it again and settle. The search leans toward handovers, where most consumer
+        bugs show."""
+        self.append(batch)
+        self.poll()
+        spec = next(s for s in self.cluster.specs if batch.topic in s.topics)
+        owner = self.cluster.owners().get((spec.name, partition_of(batch.source, spec.partitions)))
+        if how != "join" and len(self.cluster.running) < 2:
+            self.join()
+        if how == "join" or owner not in self.cluster.running:
+            if self._members() < self.max_instances:
+                self.join()
+        else:
+            pick = sorted(self.cluster.running).index(owner)
+            if how == "stop":
+                self.stop(pick)
+            elif how == "crash":
+                self.crash(pick)
+            else:
+                self.pause(pick)
+        self.cluster.settle(each_round=self._observe_ownership)
+        self.append(batch)
+        self.settle()
 
     @rule(times=ticks())
     def tick(self, times: int) -> None:

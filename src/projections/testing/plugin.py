@@ -20,7 +20,7 @@ from messaging import Settings
 from projections.testing.cluster import SimulatedCluster, open_cluster
 from projections.testing.database import DATABASE_ENV, configure_database, configured_database
 from projections.testing.machine import ClusterMachine
-from projections.testing.runner import SHRINK_SECONDS, run_cluster_machine
+from projections.testing.runner import REPORT_SECONDS, run_cluster_machine
 
 _OPTION = "projections_database"
 
@@ -46,7 +46,7 @@ class RunMachine(Protocol):
         machine: type[ClusterMachine],
         settings: hypothesis.settings | None = None,
         *,
-        shrink_seconds: float = SHRINK_SECONDS,
+        report_seconds: float = REPORT_SECONDS,
     ) -> None: ...
 
 
@@ -113,19 +113,19 @@ def make_cluster(projections_database_url: str | None) -> Iterator[MakeCluster]:
 
 @pytest.fixture
 def run_machine(projections_database_url: str | None) -> RunMachine:
-    """``run_machine(Machine, settings=None, *, shrink_seconds=30)``: run a
+    """``run_machine(Machine, settings=None, *, report_seconds=30)``: run a
     :class:`ClusterMachine` subclass's battery, then the machine as a Hypothesis test, on
     this fixture's database (default settings: :func:`machine_settings`); a failure found
-    by the search is shrunk for ``shrink_seconds`` at most."""
+    by the search is reported within ``report_seconds`` of its start, shrinking included."""
 
     def run(
         machine: type[ClusterMachine],
         settings: hypothesis.settings | None = None,
         *,
-        shrink_seconds: float = SHRINK_SECONDS,
+        report_seconds: float = REPORT_SECONDS,
     ) -> None:
         run_cluster_machine(
-            machine, settings, projections_database_url, shrink_seconds=shrink_seconds
+            machine, settings, projections_database_url, report_seconds=report_seconds
         )
 
     return run
