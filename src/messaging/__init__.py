@@ -24,6 +24,7 @@ from messaging.routing import route_consumer
 from messaging.runtime import Instance
 from messaging.settings import Distribution, Settings
 from messaging.store import MessageStore, NewMessage, partition_hash, partition_of
+from messaging.tenancy import UntranslatableStatement, physical_name
 
 __all__ = [
     "CheckpointMoved",
@@ -49,6 +50,7 @@ __all__ = [
     "RegistrationError",
     "SchemaError",
     "Settings",
+    "UntranslatableStatement",
     "VersionConflict",
     "assign",
     "collect_consumers",
@@ -61,6 +63,7 @@ __all__ = [
     "parse_duration",
     "partition_hash",
     "partition_of",
+    "physical_name",
     "registry",
     "route_consumer",
     "settings_from_mapping",

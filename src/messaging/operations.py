@@ -2,7 +2,9 @@
 consumer, from any instance or the CLI. The state lives in the database, so every
 instance follows within one poll: each command bumps the epochs of the partitions it
 touches, which makes the current owners' next commit fail and roll back. Each command
-is recorded in the audit table with who, when and why.
+is recorded in the audit table with who, when and why: ``who`` is the identity the caller
+established (the CLI's ``user@host``, the admin server's ``admin token@<peer address>``),
+never one a client claims; ``reason`` is at most :data:`MAX_REASON_LENGTH` characters.
 
 A command applied twice is harmless: each call carries a command id, recorded with its
 audit entry in the same transaction. When the acknowledgement of its commit is lost
@@ -33,6 +35,8 @@ from messaging.settings import ConflictRetrySettings
 
 STATE_PAUSED = "paused"
 T = TypeVar("T")
+#: Most characters of a command's recorded reason.
+MAX_REASON_LENGTH = 200
 
 
 class OperationError(ProjectionsError, ValueError):
@@ -45,7 +49,15 @@ def default_operator() -> str:
         user = getpass.getuser()
     except (KeyError, OSError):
         user = "unknown"
-    return f"{user}@{socket.gethostname()}"
+    return f"{user}@{socket.gethostname()}"[:200]  # the audit's who column holds 200
+
+
+def check_reason(reason: str) -> None:
+    """Raise :class:`OperationError` when ``reason`` is longer than MAX_REASON_LENGTH."""
+    if len(reason) > MAX_REASON_LENGTH:
+        raise OperationError(
+            f"the reason has {len(reason)} characters; at most {MAX_REASON_LENGTH} are recorded"
+        )
 
 
 def _state(db: Database, conn: Connection, consumer: str) -> str:
@@ -160,6 +172,7 @@ def _audit(
 
 def pause(db: Database, consumer: str, *, who: str, reason: str = "") -> None:
     """Stop every instance from applying ``consumer`` until it is resumed."""
+    check_reason(reason)
 
     def body(conn: Connection, command_id: str) -> None:
         state = _state(db, conn, consumer)
@@ -181,6 +194,7 @@ def resume(
     poison message, or, with ``skip_poison``, continue right after it (it is recorded, never
     applied). Returns the halted messages it resumed at or skipped."""
     t = db.schema.partitions
+    check_reason(reason)
 
     def body(conn: Connection, command_id: str) -> list[dict[str, Any]]:
         state = _state(db, conn, consumer)
@@ -230,6 +244,7 @@ def resume(
 def rebuild(db: Database, consumer: str, *, who: str, reason: str = "") -> None:
     """Empty ``consumer``'s read models and replay it from the start. The first instance
     running it does the work (it has the table declarations); until then nothing applies it."""
+    check_reason(reason)
 
     def body(conn: Connection, command_id: str) -> None:
         state = _state(db, conn, consumer)
@@ -254,6 +269,7 @@ def forget_processed(
     """Forget the message ids an idempotent route consumer handled more than
     ``older_than`` seconds ago (its guard's table only grows); return how many. A message
     with a forgotten id that is sent again is handled again."""
+    check_reason(reason)
     if older_than < 0:
         raise OperationError(f"--older-than must not be negative, got {older_than}")
     t = db.schema.processed

@@ -33,6 +33,7 @@ from messaging.declarations import (
     current_declarations,
     declare,
     perform_requested_rebuild,
+    tenant_fingerprint,
 )
 from messaging.errors import ProjectionsError
 from messaging.lifecycle import lifecycle_event
@@ -152,7 +153,7 @@ class Instance:
         for spec in self.specs:
             if spec.transactional:
                 distribution = self.distributions[spec.name] = self.distribution(spec)
-                self.fingerprints[spec.name] = spec.fingerprint(self.registry)
+                self.fingerprints[spec.name] = tenant_fingerprint(self.db, spec, self.registry)
                 runs[spec.name] = {
                     "distribution": distribution.value,
                     "fingerprint": self.fingerprints[spec.name],

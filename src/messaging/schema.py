@@ -22,7 +22,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects import mysql
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 """The newest schema migration this code expects."""
 
 _TEXT = Text().with_variant(mysql.LONGTEXT(), "mysql", "mariadb")
@@ -168,4 +168,13 @@ class Schema:
             Column("scheduled_at", _SECONDS, nullable=False),
             PrimaryKeyConstraint("tenant", "saga", "saga_key", "name"),
             Index(f"{prefix}ix_deadlines_due", "tenant", "saga", "partition_no", "due_at"),
+        )
+        self.read_models = Table(
+            f"{prefix}read_models",
+            m,
+            Column("table_key", String(64), primary_key=True),  # the name, lower case
+            Column("table_name", String(64), nullable=False),
+            Column("tenant", String(64), nullable=False),
+            Column("consumer", String(200), nullable=False),
+            Column("registered_at", _SECONDS, nullable=False),
         )

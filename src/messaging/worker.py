@@ -468,7 +468,7 @@ class ConsumerWorker(_Worker):
     ) -> Sequence[StoredRow]:
         """In one transaction: read the batch unless given, apply it, commit the fenced
         checkpoints (at its last row or ``through``, the further). Returns the rows applied."""
-        with self.db.transaction() as conn:
+        with self.db.transaction(consumer=self.spec.name) as conn:
             batch = self._fetch(conn, claims) if rows is None else rows
             if not batch:
                 return batch

@@ -104,8 +104,9 @@ def build_parser() -> argparse.ArgumentParser:
     ):
         operation = commands.add_parser(name, help=help_text)
         operation.add_argument("consumer", metavar="CONSUMER")
-        operation.add_argument("--reason", default="", help="recorded in the audit log")
-        operation.add_argument("--who", default=None, help="recorded operator (default user@host)")
+        operation.add_argument(
+            "--reason", default="", help="recorded in the audit log with user@host"
+        )
         if name == "forget-processed":
             operation.add_argument(
                 "--older-than",
@@ -178,13 +179,15 @@ def _admin_alongside(args: argparse.Namespace, settings: Settings) -> Iterator[N
     if args.admin_port is None:
         yield
         return
-    from projections.admin import make_server
+    from projections.admin import listen
 
     db = _database(settings)
-    db.prepare()  # before the first request, which would find no tables otherwise
-    server = make_server(db, settings, "127.0.0.1", args.admin_port)
-    host, port = server.server_address[:2]
-    print(f"admin page: http://{host!s}:{port}/admin", flush=True)
+    try:
+        db.prepare()  # before the first request, which would find no tables otherwise
+        server = listen(db, settings, "127.0.0.1", args.admin_port)
+    except BaseException:
+        db.dispose()
+        raise
     thread = threading.Thread(target=server.serve_forever, name="admin", daemon=True)
     thread.start()
     try:
@@ -313,7 +316,7 @@ def cmd_operation(args: argparse.Namespace) -> int:
 
     settings = _settings(args)
     db = _database(settings)
-    who = args.who or operations.default_operator()
+    who = operations.default_operator()
     try:
         db.prepare()
         if args.command == "pause":

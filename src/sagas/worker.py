@@ -303,7 +303,7 @@ class SagaWorker(ConsumerWorker):
         """In one fenced transaction: read the due deadlines (or just ``only``, if still
         due), deliver them, commit."""
         dispatcher = self.dispatcher
-        with self.db.transaction() as conn:
+        with self.db.transaction(consumer=self.spec.name) as conn:
             due = dispatcher.store.due(conn, sorted(claims), self.settings.batch_size, until)
             if only is not None:
                 due = [d for d in due if d == only]

@@ -180,7 +180,7 @@ def _checkpoint_outside_the_transaction(self, rows, claims, *, immediate, throug
     return batch
 
 
-def _round_robin(units, members, current):  # type: ignore[no-untyped-def]
+def _round_robin(units, members, current, rotation=0):  # type: ignore[no-untyped-def]
     """Balanced but not sticky: sorted units dealt to sorted members."""
     ordered = sorted(set(members))
     return (
