@@ -170,6 +170,8 @@ class Scenario:
 
 
 def _start(run: Run) -> None:
+    if not run.cluster.running:  # a machine may start with no instance (initial_instances = 0)
+        run.call("join")
     run.settle(
         "the initial appends were applied",
         "the read model is wrong before anything happens to the cluster",
