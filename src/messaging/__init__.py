@@ -20,6 +20,7 @@ from messaging.errors import (
 from messaging.hookspecs import hookimpl, hookspec
 from messaging.messages import Envelope, MessageRegistry, message, registry
 from messaging.plugins import collect_consumers, create_plugin_manager
+from messaging.retry import is_ambiguous
 from messaging.routing import route_consumer
 from messaging.runtime import Instance
 from messaging.settings import Distribution, Settings
@@ -58,6 +59,7 @@ __all__ = [
     "handler",
     "hookimpl",
     "hookspec",
+    "is_ambiguous",
     "load_settings",
     "message",
     "parse_duration",
