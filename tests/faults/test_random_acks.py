@@ -28,7 +28,7 @@ pytestmark = [pytest.mark.faults, pytest.mark.mysql, pytest.mark.multiprocess]
 SOURCES = [f"src-{i}" for i in range(6)]
 ROUNDS = 50
 TIMERS = [f"timer-{i}" for i in range(20)]
-DROP_PROBABILITY = 0.04
+DROP_PROBABILITY = 0.08
 SINGLE_OWNER = """\
 projections:
   consumers:
@@ -80,6 +80,9 @@ def test_random_lost_acks_under_two_instances_equal_the_sequential_replay(
 
     expected = dict.fromkeys(SOURCES, ROUNDS)
     tallies = {name: tally(db, name, expected) for name in fault_app.PROJECTIONS}
+    handled = {
+        name: effects(db, name) for name in (fault_app.GUARDED, fault_app.PLAIN, "fault-timers")
+    }
     print(
         f"\ntraffic {appended - started:.1f}s, caught up {caught_up - appended:.1f}s later; "
         f"lost acknowledgements: {proxy.dropped} of {proxy.commits} commits; "
@@ -87,6 +90,11 @@ def test_random_lost_acks_under_two_instances_equal_the_sequential_replay(
             f"{name}: applied {t.applied} of {ROUNDS * len(SOURCES)}, duplicates {t.duplicates}, "
             f"reordered {t.reordered}, lost {t.lost}"
             for name, t in tallies.items()
+        )
+        + "; "
+        + "; ".join(
+            f"{name}: {len(done)} ids, {sum(done.values()) - len(done)} handled twice"
+            for name, done in handled.items()
         )
     )
     assert proxy.dropped > 0
