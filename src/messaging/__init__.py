@@ -7,6 +7,7 @@ from messaging.consumers import ConsumerKind, ConsumerOptions, ConsumerSpec, han
 from messaging.context import HandlerContext
 from messaging.database import Database
 from messaging.errors import (
+    CheckpointMoved,
     ConcurrentUpdate,
     ConfigError,
     DecodeError,
@@ -19,6 +20,7 @@ from messaging.errors import (
 from messaging.hookspecs import hookimpl, hookspec
 from messaging.messages import Envelope, MessageRegistry, message, registry
 from messaging.plugins import collect_consumers, create_plugin_manager
+from messaging.retry import is_ambiguous
 from messaging.routing import route_consumer
 from messaging.runtime import Instance
 from messaging.settings import Distribution, Settings
@@ -26,6 +28,7 @@ from messaging.store import MessageStore, NewMessage, partition_hash, partition_
 from messaging.tenancy import UntranslatableStatement, physical_name
 
 __all__ = [
+    "CheckpointMoved",
     "Clock",
     "ConcurrentUpdate",
     "ConfigError",
@@ -56,6 +59,7 @@ __all__ = [
     "handler",
     "hookimpl",
     "hookspec",
+    "is_ambiguous",
     "load_settings",
     "message",
     "parse_duration",

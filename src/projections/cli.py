@@ -282,6 +282,7 @@ def cmd_append(args: argparse.Namespace) -> int:
                 sys.stdin,
                 batch_size=args.batch_size,
                 registry=registry if args.module else None,
+                retry=settings.messaging.consumer.conflict_retry,
             )
         else:
             try:
@@ -294,6 +295,7 @@ def cmd_append(args: argparse.Namespace) -> int:
                     stream,
                     batch_size=args.batch_size,
                     registry=registry if args.module else None,
+                    retry=settings.messaging.consumer.conflict_retry,
                 )
     finally:
         db.dispose()

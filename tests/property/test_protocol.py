@@ -174,7 +174,7 @@ def _checkpoint_outside_the_transaction(self, rows, claims, *, immediate, throug
             conn,
             self.spec.name,
             self.instance_id,
-            {p: c.epoch for p, c in claims.items()},
+            claims,
             max(batch[-1][0], through),
         )
     return batch

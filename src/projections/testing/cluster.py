@@ -31,7 +31,7 @@ from messaging import (
     settings_from_mapping,
 )
 from messaging.consumers import ConsumerSpec, collect_specs
-from messaging.ownership import Ownership
+from messaging.ownership import Claim, Ownership
 from messaging.store import NewMessage
 from messaging.worker import ConsumerWorker
 from projections.testing.database import configured_database, scratch_database
@@ -158,7 +158,7 @@ class _DiesAtCommit(Ownership):
         conn: Connection,
         consumer: str,
         instance_id: str,
-        epochs: Mapping[int, int],
+        claims: Mapping[int, Claim],
         position: int,
     ) -> None:
         raise _ProcessDied
