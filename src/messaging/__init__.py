@@ -8,6 +8,7 @@ from messaging.consumers import ConsumerKind, ConsumerOptions, ConsumerSpec, han
 from messaging.context import HandlerContext
 from messaging.database import Database
 from messaging.errors import (
+    CheckpointMoved,
     ConcurrentUpdate,
     ConfigError,
     DecodeError,
@@ -20,12 +21,15 @@ from messaging.errors import (
 from messaging.hookspecs import hookimpl, hookspec
 from messaging.messages import Envelope, MessageRegistry, message, registry
 from messaging.plugins import collect_consumers, create_plugin_manager
+from messaging.retry import is_ambiguous
 from messaging.routing import route_consumer
 from messaging.runtime import Instance
 from messaging.settings import Distribution, InvalidSettings, Settings
 from messaging.store import MessageStore, NewMessage, partition_hash, partition_of
+from messaging.tenancy import UntranslatableStatement, physical_name
 
 __all__ = [
+    "CheckpointMoved",
     "Clock",
     "ConcurrentUpdate",
     "ConfigError",
@@ -49,6 +53,7 @@ __all__ = [
     "RegistrationError",
     "SchemaError",
     "Settings",
+    "UntranslatableStatement",
     "VersionConflict",
     "assign",
     "collect_consumers",
@@ -57,11 +62,13 @@ __all__ = [
     "handler",
     "hookimpl",
     "hookspec",
+    "is_ambiguous",
     "load_settings",
     "message",
     "parse_duration",
     "partition_hash",
     "partition_of",
+    "physical_name",
     "registry",
     "route_consumer",
     "settings_from_mapping",

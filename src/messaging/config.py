@@ -27,10 +27,18 @@ from cattrs.gen import make_dict_structure_fn, make_mapping_structure_fn, overri
 from messaging.errors import ConfigError
 from messaging.settings import ConsumerOverride, Distribution, InvalidSettings, Settings
 
-__all__ = ["DATABASE_URL_ENV", "load_settings", "parse_duration", "settings_from_mapping"]
+__all__ = [
+    "ADMIN_TOKEN_ENV",
+    "DATABASE_URL_ENV",
+    "load_settings",
+    "parse_duration",
+    "settings_from_mapping",
+]
 
 #: Environment variable that overrides the configured database URL.
 DATABASE_URL_ENV = "PROJECTIONS_DATABASE_URL"
+#: Environment variable that overrides the configured admin token (``admin.token``).
+ADMIN_TOKEN_ENV = "PROJECTIONS_ADMIN_TOKEN"
 
 _DURATION = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?|\.[0-9]+)\s*(ms|s|m|h)\s*", re.ASCII)
 _UNIT_SECONDS = {"ms": Decimal("0.001"), "s": Decimal(1), "m": Decimal(60), "h": Decimal(3600)}
@@ -79,8 +87,9 @@ def load_settings(
 
     The database URL comes from, in order: the ``database`` argument (``--database``),
     the ``PROJECTIONS_DATABASE_URL`` environment variable (ignored when empty), the
-    file's ``database`` key, the default ``sqlite:///projections.db``. ``environ``
-    defaults to :data:`os.environ`.
+    file's ``database`` key, the default ``sqlite:///projections.db``. The admin token
+    comes from ``PROJECTIONS_ADMIN_TOKEN`` (ignored when empty), else ``admin.token``.
+    ``environ`` defaults to :data:`os.environ`.
 
     Raises :class:`ConfigError` for a missing or unreadable file, invalid YAML (with
     line and column), a top level that is not a mapping, or invalid settings.
@@ -106,6 +115,12 @@ def load_settings(
     url = database if database is not None else env.get(DATABASE_URL_ENV) or None
     if url is not None and url != settings.database:
         settings = attrs.evolve(settings, database=url)  # validated again as it is built
+    token = env.get(ADMIN_TOKEN_ENV) or None
+    if token is not None and token != settings.admin.token:
+        try:
+            settings = attrs.evolve(settings, admin=attrs.evolve(settings.admin, token=token))
+        except ConfigError as exc:
+            raise ConfigError(f"${ADMIN_TOKEN_ENV}: {exc}") from None
     return settings
 
 
@@ -169,7 +184,7 @@ def _structure_str(value: object, _: type) -> str:
 
 def _structure_names(value: object, _: type) -> tuple[str, ...]:
     if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
-        raise TypeError(f"expected a list of module names, got {_kind(value)}")
+        raise TypeError(f"expected a list of names, got {_kind(value)}")
     return tuple(value)
 
 

@@ -87,8 +87,11 @@ class ConsumerSpec:
         """The stored type names this consumer handles, sorted."""
         return sorted(registry.type_name(cls) for cls in self.handlers)
 
-    def fingerprint(self, registry: MessageRegistry = default_registry) -> str:
-        """A digest of the declaration: version, topics, handled types, partitions, table DDL."""
+    def fingerprint(
+        self, registry: MessageRegistry = default_registry, tables: Sequence[Table] | None = None
+    ) -> str:
+        """A digest of the declaration: version, topics, handled types, partitions, table DDL
+        (of ``tables``, the physical tables, when given; else of the declared ones)."""
         from sqlalchemy.dialects import sqlite
 
         declaration = {
@@ -98,7 +101,8 @@ class ConsumerSpec:
             "types": self.type_names(registry),
             "partitions": self.options.partitions,
             "tables": sorted(
-                str(CreateTable(t).compile(dialect=sqlite.dialect())) for t in self.options.tables
+                str(CreateTable(t).compile(dialect=sqlite.dialect()))
+                for t in (self.options.tables if tables is None else tables)
             ),
         }
         encoded = json.dumps(declaration, sort_keys=True).encode()

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from sqlalchemy import Connection, Engine, create_engine, event, insert, select
+from sqlalchemy import Connection, Engine, Table, create_engine, event, insert, select
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, IntegrityError
 from sqlalchemy.pool import NullPool
@@ -21,6 +21,7 @@ from sqlalchemy.pool import NullPool
 from messaging.clock import Clock, DatabaseClock
 from messaging.errors import ConfigError
 from messaging.schema import Schema
+from messaging.tenancy import CONSUMER_OPTION, ReadModels
 
 SQLITE_BUSY_TIMEOUT = 30.0
 """Seconds a SQLite connection waits for another process's write lock, unless the URL
@@ -129,11 +130,24 @@ class Database:
         self.tenant = tenant
         self.schema = Schema(table_prefix)
         self.clock: Clock = clock or DatabaseClock(self.engine.dialect.name)
+        self.read_models = ReadModels(tenant)
+        """This tenant's physical read-model tables; statements on :attr:`engine` naming a
+        declared table are sent to this tenant's copy (see :mod:`messaging.tenancy`)."""
+        self.read_models.install(self.engine)
+
+    def read_model(self, table: Table) -> Table:
+        """This tenant's physical table for the declared read-model ``table``: the table
+        itself for the default tenant, ``<tenant>__<name>`` for any other."""
+        return self.read_models.physical(table)
 
     @contextmanager
-    def transaction(self) -> Iterator[Connection]:
-        """A write transaction: committed on success, rolled back on any exception."""
+    def transaction(self, *, consumer: str | None = None) -> Iterator[Connection]:
+        """A write transaction: committed on success, rolled back on any exception.
+        ``consumer``: the batch of that consumer, in which SQL text is refused for a
+        tenant whose tables are renamed (it could not be sent to them)."""
         with self.engine.begin() as connection:
+            if consumer is not None and self.read_models.renames:
+                connection.execution_options(**{CONSUMER_OPTION: consumer})
             yield connection
 
     @contextmanager

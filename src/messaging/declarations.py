@@ -28,9 +28,12 @@ from messaging.consumers import ConsumerKind, ConsumerSpec
 from messaging.database import Database
 from messaging.errors import RegistrationError
 from messaging.lifecycle import lifecycle_event
+from messaging.messages import MessageRegistry
+from messaging.messages import registry as default_registry
 from messaging.ownership import CONSUMER_RUNNING, Ownership
 from messaging.settings import Distribution
 from messaging.store import MessageStore
+from messaging.table_registry import register
 
 log = logging.getLogger("messaging.declarations")
 
@@ -59,12 +62,17 @@ class Declared:
 
 
 def create_read_models(db: Database, spec: ConsumerSpec) -> None:
-    """Create the consumer's read-model tables that do not exist yet.
+    """Register the tenant's physical read-model tables of the consumer (refused if
+    another tenant owns one) and create those that do not exist yet.
 
-    Each in its own transaction (DDL commits implicitly on MySQL); a concurrent creation
-    by another instance is not an error.
+    Each table in its own transaction (DDL commits implicitly on MySQL); a concurrent
+    creation by another instance is not an error.
     """
-    for read_model in spec.options.tables:
+    tables = db.read_models.tables(spec.options.tables)
+    if tables:
+        with db.transaction() as conn:
+            register(db, conn, spec.name, tables)
+    for read_model in tables:
         try:
             with db.transaction() as conn:
                 read_model.create(conn, checkfirst=True)
@@ -76,10 +84,19 @@ def create_read_models(db: Database, spec: ConsumerSpec) -> None:
 
 
 def _recreate_read_models(db: Database, spec: ConsumerSpec) -> None:
+    """Drop and create the tenant's own copies of the consumer's tables (no other's)."""
     with db.transaction() as conn:
-        for read_model in reversed(spec.options.tables):
+        for read_model in reversed(db.read_models.tables(spec.options.tables)):
             read_model.drop(conn, checkfirst=True)
     create_read_models(db, spec)
+
+
+def tenant_fingerprint(
+    db: Database, spec: ConsumerSpec, registry: MessageRegistry = default_registry
+) -> str:
+    """The declaration's fingerprint in ``db``'s tenant: over the DDL of the tenant's
+    physical tables, so a tenant whose tables were renamed rebuilds into them once."""
+    return spec.fingerprint(registry, tables=db.read_models.tables(spec.options.tables))
 
 
 def declare(
@@ -152,7 +169,7 @@ def _record(
 ) -> tuple[Declared, bool]:
     table = db.schema.consumers
     ownership = Ownership(db)
-    fingerprint = spec.fingerprint()
+    fingerprint = tenant_fingerprint(db, spec)
     where = (table.c.tenant == db.tenant, table.c.name == spec.name)
     values = {
         "kind": spec.kind.value,

@@ -53,5 +53,19 @@ class OwnershipLost(ProjectionsError):
         self.partitions = partitions
 
 
+class CheckpointMoved(ProjectionsError):
+    """A fenced checkpoint update found its partitions still owned under the same epochs but
+    a checkpoint already past the one the batch was read from: an earlier commit of the same
+    batch went through unacknowledged. Roll back and continue from ``checkpoints``."""
+
+    def __init__(self, consumer: str, checkpoints: dict[int, int]) -> None:
+        super().__init__(
+            f"{consumer} partitions {sorted(checkpoints)} were already checkpointed "
+            f"(at {checkpoints}): an earlier commit went through; rolled back"
+        )
+        self.consumer = consumer
+        self.checkpoints = checkpoints
+
+
 class ConcurrentUpdate(ProjectionsError):
     """A versioned row (a saga's state) changed under a batch; the batch is retried whole."""

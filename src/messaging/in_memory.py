@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from messaging.errors import ProjectionsError
+from messaging.operations import OperationError
 from messaging.worker import InMemoryWorker
 
 __all__ = ["InMemoryConsumer", "InMemoryOperationError"]
@@ -19,8 +19,8 @@ __all__ = ["InMemoryConsumer", "InMemoryOperationError"]
 RUNNING, PAUSED, HALTED = "running", "paused", "halted"
 
 
-class InMemoryOperationError(ProjectionsError):
-    """A command that does not fit the state of this instance's copy."""
+class InMemoryOperationError(OperationError):
+    """A command that does not fit the state of this instance's copy (answered 409)."""
 
 
 class InMemoryConsumer(InMemoryWorker):

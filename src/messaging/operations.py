@@ -2,7 +2,15 @@
 consumer, from any instance or the CLI. The state lives in the database, so every
 instance follows within one poll: each command bumps the epochs of the partitions it
 touches, which makes the current owners' next commit fail and roll back. Each command
-is recorded in the audit table with who, when and why.
+is recorded in the audit table with who, when and why: ``who`` is the identity the caller
+established (the CLI's ``user@host``, the admin server's ``admin token@<peer address>``),
+never one a client claims; ``reason`` is at most :data:`MAX_REASON_LENGTH` characters.
+
+A command applied twice is harmless: each call carries a command id, recorded with its
+audit entry in the same transaction. When the acknowledgement of its commit is lost
+(:func:`~messaging.retry.is_ambiguous`), the retry first looks the id up: if the entry
+is there, the command took effect and is not applied again (a ``resume --skip-poison``
+skips one message, never two; a rebuild resets once), and its recorded result is returned.
 """
 
 from __future__ import annotations
@@ -10,7 +18,9 @@ from __future__ import annotations
 import getpass
 import json
 import socket
-from typing import Any
+import uuid
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from sqlalchemy import Connection, delete, insert, select, update
 
@@ -20,8 +30,13 @@ from messaging.declarations import STATE_REBUILD_REQUESTED, STATE_REBUILDING, ST
 from messaging.errors import ProjectionsError
 from messaging.lifecycle import lifecycle_event
 from messaging.ownership import HALTED, RUNNING
+from messaging.retry import retry_transient
+from messaging.settings import ConflictRetrySettings
 
 STATE_PAUSED = "paused"
+T = TypeVar("T")
+#: Most characters of a command's recorded reason.
+MAX_REASON_LENGTH = 200
 
 
 class OperationError(ProjectionsError, ValueError):
@@ -34,7 +49,15 @@ def default_operator() -> str:
         user = getpass.getuser()
     except (KeyError, OSError):
         user = "unknown"
-    return f"{user}@{socket.gethostname()}"
+    return f"{user}@{socket.gethostname()}"[:200]  # the audit's who column holds 200
+
+
+def check_reason(reason: str) -> None:
+    """Raise :class:`OperationError` when ``reason`` is longer than MAX_REASON_LENGTH."""
+    if len(reason) > MAX_REASON_LENGTH:
+        raise OperationError(
+            f"the reason has {len(reason)} characters; at most {MAX_REASON_LENGTH} are recorded"
+        )
 
 
 def _state(db: Database, conn: Connection, consumer: str) -> str:
@@ -82,10 +105,59 @@ def _fence_all(db: Database, conn: Connection, consumer: str, **values: Any) -> 
     )
 
 
+class _Recorded(Exception):
+    """The command's audit entry was found: it committed (unacknowledged) before."""
+
+    def __init__(self, detail: dict[str, Any]) -> None:
+        super().__init__("already applied")
+        self.detail = detail
+
+
+def _once(
+    db: Database,
+    consumer: str,
+    command: str,
+    body: Callable[[Connection, str], T],
+    recorded: Callable[[dict[str, Any]], T],
+) -> T:
+    """Run ``body(conn, command_id)`` (which audits with that id) in a transaction, retried
+    on transient errors; after one of unknown outcome, first look for the audit entry:
+    found, the command is not applied again and ``recorded(its detail)`` is returned."""
+    command_id = uuid.uuid4().hex
+    a = db.schema.audit
+
+    def attempt() -> T:
+        with db.transaction() as conn:
+            return body(conn, command_id)
+
+    def reread(_error: BaseException) -> None:
+        with db.read() as conn:
+            for detail in conn.execute(
+                select(a.c.detail).where(
+                    a.c.tenant == db.tenant,
+                    a.c.consumer == consumer,
+                    a.c.detail.like(f"%{command_id}%"),
+                )
+            ).scalars():
+                raise _Recorded(json.loads(detail))
+
+    try:
+        return retry_transient(attempt, ConflictRetrySettings(), what=command, reread=reread)
+    except _Recorded as found:
+        return recorded(found.detail)
+
+
 def _audit(
-    db: Database, conn: Connection, command: str, consumer: str, who: str, detail: dict[str, Any]
+    db: Database,
+    conn: Connection,
+    command: str,
+    consumer: str,
+    who: str,
+    detail: dict[str, Any],
+    command_id: str,
 ) -> None:
     lifecycle_event(command.replace(" --", "-"), consumer=consumer, who=who, **detail)
+    detail = {**detail, "command_id": command_id}
     conn.execute(
         insert(db.schema.audit).values(
             tenant=db.tenant,
@@ -100,7 +172,9 @@ def _audit(
 
 def pause(db: Database, consumer: str, *, who: str, reason: str = "") -> None:
     """Stop every instance from applying ``consumer`` until it is resumed."""
-    with db.transaction() as conn:
+    check_reason(reason)
+
+    def body(conn: Connection, command_id: str) -> None:
         state = _state(db, conn, consumer)
         if state == STATE_PAUSED:
             raise OperationError(f"consumer {consumer!r} is already paused")
@@ -108,7 +182,9 @@ def pause(db: Database, consumer: str, *, who: str, reason: str = "") -> None:
             raise OperationError(f"consumer {consumer!r} is {state}; it can be paused when running")
         _set_state(db, conn, consumer, STATE_PAUSED)
         _fence_all(db, conn, consumer)
-        _audit(db, conn, "pause", consumer, who, {"reason": reason})
+        _audit(db, conn, "pause", consumer, who, {"reason": reason}, command_id)
+
+    _once(db, consumer, "pause", body, lambda _detail: None)
 
 
 def resume(
@@ -118,7 +194,9 @@ def resume(
     poison message, or, with ``skip_poison``, continue right after it (it is recorded, never
     applied). Returns the halted messages it resumed at or skipped."""
     t = db.schema.partitions
-    with db.transaction() as conn:
+    check_reason(reason)
+
+    def body(conn: Connection, command_id: str) -> list[dict[str, Any]]:
         state = _state(db, conn, consumer)
         if state not in (STATE_RUNNING, STATE_PAUSED):
             raise OperationError(f"consumer {consumer!r} is {state}; wait until it has finished")
@@ -158,14 +236,18 @@ def resume(
         _set_state(db, conn, consumer, STATE_RUNNING)
         _fence_all(db, conn, consumer)
         command = "resume --skip-poison" if skip_poison else "resume"
-        _audit(db, conn, command, consumer, who, {"reason": reason, "halted": halted})
-    return halted
+        _audit(db, conn, command, consumer, who, {"reason": reason, "halted": halted}, command_id)
+        return halted
+
+    return _once(db, consumer, "resume", body, lambda detail: list(detail["halted"]))
 
 
 def rebuild(db: Database, consumer: str, *, who: str, reason: str = "") -> None:
     """Empty ``consumer``'s read models and replay it from the start. The first instance
     running it does the work (it has the table declarations); until then nothing applies it."""
-    with db.transaction() as conn:
+    check_reason(reason)
+
+    def body(conn: Connection, command_id: str) -> None:
         state = _state(db, conn, consumer)
         kind = _kind(db, conn, consumer)
         if kind != ConsumerKind.PROJECTION.value:
@@ -177,7 +259,9 @@ def rebuild(db: Database, consumer: str, *, who: str, reason: str = "") -> None:
             raise OperationError(f"consumer {consumer!r} is already being rebuilt")
         _set_state(db, conn, consumer, STATE_REBUILD_REQUESTED)
         _fence_all(db, conn, consumer)
-        _audit(db, conn, "rebuild", consumer, who, {"reason": reason, "was": state})
+        _audit(db, conn, "rebuild", consumer, who, {"reason": reason, "was": state}, command_id)
+
+    _once(db, consumer, "rebuild", body, lambda _detail: None)
 
 
 def forget_processed(
@@ -186,10 +270,12 @@ def forget_processed(
     """Forget the message ids an idempotent route consumer handled more than
     ``older_than`` seconds ago (its guard's table only grows); return how many. A message
     with a forgotten id that is sent again is handled again."""
+    check_reason(reason)
     if older_than < 0:
         raise OperationError(f"--older-than must not be negative, got {older_than}")
     t = db.schema.processed
-    with db.transaction() as conn:
+
+    def body(conn: Connection, command_id: str) -> int:
         _state(db, conn, consumer)
         kind = _kind(db, conn, consumer)
         if kind != ConsumerKind.ROUTE_CONSUMER.value:
@@ -204,8 +290,10 @@ def forget_processed(
             )
         ).rowcount
         detail = {"reason": reason, "older_than": older_than, "forgotten": forgotten}
-        _audit(db, conn, "forget-processed", consumer, who, detail)
-    return int(forgotten)
+        _audit(db, conn, "forget-processed", consumer, who, detail, command_id)
+        return int(forgotten)
+
+    return _once(db, consumer, "forget-processed", body, lambda detail: int(detail["forgotten"]))
 
 
 def audit_log(db: Database, consumer: str | None = None) -> list[dict[str, Any]]:

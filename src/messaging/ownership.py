@@ -5,6 +5,10 @@ the same transaction) commits only with ``WHERE owner = me AND epoch = my_epoch`
 that matches fewer rows than expected, ownership moved on and the whole transaction
 rolls back. Two instances may briefly *believe* they own a partition, but only the
 holder of the current epoch can *commit*.
+
+The update also names the checkpoint it replaces (a compare-and-set): a batch whose
+commit went through but whose acknowledgement was lost (a connection cut during COMMIT)
+matches no row when applied again, and rolls back (:class:`CheckpointMoved`).
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from messaging import statements
 from messaging.database import Database
-from messaging.errors import OwnershipLost
+from messaging.errors import CheckpointMoved, OwnershipLost
 
 RUNNING = "running"
 CONSUMER_RUNNING = "running"
@@ -194,22 +198,27 @@ class Ownership:
         conn: Connection,
         consumer: str,
         instance_id: str,
-        epochs: Mapping[int, int],
+        claims: Mapping[int, Claim],
         position: int,
     ) -> None:
-        """Advance the checkpoints of ``epochs``' partitions to at least ``position``, fenced.
+        """Advance the checkpoints of ``claims``' partitions to at least ``position``: a
+        compare-and-set on owner, epoch *and* the checkpoint each claim was read from.
 
         Raises :class:`OwnershipLost` when any partition is no longer owned by
-        ``instance_id`` under the given epoch; the caller must roll back.
+        ``instance_id`` under its claim's epoch, and :class:`CheckpointMoved` when they
+        all are but a checkpoint is no longer the claim's (an earlier commit of this
+        owner went through unacknowledged): either way the caller must roll back, so a
+        batch is never applied twice.
         """
-        if not epochs:
+        if not claims:
             return
-        pairs = tuple(sorted(epochs.items()))
+        pairs = tuple(sorted((p, c.epoch) for p, c in claims.items()))
         key = (consumer, instance_id, pairs)
         statement = self._fences.get(key)
         if statement is None:
-            # Built once per set of claims, then reused batch after batch: only the
-            # position changes, so SQLAlchemy neither rebuilds nor re-keys the statement.
+            # Built once per set of claims, then reused batch after batch: the position and
+            # the expected checkpoints are bound parameters, so SQLAlchemy neither rebuilds
+            # nor re-keys the statement, and the driver fast path sends it directly.
             t = self.table
             position_param = bindparam("position", type_=BigInteger)
             statement = (
@@ -219,8 +228,15 @@ class Ownership:
                     t.c.owner == instance_id,
                     t.c.status == RUNNING,
                     # Plain binds, not an expanding IN: rendered once, not per batch.
-                    tuple_(t.c.partition_no, t.c.epoch).in_(
-                        [tuple_(literal(p), literal(e)) for p, e in pairs]
+                    tuple_(t.c.partition_no, t.c.epoch, t.c.checkpoint).in_(
+                        [
+                            tuple_(
+                                literal(p),
+                                literal(e),
+                                bindparam(f"expected_{i}", type_=BigInteger),
+                            )
+                            for i, (p, e) in enumerate(pairs)
+                        ]
                     ),
                 )
                 .values(
@@ -233,28 +249,49 @@ class Ownership:
             if len(self._fences) >= _FENCE_CACHE_SIZE:
                 self._fences.clear()
             self._fences[key] = statement
+        params: dict[str, int] = {
+            f"expected_{i}": claims[p].checkpoint for i, (p, _) in enumerate(pairs)
+        }
+        params["position"] = position
         updated = statements.execute(
-            conn, statement, [{"position": position}], direct=statements.sends_directly(conn)
+            conn, statement, [params], direct=statements.sends_directly(conn)
         )
         if updated != len(pairs):
-            lost = self._lost(conn, consumer, instance_id, epochs)
-            raise OwnershipLost(consumer, lost)
+            self.verify(conn, consumer, instance_id, claims)
+            raise OwnershipLost(consumer, sorted(claims))  # changed and changed back meanwhile
 
-    def _lost(
-        self, conn: Connection, consumer: str, instance_id: str, epochs: Mapping[int, int]
-    ) -> list[int]:
+    def verify(
+        self, conn: Connection, consumer: str, instance_id: str, claims: Mapping[int, Claim]
+    ) -> None:
+        """Check ``claims`` against the database: :class:`OwnershipLost` for partitions
+        ``instance_id`` no longer holds under the claim's epoch (or that halted),
+        :class:`CheckpointMoved` when all are held but a checkpoint differs."""
+        held = self.owned(conn, consumer, instance_id, claims)
+        lost = sorted(p for p, c in claims.items() if p not in held or held[p].epoch != c.epoch)
+        if lost:
+            raise OwnershipLost(consumer, lost)
+        moved = {p: c.checkpoint for p, c in held.items() if c.checkpoint != claims[p].checkpoint}
+        if moved:
+            raise CheckpointMoved(consumer, moved)
+
+    def owned(
+        self, conn: Connection, consumer: str, instance_id: str, partitions: Iterable[int]
+    ) -> dict[int, Claim]:
+        """The claims ``instance_id`` holds of ``partitions`` (running ones), as the database
+        has them now: the truth to go on after a commit of unknown outcome."""
         t = self.table
-        held = set(
-            conn.execute(
-                select(t.c.partition_no).where(
-                    *self._consumer(consumer),
-                    t.c.owner == instance_id,
-                    t.c.status == RUNNING,
-                    tuple_(t.c.partition_no, t.c.epoch).in_(sorted(epochs.items())),
-                )
-            ).scalars()
+        wanted = sorted(partitions)
+        if not wanted:
+            return {}
+        rows = conn.execute(
+            select(t.c.partition_no, t.c.epoch, t.c.checkpoint).where(
+                *self._consumer(consumer),
+                t.c.owner == instance_id,
+                t.c.status == RUNNING,
+                t.c.partition_no.in_(wanted),
+            )
         )
-        return sorted(p for p in epochs if p not in held)
+        return {r[0]: Claim(partition=r[0], epoch=r[1], checkpoint=r[2]) for r in rows}
 
     def release(
         self, conn: Connection, consumer: str, instance_id: str, partitions: Iterable[int]

@@ -57,6 +57,10 @@ def plan(
     declaration ``me`` runs. Only instances on the same declaration share a consumer.
     """
     members = {i.id for i in live} | {me}
+    # Every instance reading the same rows ranks the consumers alike: the rank turns the
+    # assignor's tie-break, so that remainders spread over the members (see the assignor).
+    every_consumer = sorted({c for i in live for c in i.runs} | set(distributions))
+    rank = {consumer: k for k, consumer in enumerate(every_consumer)}
     plans: dict[str, Plan] = {}
     single_owner: dict[str, list[str]] = {}
     for consumer, distribution in distributions.items():
@@ -70,7 +74,8 @@ def plan(
             members_here = sorted(set(partitioned) | {me})
             units = range(partitions[consumer])
             current = {p: o for p, o in owners.get(consumer, {}).items() if o in members}
-            target = assign(units, members_here, current)
+            rotation = rank[consumer] * (len(units) % len(members_here))
+            target = assign(units, members_here, current, rotation=rotation)
             mine = frozenset(p for p, owner in target.items() if owner == me)
             plans[consumer] = Plan(
                 consumer=consumer, target=mine, release=frozenset(owned_here - mine)

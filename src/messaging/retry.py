@@ -1,4 +1,11 @@
-"""Transient database errors and the capped exponential backoff that retries them."""
+"""Transient database errors and the capped exponential backoff that retries them.
+
+Among transient errors, those of **unknown outcome** (:func:`is_ambiguous`: the connection
+was lost during or right after a statement, possibly the COMMIT) need more than a retry:
+the transaction may have committed. A retry then first re-reads whatever the retried
+transaction assumes (``reread``), and every write the framework retries is conditional
+on the state it was computed from, so one that already committed matches nothing.
+"""
 
 from __future__ import annotations
 
@@ -20,10 +27,14 @@ T = TypeVar("T")
 log = logging.getLogger("messaging.retry")
 
 _MYSQL_LOCKS = {1205: "lock-wait-timeout", 1213: "deadlock"}
-_MYSQL_TRANSIENT = {
-    *_MYSQL_LOCKS,
+_MYSQL_LOST = {
     2006,  # server has gone away
     2013,  # lost connection during query
+    0,  # PyMySQL: the connection was already closed
+}
+_MYSQL_TRANSIENT = {
+    *_MYSQL_LOCKS,
+    *_MYSQL_LOST,
     1040,  # too many connections
 }
 _SQLITE_LOCKS = {
@@ -37,9 +48,7 @@ _FIRST_DELAY = 0.01
 def is_transient(exc: BaseException) -> bool:
     """Whether retrying the same transaction may succeed: lock conflicts, lost connections and
     optimistic-concurrency conflicts (:class:`ConcurrentUpdate`)."""
-    if isinstance(exc, ConcurrentUpdate):
-        return True
-    if isinstance(exc, DBAPIError) and exc.connection_invalidated:
+    if isinstance(exc, ConcurrentUpdate) or is_ambiguous(exc):
         return True
     if not isinstance(exc, OperationalError):
         return False
@@ -48,6 +57,19 @@ def is_transient(exc: BaseException) -> bool:
     if args and isinstance(args[0], int):
         return args[0] in _MYSQL_TRANSIENT
     return lock_conflict(exc) is not None
+
+
+def is_ambiguous(exc: BaseException) -> bool:
+    """Whether ``exc`` leaves the outcome of its transaction unknown: the connection was lost
+    (MySQL 2006, 2013; PyMySQL's 0 for a closed connection; anything SQLAlchemy invalidated
+    the connection for). Its COMMIT may have gone through. (SQLite never raises these: its
+    commit returns in-process.)"""
+    if isinstance(exc, DBAPIError):
+        if exc.connection_invalidated:
+            return True
+        code = next(iter(getattr(exc.orig, "args", ())), None)
+        return isinstance(code, int) and code in _MYSQL_LOST
+    return False
 
 
 def lock_conflict(exc: BaseException) -> str | None:
@@ -88,8 +110,13 @@ def retry_transient(
     what: str,
     sleep: Callable[[float], object] = time.sleep,
     on_retry: Callable[[BaseException], object] | None = None,
+    reread: Callable[[BaseException], object] | None = None,
 ) -> T:
-    """Run ``action``; on a transient error retry it per ``conflict-retry``, then re-raise."""
+    """Run ``action``; on a transient error retry it per ``conflict-retry``, then re-raise.
+
+    After an error of unknown outcome (:func:`is_ambiguous`, logged at WARNING) ``reread``
+    runs before the retry: it re-reads from the database what ``action`` assumes, and
+    raises to give the retry up when the first attempt turns out to have committed."""
     attempt = 0
     while True:
         try:
@@ -99,7 +126,17 @@ def retry_transient(
                 raise
             delay = backoff_delays(settings)[attempt]
             attempt += 1
-            log.debug("transient error in %s, retrying in %.3fs: %s", what, delay, exc)
+            if is_ambiguous(exc):
+                log.warning(
+                    "%s: connection lost, outcome unknown; re-reading, retrying in %.3fs: %s",
+                    what,
+                    delay,
+                    exc,
+                )
+            else:
+                log.debug("transient error in %s, retrying in %.3fs: %s", what, delay, exc)
             if on_retry is not None:
                 on_retry(exc)
             sleep(delay)
+            if reread is not None and is_ambiguous(exc):
+                reread(exc)

@@ -34,6 +34,7 @@ from messaging.declarations import (
     current_declarations,
     declare,
     perform_requested_rebuild,
+    tenant_fingerprint,
 )
 from messaging.errors import ProjectionsError
 from messaging.in_memory import InMemoryConsumer
@@ -167,7 +168,7 @@ class Instance:
         for spec in self.specs:
             if spec.transactional:
                 distribution = self.distributions[spec.name] = self.distribution(spec)
-                self.fingerprints[spec.name] = spec.fingerprint(self.registry)
+                self.fingerprints[spec.name] = tenant_fingerprint(self.db, spec, self.registry)
                 runs[spec.name] = {
                     "distribution": distribution.value,
                     "fingerprint": self.fingerprints[spec.name],
@@ -249,6 +250,8 @@ class Instance:
         timeout = self.consumer_settings.stale_instance_timeout
         with self.db.transaction() as conn:
             for other in self.membership.instances(conn, timeout):
+                if other.id == self.id:
+                    return  # an earlier attempt committed unacknowledged: registered already
                 if other.name != self.name:
                     continue
                 if other.host == self.info.host and not _process_exists(other.pid):
@@ -600,10 +603,15 @@ class Instance:
             thread.join(timeout=max(0.0, deadline - time.monotonic()))
         if not self._registered:
             return
-        with self.db.transaction() as conn:
-            released = self.ownership.release_all(conn, self.id)
-            self.membership.deregister(conn, self.id)
-        for consumer, partition in released:
+
+        def leave() -> list[tuple[str, int]]:
+            # Retried whole: after an unacknowledged commit it releases and deletes nothing.
+            with self.db.transaction() as conn:
+                released = self.ownership.release_all(conn, self.id)
+                self.membership.deregister(conn, self.id)
+            return released
+
+        for consumer, partition in self._retry(leave, "release and deregister"):
             self._event(consumer, partition, None)
         log.info("instance %s stopped", self.name)
 

@@ -18,6 +18,7 @@ import attrs
 from messaging.errors import ConfigError
 
 __all__ = [
+    "AdminSettings",
     "ConflictRetrySettings",
     "ConsumerGroupSettings",
     "ConsumerOverride",
@@ -135,17 +136,35 @@ class ConsumerGroupSettings:
 
 
 @attrs.frozen(kw_only=True)
+class AdminSettings:
+    """The ``admin`` section: who may use the admin server (``projections admin``,
+    ``run --admin-port``).
+
+    :ivar token: The bearer token every state-changing request must send
+        (``Authorization: Bearer <token>``); ``None`` disables those requests.
+        ``$PROJECTIONS_ADMIN_TOKEN`` wins over the file. Never shown in a repr or an error.
+    :ivar allowed_hosts: Extra names a request's ``Host`` header may give (``allowed-hosts``),
+        e.g. a reverse proxy's; ``name`` matches on any port, ``name:port`` on that one.
+    """
+
+    token: str | None = attrs.field(default=None, repr=False)
+    allowed_hosts: tuple[str, ...] = ()
+
+
+@attrs.frozen(kw_only=True)
 class Settings:
     """The whole configuration of one deployment.
 
     :ivar database: SQLAlchemy URL of the shared database.
-    :ivar tenant: Rows and instances of other tenants in the same database are invisible.
+    :ivar tenant: Rows and instances of other tenants in the same database are invisible;
+        read models are the tenant's own tables (``<tenant>__<name>`` unless ``default``).
     :ivar table_prefix: Prefix of every table name (``table-prefix``).
     :ivar messaging: Settings shared by every consumer.
     :ivar projections: Projection consumers.
     :ivar routing: Route consumers.
     :ivar sagas: Sagas.
     :ivar plugins: Modules to load as plugins beside the application's (e.g. telemetry).
+    :ivar admin: Access to the admin server.
     """
 
     database: str = "sqlite:///projections.db"
@@ -156,6 +175,7 @@ class Settings:
     routing: ConsumerGroupSettings = attrs.field(factory=ConsumerGroupSettings)
     sagas: ConsumerGroupSettings = attrs.field(factory=ConsumerGroupSettings)
     plugins: tuple[str, ...] = ()
+    admin: AdminSettings = attrs.field(factory=AdminSettings)
 
     def __attrs_post_init__(self) -> None:
         """Settings built in code obey the same start-up rules as a YAML file."""
@@ -166,6 +186,10 @@ _NO_CONCURRENCY_LIMIT = {
     "routing": "route consumers have no concurrency limit (only projections do)",
     "sagas": "a saga is applied in one lane per instance (only projections have a limit)",
 }
+#: The shortest admin token accepted: shorter ones are guessable.
+MIN_ADMIN_TOKEN_LENGTH = 16
+_ADMIN_TOKEN = re.compile(r"[\x21-\x7e]+")  # printable ASCII without spaces: one header value
+_ALLOWED_HOST = re.compile(r"(?:[A-Za-z0-9_.-]+|\[[0-9A-Fa-f:.]+\])(?::[0-9]{1,5})?")
 _TABLE_PREFIX = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,20}")
 _UNIT_SECONDS = (("h", 3600), ("m", 60), ("s", 1))
 
@@ -289,4 +313,24 @@ def _problems(settings: Settings) -> list[str]:
             f"table-prefix ({settings.table_prefix!r}) must be a letter or underscore followed "
             "by at most 20 letters, digits or underscores"
         )
+    return problems + _admin_problems(settings.admin)
+
+
+def _admin_problems(admin: AdminSettings) -> list[str]:
+    problems: list[str] = []
+    token = admin.token
+    if token is not None:  # the token itself is never part of a message
+        if len(token) < MIN_ADMIN_TOKEN_LENGTH:
+            problems.append(
+                f"admin.token must be at least {MIN_ADMIN_TOKEN_LENGTH} characters long "
+                f"(it has {len(token)})"
+            )
+        elif _ADMIN_TOKEN.fullmatch(token) is None:
+            problems.append("admin.token must be printable ASCII without spaces")
+    for index, host in enumerate(admin.allowed_hosts):
+        if _ALLOWED_HOST.fullmatch(host) is None:
+            problems.append(
+                f"admin.allowed-hosts.{index} ({host!r}) must be a host name or address, "
+                "optionally with :port"
+            )
     return problems

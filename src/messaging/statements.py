@@ -11,7 +11,10 @@ the per-statement work of SQLAlchemy's execution machinery is skipped.
 
 SQLAlchemy sends the statement again whenever skipping it could be noticed: outside a
 transaction, with execute, cursor-execute or error events listening, with SQL logging on,
-or with a schema translate map (:func:`sends_directly`). Driver errors are raised as the
+or with a schema translate map (:func:`sends_directly`). A tenant's table translation
+(:mod:`messaging.tenancy`) is the one listener that does not count: a plan is learned
+from what SQLAlchemy sent, which is already the translated SQL, and plans are kept per
+engine (per dialect object). Driver errors are raised as the
 SQLAlchemy exceptions ``Connection.execute`` would raise (so ``IntegrityError`` handling
 and transient-error retries see no difference), and a lost connection is invalidated.
 """
@@ -28,16 +31,19 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql import Executable
 from sqlalchemy.sql.compiler import SQLCompiler
 
+from messaging.tenancy import TRANSLATES
+
 
 def sends_directly(conn: Connection) -> bool:
     """Whether plans may skip SQLAlchemy on ``conn`` now: in a transaction, with no
-    execute, cursor-execute or error events, no SQL logging and no schema translate map."""
+    execute, cursor-execute or error events (but a tenant's translation), no SQL logging
+    and no schema translate map."""
     dispatch: Any = conn.dispatch
     return (
         conn.in_transaction()
         and "schema_translate_map" not in conn.get_execution_options()
         and not (
-            dispatch.before_execute
+            not all(getattr(fn, TRANSLATES, False) for fn in dispatch.before_execute)
             or dispatch.after_execute
             or dispatch.before_cursor_execute
             or dispatch.after_cursor_execute

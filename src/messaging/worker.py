@@ -17,26 +17,28 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from contextlib import AbstractContextManager, nullcontext
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
+import attrs
 import pluggy
 from sqlalchemy import Connection
 
 from messaging.consumers import ConsumerSpec
 from messaging.context import HandlerContext
 from messaging.database import Database
-from messaging.errors import OwnershipLost
+from messaging.errors import CheckpointMoved, OwnershipLost
 from messaging.failures import last_frames
 from messaging.lifecycle import lifecycle_event
 from messaging.messages import Envelope, MessageRegistry
 from messaging.outage import Outage
 from messaging.outbox import Outbox
 from messaging.ownership import Claim, Ownership
-from messaging.retry import is_transient, report_retry, retry_transient
+from messaging.retry import is_ambiguous, is_transient, report_retry, retry_transient
 from messaging.settings import ConsumerSettings
 from messaging.store import MessageStore
 
 log = logging.getLogger("messaging.worker")
+T = TypeVar("T")
 
 Handler = tuple[Callable[[Any, int | None], Any], Callable[[Any, HandlerContext], Any]]
 """(decode, handle) of one message type."""
@@ -140,7 +142,13 @@ class _Worker:
             try:
                 applied = poll()
             except Exception as exc:
-                if not self.outage.failed(exc):
+                if self.outage.failed(exc):
+                    pass  # an unreachable database: logged once per outage
+                elif is_transient(exc):  # a lock conflict, retries spent
+                    log.warning(
+                        "consumer %s: poll failed, retrying after a pause: %s", self.spec.name, exc
+                    )
+                else:
                     log.exception(
                         "consumer %s: poll failed; retrying after a pause", self.spec.name
                     )
@@ -186,6 +194,8 @@ class ConsumerWorker(_Worker):
         self._lock = threading.Lock()
         self._batch_in_flight = threading.Lock()
         self._catching_up = False
+        self._stale = False
+        """An error of unknown outcome happened: re-read the claims before applying more."""
         self._lane_pool: ThreadPoolExecutor | None = None
         """Applies the lanes after the first of each batch (the polling thread applies it)."""
 
@@ -231,10 +241,53 @@ class ConsumerWorker(_Worker):
     def held_claims(self) -> dict[int, Claim]:
         """The claims to apply now: none in single-owner mode until every partition is
         held, since a single owner applies in global position order."""
+        if self._stale:
+            self._recheck()
         claims = self.claims()
         if self.whole and len(claims) < self.spec.partitions:
             return {}
         return claims
+
+    def _recheck(self) -> None:
+        """After an error of unknown outcome: take every claim's epoch and checkpoint from
+        the database (our commit may have gone through unacknowledged); drop partitions no
+        longer held under the same epoch."""
+        claims = self.claims()
+        with self.db.read() as conn:
+            held = self.ownership.owned(conn, self.spec.name, self.instance_id, claims)
+        lost = [p for p, c in claims.items() if p not in held or held[p].epoch != c.epoch]
+        with self._lock:
+            for partition, claim in held.items():
+                current = self._claims.get(partition)
+                if current is not None and current.epoch == claim.epoch:
+                    self._claims[partition] = claim
+        self._stale = False
+        if lost:
+            self._lose(lost)
+
+    def _reread(self, claims: Mapping[int, Claim], _error: BaseException) -> None:
+        """Before retrying a commit of unknown outcome: raise :class:`CheckpointMoved` (or
+        :class:`OwnershipLost`) unless ``claims`` are still what the database holds. Every
+        claim is re-read before the next batch too."""
+        self._stale = True
+        with self.db.read() as conn:
+            self.ownership.verify(conn, self.spec.name, self.instance_id, claims)
+
+    def _retry_commit(self, action: Callable[[], T], claims: Mapping[int, Claim], what: str) -> T:
+        """Run the commit ``action`` under ``conflict-retry``; after an error of unknown
+        outcome, re-read ``claims`` before retrying (:meth:`_reread`)."""
+        try:
+            return retry_transient(
+                action,
+                self.settings.conflict_retry,
+                what=what,
+                on_retry=partial(report_retry, self.hooks, self.instance_id, what),
+                reread=partial(self._reread, claims),
+            )
+        except Exception as exc:
+            if is_ambiguous(exc):
+                self._stale = True
+            raise
 
     def poll(self) -> int:
         """Fetch and apply one batch of the owned partitions; return how many messages were
@@ -319,18 +372,34 @@ class ConsumerWorker(_Worker):
     ) -> int:
         """Apply ``rows`` (read in the transaction when None) and commit the checkpoints of
         ``claims`` at the last row, or at ``through`` when the read behind ``rows`` went that
-        far (it holds every message of ``claims`` up to it)."""
-        spec = self.spec
+        far (it holds every message of ``claims`` up to it). A lost fence drops its
+        partitions; a checkpoint found already moved (an earlier commit went through
+        unacknowledged) is taken from the database: either way nothing is applied."""
         try:
-            rows = retry_transient(
-                lambda: self._commit(rows, claims, immediate=False, through=through),
-                self.settings.conflict_retry,
-                what=f"apply {spec.name}",
-                on_retry=partial(report_retry, self.hooks, self.instance_id, f"apply {spec.name}"),
-            )
+            return self._apply_or_halt(claims, rows, started, through)
         except OwnershipLost as lost:
             self._lose(lost.partitions)
-            return 0
+        except CheckpointMoved as moved:
+            self._moved(moved, claims)
+        except Exception as exc:
+            if is_ambiguous(exc):  # a poison replay, a prefix or a halt of unknown outcome
+                self._stale = True
+            raise
+        return 0
+
+    def _apply_or_halt(
+        self,
+        claims: Mapping[int, Claim],
+        rows: Sequence[StoredRow] | None,
+        started: float,
+        through: int,
+    ) -> int:
+        try:
+            rows = self._retry_commit(
+                lambda: self._commit(rows, claims, immediate=False, through=through),
+                claims,
+                f"apply {self.spec.name}",
+            )
         except Poison as failed:
             # The buffered writes hide which message failed: replay it unbuffered to find out.
             try:
@@ -341,9 +410,6 @@ class ConsumerWorker(_Worker):
                 index = self._commit_before(poison, claims, started)
                 self._halt(poison, claims)
                 return index
-            except OwnershipLost as lost:
-                self._lose(lost.partitions)
-                return 0
         if not rows:
             return 0
         self._applied(claims, rows, started, through)
@@ -410,7 +476,7 @@ class ConsumerWorker(_Worker):
     ) -> Sequence[StoredRow]:
         """In one transaction: read the batch unless given, apply it, commit the fenced
         checkpoints (at its last row or ``through``, the further). Returns the rows applied."""
-        with self.db.transaction() as conn:
+        with self.db.transaction(consumer=self.spec.name) as conn:
             batch = self._fetch(conn, claims) if rows is None else rows
             if not batch:
                 return batch
@@ -433,11 +499,7 @@ class ConsumerWorker(_Worker):
                 poison.batch = batch
                 raise
             self.ownership.commit_checkpoint(
-                conn,
-                self.spec.name,
-                self.instance_id,
-                {p: c.epoch for p, c in claims.items()},
-                max(int(batch[-1][0]), through),
+                conn, self.spec.name, self.instance_id, claims, max(int(batch[-1][0]), through)
             )
             return batch
 
@@ -453,6 +515,24 @@ class ConsumerWorker(_Worker):
                     self._claims[partition] = Claim(
                         partition=partition, epoch=claim.epoch, checkpoint=position
                     )
+
+    def _moved(self, moved: CheckpointMoved, claims: Mapping[int, Claim]) -> None:
+        """Take the checkpoints an unacknowledged earlier commit under ``claims`` wrote: go
+        on from there (unless the partition was claimed again meanwhile)."""
+        lifecycle_event(
+            "checkpoint-moved",
+            level=logging.WARNING,
+            consumer=self.spec.name,
+            checkpoints=moved.checkpoints,
+            instance=self.instance_id,
+            reason="an earlier commit went through unacknowledged; the batch was rolled back",
+        )
+        with self._lock:
+            for partition, checkpoint in moved.checkpoints.items():
+                current = self._claims.get(partition)
+                if current is not None and current.epoch == claims[partition].epoch:
+                    self._claims[partition] = attrs.evolve(current, checkpoint=checkpoint)
+        self._catching_up = False
 
     def _lose(self, partitions: Sequence[int]) -> None:
         for partition in partitions:

@@ -1,14 +1,20 @@
-"""A read-only admin server: the reports as JSON over HTTP and a small HTML page.
+"""The admin server: the reports as JSON over HTTP, a small HTML page, and the operator
+commands.
 
-Routes (``GET`` only):
+Routes:
 
-- ``/admin/consumers``: :func:`projections.reports.consumers_report`;
-- ``/admin/instances``: :func:`projections.reports.instances_report`;
-- ``/admin/cluster``: the live members and how each consumer's partitions are shared
+- ``GET /admin/consumers``: :func:`projections.reports.consumers_report`;
+- ``GET /admin/instances``: :func:`projections.reports.instances_report`;
+- ``GET /admin/cluster``: the live members and how each consumer's partitions are shared
   among them (:func:`cluster_report`), plus ``answered_by``, this server's host:pid;
-- ``/admin``: a self-contained HTML page that shows the three and refreshes every 2 s.
+- ``GET /admin``: the HTML page (``admin_page.html``), refreshed every 2 s, with buttons;
+- ``POST /admin/consumers/<name>/<pause|resume|rebuild>``: the commands, with an optional
+  JSON body ``{"reason", "skip_poison"}``; the audit records ``admin token@<peer address>``.
 
-Unknown routes answer 404 and database errors 500, both as ``{"error": "..."}``. Each
+Every request must name this server in its ``Host`` header (421 otherwise); commands need
+the admin token, a JSON content type and no foreign ``Origin`` (:mod:`projections.admin_guard`).
+Paths are URL-decoded. Errors are ``{"error": "..."}``: 404 unknown route, 409 a command
+that does not fit, 503 while the database fails (its error goes to the log only). Each
 request reads in its own short transaction (the reports open one).
 """
 
@@ -21,23 +27,37 @@ import signal
 import socket
 import threading
 from collections.abc import Callable, Iterable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from importlib import resources
 from types import FrameType
 from typing import Any
+from urllib.parse import unquote
 
 from sqlalchemy.exc import DBAPIError
 
 from messaging import operations
 from messaging.database import Database
 from messaging.errors import ProjectionsError
-from messaging.in_memory import InMemoryOperationError
 from messaging.runtime import Instance
 from messaging.settings import Distribution, Settings
+from projections.admin_guard import AdminGuard, Refusal, require_token_off_loopback
+from projections.admin_http import BoundedHTTPServer, LimitedRequestHandler
 from projections.reports import OWNED, consumers_report, instances_report
 
 log = logging.getLogger(__name__)
 
 SINGLE_OWNER_REASON = "single-owner: one elected instance applies it"
+DATABASE_UNAVAILABLE = "the database is unavailable; see the server's log"
+COMMANDS = ("pause", "resume", "rebuild")
+#: Seconds a client has to send a whole request; handler threads; bytes of a command's body.
+REQUEST_TIMEOUT = 10.0
+MAX_THREADS = 16
+MAX_BODY_BYTES = 16 * 1024
+#: The page runs only its own script, talks only to this server and is never framed.
+PAGE_HEADERS = {
+    "Content-Security-Policy": "default-src 'none'; script-src 'unsafe-inline'; "
+    "style-src 'unsafe-inline'; connect-src 'self'; frame-ancestors 'none'",
+    "X-Frame-Options": "DENY",
+}
 
 
 def identity() -> str:
@@ -119,13 +139,61 @@ def _one_line(exc: BaseException) -> str:
     return lines[0] if lines else type(exc).__name__
 
 
+def _page() -> bytes:
+    return resources.files("projections").joinpath("admin_page.html").read_bytes()
+
+
+def _segments(target: str) -> list[str] | None:
+    """The request target's path as URL-decoded segments; None if one is not UTF-8."""
+    path = target.split("?", 1)[0]
+    try:
+        return [unquote(part, errors="strict") for part in path.split("/") if part]
+    except UnicodeDecodeError:
+        return None
+
+
+def _command_body(raw: bytes) -> dict[str, Any]:
+    """A command's JSON body ``{"reason", "skip_poison"}`` (both optional); ValueError
+    naming what is wrong otherwise."""
+    body = json.loads(raw) if raw.strip() else {}
+    if not isinstance(body, dict):
+        raise ValueError("the body must be a JSON object")
+    unknown = sorted(set(body) - {"reason", "skip_poison"})
+    if unknown:
+        raise ValueError(
+            f"unknown key(s) {', '.join(map(repr, unknown))}; a command takes "
+            "'reason' and 'skip_poison' (the server records who asked)"
+        )
+    if not isinstance(body.get("reason", ""), str):
+        raise ValueError("'reason' must be a string")
+    if not isinstance(body.get("skip_poison", False), bool):
+        raise ValueError("'skip_poison' must be true or false")
+    operations.check_reason(body.get("reason", ""))
+    return body
+
+
 def make_server(
-    db: Database, settings: Settings, host: str, port: int, instance: Instance | None = None
-) -> ThreadingHTTPServer:
-    """A (not yet serving) admin server on ``host:port``; port 0 picks a free one. Served
-    beside an ``instance``, the POST commands for its in-memory consumers act on its copy."""
+    db: Database,
+    settings: Settings,
+    host: str,
+    port: int,
+    *,
+    request_timeout: float = REQUEST_TIMEOUT,
+    max_threads: int = MAX_THREADS,
+    instance: Instance | None = None,
+) -> BoundedHTTPServer:
+    """A (not yet serving) admin server on ``host:port``; port 0 picks a free one.
+
+    Commands need ``settings.admin.token``; without one, a server on an address other
+    hosts can reach is refused with :class:`ProjectionsError` (so is a port in use).
+    ``request_timeout`` and ``max_threads`` bound what clients can hold (see
+    :mod:`projections.admin_http`). Served beside an ``instance``, the commands for its
+    in-memory consumers act on its copy.
+    """
+    admin = settings.admin
     consumer_settings = settings.messaging.consumer
     me = identity()
+    page = _page()
     routes: dict[str, Callable[[], dict[str, Any]]] = {
         "/admin/consumers": lambda: consumers_report(db, consumer_settings),
         "/admin/instances": lambda: instances_report(db, consumer_settings),
@@ -136,67 +204,89 @@ def make_server(
         ),
     }
 
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(LimitedRequestHandler):
         server_version = "projections-admin"
 
-        def _send(self, status: int, body: bytes, content_type: str) -> None:
-            self.send_response(status)
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(body)))
-            self.send_header("Cache-Control", "no-store")
-            self.end_headers()
-            self.wfile.write(body)
+        def _refuse(self, refusal: Refusal) -> None:
+            headers = {"WWW-Authenticate": "Bearer"} if refusal.status == 401 else None
+            self.send_json(refusal.status, {"error": refusal.error}, headers=headers)
 
-        def _json(self, status: int, data: Any) -> None:
-            body = json.dumps(data, default=str).encode()
-            self._send(status, body, "application/json")
+        def _host_refused(self) -> bool:
+            refusal = guard.check_host(self.headers.get_all("Host") or [])
+            if refusal is not None:
+                self._refuse(refusal)
+            return refusal is not None
+
+        def _answer(self, what: str, work: Callable[[], dict[str, Any]]) -> None:
+            """Answer ``work()``: 409 for a refused command, 503 while the database fails,
+            500 for anything else (details in the log, never in the answer)."""
+            try:
+                data = work()
+            except operations.OperationError as exc:
+                self.send_json(409, {"error": str(exc)})
+            except DBAPIError as exc:
+                log.warning("admin %s: database unavailable: %s", what, _one_line(exc))
+                self.send_json(503, {"error": DATABASE_UNAVAILABLE})
+            except Exception:
+                log.exception("admin %s failed", what)
+                self.send_json(500, {"error": "internal error; see the server's log"})
+            else:
+                self.send_json(200, data)
 
         def do_GET(self) -> None:
-            path = self.path.split("?", 1)[0].rstrip("/") or "/"
+            if self._host_refused():
+                return
+            segments = _segments(self.path)
+            if segments is None:
+                self.send_error(400, "bad request: the path is not UTF-8")
+                return
+            path = "/" + "/".join(segments)
             if path == "/admin":
-                self._send(200, ADMIN_PAGE.encode(), "text/html; charset=utf-8")
+                self.send_body(200, page, "text/html; charset=utf-8", headers=PAGE_HEADERS)
                 return
             route = routes.get(path)
             if route is None:
-                self._json(404, {"error": f"no such route: {path}"})
+                self.send_json(404, {"error": f"no such route: {path}"})
                 return
-            try:
-                data = route()
-            except Exception as exc:
-                log.warning("admin %s failed: %s", path, _one_line(exc))
-                kind = "database: " if isinstance(exc, DBAPIError) else ""
-                self._json(500, {"error": kind + _one_line(exc)})
-                return
-            self._json(200, data)
+            self._answer(path, route)
 
         def do_POST(self) -> None:
-            """``POST /admin/consumers/<name>/<pause|resume|rebuild>`` with an optional JSON
-            body ``{"who", "reason", "skip_poison"}``: the operator commands."""
-            parts = self.path.split("?", 1)[0].strip("/").split("/")
+            """``POST /admin/consumers/<name>/<pause|resume|rebuild>``: the operator commands
+            (see :func:`projections.admin_guard.AdminGuard.check_command` for who may)."""
+            if self._host_refused():
+                return
+            segments = _segments(self.path)
             if (
-                len(parts) != 4
-                or parts[:2] != ["admin", "consumers"]
-                or parts[3]
-                not in (
-                    "pause",
-                    "resume",
-                    "rebuild",
-                )
+                segments is None
+                or len(segments) != 4
+                or segments[:2] != ["admin", "consumers"]
+                or segments[3] not in COMMANDS
             ):
-                self._json(404, {"error": f"no such route: POST {self.path}"})
+                self.send_json(404, {"error": "no such route: POST " + self.path.split("?")[0]})
                 return
-            consumer, command = parts[2], parts[3]
-            try:
-                length = int(self.headers.get("Content-Length") or 0)
-                body = json.loads(self.rfile.read(length) or b"{}") if length else {}
-                if not isinstance(body, dict):
-                    raise ValueError("the body must be a JSON object")
-                who = str(body.get("who") or f"admin@{self.client_address[0]}")
-                reason = str(body.get("reason") or "")
-            except ValueError as exc:
-                self._json(400, {"error": f"bad request: {exc}"})
+            refusal = guard.check_command(
+                authorization=self.headers.get("Authorization"),
+                origin=self.headers.get("Origin"),
+                content_type=self.headers.get("Content-Type"),
+                host=self.headers.get("Host") or "",
+            )
+            if refusal is not None:
+                self._refuse(refusal)
+                return
+            raw = self.read_body(MAX_BODY_BYTES)
+            if raw is None:
                 return
             try:
+                body = _command_body(raw)
+            except ValueError as exc:  # JSONDecodeError and OperationError included
+                self.send_error(400, f"bad request: {exc}")
+                return
+            consumer, command = segments[2], segments[3]
+            peer_host, peer_port = self.client_address[:2]
+            who = f"admin token@{peer_host}"
+            reason = body.get("reason", "")
+
+            def run() -> dict[str, Any]:
                 result: dict[str, Any] = {"consumer": consumer, "command": command}
                 if instance is not None and consumer in instance.in_memory:
                     skip = bool(body.get("skip_poison"))
@@ -211,34 +301,50 @@ def make_server(
                         consumer,
                         who=who,
                         reason=reason,
-                        skip_poison=bool(body.get("skip_poison")),
+                        skip_poison=body.get("skip_poison", False),
                     )
-            except (operations.OperationError, InMemoryOperationError) as exc:
-                self._json(409, {"error": str(exc)})
-                return
-            except Exception as exc:
-                log.warning("admin POST %s failed: %s", self.path, _one_line(exc))
-                self._json(500, {"error": _one_line(exc)})
-                return
-            self._json(200, result)
+                log.info("admin: %s %s by %s:%s", command, consumer, peer_host, peer_port)
+                return result
 
-        def log_message(self, format: str, *args: Any) -> None:
-            log.debug("admin %s - %s", self.address_string(), format % args)
+            self._answer(f"POST {command}", run)
 
-    server = ThreadingHTTPServer((host, port), Handler)
-    server.daemon_threads = True
+    server = BoundedHTTPServer(
+        (host, port), Handler, max_threads=max_threads, request_timeout=request_timeout
+    )
+    bound_host, bound_port = server.server_address[:2]
+    try:
+        require_token_off_loopback(str(bound_host), admin.token)
+    except ProjectionsError:
+        server.server_close()
+        raise
+    guard = AdminGuard(admin.token, admin.allowed_hosts, str(bound_host), int(bound_port))
+    return server
+
+
+def listen(
+    db: Database, settings: Settings, host: str, port: int, instance: Instance | None = None
+) -> BoundedHTTPServer:
+    """:func:`make_server` (beside ``instance``, if given), with a port that cannot be bound
+    as a :class:`ProjectionsError`; prints the page's address."""
+    try:
+        server = make_server(db, settings, host, port, instance=instance)
+    except OSError as exc:
+        raise ProjectionsError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    bound_host, bound_port = (str(part) for part in server.server_address[:2])
+    shown = f"[{bound_host}]" if ":" in bound_host else bound_host
+    print(f"admin page: http://{shown}:{bound_port}/admin", flush=True)
+    if settings.admin.token is None:
+        print("admin commands are disabled: no admin token is configured", flush=True)
     return server
 
 
 def serve(db: Database, settings: Settings, host: str, port: int) -> None:
     """Serve until SIGINT or SIGTERM, then close the server and dispose the engine."""
     try:
-        server = make_server(db, settings, host, port)
-    except OSError as exc:
+        server = listen(db, settings, host, port)
+    except BaseException:
         db.dispose()
-        raise ProjectionsError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
-    bound_host, bound_port = server.server_address[:2]
-    print(f"admin page: http://{bound_host!s}:{bound_port}/admin", flush=True)
+        raise
 
     def stop(signum: int, frame: FrameType | None) -> None:
         log.info("admin: %s received; stopping", signal.Signals(signum).name)
@@ -253,148 +359,3 @@ def serve(db: Database, settings: Settings, host: str, port: int) -> None:
             signal.signal(sig, handler)
         server.server_close()
         db.dispose()
-
-
-ADMIN_PAGE = """<!doctype html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<title>projections admin</title>
-<style>
-  body { font: 14px/1.4 system-ui, sans-serif; margin: 1.5em; color: #222; background: #fafafa; }
-  h1 { font-size: 1.4em; margin: 0 0 .2em; }
-  h2 { font-size: 1.1em; margin: 1.4em 0 .4em; }
-  #status { color: #666; font-size: .9em; }
-  #status.error { color: #b00020; font-weight: bold; }
-  table { border-collapse: collapse; background: #fff; margin-bottom: .5em; }
-  th, td { border: 1px solid #ddd; padding: 3px 8px; text-align: left; }
-  th { background: #eef; }
-  td.num { text-align: right; font-variant-numeric: tabular-nums; }
-  tr.halted td { background: #fde0e0; }
-  tr.halted td.error { color: #b00020; }
-  .OWNED { color: #176f2c; } .ORPHANED { color: #b35c00; } .UNCLAIMED { color: #888; }
-  .bar { display: inline-block; height: .8em; background: #5b7fd6; vertical-align: middle; }
-  .muted { color: #777; }
-  li.rebuilding { color: #1b4fb3; font-weight: bold; }
-</style>
-</head>
-<body>
-<h1>projections admin</h1>
-<div id="status">loading…</div>
-<h2>Consumers</h2>
-<ul id="consumer-states"></ul>
-<table id="consumers">
-  <thead><tr><th>consumer</th><th>partition</th><th>instance</th><th>state</th>
-  <th>status</th><th>checkpoint</th><th>lag</th><th>error</th></tr></thead>
-  <tbody></tbody>
-</table>
-<h2>Instances</h2>
-<table id="instances">
-  <thead><tr><th>name</th><th>id</th><th>host:pid</th><th>live</th><th>stopping</th>
-  <th>heartbeat age (s)</th></tr></thead>
-  <tbody></tbody>
-</table>
-<h2>Cluster</h2>
-<div id="cluster"></div>
-<script>
-"use strict";
-function el(tag, attrs, children) {
-  const node = document.createElement(tag);
-  for (const [k, v] of Object.entries(attrs || {})) node.setAttribute(k, v);
-  for (const c of children || []) {
-    node.append(c instanceof Node ? c : document.createTextNode(c == null ? "-" : String(c)));
-  }
-  return node;
-}
-function td(value, cls) { return el("td", cls ? {class: cls} : {}, [value]); }
-async function getJSON(path) {
-  const response = await fetch(path, {cache: "no-store"});
-  const data = await response.json();
-  if (!response.ok) throw new Error(path + ": " + (data.error || response.status));
-  return data;
-}
-function consumerState(c) {
-  if (!c.rebuild) return c.name + ": " + c.state;
-  const r = c.rebuild;
-  const percent = r.total ? (100 * r.replayed / r.total).toFixed(1) : "100.0";
-  return c.name + ": " + c.state + " " + r.replayed + "/" + r.total + " (" + percent +
-    "%) replayed up to position " + r.target;
-}
-function renderConsumers(report) {
-  document.getElementById("consumer-states").replaceChildren(...report.consumers.map(
-    (c) => el("li", {"data-consumer-state": c.name, class: c.state}, [consumerState(c)])));
-  const rows = [];
-  for (const c of report.consumers) {
-    for (const p of c.partitions) {
-      const attrs = {"data-partition": String(p.partition), "data-consumer": c.name};
-      if (p.halted) attrs.class = "halted";
-      const error = p.halted
-        ? "halted at " + p.halted.position + " (" + p.halted.type + "): " + p.halted.error
-        : "";
-      const where = p.halted && p.halted.trace
-        ? el("details", {}, [el("summary", {}, ["where"]), el("pre", {}, [p.halted.trace])])
-        : "";
-      rows.push(el("tr", attrs, [
-        td(c.name), td(p.partition, "num"), td(p.instance), td(p.state, p.state),
-        td(p.status), td(p.checkpoint, "num"), td(p.lag, "num"),
-        el("td", {class: "error"}, [error, where]),
-      ]));
-    }
-  }
-  document.querySelector("#consumers tbody").replaceChildren(...rows);
-}
-function renderInstances(report) {
-  const now = Date.now() / 1000;
-  const rows = report.instances.map((i) => el("tr", {"data-instance": i.id}, [
-    td(i.name), td(i.id), td(i.host + ":" + i.pid), td(i.live ? "yes" : "no"),
-    td(i.stopping ? "yes" : "no"), td(Math.max(0, now - i.heartbeat_at).toFixed(1), "num"),
-  ]));
-  document.querySelector("#instances tbody").replaceChildren(...rows);
-}
-function fmtRanges(ranges) {
-  if (!ranges.length) return "—";
-  return ranges.map(([a, b]) => (a === b ? String(a) : a + "\\u2013" + b)).join(", ");
-}
-function renderCluster(report) {
-  const parts = [el("p", {class: "muted"}, [
-    report.members.length + " live member(s); answered by " + report.answered_by])];
-  for (const c of report.consumers) {
-    parts.push(el("h3", {}, [c.name + " (" + c.distribution + ", " + c.partitions +
-                              " partitions)"]));
-    if (c.reason) parts.push(el("p", {class: "muted"}, [c.reason]));
-    const rows = c.shares.map((s) => el("tr", {"data-member": s.id}, [
-      td(s.instance), td(fmtRanges(s.ranges)), td((s.share * 100).toFixed(1) + "%", "num"),
-      el("td", {}, [el("span", {class: "bar", style: "width:" + (s.share * 200) + "px"})]),
-    ]));
-    if (c.unowned.length) {
-      rows.push(el("tr", {}, [td("(not owned)"), td(fmtRanges(c.unowned)), td(""), td("")]));
-    }
-    parts.push(el("table", {}, [
-      el("thead", {}, [el("tr", {}, [el("th", {}, ["member"]), el("th", {}, ["ranges"]),
-                                    el("th", {}, ["share"]), el("th", {}, [""])])]),
-      el("tbody", {}, rows),
-    ]));
-  }
-  document.getElementById("cluster").replaceChildren(...parts);
-}
-async function refresh() {
-  const status = document.getElementById("status");
-  try {
-    const [consumers, instances, cluster] = await Promise.all(
-      ["/admin/consumers", "/admin/instances", "/admin/cluster"].map(getJSON));
-    renderConsumers(consumers);
-    renderInstances(instances);
-    renderCluster(cluster);
-    status.className = "";
-    status.textContent = "updated " + new Date().toLocaleTimeString() + " (every 2 s)";
-  } catch (error) {
-    status.className = "error";
-    status.textContent = "refresh failed: " + error.message;
-  }
-}
-refresh();
-setInterval(refresh, 2000);
-</script>
-</body>
-</html>
-"""

@@ -155,8 +155,9 @@ def build_parser() -> argparse.ArgumentParser:
     ):
         operation = commands.add_parser(name, help=help_text)
         operation.add_argument("consumer", metavar="CONSUMER")
-        operation.add_argument("--reason", default="", help="recorded in the audit log")
-        operation.add_argument("--who", default=None, help="recorded operator (default user@host)")
+        operation.add_argument(
+            "--reason", default="", help="recorded in the audit log with user@host"
+        )
         if name == "forget-processed":
             operation.add_argument(
                 "--older-than",
@@ -257,22 +258,17 @@ def _admin_alongside(
     if args.admin_port is None:
         yield
         return
-    from projections.admin import make_server
+    from projections.admin import listen
 
     db = _database(settings)
     try:
         db.prepare()  # before the first request, which would find no tables otherwise
-        server = make_server(db, settings, "127.0.0.1", args.admin_port, instance)
-    except OSError as exc:
-        db.dispose()
-        reason = exc.strerror or exc
-        raise ProjectionsError(f"cannot listen on 127.0.0.1:{args.admin_port}: {reason}") from None
+        server = listen(db, settings, "127.0.0.1", args.admin_port, instance)
     except BaseException:
         db.dispose()
         raise
-    host, port = server.server_address[:2]
-    print(f"admin page: http://{host!s}:{port}/admin", flush=True)
     if instance is not None:
+        host, port = server.server_address[:2]
         instance.admin_url = f"http://{host!s}:{port}"
     thread = threading.Thread(target=server.serve_forever, name="admin", daemon=True)
     thread.start()
@@ -355,7 +351,11 @@ def cmd_append(args: argparse.Namespace) -> int:
     try:
         db.prepare()
         append = partial(
-            append_lines, db, batch_size=args.batch_size, registry=registry if args.module else None
+            append_lines,
+            db,
+            batch_size=args.batch_size,
+            registry=registry if args.module else None,
+            retry=settings.messaging.consumer.conflict_retry,
         )
         if args.file == "-":
             buffer = getattr(sys.stdin, "buffer", None)  # none when replaced by a text stream
@@ -387,7 +387,7 @@ def cmd_operation(args: argparse.Namespace) -> int:
 
     settings = _settings(args)
     db = _existing_database(settings)
-    who = args.who or operations.default_operator()
+    who = operations.default_operator()
     try:
         db.prepare()
         _operate(args, db, who)

@@ -26,10 +26,10 @@ from sqlalchemy import select
 from messaging.consumers import ConsumerSpec
 from messaging.context import HandlerContext
 from messaging.database import Database
-from messaging.errors import OwnershipLost, ProjectionsError, RegistrationError
+from messaging.errors import CheckpointMoved, OwnershipLost, ProjectionsError, RegistrationError
 from messaging.messages import Envelope, MessageRegistry
 from messaging.ownership import Claim
-from messaging.retry import is_transient, report_retry, retry_transient
+from messaging.retry import is_transient
 from messaging.store import check_id, partition_of
 from messaging.worker import ConsumerWorker, Dispatcher, Poison, StoredRow
 from sagas.context import SagaContext
@@ -271,9 +271,12 @@ class SagaWorker(ConsumerWorker):
                 return 0
         with self._limiter:
             try:
-                delivered, now = self._retried(lambda: self._deliver(claims, until))
+                delivered, now = self._retried(lambda: self._deliver(claims, until), claims)
             except OwnershipLost as lost:
                 self._lose(lost.partitions)
+                return 0
+            except CheckpointMoved as moved:
+                self._moved(moved, claims)
                 return 0
             except Exception as exc:
                 if is_transient(exc):
@@ -289,14 +292,10 @@ class SagaWorker(ConsumerWorker):
             )
         return len(delivered)
 
-    def _retried(self, action: Callable[[], T]) -> T:
-        what = f"deliver deadlines of {self.spec.name}"
-        return retry_transient(
-            action,
-            self.settings.conflict_retry,
-            what=what,
-            on_retry=partial(report_retry, self.hooks, self.instance_id, what),
-        )
+    def _retried(self, action: Callable[[], T], claims: dict[int, Claim]) -> T:
+        """A delivery retried after an error of unknown outcome reads the due deadlines
+        again in its transaction: those the first attempt delivered are gone."""
+        return self._retry_commit(action, claims, f"deliver deadlines of {self.spec.name}")
 
     def _deliver(
         self, claims: dict[int, Claim], until: float | None, only: Deadline | None = None
@@ -304,7 +303,7 @@ class SagaWorker(ConsumerWorker):
         """In one fenced transaction: read the due deadlines (or just ``only``, if still
         due), deliver them, commit."""
         dispatcher = self.dispatcher
-        with self.db.transaction() as conn:
+        with self.db.transaction(consumer=self.spec.name) as conn:
             due = dispatcher.store.due(conn, sorted(claims), self.settings.batch_size, until)
             if only is not None:
                 due = [d for d in due if d == only]
@@ -313,8 +312,8 @@ class SagaWorker(ConsumerWorker):
             ctx = HandlerContext(conn, _no_envelopes, outbox=self.outbox)
             now = dispatcher.deliver(due, ctx)
             ctx.flush()
-            epochs = {d.partition: claims[d.partition].epoch for d in due}
-            self.ownership.commit_checkpoint(conn, self.spec.name, self.instance_id, epochs, 0)
+            fenced = {d.partition: claims[d.partition] for d in due}
+            self.ownership.commit_checkpoint(conn, self.spec.name, self.instance_id, fenced, 0)
             return due, now
 
     def _deliver_one_by_one(
@@ -332,9 +331,12 @@ class SagaWorker(ConsumerWorker):
             if deadline.partition not in held:
                 continue  # its partition halted (or moved) meanwhile
             try:
-                done, now = self._retried(partial(self._deliver, held, until, deadline))
+                done, now = self._retried(partial(self._deliver, held, until, deadline), held)
             except OwnershipLost as lost:
                 self._lose(lost.partitions)
+                continue
+            except CheckpointMoved as moved:
+                self._moved(moved, held)
                 continue
             except Exception as exc:
                 if is_transient(exc):

@@ -59,17 +59,17 @@ def test_a_rebuild_fences_the_old_owner_and_empties_the_read_model(db: Database)
     with db.transaction() as conn:
         claims = ownership.claim(conn, "decl-notes", range(4), "old", Membership(db).live_ids(30))
         conn.execute(insert(table), {"text": "written under v1"})
-    epochs = {c.partition: c.epoch for c in claims}
+    held = {c.partition: c for c in claims}
 
     assert declare(db, v2, P, "new").outcome == REBUILT
 
     with pytest.raises(OwnershipLost), db.transaction() as conn:
-        ownership.commit_checkpoint(conn, "decl-notes", "old", epochs, 99)
+        ownership.commit_checkpoint(conn, "decl-notes", "old", held, 99)
     with db.read() as conn:
         rows = ownership.partitions(conn, ["decl-notes"])
         assert conn.execute(select(table)).all() == []
     assert {r.owner for r in rows} == {"new"}
-    assert all(r.epoch > epochs[r.partition] and r.checkpoint == 0 for r in rows)
+    assert all(r.epoch > held[r.partition].epoch and r.checkpoint == 0 for r in rows)
 
 
 def test_the_declaration_one_back_is_stale_and_does_not_rebuild(db: Database) -> None:

@@ -7,9 +7,20 @@ from collections.abc import Iterator, Sequence
 
 import attrs
 import pytest
-from sqlalchemy import BigInteger, Column, MetaData, String, Table, insert, select, update
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    Connection,
+    MetaData,
+    String,
+    Table,
+    insert,
+    select,
+    update,
+)
 
 from messaging import (
+    CheckpointMoved,
     Database,
     HandlerContext,
     ManualClock,
@@ -138,7 +149,7 @@ def test_reclaim_by_the_owner_fences_out_its_old_epoch(db: Database, partitions:
     (second,) = _claim(db, "a", [0])
     assert second.epoch == first.epoch + 1
     with pytest.raises(OwnershipLost), db.transaction() as conn:
-        Ownership(db).commit_checkpoint(conn, CONSUMER, "a", {0: first.epoch}, 3)
+        Ownership(db).commit_checkpoint(conn, CONSUMER, "a", {0: first}, 3)
     assert _rows(db)[0] == ("a", second.epoch, 0)
 
 
@@ -156,7 +167,7 @@ def test_halted_partition_is_neither_claimed_nor_checkpointed(
     assert _claim(later_db, "b", [3]) == []
     assert _rows(db)[3] == ("a", 1, 0)
     with pytest.raises(OwnershipLost), db.transaction() as conn:
-        Ownership(db).commit_checkpoint(conn, CONSUMER, "a", {3: claim.epoch}, 9)
+        Ownership(db).commit_checkpoint(conn, CONSUMER, "a", {3: claim}, 9)
     with db.read() as conn:
         (row,) = [r for r in Ownership(db).partitions(conn, [CONSUMER]) if r.partition == 3]
     assert (row.status, row.halted_position, row.checkpoint) == ("halted", 4, 0)
@@ -198,7 +209,7 @@ def test_fenced_checkpoint_commits_with_the_read_model(
     (claim,) = _claim(db, "a", [0])
     with db.transaction() as conn:
         conn.execute(insert(read_model), {"position": 5, "key": "k"})
-        Ownership(db).commit_checkpoint(conn, CONSUMER, "a", {0: claim.epoch}, 5)
+        Ownership(db).commit_checkpoint(conn, CONSUMER, "a", {0: claim}, 5)
     assert _read_model_positions(db, read_model) == [5]
     assert _rows(db)[0] == ("a", 1, 5)
 
@@ -212,9 +223,7 @@ def test_stale_epoch_raises_and_rolls_back_the_read_model(
     _claim(later_db, "b", [0])
     with pytest.raises(OwnershipLost) as info, db.transaction() as conn:
         conn.execute(insert(read_model), [{"position": 7, "key": "x"}, {"position": 8, "key": "y"}])
-        Ownership(db).commit_checkpoint(
-            conn, CONSUMER, "a", {0: claims[0].epoch, 1: claims[1].epoch}, 8
-        )
+        Ownership(db).commit_checkpoint(conn, CONSUMER, "a", {0: claims[0], 1: claims[1]}, 8)
     assert info.value.consumer == CONSUMER
     assert info.value.partitions == [0]
     assert _read_model_positions(db, read_model) == []
@@ -231,12 +240,13 @@ def test_a_fence_reused_batch_after_batch_still_fails_once_ownership_moved(
     ownership = Ownership(db)
     for position in (3, 4):
         with db.transaction() as conn:
-            ownership.commit_checkpoint(conn, CONSUMER, "a", {0: claim.epoch}, position)
+            ownership.commit_checkpoint(conn, CONSUMER, "a", {0: claim}, position)
+        claim = attrs.evolve(claim, checkpoint=position)
     _register(later_db, "b")
     _claim(later_db, "b", [0])
     with pytest.raises(OwnershipLost) as info, db.transaction() as conn:
         conn.execute(insert(read_model), {"position": 5, "key": "k"})
-        ownership.commit_checkpoint(conn, CONSUMER, "a", {0: claim.epoch}, 5)
+        ownership.commit_checkpoint(conn, CONSUMER, "a", {0: claim}, 5)
     assert info.value.partitions == [0]
     assert _read_model_positions(db, read_model) == []
     assert _rows(db)[0] == ("b", 2, 4)
@@ -246,7 +256,7 @@ def test_checkpoint_by_a_non_owner_raises(db: Database, partitions: int) -> None
     """An instance that does not own a partition cannot checkpoint it, even with its epoch."""
     (claim,) = _claim(db, "a", [2])
     with pytest.raises(OwnershipLost) as info, db.transaction() as conn:
-        Ownership(db).commit_checkpoint(conn, CONSUMER, "b", {2: claim.epoch}, 3)
+        Ownership(db).commit_checkpoint(conn, CONSUMER, "b", {2: claim}, 3)
     assert info.value.partitions == [2]
     assert _rows(db)[2] == ("a", 1, 0)
 
@@ -257,8 +267,52 @@ def test_checkpoints_never_decrease(db: Database, partitions: int) -> None:
     ownership = Ownership(db)
     for position, expected in [(10, 10), (4, 10), (10, 10), (12, 12), (0, 12)]:
         with db.transaction() as conn:
-            ownership.commit_checkpoint(conn, CONSUMER, "a", {1: claim.epoch}, position)
+            ownership.commit_checkpoint(conn, CONSUMER, "a", {1: claim}, position)
         assert _rows(db)[1] == ("a", 1, expected)
+        claim = attrs.evolve(claim, checkpoint=expected)
+
+
+def test_a_batch_committed_again_from_the_same_checkpoint_rolls_back(
+    db: Database, partitions: int, read_model: Table
+) -> None:
+    """The fence is a compare-and-set on the checkpoint too: a batch committed again from the
+    checkpoint it was read from (its first commit went through unacknowledged) raises
+    CheckpointMoved with the stored checkpoints, and its writes roll back."""
+    claims = {c.partition: c for c in _claim(db, "a", [0, 1])}
+    with db.transaction() as conn:
+        conn.execute(insert(read_model), {"position": 5, "key": "k"})
+        Ownership(db).commit_checkpoint(conn, CONSUMER, "a", claims, 5)
+    with pytest.raises(CheckpointMoved) as info, db.transaction() as conn:
+        conn.execute(insert(read_model), {"position": 6, "key": "again"})
+        Ownership(db).commit_checkpoint(conn, CONSUMER, "a", claims, 5)
+    assert info.value.checkpoints == {0: 5, 1: 5}
+    assert _read_model_positions(db, read_model) == [5]
+    assert _rows(db)[0] == ("a", 1, 5)
+
+
+def test_the_fence_with_its_expected_checkpoints_goes_straight_to_the_driver(
+    db: Database, partitions: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The expected checkpoints are bound parameters: from its second use on, the cached
+    fence skips SQLAlchemy (no ``Connection.execute``), batch after batch."""
+    (claim,) = _claim(db, "a", [0])
+    ownership = Ownership(db)
+    with db.transaction() as conn:
+        ownership.commit_checkpoint(conn, CONSUMER, "a", {0: claim}, 3)
+    executed: list[object] = []
+    original = Connection.execute
+
+    def counting(conn: Connection, statement: object, *args: object, **kwargs: object) -> object:
+        executed.append(statement)
+        return original(conn, statement, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Connection, "execute", counting)
+    for position in (4, 5):
+        claim = attrs.evolve(claim, checkpoint=position - 1)
+        with db.transaction() as conn:
+            ownership.commit_checkpoint(conn, CONSUMER, "a", {0: claim}, position)
+    assert executed == []
+    assert _rows(db)[0] == ("a", 1, 5)
 
 
 # -- the worker -----------------------------------------------------------------------------

@@ -24,6 +24,7 @@ from projections.reports import consumers_report
 pytestmark = pytest.mark.multiprocess
 CLI = [sys.executable, "-m", "projections.cli"]
 ADMIN = ["--admin-port", "0", "--instance-name"]
+TOKEN = "in-memory-test-admin-token"
 
 
 def _start(config: Path, name: str) -> tuple[subprocess.Popen[str], str]:
@@ -57,7 +58,7 @@ def _post(base: str, command: str, body: dict[str, Any] | None = None) -> dict[s
         f"{base}/admin/consumers/{CONSUMER}/{command}",
         data=json.dumps(body or {}).encode(),
         method="POST",
-        headers={"Content-Type": "application/json"},
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {TOKEN}"},
     )
     with urllib.request.urlopen(request, timeout=10) as response:
         assert response.status == 200
@@ -76,7 +77,7 @@ def _copies(db: Database) -> dict[str, dict[str, Any]]:
 @pytest.fixture
 def two(db: Database, tmp_path: Path) -> Iterator[tuple[Path, str, str]]:
     """Two instances running the in-memory consumer; their config and admin URLs."""
-    config = write_config(tmp_path / "app.yaml", db)
+    config = write_config(tmp_path / "app.yaml", db, extra=f"admin: {{token: {TOKEN}}}\n")
     a, url_a = _start(config, "a")
     b, url_b = _start(config, "b")
     try:

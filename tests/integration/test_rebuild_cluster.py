@@ -39,7 +39,7 @@ def test_rebuild_on_a_running_cluster_equals_a_sequential_replay(
             conn.execute(update(ledger.balances).values(balance=-1))
         assert ledger_matches_replay(db)[0] != ledger_matches_replay(db)[1]
 
-        output = cli(config, "rebuild", "ledger-balances", "--reason", "corrupted", "--who", "t")
+        output = cli(config, "rebuild", "ledger-balances", "--reason", "corrupted")
         assert "rebuild of ledger-balances requested" in output
         wait_until(
             lambda: (

@@ -10,6 +10,7 @@ import math
 import random
 from collections import Counter
 from collections.abc import Callable, Hashable, Iterable, Mapping
+from functools import partial
 from itertools import combinations
 from typing import Any, NamedTuple
 
@@ -386,3 +387,75 @@ def test_keeping_everything_is_caught_by_the_balance_property() -> None:
     found = find(scenarios(), violates(check_balanced, keep_everything), settings=FIND_SETTINGS)
     shares = Counter(keep_everything(*found).values())
     assert max(shares[m] for m in found.members) - min(shares[m] for m in found.members) > 1
+
+
+# --- the rotation and the spread of remainders ------------------------------------------------
+
+rotations = st.integers(min_value=0, max_value=50)
+
+
+@given(scenarios(), rotations)
+def test_any_rotation_is_valid_balanced_and_moves_the_fewest_units(
+    scenario: Scenario, rotation: int
+) -> None:
+    """The rotation only orders equal holders, so every rotation is as good as any other."""
+    check_minimal_movement(partial(assign, rotation=rotation), scenario)
+
+
+@given(stable_scenarios(), rotations, st.data())
+def test_with_a_rotation_a_join_still_moves_units_only_to_the_joiner(
+    scenario: Scenario, rotation: int, data: st.DataObject
+) -> None:
+    """However the planner turns the tie-break, a joiner takes only what must move to it."""
+    joiner = data.draw(st.sampled_from([m for m in MEMBER_IDS if m not in scenario.members]))
+    after = assign(scenario.units, [*scenario.members, joiner], scenario.current, rotation=rotation)
+    assert {after[u] for u in after if after[u] != scenario.current[u]} <= {joiner}
+
+
+def spread(
+    consumers: int, partitions: int, members: list[str], assignor: Callable[..., dict[Any, str]]
+) -> Counter[str]:
+    """Partitions per member after a fresh start of ``consumers`` equal consumers, the k-th
+    assigned with the planner's rotation ``k * (partitions % members)``."""
+    totals: Counter[str] = Counter({m: 0 for m in members})
+    for k in range(consumers):
+        extra = partitions % len(members)
+        totals.update(assignor(range(partitions), members, {}, rotation=k * extra).values())
+    return totals
+
+
+def check_spread(assignor: Callable[..., dict[Any, str]], case: tuple[int, int, int]) -> None:
+    consumers, partitions, count = case
+    totals = spread(consumers, partitions, list(MEMBER_IDS[:count]), assignor)
+    assert max(totals.values()) - min(totals.values()) <= 1, f"uneven totals {totals}"
+
+
+spread_cases = st.tuples(
+    st.integers(min_value=1, max_value=12),
+    st.integers(min_value=1, max_value=20),
+    st.integers(min_value=1, max_value=6),
+)
+
+
+@given(spread_cases)
+def test_remainders_of_equal_consumers_spread_over_the_members(case: tuple[int, int, int]) -> None:
+    """Fresh start, equal consumers: the members' totals over all consumers differ by at most
+    one, so no instance is heavier because of its id."""
+    check_spread(assign, case)
+
+
+def test_ten_consumers_of_eight_partitions_over_three_instances_give_27_27_26() -> None:
+    """The issue's example: not 30 / 30 / 20 as with ties broken by member id."""
+    assert sorted(spread(10, 8, ["A", "B", "C"], assign).values()) == [26, 27, 27]
+
+
+def test_ties_by_member_id_are_caught_by_the_spread_property() -> None:
+    """The former rule (the rotation ignored) piles every remainder on the lowest ids."""
+
+    def by_member_id(
+        units: Iterable[Any], members: Iterable[str], current: Mapping[Any, str | None], **_: int
+    ) -> dict[Any, str]:
+        return assign(units, members, current)
+
+    found = find(spread_cases, violates(check_spread, by_member_id), settings=FIND_SETTINGS)
+    assert found[0] >= 2

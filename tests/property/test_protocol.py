@@ -174,13 +174,13 @@ def _checkpoint_outside_the_transaction(self, rows, claims, *, immediate, throug
             conn,
             self.spec.name,
             self.instance_id,
-            {p: c.epoch for p, c in claims.items()},
+            claims,
             max(batch[-1][0], through),
         )
     return batch
 
 
-def _round_robin(units, members, current):  # type: ignore[no-untyped-def]
+def _round_robin(units, members, current, rotation=0):  # type: ignore[no-untyped-def]
     """Balanced but not sticky: sorted units dealt to sorted members."""
     ordered = sorted(set(members))
     return (

@@ -4,16 +4,25 @@ render its page in headless Chromium."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 import subprocess
+import sys
 import threading
 import urllib.error
 import urllib.request
-from http.server import ThreadingHTTPServer
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import HTTPServer
 from pathlib import Path
 from typing import Any
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+#: The admin token of the tests' servers.
+TOKEN = "test-admin-token-0123456789"
+#: The config lines that set it.
+TOKEN_CONFIG = f"admin:\n  token: {TOKEN}\n"
 
 
 def get(url: str) -> tuple[int, str, bytes]:
@@ -32,12 +41,54 @@ def get_json(url: str) -> tuple[int, Any]:
     return status, json.loads(body)
 
 
-def serve(server: ThreadingHTTPServer) -> tuple[str, threading.Thread]:
+def post(url: str, body: Any, *, token: str | None = TOKEN) -> tuple[int, Any]:
+    """(status, decoded JSON answer) of a command POSTed as JSON, with ``token`` if given."""
+    headers = {"Content-Type": "application/json"}
+    if token is not None:
+        headers["Authorization"] = f"Bearer {token}"
+    request = urllib.request.Request(
+        url, data=json.dumps(body).encode(), method="POST", headers=headers
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+def serve(server: HTTPServer) -> tuple[str, threading.Thread]:
     """Serve ``server`` in a thread; return its base URL and the thread."""
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05})
     thread.start()
     host, port = server.server_address[:2]
     return f"http://{host!s}:{port}", thread
+
+
+@contextmanager
+def admin_process(
+    *arguments: str, env: dict[str, str] | None = None
+) -> Iterator[tuple[subprocess.Popen[str], str]]:
+    """Run ``projections ARGUMENTS...`` (which serves the admin page) with ``env`` added
+    to the environment; yield the process and the base URL it printed. On exit it is sent
+    SIGTERM and must stop cleanly (exit 0)."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "projections.cli", *arguments],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+    )
+    try:
+        assert process.stdout is not None
+        line = process.stdout.readline()
+        assert line.startswith("admin page: http://"), (line, process.stderr.read())
+        yield process, line.split(": ", 1)[1].strip().removesuffix("/admin")
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=30) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
 
 
 def chromium(profile: Path, *options: str, url: str) -> subprocess.CompletedProcess[str]:

@@ -81,3 +81,29 @@ def test_instances_on_another_declaration_do_not_share_the_consumer() -> None:
     owners = {"c1": {p: None for p in range(4)}}
     new = plan("new", [stale, member("new", c1=P)], owners, {"c1": 4}, {"c1": P}, FP)["c1"]
     assert new.target == {0, 1, 2, 3}
+
+
+def test_remainders_of_many_consumers_spread_over_the_instances() -> None:
+    """10 consumers of 8 partitions over 3 fresh instances: 27 / 27 / 26, every instance's
+    plans agree, and a fourth instance joining takes partitions only from the others."""
+    names = [f"c{k:02}" for k in range(10)]
+    fingerprints = dict.fromkeys(names, "f")
+    counts = dict.fromkeys(names, 8)
+    modes = dict.fromkeys(names, P)
+    live = [member(x, **modes) for x in "xyz"]
+    owners: dict[str, dict[int, str | None]] = {c: dict.fromkeys(range(8)) for c in names}
+    plans = {me: plan(me, live, owners, counts, modes, fingerprints) for me in "xyz"}
+    for consumer in names:
+        targets = [plans[me][consumer].target for me in "xyz"]
+        assert sorted(p for t in targets for p in t) == list(range(8))
+    assert sorted(sum(len(plans[me][c].target) for c in names) for me in "xyz") == [26, 27, 27]
+
+    held = {c: {p: me for me in "xyz" for p in plans[me][c].target} for c in names}
+    joined = [*live, member("w", **modes)]
+    after = {me: plan(me, joined, held, counts, modes, fingerprints) for me in "wxyz"}
+    for consumer in names:
+        for me in "xyz":
+            assert not after[me][consumer].target - plans[me][consumer].target
+        assert after["w"][consumer].target == set().union(
+            *(after[me][consumer].release for me in "xyz")
+        )

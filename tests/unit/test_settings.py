@@ -692,5 +692,44 @@ def test_plugins_are_a_list_of_module_names() -> None:
     """`plugins` loads extra modules; anything but a list of names is refused at its key."""
     assert settings_from_mapping({"plugins": ["a.b", "c"]}).plugins == ("a.b", "c")
     for bad in ("a.b", [1], [""], {"a": 1}):
-        with pytest.raises(ConfigError, match=r"expected a list of module names.* @ plugins"):
+        with pytest.raises(ConfigError, match=r"expected a list of names.* @ plugins"):
             settings_from_mapping({"plugins": bad})
+
+
+def test_the_admin_token_comes_from_the_environment_first(tmp_path: Path) -> None:
+    """PROJECTIONS_ADMIN_TOKEN beats admin.token; an empty variable counts as unset; the
+    token never shows in a repr."""
+    path = _write(tmp_path, "admin:\n  token: from-the-file-0123456789\n")
+    assert load_settings(path, environ={}).admin.token == "from-the-file-0123456789"
+    env = {"PROJECTIONS_ADMIN_TOKEN": "from-the-environment-0123"}
+    settings = load_settings(path, environ=env)
+    assert settings.admin.token == "from-the-environment-0123"
+    assert "from-the-environment" not in repr(settings)
+    assert load_settings(path, environ={"PROJECTIONS_ADMIN_TOKEN": ""}).admin.token == (
+        "from-the-file-0123456789"
+    )
+    assert load_settings(environ={}).admin.token is None
+
+
+def test_bad_admin_settings_name_their_key_and_never_the_token(tmp_path: Path) -> None:
+    cases = [
+        ({"token": "short-secret"}, "admin.token must be at least 16 characters long"),
+        ({"token": "has spaces inside it"}, "admin.token must be printable ASCII without spaces"),
+        (
+            {"token": 1234567890123456789},
+            "expected a string, got 1234567890123456789 @ admin.token",
+        ),
+        ({"allowed-hosts": ["https://proxy/"]}, "admin.allowed-hosts.0 ('https://proxy/') must be"),
+        ({"allowed-hosts": "proxy"}, "expected a list of names, got string 'proxy' @ admin"),
+        ({"tokens": "x"}, "unknown key 'tokens' @ admin"),
+    ]
+    for admin, message in cases:
+        with pytest.raises(ConfigError) as error:
+            settings_from_mapping({"admin": admin})
+        assert message in str(error.value)
+        assert "secret" not in str(error.value) and "spaces inside" not in str(error.value)
+    with pytest.raises(ConfigError, match=r"(?s)^\$PROJECTIONS_ADMIN_TOKEN: .*at least 16"):
+        load_settings(environ={"PROJECTIONS_ADMIN_TOKEN": "weak"})
+    assert settings_from_mapping(
+        {"admin": {"allowed-hosts": ["admin.example.com", "proxy:8443", "[::1]:9000"]}}
+    ).admin.allowed_hosts == ("admin.example.com", "proxy:8443", "[::1]:9000")

@@ -1,10 +1,20 @@
-"""Testing kit: simulated clusters of real instances on a real database with a manual
-clock, Hypothesis strategies of cluster events and messages, and a state machine base
-class with the protocol's invariants. Also a pytest plugin (``projections.testing.plugin``)
-with the ``make_cluster`` and ``run_machine`` fixtures."""
+"""Testing kit: a battery of fixed scenarios, simulated clusters of real instances on a
+real database with a manual clock, Hypothesis strategies of cluster events and messages,
+and a state machine base class with the protocol's invariants. Also a pytest plugin
+(``projections.testing.plugin``) with the ``make_cluster`` and ``run_machine`` fixtures."""
 
+from projections.testing.battery import (
+    BATTERY,
+    BatteryFailure,
+    Run,
+    Samples,
+    Scenario,
+    run_battery,
+    samples_of,
+)
 from projections.testing.cluster import (
     SIMULATION_CONFIG,
+    Claimed,
     Commit,
     Delivery,
     SimulatedCluster,
@@ -12,6 +22,7 @@ from projections.testing.cluster import (
     simulation_settings,
 )
 from projections.testing.database import DATABASE_ENV, configured_database, scratch_database
+from projections.testing.differences import Difference, ReadModelDiffers, differences
 from projections.testing.events import (
     Append,
     ClusterEvent,
@@ -26,6 +37,7 @@ from projections.testing.events import (
     run_events,
 )
 from projections.testing.machine import ClusterMachine, machine_settings
+from projections.testing.runner import REPORT_SECONDS, report_within, run_cluster_machine
 from projections.testing.strategies import (
     SOURCES,
     cluster_events,
@@ -36,31 +48,45 @@ from projections.testing.strategies import (
 )
 
 __all__ = [
+    "BATTERY",
     "DATABASE_ENV",
+    "REPORT_SECONDS",
     "SIMULATION_CONFIG",
     "SOURCES",
     "Append",
+    "BatteryFailure",
+    "Claimed",
     "ClusterEvent",
     "ClusterMachine",
     "Commit",
     "Crash",
     "Delivery",
+    "Difference",
     "Join",
     "Pause",
     "PauseAndWake",
     "Poll",
+    "ReadModelDiffers",
+    "Run",
+    "Samples",
+    "Scenario",
     "SimulatedCluster",
     "Stop",
     "Tick",
     "Wake",
     "cluster_events",
     "configured_database",
+    "differences",
     "machine_settings",
     "messages_of",
     "open_cluster",
     "pauses",
     "picks",
+    "report_within",
+    "run_battery",
+    "run_cluster_machine",
     "run_events",
+    "samples_of",
     "scratch_database",
     "simulation_settings",
     "ticks",

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 
 import attrs
+from sqlalchemy import Connection
 
 from messaging import (
+    ConsumerKind,
     Database,
     Distribution,
     Instance,
@@ -25,10 +27,12 @@ from messaging import (
     Settings,
     create_plugin_manager,
     hookimpl,
+    operations,
     settings_from_mapping,
 )
 from messaging.consumers import ConsumerSpec, collect_specs
-from messaging.ownership import Ownership
+from messaging.ownership import Claim, Ownership
+from messaging.store import NewMessage
 from messaging.worker import ConsumerWorker
 from projections.testing.database import configured_database, scratch_database
 
@@ -54,6 +58,10 @@ def simulation_settings(**sections: object) -> Settings:
     return settings_from_mapping({"messaging": {"consumer": SIMULATION_CONFIG}, **sections})
 
 
+_OPERATOR = "projections.testing"
+"""Who the simulated operator commands are recorded as, in the audit log."""
+
+
 @attrs.define(frozen=True)
 class Commit:
     """One committed batch: which instance committed which partitions under which epochs."""
@@ -63,6 +71,16 @@ class Commit:
     epochs: Mapping[int, int]
     last_position: int
     count: int
+
+
+@attrs.define(frozen=True)
+class Claimed:
+    """One claim of a partition under a new epoch (epoch > 1: it was held before)."""
+
+    instance: str
+    consumer: str
+    partition: int
+    epoch: int
 
 
 @attrs.define(frozen=True)
@@ -114,6 +132,7 @@ class _Recorder:
     ) -> None:
         name = self.cluster.name_of(instance_id)
         self.cluster.moves += 1
+        self.cluster.claims.append(Claimed(name, consumer, partition, epoch))
         self.cluster.note(f"{name} claimed {consumer} p{partition}/e{epoch}")
 
     @hookimpl
@@ -122,6 +141,27 @@ class _Recorder:
     ) -> None:
         self.cluster.moves += 1
         self.cluster.note(f"{self.cluster.name_of(instance_id)} released {consumer} p{partition}")
+
+
+class _ProcessDied(BaseException):
+    """The simulated process died: not an error any retry or halt may catch."""
+
+
+class _DiesAtCommit(Ownership):
+    """The ownership of a process that dies when it commits a checkpoint."""
+
+    def __init__(self, ownership: Ownership) -> None:
+        super().__init__(ownership.db)
+
+    def commit_checkpoint(
+        self,
+        conn: Connection,
+        consumer: str,
+        instance_id: str,
+        claims: Mapping[int, Claim],
+        position: int,
+    ) -> None:
+        raise _ProcessDied
 
 
 class SimulatedCluster:
@@ -147,8 +187,15 @@ class SimulatedCluster:
         """Saga deadlines delivered (committed), in order."""
         self.moves = 0
         """Claims and releases so far."""
+        self.claims: list[Claimed] = []
+        """Every claim, in order."""
         self.appended: list[tuple[str, object]] = []
         """(topic, message) of every message appended, in position order."""
+        self.resent: list[tuple[str, object]] = []
+        """(topic, message) of every message sent again under its id (see :meth:`resend`)."""
+        self._destinations = {s.name for s in self.specs if s.kind is ConsumerKind.ROUTE_CONSUMER}
+        self._sent: dict[int, tuple[NewMessage, object]] = {}
+        """Position → what was sent there, for the messages sent to route consumers."""
         self.running: dict[str, Instance] = {}
         self.distributions: dict[str, Distribution] = {}
         """Consumer name → its distribution, as the instances started so far configured it."""
@@ -202,6 +249,19 @@ class SimulatedCluster:
             self.paused.pop(name)
         self._record(f"crash({name!r})")
 
+    def crash_during_commit(self, name: str) -> None:
+        """The process dies in the middle of its next batch: every consumer of instance
+        ``name`` polls once and the process is gone right before the batch would commit
+        (the transaction rolls back; whatever the handlers did elsewhere stays done).
+        Nothing is released, as in :meth:`crash`."""
+        instance = self.running.pop(name)
+        for worker in instance.workers.values():
+            if isinstance(worker, ConsumerWorker):
+                worker.ownership = _DiesAtCommit(worker.ownership)
+        with suppress(_ProcessDied):
+            self._poll(instance)
+        self._record(f"crash_during_commit({name!r})")
+
     def pause(self, name: str) -> None:
         """The process stops answering (GC pause, frozen VM) but keeps its state."""
         self.paused[name] = self.running.pop(name)
@@ -235,12 +295,65 @@ class SimulatedCluster:
             instance.rebalance()
 
     def append(self, topic: str, source: str, messages: Sequence[object]) -> list[int]:
-        """Append ``messages`` of one source in one transaction; return their positions."""
+        """Append ``messages`` of one source in one transaction; return their positions.
+
+        To a route consumer's destination they are sent, as :meth:`MessageStore.send`
+        does, keyed by ``source`` and each with a message id of its own (``source#n``)."""
         with self.db.transaction() as conn:
-            positions = self.store.append(conn, topic, source, messages)
+            if topic in self._destinations:
+                sent = [
+                    self.store.outgoing(topic, message, key=source, message_id=f"{source}#{n}")
+                    for n, message in enumerate(messages, start=len(self._sent))
+                ]
+                positions = self.store.append_encoded(conn, sent)
+                self._sent.update(zip(positions, zip(sent, messages, strict=True), strict=True))
+            else:
+                positions = self.store.append(conn, topic, source, messages)
         self.appended.extend((topic, message) for message in messages)
         self._record(f"append({topic!r}, {source!r}, {list(messages)!r})")
         return positions
+
+    @property
+    def sent(self) -> dict[int, object]:
+        """Position → message, of the messages sent to route consumers so far."""
+        return {position: message for position, (_, message) in self._sent.items()}
+
+    def resend(self, positions: Sequence[int]) -> list[int]:
+        """Send the messages sent to a route consumer at ``positions`` again, under the same
+        message ids, as a sender retrying after an unknown outcome does; return the new
+        positions. They are recorded in :attr:`resent`, not in :attr:`appended`."""
+        unknown = [p for p in positions if p not in self._sent]
+        if unknown:
+            raise ValueError(f"no message was sent to a route consumer at positions {unknown}")
+        again = [self._sent[p] for p in positions]
+        with self.db.transaction() as conn:
+            new = self.store.append_encoded(conn, [sent for sent, _ in again])
+        self._sent.update(zip(new, again, strict=True))
+        self.resent.extend((sent.topic, message) for sent, message in again)
+        self._record(f"resend({list(positions)!r})")
+        return new
+
+    def roll_back(self) -> None:
+        """The next batch of every transactional consumer, on every running instance, is
+        applied and rolled back: an operator pause fences the partitions under new
+        epochs first (their owners' commits fail), and a resume lets the consumers run
+        again, so a later round claims the partitions and applies the batch once more."""
+        names = [spec.name for spec in self.specs if spec.transactional]
+        for name in names:
+            operations.pause(self.db, name, who=_OPERATOR, reason="roll a batch back")
+        applied = self._poll_all()
+        for name in names:
+            operations.resume(self.db, name, who=_OPERATOR)
+        self._record("roll_back()", f"{applied} applied and rolled back")
+
+    def rebuild(self) -> list[str]:
+        """Ask for a rebuild of every projection (an operator's ``projections rebuild``);
+        the next round performs it. Returns their names."""
+        names = [spec.name for spec in self.specs if spec.kind is ConsumerKind.PROJECTION]
+        for name in names:
+            operations.rebuild(self.db, name, who=_OPERATOR)
+        self._record("rebuild()")
+        return names
 
     def poll(self, name: str) -> int:
         """One batch of every consumer of one running instance."""

@@ -10,20 +10,24 @@ into a test, and the cluster scenario, which says which instance did what, in or
 
 from __future__ import annotations
 
+import unittest
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from contextlib import ExitStack
-from typing import Any, ClassVar
+from functools import cache
+from typing import ClassVar
 
-from hypothesis import HealthCheck, currently_in_test_context, note, settings
+from hypothesis import HealthCheck, Phase, currently_in_test_context, note, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 from hypothesis.strategies import SearchStrategy
 from sqlalchemy import Connection, select
 
-from messaging import Distribution, Settings
+from messaging import Distribution, Settings, partition_of
 from messaging.ownership import HALTED, Ownership
+from projections.testing.battery import BATTERY, Scenario
 from projections.testing.cluster import SimulatedCluster, open_cluster
+from projections.testing.differences import ReadModelDiffers
 from projections.testing.events import (
     Append,
     Crash,
@@ -38,15 +42,49 @@ from projections.testing.events import (
 from projections.testing.strategies import pauses, picks, ticks
 
 
-def machine_settings(max_examples: int = 20, steps: int = 25) -> settings:
-    """Hypothesis settings sized for a simulated cluster: a few runs of a few steps, no
-    deadline (a step is several transactions), no health check about slow data."""
+def machine_settings(max_examples: int = 25, steps: int = 12) -> settings:
+    """Hypothesis settings sized for a simulated cluster: a few runs of a few steps (short
+    runs shrink fast), no deadline (a step is several transactions), no health check
+    about slow data, and no explain phase (it reruns the failure many times to say which
+    lines only failing runs reach)."""
     return settings(
         max_examples=max_examples,
         stateful_step_count=steps,
+        phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink],
         deadline=None,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
     )
+
+
+HANDOVERS = ("join", "stop", "crash", "freeze")
+"""How :meth:`ClusterMachine.append_across_a_handover` moves a partition."""
+
+_messages = st.runner().flatmap(lambda machine: machine.messages)
+"""The machine's own strategy of appends."""
+
+
+class _TestCaseProperty:
+    """``Machine.TestCase``: a unittest case of the machine that runs its battery first."""
+
+    def __get__(
+        self, obj: ClusterMachine | None, owner: type[ClusterMachine]
+    ) -> type[unittest.TestCase]:
+        return _test_case(owner if obj is None else type(obj))
+
+
+@cache
+def _test_case(machine: type[ClusterMachine]) -> type[unittest.TestCase]:
+    from projections.testing.runner import run_cluster_machine  # it runs machines: imports this
+
+    class MachineTestCase(unittest.TestCase):
+        settings = machine_settings()
+
+        def runTest(self) -> None:
+            run_cluster_machine(machine, self.settings)
+
+    MachineTestCase.__name__ = f"{machine.__name__}.TestCase"
+    MachineTestCase.__qualname__ = f"{machine.__qualname__}.TestCase"
+    return MachineTestCase
 
 
 class ClusterMachine(RuleBasedStateMachine):
@@ -76,6 +114,14 @@ class ClusterMachine(RuleBasedStateMachine):
     """Instances joined before the first step (after the ``initial`` appends)."""
     max_instances: ClassVar[int] = 4
     """Running and paused instances at most."""
+    TestCase = _TestCaseProperty()
+    """``TestLedger = LedgerMachine.TestCase``: a unittest test case running the battery,
+    then the search with :func:`machine_settings` (or the case's ``settings``), on the
+    configured database."""
+    battery: ClassVar[Sequence[Scenario]] = BATTERY
+    """The fixed scenarios run before the random search (see
+    :mod:`projections.testing.battery`); add your own, or scenarios for new failure
+    modes of the framework, by extending it: ``battery = (*BATTERY, my_scenario)``."""
 
     def __init__(self, database_url: str | None = None) -> None:
         """Open a cluster (no instance yet) on the configured database, or ``database_url``."""
@@ -90,6 +136,11 @@ class ClusterMachine(RuleBasedStateMachine):
         self.epochs: dict[tuple[str, int], int] = {}
         self.checkpoints: dict[tuple[str, int], int] = {}
         self.unowned_since: dict[tuple[str, int], float] = {}
+        self.rebuilt_at: dict[str, int] = {}
+        """Consumer → how many commits the cluster had recorded when it was last rebuilt
+        (those before are not counted any more)."""
+        self.batches: dict[tuple[str, str], Append] = {}
+        """(topic, source) → the last append drawn for it."""
         self.last_failure = self.cluster.clock.value
         """When an instance last crashed or froze: each failure restarts the handover bound,
         since partitions may have been assigned to the instance that just failed."""
@@ -114,7 +165,8 @@ class ClusterMachine(RuleBasedStateMachine):
 
     def expected(self, messages: Sequence[object]) -> object:
         """The read-model state that ``messages`` (every message appended, in order) should
-        give, e.g. by a sequential replay. None (the default) skips the comparison."""
+        give, e.g. by a sequential replay. None (the default) skips the comparison (the
+        battery's rebuild still compares :meth:`actual` before and after a rebuild)."""
         return None
 
     def actual(self, conn: Connection) -> object:
@@ -164,9 +216,38 @@ class ClusterMachine(RuleBasedStateMachine):
         self._failed()
         PauseAndWake(pick, rounds).apply(self.cluster)
 
-    @rule(batch=st.runner().flatmap(lambda machine: machine.messages))
+    @rule(batch=_messages)
     def append(self, batch: Append) -> None:
         batch.apply(self.cluster)
+        self.batches[batch.topic, batch.source] = batch
+
+    @precondition(lambda self: self.cluster.running)
+    @rule(batch=_messages, how=st.sampled_from(HANDOVERS))
+    def append_across_a_handover(self, batch: Append, how: str) -> None:
+        """Append and apply ``batch``; move its partition away from the instance that
+        applied it (``how``: a join, a clean stop, a crash or a freeze of that instance);
+        append it again and settle. The search leans toward handovers, where most consumer
+        bugs show."""
+        self.append(batch)
+        self.poll()
+        spec = next(s for s in self.cluster.specs if batch.topic in s.topics)
+        owner = self.cluster.owners().get((spec.name, partition_of(batch.source, spec.partitions)))
+        if how != "join" and len(self.cluster.running) < 2:
+            self.join()
+        if how == "join" or owner not in self.cluster.running:
+            if self._members() < self.max_instances:
+                self.join()
+        else:
+            pick = sorted(self.cluster.running).index(owner)
+            if how == "stop":
+                self.stop(pick)
+            elif how == "crash":
+                self.crash(pick)
+            else:
+                self.pause(pick)
+        self.cluster.settle(each_round=self._observe_ownership)
+        self.append(batch)
+        self.settle()
 
     @rule(times=ticks())
     def tick(self, times: int) -> None:
@@ -176,6 +257,57 @@ class ClusterMachine(RuleBasedStateMachine):
     @rule()
     def poll(self) -> None:
         Poll().apply(self.cluster)
+
+    @precondition(lambda self: self.cluster.running)
+    @rule(pick=picks())
+    def crash_during_commit(self, pick: int) -> None:
+        """A running instance dies in the middle of a batch, right before it commits."""
+        names = sorted(self.cluster.running)
+        self.cluster.crash_during_commit(names[pick % len(names)])
+        self._failed()
+
+    @precondition(lambda self: self.cluster.running)
+    @rule()
+    def roll_back(self) -> None:
+        """Every batch in flight rolls back: the next batch of each transactional consumer
+        is applied and then refused by its fence (an operator pause), and the consumers run
+        again (resumed), to apply it once more."""
+        self.cluster.roll_back()
+
+    @precondition(lambda self: self.cluster.sent)
+    @rule(pick=st.integers(0, 7))
+    def resend(self, pick: int) -> None:
+        """A sender retries: one message sent to a route consumer is sent again, same id."""
+        positions = sorted(self.cluster.sent)
+        self.cluster.resend([positions[pick % len(positions)]])
+
+    def poll_last_first(self) -> None:
+        """Each running instance applies one batch of each consumer, the last-named first
+        (messages of different partitions then apply in another order than appended)."""
+        for name in sorted(self.cluster.running, reverse=True):
+            self.cluster.poll(name)
+
+    def rebuild(self) -> None:
+        """Every projection is rebuilt from the start (with time passing); after settling,
+        the read models must equal what they were before, and the expected state."""
+        with self.cluster.db.read() as conn:
+            before = self.actual(conn)
+        rebuilt = self.cluster.rebuild()
+        for name in rebuilt:
+            for key in [k for k in self.checkpoints if k[0] == name]:
+                del self.checkpoints[key]  # a rebuild starts its checkpoints again
+            self.rebuilt_at[name] = len(self.cluster.commits)
+        self.settle()
+        with self.cluster.db.read() as conn:
+            after = self.actual(conn)
+        if after != before:
+            raise ReadModelDiffers(
+                before,
+                after,
+                "{key} is {actual} rebuilt from the start where it was {expected} built "
+                "message by message",
+                "the one built before the rebuild",
+            )
 
     @precondition(lambda self: self.cluster.running)
     @rule()
@@ -203,7 +335,8 @@ class ClusterMachine(RuleBasedStateMachine):
             f"handled by the consumers {dict(handled)}"
         )
         expected = self.expected([message for _, message in self.cluster.appended])
-        assert actual == expected, _difference(expected, actual)
+        if expected is not None and actual != expected:
+            raise ReadModelDiffers(expected, actual)
         overdue = self._overdue_deadlines()
         assert not overdue, f"saga deadlines due but not delivered after settling: {overdue}"
 
@@ -222,18 +355,20 @@ class ClusterMachine(RuleBasedStateMachine):
 
     def _committed(self) -> Counter[str]:
         committed: Counter[str] = Counter()
-        for commit in self.cluster.commits:
-            committed[commit.consumer] += commit.count
+        for index, commit in enumerate(self.cluster.commits):
+            if index >= self.rebuilt_at.get(commit.consumer, 0):
+                committed[commit.consumer] += commit.count
         return committed
 
     def _handled(self) -> Counter[str]:
-        """Per transactional consumer, how many of the appended messages it handles."""
+        """Per transactional consumer, how many of the messages appended (or sent again) it
+        handles."""
         handled: Counter[str] = Counter()
         for spec in self.cluster.specs:
             if spec.transactional:
                 handled[spec.name] = sum(
                     topic in spec.topics and type(message) in spec.handlers
-                    for topic, message in self.cluster.appended
+                    for topic, message in [*self.cluster.appended, *self.cluster.resent]
                 )
         return handled
 
@@ -303,16 +438,3 @@ class ClusterMachine(RuleBasedStateMachine):
             assert now - since <= bound + 1e-6, (
                 f"{key} without a running owner for {now - since:.1f}s (bound {bound}s)"
             )
-
-
-def _difference(expected: object, actual: object) -> str:
-    """What differs between two read-model states, for an assertion message."""
-    if isinstance(expected, Mapping) and isinstance(actual, Mapping):
-        keys = sorted({*expected, *actual}, key=repr)
-        wrong: dict[Any, tuple[object, object]] = {
-            key: (expected.get(key), actual.get(key))
-            for key in keys
-            if expected.get(key) != actual.get(key)
-        }
-        return f"read model differs from the expected state, (expected, actual) by key: {wrong}"
-    return f"read model differs from the expected state:\n{expected!r} expected\n{actual!r} stored"

@@ -15,12 +15,12 @@ from typing import Protocol
 
 import hypothesis
 import pytest
-from hypothesis.stateful import run_state_machine_as_test
 
 from messaging import Settings
 from projections.testing.cluster import SimulatedCluster, open_cluster
 from projections.testing.database import DATABASE_ENV, configure_database, configured_database
-from projections.testing.machine import ClusterMachine, machine_settings
+from projections.testing.machine import ClusterMachine
+from projections.testing.runner import REPORT_SECONDS, run_cluster_machine
 
 _OPTION = "projections_database"
 
@@ -42,7 +42,11 @@ class RunMachine(Protocol):
     """The ``run_machine`` fixture's type."""
 
     def __call__(
-        self, machine: type[ClusterMachine], settings: hypothesis.settings | None = None
+        self,
+        machine: type[ClusterMachine],
+        settings: hypothesis.settings | None = None,
+        *,
+        report_seconds: float = REPORT_SECONDS,
     ) -> None: ...
 
 
@@ -109,12 +113,19 @@ def make_cluster(projections_database_url: str | None) -> Iterator[MakeCluster]:
 
 @pytest.fixture
 def run_machine(projections_database_url: str | None) -> RunMachine:
-    """``run_machine(Machine, settings=None)``: run a :class:`ClusterMachine` subclass as a
-    Hypothesis test on this fixture's database (default settings: :func:`machine_settings`)."""
+    """``run_machine(Machine, settings=None, *, report_seconds=30)``: run a
+    :class:`ClusterMachine` subclass's battery, then the machine as a Hypothesis test, on
+    this fixture's database (default settings: :func:`machine_settings`); a failure found
+    by the search is reported within ``report_seconds`` of its start, shrinking included."""
 
-    def run(machine: type[ClusterMachine], settings: hypothesis.settings | None = None) -> None:
-        run_state_machine_as_test(  # type: ignore[no-untyped-call]
-            lambda: machine(projections_database_url), settings=settings or machine_settings()
+    def run(
+        machine: type[ClusterMachine],
+        settings: hypothesis.settings | None = None,
+        *,
+        report_seconds: float = REPORT_SECONDS,
+    ) -> None:
+        run_cluster_machine(
+            machine, settings, projections_database_url, report_seconds=report_seconds
         )
 
     return run

@@ -1,0 +1,82 @@
+"""Running a :class:`~projections.testing.machine.ClusterMachine` as a test: the battery
+first, then the random search, which reports a failure within a time budget,
+shrinking included."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import hypothesis
+from hypothesis.internal.conjecture import engine
+from hypothesis.reporting import current_reporter, with_reporter
+from hypothesis.stateful import run_state_machine_as_test
+
+from projections.testing.battery import run_battery
+from projections.testing.machine import ClusterMachine, machine_settings
+
+REPORT_SECONDS = 30.0
+"""By default the search reports a failure within this many seconds of its start: it
+stops shrinking then (after at least :data:`LEAST_SHRINKING` seconds of it) and reports
+the shortest failing run found so far, still a replayable program and cluster scenario."""
+
+LEAST_SHRINKING = 5.0
+"""Seconds of shrinking a failure always gets, however long finding it took."""
+
+_HYPOTHESIS_GIVES_UP = "WARNING: Hypothesis has spent more than five minutes"
+
+
+class _StopShrinkingAt:
+    """Hypothesis adds its shrink-time limit to the time shrinking starts: this limit makes
+    the sum the moment to stop, ``deadline`` (or ``LEAST_SHRINKING`` after the start)."""
+
+    def __init__(self, deadline: float) -> None:
+        self.deadline = deadline
+
+    def __radd__(self, started: float) -> float:
+        return max(self.deadline, started + LEAST_SHRINKING)
+
+
+@contextmanager
+def report_within(seconds: float) -> Iterator[None]:
+    """Within the block, Hypothesis stops shrinking a failure ``seconds`` after the block
+    began (or :data:`LEAST_SHRINKING` seconds after it began shrinking, whichever is later)
+    and reports the shortest failing example found by then, saying so in a line."""
+    if seconds <= 0:
+        raise ValueError(f"report_within must be a positive number of seconds, got {seconds}")
+    previous, outer = engine.MAX_SHRINKING_SECONDS, current_reporter()
+
+    def reporter(value: object) -> None:
+        if str(value).startswith(_HYPOTHESIS_GIVES_UP):
+            value = (
+                f"Shrinking stopped to report within the testing kit's {seconds:g} s: the "
+                "failing run below is the shortest found by then, not necessarily the "
+                "shortest there is."
+            )
+        outer(value)
+
+    engine.MAX_SHRINKING_SECONDS = _StopShrinkingAt(time.perf_counter() + seconds)  # type: ignore[assignment]
+    try:
+        with with_reporter(reporter):
+            yield
+    finally:
+        engine.MAX_SHRINKING_SECONDS = previous
+
+
+def run_cluster_machine(
+    machine: type[ClusterMachine],
+    settings: hypothesis.settings | None = None,
+    database_url: str | None = None,
+    *,
+    report_seconds: float = REPORT_SECONDS,
+) -> None:
+    """Run ``machine``'s battery, then the random search with ``settings`` (default
+    :func:`machine_settings`) on ``database_url`` (default: the configured database),
+    reporting a failure within ``report_seconds`` of the search's start, shrinking
+    included."""
+    run_battery(machine, database_url)
+    with report_within(report_seconds):
+        run_state_machine_as_test(  # type: ignore[no-untyped-call]
+            lambda: machine(database_url), settings=settings or machine_settings()
+        )

@@ -1,0 +1,329 @@
+"""Lost COMMIT acknowledgements, one at a time, on demand: the proxy lets a COMMIT reach
+MariaDB and commit, then cuts the connection before its answer reaches the framework.
+Each test compares the effects with the sequential model: everything once, in order.
+
+(MariaDB only: SQLite cannot lose an acknowledgement, see ``tests/faults/conftest.py``.)
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import attrs
+import fault_app
+import pytest
+from ack_proxy import AckProxy, TransactionFilter
+from clusters import cli, wait_until, write_config
+from fault_model import append_numbered, effects, message_ids, tally
+from sqlalchemy import func, select, update
+
+from messaging import (
+    Database,
+    Instance,
+    MessageStore,
+    Settings,
+    create_plugin_manager,
+    operations,
+    partition_of,
+    registry,
+)
+from messaging.consumers import consumer_spec
+from messaging.declarations import declare
+from messaging.membership import InstanceInfo, Membership
+from messaging.ownership import Ownership
+from messaging.settings import Distribution
+from messaging.worker import ConsumerWorker
+
+pytestmark = [pytest.mark.faults, pytest.mark.mysql]
+STALE = 30.0
+
+
+def touches(*fragments: str) -> TransactionFilter:
+    """Transactions with a statement containing every one of ``fragments``."""
+    return lambda statements: any(all(f in s for f in fragments) for s in statements)
+
+
+CHECKPOINT = touches("consumer_partitions", "SET checkpoint")
+"""A batch's commit: it moves checkpoints."""
+
+
+def _instance(db: Database, instance_id: str) -> None:
+    with db.transaction() as conn:
+        Membership(db).register(
+            conn, InstanceInfo(id=instance_id, name=instance_id, host="fault-host", pid=1)
+        )
+
+
+def _worker(
+    db: Database,
+    proxied: Database,
+    cls: type,
+    instance_id: str = "fault-1",
+    *,
+    lanes: int = 1,
+    batch_size: int = 500,
+) -> Any:
+    """A worker of ``cls`` talking through the proxy, holding every partition."""
+    _instance(db, instance_id)
+    spec = consumer_spec(cls)
+    settings = attrs.evolve(Settings().messaging.consumer, batch_size=batch_size)
+    worker = (spec.options.worker or ConsumerWorker)(
+        db=proxied,
+        spec=spec,
+        instance_id=instance_id,
+        settings=settings,
+        hooks=create_plugin_manager([], load_entrypoints=False).hook,
+        registry=registry,
+        lanes=lanes,
+    )
+    ownership = Ownership(db)
+    with db.transaction() as conn:
+        ownership.ensure_partitions(conn, spec.name, spec.partitions)
+        claims = ownership.claim(
+            conn, spec.name, range(spec.partitions), instance_id, Membership(db).live_ids(STALE)
+        )
+    worker.add_claims(claims)
+    return worker
+
+
+def _drive(worker: Any, done: Callable[[], bool], what: str) -> None:
+    """Poll like the worker's loop does (an error is logged, then polling goes on)."""
+
+    def step() -> bool:
+        try:
+            worker.poll()
+        except Exception:
+            logging.getLogger(__name__).exception("poll failed")
+        return done()
+
+    wait_until(step, timeout=30, what=what)
+
+
+def _checkpoints(db: Database, consumer: str) -> int:
+    with db.read() as conn:
+        return sum(r.checkpoint for r in Ownership(db).partitions(conn, [consumer]))
+
+
+def _claims_match_the_database(db: Database, worker: Any) -> bool:
+    with db.read() as conn:
+        stored = Ownership(db).owned(conn, worker.spec.name, worker.instance_id, worker.claims())
+    return stored == worker.claims()
+
+
+def test_projection_batch_whose_ack_is_lost_is_applied_once(
+    db: Database, proxied: Database, proxy: AckProxy
+) -> None:
+    worker = _worker(db, proxied, fault_app.SingleSequence)
+    sources = [f"s{i}" for i in range(6)]
+    append_numbered(db, sources, 1, 5)
+    proxy.arm(1, when=CHECKPOINT)
+    _drive(worker, lambda: proxy.armed == 0 and _checkpoints(db, "fault-seq-single") > 0, "a batch")
+    append_numbered(db, sources, 6, 5)
+    _drive(worker, lambda: tally(db, "fault-seq-single", {}).applied >= 60, "the rest")
+    result = tally(db, "fault-seq-single", dict.fromkeys(sources, 10))
+    assert proxy.dropped == 1
+    assert result.exact, result
+    assert result.applied == 60
+    assert _claims_match_the_database(db, worker)
+
+
+def test_prefix_and_halt_whose_acks_are_lost_apply_the_prefix_once(
+    db: Database, proxied: Database, proxy: AckProxy
+) -> None:
+    """A poison message: the prefix before it commits (ack lost), then the halt (ack lost).
+    The messages before the poison are applied once, the partition ends halted at the
+    poison, and the worker no longer holds it."""
+    worker = _worker(db, proxied, fault_app.SingleSequence)
+    append_numbered(db, ["p"], 1, 3)
+    with db.transaction() as conn:
+        MessageStore(db).append(conn, fault_app.TOPIC, "p", [fault_app.Numbered("p", -1)])
+    partition = partition_of("p", worker.spec.partitions)
+    proxy.arm(2, when=lambda st: CHECKPOINT(st) or touches("SET status", "halted")(st))
+    _drive(worker, lambda: partition not in worker.claims(), "the partition to halt")
+    assert proxy.dropped == 2
+    assert tally(db, "fault-seq-single", {"p": 3}).exact
+    with db.read() as conn:
+        (row,) = [r for r in Ownership(db).partitions(conn) if r.partition == partition]
+    assert (row.status, row.checkpoint, row.halted_position) == ("halted", 3, 4)
+
+
+@pytest.mark.parametrize(("lanes", "batch_size"), [(3, 500), (1, 4)], ids=["lanes", "catching-up"])
+def test_lanes_and_catching_up_apply_each_message_once_and_send_each_message_once(
+    db: Database, proxied: Database, proxy: AckProxy, lanes: int, batch_size: int
+) -> None:
+    """Lost acks on the lanes' parallel commits, or on batches read inside the apply
+    transaction: every message applied once, in order; each sent message stored once."""
+    worker = _worker(db, proxied, fault_app.Sequence, lanes=lanes, batch_size=batch_size)
+    sources = [f"s{i}" for i in range(8)]
+    append_numbered(db, sources, 1, 10)
+    proxy.arm(3, when=CHECKPOINT)
+    _drive(worker, lambda: tally(db, "fault-seq", {}).applied >= 80, "every message")
+    result = tally(db, "fault-seq", dict.fromkeys(sources, 10))
+    assert proxy.dropped == 3
+    assert result.exact and result.applied == 80, result
+    for destination in (fault_app.GUARDED, fault_app.PLAIN):
+        sent = message_ids(db, destination)
+        assert len(sent) == 16 and set(sent.values()) == {1}, sent
+    assert _claims_match_the_database(db, worker)
+
+
+@pytest.mark.parametrize("consumer", [fault_app.GuardedJobs, fault_app.PlainJobs])
+def test_route_consumer_effects_once_per_id(
+    db: Database, proxied: Database, proxy: AckProxy, consumer: type
+) -> None:
+    """Guarded or not, a route consumer's database effects happen once per message id
+    (the guarded one also skips an id sent twice)."""
+    worker = _worker(db, proxied, consumer)
+    store = MessageStore(db)
+    jobs = [f"job-{i}" for i in range(12)]
+    with db.transaction() as conn:
+        for job in jobs:
+            store.send(conn, worker.spec.name, fault_app.Job(job), message_id=job)
+    proxy.arm(1, when=CHECKPOINT)
+    _drive(
+        worker,
+        lambda: proxy.armed == 0 and sum(effects(db, worker.spec.name).values()) >= 12,
+        "jobs",
+    )
+    with db.transaction() as conn:
+        store.send(conn, worker.spec.name, fault_app.Job("late"), message_id="late")
+    proxy.arm(1, when=CHECKPOINT)
+    _drive(worker, lambda: "late" in effects(db, worker.spec.name), "a later job")
+    assert proxy.dropped == 2
+    assert effects(db, worker.spec.name) == Counter([*jobs, "late"])
+
+
+def test_saga_deadlines_each_delivered_once(
+    db: Database, proxied: Database, proxy: AckProxy
+) -> None:
+    """A deadline delivery whose acknowledgement is lost is not delivered again: its retry
+    reads the due deadlines afresh, and the delivered ones are gone."""
+    worker = _worker(db, proxied, fault_app.Timers)
+    store = MessageStore(db)
+    timers = [f"t{i}" for i in range(10)]
+    with db.transaction() as conn:
+        for timer in timers:
+            store.append(
+                conn, fault_app.TIMERS, timer, [fault_app.TimerSet(timer, time.time() + 1)]
+            )
+    proxy.arm(1, when=CHECKPOINT)  # the messages' batch: it schedules the deadlines
+    _drive(worker, lambda: proxy.armed == 0 and _deadlines(db) == 10, "deadlines scheduled")
+    proxy.arm(1, when=touches("DELETE FROM", "deadlines"))  # their delivery
+    _drive(worker, lambda: proxy.armed == 0 and _deadlines(db) == 0, "deadlines delivered")
+    assert proxy.dropped == 2
+    assert effects(db, "fault-timers") == Counter(timers)
+    fired = message_ids(db, fault_app.FIRED)
+    assert len(fired) == 10 and set(fired.values()) == {1}
+
+
+def _deadlines(db: Database) -> int:
+    d = db.schema.deadlines
+    with db.read() as conn:
+        return int(conn.execute(select(func.count()).select_from(d)).scalar_one())
+
+
+def test_registration_claim_and_release_whose_acks_are_lost(
+    db: Database, proxied: Database, proxy: AckProxy
+) -> None:
+    """An instance whose registration, claims and final release lose their acks starts,
+    holds exactly what the database says it holds, applies once, and stops cleanly."""
+    manager = create_plugin_manager([], load_entrypoints=False)
+    spec = consumer_spec(fault_app.SingleSequence)
+    instance = Instance(proxied, [spec], Settings(), manager.hook, name="acks")
+    sources = ["a", "b", "c"]
+    append_numbered(db, sources, 1, 4)
+    registering, claiming = touches("INSERT INTO", "instances"), touches("SET owner", "epoch")
+    proxy.arm(2, when=lambda statements: registering(statements) or claiming(statements))
+    instance.start(loops=False)  # registers, declares, claims
+    assert proxy.armed == 0
+    worker = instance.workers[spec.name]
+    assert len(worker.claims()) == spec.partitions
+    assert _claims_match_the_database(db, worker)
+    _drive(worker, lambda: tally(db, spec.name, {}).applied >= 12, "messages")
+    proxy.arm(1, when=touches("SET owner=NULL"))
+    instance.stop()
+    assert proxy.dropped == 3
+    assert tally(db, spec.name, dict.fromkeys(sources, 4)).exact
+    with db.read() as conn:
+        rows = Ownership(db).partitions(conn, [spec.name])
+        left = conn.execute(select(func.count()).select_from(db.schema.instances)).scalar_one()
+    assert {r.owner for r in rows} == {None} and left == 0
+
+
+def _halt(db: Database, consumer: str, position: int) -> None:
+    t = db.schema.partitions
+    with db.transaction() as conn:
+        conn.execute(
+            update(t)
+            .where(t.c.tenant == db.tenant, t.c.consumer == consumer, t.c.partition_no == 0)
+            .values(status="halted", halted_position=position, halted_type="x", error="boom")
+        )
+
+
+def test_resume_skipping_poison_whose_ack_is_lost_skips_one_message(
+    db: Database, proxied: Database, proxy: AckProxy
+) -> None:
+    """The retry of ``resume --skip-poison`` after a lost ack finds its audit entry and
+    skips nothing more, though the partition halted again at the next poison message
+    before the retry (a blind retry would skip that one too)."""
+    spec = consumer_spec(fault_app.SingleSequence)
+    declare(db, spec, Distribution.PARTITIONED, "ops")
+    _halt(db, spec.name, 7)
+    proxy.arm(1, when=touches("audit", "resume --skip-poison"))
+    proxy.on_drop = lambda: _halt(db, spec.name, 9)
+    skipped = operations.resume(proxied, spec.name, who="ops", skip_poison=True)
+    assert proxy.dropped == 1
+    assert [entry["position"] for entry in skipped] == [7]
+    with db.read() as conn:
+        (row,) = [r for r in Ownership(db).partitions(conn, [spec.name]) if r.partition == 0]
+    assert (row.status, row.checkpoint, row.halted_position) == ("halted", 7, 9)
+    assert [e["command"] for e in operations.audit_log(db, spec.name)] == ["resume --skip-poison"]
+
+
+def test_rebuild_whose_ack_is_lost_is_requested_once(
+    db: Database, proxied: Database, proxy: AckProxy
+) -> None:
+    """A rebuild request retried after a lost ack does not fail as 'already being rebuilt'
+    nor reset again: it finds its audit entry."""
+    spec = consumer_spec(fault_app.SingleSequence)
+    declare(db, spec, Distribution.PARTITIONED, "ops")
+    proxy.arm(1, when=touches("audit", "rebuild"))
+    operations.rebuild(proxied, spec.name, who="ops")
+    assert proxy.dropped == 1
+    assert [e["command"] for e in operations.audit_log(db, spec.name)] == ["rebuild"]
+    with db.read() as conn:
+        epochs = {r.epoch for r in Ownership(db).partitions(conn, [spec.name])}
+    assert epochs == {1}, "fenced once"
+
+
+def test_cli_append_whose_acks_are_lost_stores_each_line_once(
+    db: Database, proxied: Database, proxy: AckProxy, tmp_path: Path
+) -> None:
+    """``projections append`` (a real process, through the proxy) retries a batch whose
+    acknowledgement was lost with the same expected versions: the VersionConflict proves
+    the first attempt committed, and no line is stored twice."""
+    lines = [
+        json.dumps(
+            {"topic": fault_app.TOPIC, "source": f"s{n % 3}", "type": "x", "payload": {"n": n}}
+        )
+        for n in range(20)
+    ]
+    (tmp_path / "in.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    config = write_config(tmp_path / "config.yaml", proxied)
+    proxy.arm(2, when=touches("INSERT INTO", "messages"))
+    out = cli(config, "append", str(tmp_path / "in.jsonl"), "--batch-size", "5")
+    assert proxy.dropped == 2
+    assert out.strip() == "appended 20 messages"
+    m = db.schema.messages
+    with db.read() as conn:
+        stored = conn.execute(
+            select(m.c.source, m.c.version, m.c.payload).where(m.c.topic == fault_app.TOPIC)
+        ).all()
+    assert sorted(json.loads(p)["n"] for _, _, p in stored) == list(range(20))
+    assert len(message_ids(db, fault_app.TOPIC)) == 20
