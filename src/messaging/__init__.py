@@ -3,6 +3,7 @@
 from messaging.assignor import assign
 from messaging.clock import Clock, DatabaseClock, ManualClock
 from messaging.config import load_settings, parse_duration, settings_from_mapping
+from messaging.connection import connect
 from messaging.consumers import ConsumerKind, ConsumerOptions, ConsumerSpec, handler
 from messaging.context import HandlerContext
 from messaging.database import Database
@@ -23,7 +24,7 @@ from messaging.plugins import collect_consumers, create_plugin_manager
 from messaging.retry import is_ambiguous
 from messaging.routing import route_consumer
 from messaging.runtime import Instance
-from messaging.settings import Distribution, Settings
+from messaging.settings import Distribution, InvalidSettings, Settings
 from messaging.store import MessageStore, NewMessage, partition_hash, partition_of
 from messaging.tenancy import UntranslatableStatement, physical_name
 
@@ -42,6 +43,7 @@ __all__ = [
     "Envelope",
     "HandlerContext",
     "Instance",
+    "InvalidSettings",
     "ManualClock",
     "MessageRegistry",
     "MessageStore",
@@ -55,6 +57,7 @@ __all__ = [
     "VersionConflict",
     "assign",
     "collect_consumers",
+    "connect",
     "create_plugin_manager",
     "handler",
     "hookimpl",

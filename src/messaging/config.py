@@ -2,8 +2,8 @@
 
 YAML keys are the settings' field names in kebab-case. Every problem found while
 structuring (unknown key, bad duration, wrong type, unknown enum value) becomes one
-line ``<reason> @ <dotted.kebab.path>``; then the start-up rules of
-:func:`messaging.settings.validate` run.
+line ``<reason> @ <dotted.kebab.path>``; the start-up rules of
+:func:`messaging.settings.validate` run as the settings are built.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from cattrs.errors import (
 from cattrs.gen import make_dict_structure_fn, make_mapping_structure_fn, override
 
 from messaging.errors import ConfigError
-from messaging.settings import ConsumerOverride, Distribution, Settings, validate
+from messaging.settings import ConsumerOverride, Distribution, InvalidSettings, Settings
 
 __all__ = [
     "ADMIN_TOKEN_ENV",
@@ -74,7 +74,6 @@ def settings_from_mapping(data: Mapping[str, Any]) -> Settings:
     except (ClassValidationError, IterableValidationError) as exc:
         lines = _error_lines(exc, ())
         raise ConfigError(_HEADER + "\n" + "\n".join(f"  {line}" for line in lines)) from None
-    validate(settings)
     return settings
 
 
@@ -115,13 +114,11 @@ def load_settings(
     env = os.environ if environ is None else environ
     url = database if database is not None else env.get(DATABASE_URL_ENV) or None
     if url is not None and url != settings.database:
-        settings = attrs.evolve(settings, database=url)
-        validate(settings)
+        settings = attrs.evolve(settings, database=url)  # validated again as it is built
     token = env.get(ADMIN_TOKEN_ENV) or None
     if token is not None and token != settings.admin.token:
-        settings = attrs.evolve(settings, admin=attrs.evolve(settings.admin, token=token))
         try:
-            validate(settings)
+            settings = attrs.evolve(settings, admin=attrs.evolve(settings.admin, token=token))
         except ConfigError as exc:
             raise ConfigError(f"${ADMIN_TOKEN_ENV}: {exc}") from None
     return settings
@@ -265,6 +262,8 @@ def _error_lines(exc: BaseException, path: tuple[str, ...]) -> list[str]:
         for sub in rest:
             lines += _error_lines(sub, path)
         return lines
+    if isinstance(exc, InvalidSettings):
+        return exc.problems  # the start-up rules, checked as the settings were built
     where = ".".join(path) or "(top level)"
     if isinstance(exc, ForbiddenExtraKeysError):
         return [f"unknown key {_show(key)} @ {where}" for key in sorted(exc.extra_fields, key=str)]

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from sqlalchemy import Connection, Engine, Table, create_engine, event, insert, select
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, IntegrityError
 from sqlalchemy.pool import NullPool
 
@@ -30,11 +30,28 @@ says otherwise (``sqlite:///app.db?timeout=5``)."""
 _READ_ONLY = "projections_read_only"
 
 
-def _normalize_url(url: str) -> str:
+def parse_database_url(url: str) -> URL:
+    """Parse a database URL; :class:`ConfigError` says in one line what is wrong with it
+    (not a URL at all, e.g. a bare path; a port that is not a number from 1 to 65535)."""
+    if "://" not in url:
+        raise ConfigError(
+            f"invalid database URL {url!r}: expected a URL such as sqlite:///path/to/app.db "
+            "or mysql://user@host/db"
+        )
     try:
         parsed = make_url(url)
+        port = parsed.port
     except ArgumentError as exc:
         raise ConfigError(f"invalid database URL {url!r}: {exc}") from None
+    except ValueError:  # int() of the port
+        port = -1
+    if port is not None and not 1 <= port <= 65535:
+        raise ConfigError(f"invalid database URL {url!r}: the port must be a number 1-65535")
+    return parsed
+
+
+def _normalize_url(url: str) -> str:
+    parsed = parse_database_url(url)
     backend = parsed.get_backend_name()
     if backend == "sqlite":
         if parsed.database in (None, "", ":memory:"):

@@ -23,8 +23,15 @@ def _value(value: Any) -> str:
     return text
 
 
-def lifecycle_event(event: str, *, level: int = logging.INFO, **fields: Any) -> None:
-    """Log one lifecycle event with its fields (None-valued fields are left out)."""
+def lifecycle_event(
+    event: str,
+    *,
+    level: int = logging.INFO,
+    exc_info: BaseException | None = None,
+    **fields: Any,
+) -> None:
+    """Log one lifecycle event with its fields (None-valued fields are left out); with
+    ``exc_info``, the line is followed by that exception's full traceback."""
     present = {key: value for key, value in fields.items() if value is not None}
     line = " ".join([f"event={event}", *(f"{k}={_value(v)}" for k, v in present.items())])
-    log.log(level, line, extra={"lifecycle": {"event": event, **present}})
+    log.log(level, line, exc_info=exc_info, extra={"lifecycle": {"event": event, **present}})

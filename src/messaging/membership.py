@@ -111,6 +111,28 @@ class Membership:
             .values(runs=json.dumps(runs, sort_keys=True))
         )
 
+    def publish_in_memory(
+        self, conn: Connection, instance_id: str, published: Mapping[str, Any]
+    ) -> None:
+        """Record what the instance's in-memory consumers are doing (JSON, for reports)."""
+        t = self.table
+        conn.execute(
+            update(t)
+            .where(t.c.tenant == self.db.tenant, t.c.id == instance_id)
+            .values(in_memory=json.dumps(published, sort_keys=True))
+        )
+
+    def in_memory(self, conn: Connection) -> dict[str, dict[str, Any]]:
+        """What each instance last published about its in-memory consumers, by instance id:
+        ``{"admin": URL or None, "consumers": {name: {"state", "position", ...}}}``."""
+        t = self.table
+        rows = conn.execute(
+            select(t.c.id, t.c.in_memory).where(
+                t.c.tenant == self.db.tenant, t.c.in_memory.is_not(None)
+            )
+        )
+        return {r.id: json.loads(r.in_memory) for r in rows}
+
     def deregister(self, conn: Connection, instance_id: str) -> None:
         """Delete this instance's row (clean stop)."""
         t = self.table

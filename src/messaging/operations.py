@@ -228,6 +228,7 @@ def resume(
                     halted_position=None,
                     halted_type=None,
                     error=None,
+                    halted_trace=None,
                     halted_at=None,
                     **skipped,
                 )

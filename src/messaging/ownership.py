@@ -132,6 +132,7 @@ class Ownership:
                 halted_position=None,
                 halted_type=None,
                 error=None,
+                halted_trace=None,
                 halted_at=None,
                 updated_at=self.db.clock.now(),
             )
@@ -337,8 +338,10 @@ class Ownership:
         position: int,
         type_name: str,
         error: str,
+        trace: str | None = None,
     ) -> bool:
-        """Halt a partition at a poison message, fenced like a checkpoint; False if not owned."""
+        """Halt a partition at a poison message, fenced like a checkpoint; False if not owned.
+        ``trace`` is where the handler failed (the last frames of its traceback)."""
         t = self.table
         result = conn.execute(
             update(t)
@@ -353,6 +356,7 @@ class Ownership:
                 halted_position=position,
                 halted_type=type_name,
                 error=error,
+                halted_trace=trace,
                 halted_at=self.db.clock.now(),
                 updated_at=self.db.clock.now(),
             )

@@ -18,10 +18,11 @@ import uuid
 from collections.abc import Callable, Sequence
 from functools import partial
 from types import FrameType
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import attrs
 import pluggy
+from sqlalchemy import Connection
 
 from messaging.consumers import ConsumerKind, ConsumerSpec
 from messaging.database import Database
@@ -36,16 +37,20 @@ from messaging.declarations import (
     tenant_fingerprint,
 )
 from messaging.errors import ProjectionsError
+from messaging.in_memory import InMemoryConsumer
 from messaging.lifecycle import lifecycle_event
 from messaging.membership import InstanceInfo, InstanceRow, Membership
 from messaging.messages import MessageRegistry
 from messaging.messages import registry as default_registry
+from messaging.outage import Outage
+from messaging.overrides import check_overrides
 from messaging.ownership import Ownership, PartitionRow
+from messaging.pulse import PULSE_INTERVAL, Pulse, read_pulse
 from messaging.rebalance import plan
 from messaging.retry import report_retry, retry_transient
 from messaging.settings import ConsumerGroupSettings, Distribution, Settings
 from messaging.store import MessageStore
-from messaging.worker import ConsumerWorker, InMemoryWorker
+from messaging.worker import ConsumerWorker
 
 log = logging.getLogger("messaging.runtime")
 
@@ -108,10 +113,19 @@ class Instance:
         self._next_round_in = settings.messaging.consumer.rebalance_interval
         self._threads: list[threading.Thread] = []
         self.workers: dict[str, ConsumerWorker] = {}
-        self.in_memory: dict[str, InMemoryWorker] = {}
+        self.in_memory: dict[str, InMemoryConsumer] = {}
         self._started = False
         self.distributions: dict[str, Distribution] = {}
         self._waiting: dict[str, str | None] = {}
+        self.outage = Outage(f"instance {self.name}")
+        """The database as the workers and the rebalance loop see it: logged on its edges."""
+        self.heartbeat_outage = Outage(f"instance {self.name} heartbeat")
+        self._pulse: Pulse = ()
+        self._awaited: dict[str, int] = {}
+        """Partitions of each consumer assigned here but still held by live peers."""
+        self._awaiting_since: float | None = None
+        self.admin_url: str | None = None
+        """Where this instance's admin endpoints answer, if it serves them (published)."""
 
     def _group(self, spec: ConsumerSpec) -> ConsumerGroupSettings:
         return {
@@ -146,6 +160,7 @@ class Instance:
             raise
 
     def _start(self, loops: bool) -> None:
+        check_overrides(self.settings, self.specs)
         # Another process may be creating a new SQLite file's schema (and WAL mode) at
         # this moment: that is a lock error like any other, and retried.
         self._retry(self.db.prepare, "prepare the schema")
@@ -165,7 +180,7 @@ class Instance:
         self._registered = True
         for spec in self.specs:
             if not spec.transactional:
-                self.in_memory[spec.name] = InMemoryWorker(
+                self.in_memory[spec.name] = InMemoryConsumer(
                     db=self.db,
                     spec=spec,
                     instance_id=self.id,
@@ -190,11 +205,22 @@ class Instance:
                 lanes=self._lanes(spec),
                 limiter=self._limiter,
             )
-        log.info("instance %s (%s) started with %s", self.name, self.id, sorted(runs))
+        for worker in [*self.workers.values(), *self.in_memory.values()]:
+            worker.outage = self.outage
+        if self.in_memory:
+            self._retry(self.publish_in_memory, "publish the in-memory consumers")
+        log.info(
+            "instance %s (%s) started with %s, in memory %s",
+            self.name,
+            self.id,
+            sorted(runs),
+            sorted(self.in_memory),
+        )
         self.hooks.projections_instance_started(
             instance_id=self.id, name=self.name, consumers=[s.name for s in self.specs]
         )
         self._retry(self.rebalance, "rebalance")
+        self._announce_wait()
         if not loops:
             return
         self._spawn("heartbeat", self._heartbeat_loop, self._stop_heartbeat)
@@ -274,6 +300,7 @@ class Instance:
             rows = self.ownership.partitions(conn, sorted(self.workers))
             declared = current_declarations(self.db, conn, sorted(self.workers))
             head = self._store.head(conn)
+            self._pulse = read_pulse(self.db, conn, sorted(self.workers))
         read_seconds = time.perf_counter() - started
         moved = {"claimed": 0, "released": 0}
         self._round(live, rows, declared, moved)
@@ -289,6 +316,29 @@ class Instance:
             lags = {p: max(0, head - c.checkpoint) for p, c in worker.claims().items()}
             self.hooks.projections_lag(consumer=name, instance_id=self.id, lags=lags)
         self._next_round_in = self._next_round(members)
+        if self._awaiting_since is not None and not any(self._awaited.values()):
+            waited = time.monotonic() - self._awaiting_since
+            self._awaiting_since = None
+            log.info("instance %s: has its share of every consumer after %.1f s", self.name, waited)
+
+    def _announce_wait(self) -> None:
+        """Say, once at start, what this instance waits for and for how long at most: the
+        partitions assigned here that live peers still hold until their next round."""
+        awaited = {name: n for name, n in self._awaited.items() if n}
+        if not awaited:
+            return
+        self._awaiting_since = time.monotonic()
+        interval = self.consumer_settings.rebalance_interval
+        usually = 2 * min(PULSE_INTERVAL, interval)
+        log.info(
+            "instance %s: waiting for %s held by live instances: they hand them over at "
+            "their next rebalance round, usually within %g s, at most %g s (two "
+            "rebalance-intervals) plus a batch in flight",
+            self.name,
+            ", ".join(f"{n} partition(s) of {name}" for name, n in sorted(awaited.items())),
+            usually,
+            2 * interval,
+        )
 
     def _round(
         self,
@@ -335,11 +385,13 @@ class Instance:
                 log.warning("consumer %s: applying nothing here: %s", name, target.waiting_for)
             self._waiting[name] = target.waiting_for
             wanted = sorted(target.target - set(worker.claims()))
+            self._awaited[name] = 0
             if not wanted:
                 continue
             with self.db.transaction() as conn:
                 claims = self.ownership.claim(conn, name, wanted, self.id, live_ids)
             worker.add_claims(claims)
+            self._awaited[name] = len(target.target - set(worker.claims()))
             moved["claimed"] += len(claims)
             for claim in claims:
                 self._event(name, claim.partition, claim.epoch)
@@ -396,12 +448,55 @@ class Instance:
             if not self.membership.heartbeat(conn, self.id, stopping=self.stop_requested.is_set()):
                 log.warning("instance %s: row was removed; registering again", self.name)
                 self.membership.register(conn, self.info)
+            if self.in_memory:
+                self._publish_in_memory(conn)
         self.hooks.projections_heartbeat(instance_id=self.id, seconds=time.perf_counter() - started)
         self.membership.remove_stale_when_due(self.consumer_settings.stale_instance_timeout)
 
+    def publish_in_memory(self) -> None:
+        """Write what this instance's in-memory consumers are doing to its row now (the
+        heartbeat does it too), for ``status`` and the admin endpoints of every instance."""
+        with self.db.transaction() as conn:
+            self._publish_in_memory(conn)
+
+    def _publish_in_memory(self, conn: Connection) -> None:
+        consumers = {name: worker.snapshot() for name, worker in self.in_memory.items()}
+        published = {"admin": self.admin_url, "consumers": consumers}
+        self.membership.publish_in_memory(conn, self.id, published)
+
+    def operate_in_memory(
+        self, name: str, command: str, *, skip_poison: bool = False
+    ) -> dict[str, Any]:
+        """Pause, resume or rebuild this instance's copy of in-memory consumer ``name``
+        (other instances' copies are untouched), log it, and publish the new state.
+
+        Raises :class:`KeyError` for a name this instance does not run in memory and
+        :class:`~messaging.in_memory.InMemoryOperationError` for a command that does not
+        fit the copy's state.
+        """
+        worker = self.in_memory[name]
+        if command == "pause":
+            result = worker.pause()
+        elif command == "resume":
+            result = worker.resume(skip_poison=skip_poison)
+        elif command == "rebuild":
+            result = worker.rebuild()
+        else:
+            raise ValueError(f"unknown command {command!r}")
+        verb = "resume --skip-poison" if skip_poison and command == "resume" else command
+        lifecycle_event(verb, consumer=name, instance=self.name, scope="this instance")
+        self._retry(self.publish_in_memory, "publish the in-memory consumers")
+        return {"consumer": name, "command": command, "instance": self.name, **result}
+
     def _heartbeat_loop(self, stop: threading.Event) -> None:
         heartbeat = partial(self._retry, self.heartbeat, "heartbeat")
-        self._every(self.consumer_settings.heartbeat_interval, heartbeat, "heartbeat", stop)
+        self._every(
+            self.consumer_settings.heartbeat_interval,
+            heartbeat,
+            "heartbeat",
+            stop,
+            self.heartbeat_outage,
+        )
 
     def _next_round(self, members: Sequence[InstanceRow]) -> float:
         """How soon the next rebalance is worth running: at the regular interval, but right
@@ -416,29 +511,64 @@ class Instance:
         expiring = [m.expires_in + _EXPIRY_MARGIN for m in peers if not m.stopping]
         return max(0.0, min([soonest, *expiring]))
 
+    def _changed(self) -> bool:
+        """Whether the pulse moved since the last round read it (see :mod:`messaging.pulse`);
+        a failed look is no change (the regular round comes anyway)."""
+        try:
+            with self.db.read() as conn:
+                return read_pulse(self.db, conn, sorted(self.workers)) != self._pulse
+        except Exception:
+            return False
+
+    def _wait_for_round(self, stop: threading.Event, started: float) -> bool:
+        """Wait until the next round is due, or the pulse moved; False once stopped."""
+        look = min(PULSE_INTERVAL, self.consumer_settings.rebalance_interval)
+        while True:
+            due = started + self._next_round_in - time.monotonic()
+            if stop.wait(max(0.0, min(due, look))):
+                return False
+            if due <= look or self._changed():
+                return True
+
     def _rebalance_loop(self, stop: threading.Event) -> None:
         interval = self.consumer_settings.rebalance_interval
         started = time.monotonic()
-        while not stop.wait(max(0.0, started + self._next_round_in - time.monotonic())):
+        while self._wait_for_round(stop, started):
             started = time.monotonic()
             try:
                 self._retry(self.rebalance, "rebalance")
-            except Exception:
+            except Exception as exc:
                 self._next_round_in = interval
-                log.exception("instance %s: rebalance failed; trying again next round", self.name)
+                if not self.outage.failed(exc):
+                    log.exception(
+                        "instance %s: rebalance failed; trying again next round", self.name
+                    )
+            else:
+                self.outage.succeeded()
 
     def _every(
-        self, interval: float, action: Callable[[], None], what: str, stop: threading.Event
+        self,
+        interval: float,
+        action: Callable[[], None],
+        what: str,
+        stop: threading.Event,
+        outage: Outage,
     ) -> None:
         """Run ``action`` every ``interval`` seconds, counted from each round's start, so a
-        slow round (a lock wait, a batch in flight) does not push the next one back."""
+        slow round (a lock wait, a batch in flight) does not push the next one back. An
+        unreachable database is logged by ``outage``, once per outage."""
         due = time.monotonic() + interval
         while not stop.wait(max(0.0, due - time.monotonic())):
             due = max(due + interval, time.monotonic())
             try:
                 action()
-            except Exception:
-                log.exception("instance %s: %s failed; trying again next round", self.name, what)
+            except Exception as exc:
+                if not outage.failed(exc):
+                    log.exception(
+                        "instance %s: %s failed; trying again next round", self.name, what
+                    )
+            else:
+                outage.succeeded()
 
     # -- stop --------------------------------------------------------------------------
 

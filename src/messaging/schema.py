@@ -22,7 +22,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects import mysql
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 """The newest schema migration this code expects."""
 
 _TEXT = Text().with_variant(mysql.LONGTEXT(), "mysql", "mariadb")
@@ -101,6 +101,7 @@ class Schema:
             Column("error", _TEXT, nullable=True),
             Column("halted_at", _SECONDS, nullable=True),
             Column("updated_at", _SECONDS, nullable=False),
+            Column("halted_trace", _TEXT, nullable=True),  # V6
             PrimaryKeyConstraint("tenant", "consumer", "partition_no"),
             Index(f"{prefix}ix_partitions_owner", "tenant", "owner"),
         )
@@ -128,6 +129,7 @@ class Schema:
             Column("heartbeat_at", _SECONDS, nullable=False),
             Column("stopping", Boolean, nullable=False),
             Column("runs", _TEXT, nullable=False),
+            Column("in_memory", _TEXT, nullable=True),  # V6
             PrimaryKeyConstraint("tenant", "id"),
             Index(f"{prefix}ix_instances_heartbeat", "tenant", "heartbeat_at"),
         )

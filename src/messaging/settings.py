@@ -25,6 +25,7 @@ __all__ = [
     "ConsumerSettings",
     "Distribution",
     "ExecutorSettings",
+    "InvalidSettings",
     "MessagingSettings",
     "Settings",
     "format_duration",
@@ -176,7 +177,15 @@ class Settings:
     plugins: tuple[str, ...] = ()
     admin: AdminSettings = attrs.field(factory=AdminSettings)
 
+    def __attrs_post_init__(self) -> None:
+        """Settings built in code obey the same start-up rules as a YAML file."""
+        validate(self)
 
+
+_NO_CONCURRENCY_LIMIT = {
+    "routing": "route consumers have no concurrency limit (only projections do)",
+    "sagas": "a saga is applied in one lane per instance (only projections have a limit)",
+}
 #: The shortest admin token accepted: shorter ones are guessable.
 MIN_ADMIN_TOKEN_LENGTH = 16
 _ADMIN_TOKEN = re.compile(r"[\x21-\x7e]+")  # printable ASCII without spaces: one header value
@@ -215,7 +224,15 @@ def validate(settings: Settings) -> None:
     """
     problems = _problems(settings)
     if problems:
-        raise ConfigError("invalid configuration:\n" + "\n".join(f"  {p}" for p in problems))
+        raise InvalidSettings(problems)
+
+
+class InvalidSettings(ConfigError):
+    """Settings that break start-up rules; :attr:`problems` holds one line per broken rule."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("invalid configuration:\n" + "\n".join(f"  {p}" for p in problems))
+        self.problems = problems
 
 
 def _problems(settings: Settings) -> list[str]:
@@ -279,10 +296,13 @@ def _problems(settings: Settings) -> list[str]:
     for group_key, group in groups:
         for name, override in group.consumers.items():
             limit = override.concurrency_limit
-            if limit is not None and limit < 1:
+            key = f"{group_key}.consumers.{name}.concurrency-limit"
+            if limit is not None and group_key in _NO_CONCURRENCY_LIMIT:
                 problems.append(
-                    f"{group_key}.consumers.{name}.concurrency-limit ({limit}) must be 1 or more"
+                    f"{key} ({limit}) is not supported: {_NO_CONCURRENCY_LIMIT[group_key]}"
                 )
+            elif limit is not None and limit < 1:
+                problems.append(f"{key} ({limit}) must be 1 or more")
 
     if not settings.database.strip():
         problems.append("database must not be empty")

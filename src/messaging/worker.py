@@ -27,8 +27,10 @@ from messaging.consumers import ConsumerSpec
 from messaging.context import HandlerContext
 from messaging.database import Database
 from messaging.errors import CheckpointMoved, OwnershipLost
+from messaging.failures import last_frames
 from messaging.lifecycle import lifecycle_event
 from messaging.messages import Envelope, MessageRegistry
+from messaging.outage import Outage
 from messaging.outbox import Outbox
 from messaging.ownership import Claim, Ownership
 from messaging.retry import is_ambiguous, is_transient, report_retry, retry_transient
@@ -118,6 +120,8 @@ class _Worker:
         self.store = MessageStore(db, registry)
         self.outbox = Outbox(self.store, spec.name)
         self.dispatcher = self.dispatcher_class(spec, registry, db)
+        self.outage = Outage(f"consumer {spec.name}")
+        """Logs an unreachable database once; the instance shares one among its workers."""
 
     def poll(self) -> int:
         """Apply one batch; return how many messages were applied."""
@@ -138,7 +142,9 @@ class _Worker:
             try:
                 applied = poll()
             except Exception as exc:
-                if is_transient(exc):  # a lost connection or a lock conflict, retries spent
+                if self.outage.failed(exc):
+                    pass  # an unreachable database: logged once per outage
+                elif is_transient(exc):  # a lock conflict, retries spent
                     log.warning(
                         "consumer %s: poll failed, retrying after a pause: %s", self.spec.name, exc
                     )
@@ -148,6 +154,8 @@ class _Worker:
                     )
                 applied = 0
                 stop.wait(self.settings.conflict_retry.max_delay)
+            else:
+                self.outage.succeeded()
             if applied == 0:
                 stop.wait(self.idle_wait())
 
@@ -563,12 +571,14 @@ class ConsumerWorker(_Worker):
                 position=position,
                 type_name=type_name,
                 error=detail,
+                trace=last_frames(error),
             )
         self.drop([partition])
         if halted:
             lifecycle_event(
                 "halt",
                 level=logging.ERROR,
+                exc_info=error,
                 consumer=self.spec.name,
                 partition=partition,
                 instance=self.instance_id,
@@ -610,6 +620,10 @@ class InMemoryWorker(_Worker):
         )
         self.position = 0
         self.halted: str | None = None
+        self.trace: str | None = None
+        """Where the handler failed (the last frames of its traceback), while halted."""
+        self.halted_message: dict[str, Any] | None = None
+        """The poison message's position, type and error, while halted."""
 
     @property
     def target(self) -> Any:
@@ -649,7 +663,9 @@ class InMemoryWorker(_Worker):
         position, type_name = int(poison.row[0]), str(poison.row[1])
         detail = "".join(traceback.format_exception_only(poison.error)).strip()
         self.halted = f"halted at position {position} ({type_name}): {detail}"
-        log.error("in-memory consumer %s %s", self.spec.name, self.halted)
+        self.trace = last_frames(poison.error)
+        self.halted_message = {"position": position, "type": type_name, "error": detail}
+        log.error("in-memory consumer %s %s", self.spec.name, self.halted, exc_info=poison.error)
         self.hooks.projections_message_failed(
             consumer=self.spec.name,
             partition=poison.partition,

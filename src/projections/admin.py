@@ -37,6 +37,7 @@ from sqlalchemy.exc import DBAPIError
 from messaging import operations
 from messaging.database import Database
 from messaging.errors import ProjectionsError
+from messaging.runtime import Instance
 from messaging.settings import Distribution, Settings
 from projections.admin_guard import AdminGuard, Refusal, require_token_off_loopback
 from projections.admin_http import BoundedHTTPServer, LimitedRequestHandler
@@ -179,13 +180,15 @@ def make_server(
     *,
     request_timeout: float = REQUEST_TIMEOUT,
     max_threads: int = MAX_THREADS,
+    instance: Instance | None = None,
 ) -> BoundedHTTPServer:
     """A (not yet serving) admin server on ``host:port``; port 0 picks a free one.
 
     Commands need ``settings.admin.token``; without one, a server on an address other
     hosts can reach is refused with :class:`ProjectionsError` (so is a port in use).
     ``request_timeout`` and ``max_threads`` bound what clients can hold (see
-    :mod:`projections.admin_http`).
+    :mod:`projections.admin_http`). Served beside an ``instance``, the commands for its
+    in-memory consumers act on its copy.
     """
     admin = settings.admin
     consumer_settings = settings.messaging.consumer
@@ -285,7 +288,10 @@ def make_server(
 
             def run() -> dict[str, Any]:
                 result: dict[str, Any] = {"consumer": consumer, "command": command}
-                if command == "pause":
+                if instance is not None and consumer in instance.in_memory:
+                    skip = bool(body.get("skip_poison"))
+                    result = instance.operate_in_memory(consumer, command, skip_poison=skip)
+                elif command == "pause":
                     operations.pause(db, consumer, who=who, reason=reason)
                 elif command == "rebuild":
                     operations.rebuild(db, consumer, who=who, reason=reason)
@@ -315,11 +321,13 @@ def make_server(
     return server
 
 
-def listen(db: Database, settings: Settings, host: str, port: int) -> BoundedHTTPServer:
-    """:func:`make_server`, with a port that cannot be bound as a :class:`ProjectionsError`;
-    prints the page's address."""
+def listen(
+    db: Database, settings: Settings, host: str, port: int, instance: Instance | None = None
+) -> BoundedHTTPServer:
+    """:func:`make_server` (beside ``instance``, if given), with a port that cannot be bound
+    as a :class:`ProjectionsError`; prints the page's address."""
     try:
-        server = make_server(db, settings, host, port)
+        server = make_server(db, settings, host, port, instance=instance)
     except OSError as exc:
         raise ProjectionsError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
     bound_host, bound_port = (str(part) for part in server.server_address[:2])

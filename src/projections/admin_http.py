@@ -123,8 +123,10 @@ class BoundedHTTPServer(HTTPServer):
         self._slots = threading.BoundedSemaphore(max_threads + max_waiting)
         self._accepted: dict[socket.socket, float] = {}
         self._lock = threading.Lock()
-        super().__init__(address, handler)
+        # Before binding: a port in use makes the base class call server_close(), which
+        # shuts the pool down (its threads start lazily, so none is left behind).
         self._pool = ThreadPoolExecutor(max_threads, thread_name_prefix="admin-http")
+        super().__init__(address, handler)
 
     @property
     def open_connections(self) -> int:

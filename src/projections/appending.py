@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any, TextIO
+from typing import IO, Any
 
 import attrs
 from sqlalchemy import Connection, func, select
@@ -42,6 +42,22 @@ class AppendError(ProjectionsError, ValueError):
         )
         self.line = line
         self.written = written
+
+
+class _NotText(ValueError):
+    def __init__(self, line: int, reason: str) -> None:
+        super().__init__(reason)
+        self.line = line
+
+
+def utf8_lines(stream: Iterable[bytes]) -> Iterator[str]:
+    """The lines of a binary stream as text; a line that is not UTF-8 stops the input with
+    an error naming it (raised by :func:`append_lines` as an :class:`AppendError`)."""
+    for number, raw in enumerate(stream, 1):
+        try:
+            yield raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise _NotText(number, f"not UTF-8 text ({exc.reason} at byte {exc.start})") from None
 
 
 def parse_line(number: int, text: str, registry: MessageRegistry | None) -> NewMessage:
@@ -92,25 +108,31 @@ def _batches(lines: Iterable[str], size: int) -> Iterator[list[tuple[int, str]]]
 
 def append_lines(
     db: Database,
-    stream: TextIO,
+    stream: Iterable[str] | IO[str],
     *,
     batch_size: int = 1000,
     registry: MessageRegistry | None = None,
     retry: ConflictRetrySettings | None = None,
 ) -> int:
-    """Append every line of ``stream``; return how many messages were appended. Each batch
-    commits once, also when an acknowledgement is lost (retried per ``retry``)."""
+    """Append every line of ``stream`` (text; :func:`utf8_lines` reads a binary one), in
+    transactions of ``batch_size`` lines; return how many messages were appended. Each
+    batch commits once, also when an acknowledgement is lost (retried per ``retry``)."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be 1 or more, got {batch_size}")
     store = MessageStore(db)
     written = 0
-    for batch in _batches(stream, batch_size):
-        messages = []
-        for number, line in batch:
-            try:
-                messages.append(parse_line(number, line, registry))
-            except (ValueError, ProjectionsError) as exc:
-                raise AppendError(number, str(exc), written) from None
-        append_once(db, store, messages, retry or ConflictRetrySettings())
-        written += len(messages)
+    try:
+        for batch in _batches(stream, batch_size):
+            messages = []
+            for number, line in batch:
+                try:
+                    messages.append(parse_line(number, line, registry))
+                except (ValueError, ProjectionsError) as exc:
+                    raise AppendError(number, str(exc), written) from None
+            append_once(db, store, messages, retry or ConflictRetrySettings())
+            written += len(messages)
+    except _NotText as exc:
+        raise AppendError(exc.line, str(exc), written) from None
     return written
 
 

@@ -8,16 +8,20 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from functools import partial
+from pathlib import Path
+from typing import Any, NoReturn
 
 from sqlalchemy.exc import DBAPIError
 
 from messaging.config import load_settings, parse_duration
-from messaging.database import Database
+from messaging.connection import database_for
+from messaging.database import Database, parse_database_url
 from messaging.errors import ProjectionsError
 from messaging.migrations import migrate
 from messaging.plugins import collect_consumers, create_plugin_manager, import_module
@@ -25,6 +29,51 @@ from messaging.runtime import Instance
 from messaging.settings import ConsumerSettings, Settings
 
 EXIT_ERROR = 1
+EXIT_USAGE = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line (the usage is in ``--help``)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _number(low: int, high: int | None = None) -> Callable[[str], int]:
+    """An argparse type: a whole number from ``low`` (to ``high``), named in its error."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if value < low or (high is not None and value > high):
+            span = f"from {low} to {high}" if high is not None else f"{low} or more"
+            raise argparse.ArgumentTypeError(f"must be {span}, got {value}")
+        return value
+
+    return parse
+
+
+_positive = _number(1)
+_port = _number(0, 65535)
+
+
+def _add_app_dir_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--app-dir",
+        default=".",
+        help="folder to import the application's modules from (default: the current folder)",
+    )
+
+
+def _use_app_dir(args: argparse.Namespace) -> None:
+    """Let the application's modules be imported from ``--app-dir`` (first on the path)."""
+    folder = os.path.abspath(args.app_dir)
+    if not os.path.isdir(folder):
+        raise ProjectionsError(f"--app-dir {args.app_dir}: no such folder")
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
 
 
 def _add_database_options(parser: argparse.ArgumentParser) -> None:
@@ -38,7 +87,7 @@ def _add_database_options(parser: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="projections", description="Partitioned CQRS projections over one SQL database."
     )
     parser.add_argument(
@@ -58,16 +107,17 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--instance-name", help="this instance's name (default host:pid)")
     run.add_argument(
         "--admin-port",
-        type=int,
+        type=_port,
         default=None,
         help="also serve the admin endpoints and page on this port (0: any free port)",
     )
     run.add_argument(
         "--workers",
-        type=int,
-        default=0,
+        type=_positive,
+        default=None,
         help="start a supervisor with this many instance processes",
     )
+    _add_app_dir_option(run)
     _add_database_options(run)
 
     status = commands.add_parser("status", help="each consumer's partitions: owner, state, lag")
@@ -87,13 +137,14 @@ def build_parser() -> argparse.ArgumentParser:
         "append", help='append JSON lines {"topic", "source", "type", "payload"}'
     )
     append.add_argument("file", nargs="?", default="-", help="input file, or - for stdin")
-    append.add_argument("--batch-size", type=int, default=1000, help="lines per transaction")
+    append.add_argument("--batch-size", type=_positive, default=1000, help="lines per transaction")
     append.add_argument(
         "--module",
         action="append",
         default=[],
         help="import this module and check each payload against its message types",
     )
+    _add_app_dir_option(append)
     _add_database_options(append)
 
     for name, help_text in (
@@ -128,15 +179,17 @@ def build_parser() -> argparse.ArgumentParser:
     _add_database_options(audit)
 
     demo = commands.add_parser("demo", help="run the ledger example end to end and verify it")
-    demo.add_argument("--messages", type=int, default=20_000, help="messages of traffic to write")
-    demo.add_argument("--workers", type=int, default=3, help="instance processes to run")
+    demo.add_argument(
+        "--messages", type=_positive, default=20_000, help="messages of traffic to write"
+    )
+    demo.add_argument("--workers", type=_number(2), default=3, help="instance processes to run")
     demo.add_argument(
         "--database", default="sqlite:///projections-demo.db", help="demo database (recreated)"
     )
     demo.add_argument("--seed", type=int, default=7, help="random seed of the traffic")
 
     admin = commands.add_parser("admin", help="serve the reports as JSON and an HTML page")
-    admin.add_argument("--port", type=int, required=True, help="port to listen on (0: any)")
+    admin.add_argument("--port", type=_port, required=True, help="port to listen on (0: any)")
     admin.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     _add_database_options(admin)
     return parser
@@ -146,8 +199,21 @@ def _settings(args: argparse.Namespace) -> Settings:
     return load_settings(args.config, database=args.database)
 
 
-def _database(settings: Settings) -> Database:
-    return Database(settings.database, tenant=settings.tenant, table_prefix=settings.table_prefix)
+_database = database_for
+
+
+def _existing_database(settings: Settings) -> Database:
+    """The database of a command that only reads or operates on what runs: a SQLite file
+    that does not exist is an error naming it, never created empty."""
+    url = parse_database_url(settings.database)
+    if url.get_backend_name() == "sqlite" and url.database:
+        path = Path(url.database)
+        if not path.is_file():
+            raise ProjectionsError(
+                f"no database at {path.resolve()}: nothing has run here yet "
+                "(pass --database or --config, or run an instance first)"
+            )
+    return _database(settings)
 
 
 def _print_json(data: Any) -> None:
@@ -156,7 +222,7 @@ def _print_json(data: Any) -> None:
 
 def _worker_command(args: argparse.Namespace, index: int) -> list[str]:
     command = [sys.executable, "-m", "projections.cli", "--log-level", args.log_level, "run"]
-    command += list(args.modules)
+    command += [*args.modules, "--app-dir", os.path.abspath(args.app_dir)]
     for option in ("config", "database"):
         if getattr(args, option):
             command += [f"--{option}", getattr(args, option)]
@@ -167,15 +233,28 @@ def _worker_command(args: argparse.Namespace, index: int) -> list[str]:
 
 def cmd_run(args: argparse.Namespace) -> int:
     settings = _settings(args)
+    _use_app_dir(args)
     manager = create_plugin_manager([*args.modules, *settings.plugins])
     specs = collect_consumers(manager)  # fail here, once, rather than in every worker
-    with _admin_alongside(args, settings):
-        return _run(args, settings, manager, specs)
+    if args.workers is not None:
+        with _admin_alongside(args, settings, None):
+            return _supervise(args, settings)
+    db = _database(settings)
+    instance = Instance(db, specs, settings, manager.hook, name=args.instance_name)
+    try:
+        with _admin_alongside(args, settings, instance):
+            instance.run()
+    finally:
+        db.dispose()
+    return 0
 
 
 @contextmanager
-def _admin_alongside(args: argparse.Namespace, settings: Settings) -> Iterator[None]:
-    """With ``--admin-port``, serve the admin endpoints from this process meanwhile."""
+def _admin_alongside(
+    args: argparse.Namespace, settings: Settings, instance: Instance | None
+) -> Iterator[None]:
+    """With ``--admin-port``, serve the admin endpoints from this process meanwhile (and
+    operate ``instance``'s in-memory consumers through them)."""
     if args.admin_port is None:
         yield
         return
@@ -184,10 +263,13 @@ def _admin_alongside(args: argparse.Namespace, settings: Settings) -> Iterator[N
     db = _database(settings)
     try:
         db.prepare()  # before the first request, which would find no tables otherwise
-        server = listen(db, settings, "127.0.0.1", args.admin_port)
+        server = listen(db, settings, "127.0.0.1", args.admin_port, instance)
     except BaseException:
         db.dispose()
         raise
+    if instance is not None:
+        host, port = server.server_address[:2]
+        instance.admin_url = f"http://{host!s}:{port}"
     thread = threading.Thread(target=server.serve_forever, name="admin", daemon=True)
     thread.start()
     try:
@@ -198,30 +280,21 @@ def _admin_alongside(args: argparse.Namespace, settings: Settings) -> Iterator[N
         db.dispose()
 
 
-def _run(args: argparse.Namespace, settings: Settings, manager: Any, specs: list[Any]) -> int:
-    if args.workers:
-        if args.workers < 1:
-            raise ProjectionsError("--workers must be at least 1")
-        from messaging.supervisor import Supervisor
+def _supervise(args: argparse.Namespace, settings: Settings) -> int:
+    """``run --workers N``: a supervisor of N instance processes."""
+    from messaging.supervisor import Supervisor
 
-        db = _database(settings)
-        try:
-            db.prepare()  # a schema that is behind fails here, not in every restarted worker
-        finally:
-            db.dispose()
-
-        timeout = settings.messaging.consumer.graceful_shutdown_timeout + 10
-        supervisor = Supervisor(
-            lambda index: _worker_command(args, index), args.workers, stop_timeout=timeout
-        )
-        return supervisor.run()
     db = _database(settings)
-    instance = Instance(db, specs, settings, manager.hook, name=args.instance_name)
     try:
-        instance.run()
+        db.prepare()  # a schema that is behind fails here, not in every restarted worker
     finally:
         db.dispose()
-    return 0
+
+    timeout = settings.messaging.consumer.graceful_shutdown_timeout + 10
+    supervisor = Supervisor(
+        lambda index: _worker_command(args, index), args.workers, stop_timeout=timeout
+    )
+    return supervisor.run()
 
 
 def _report(
@@ -230,7 +303,7 @@ def _report(
     as_text: Callable[[dict[str, Any]], str],
 ) -> int:
     settings = _settings(args)
-    db = _database(settings)
+    db = _existing_database(settings)
     try:
         db.prepare()
         report = build(db, settings.messaging.consumer)
@@ -268,35 +341,32 @@ def cmd_db(args: argparse.Namespace) -> int:
 
 def cmd_append(args: argparse.Namespace) -> int:
     from messaging.messages import registry
-    from projections.appending import append_lines
+    from projections.appending import append_lines, utf8_lines
 
     settings = _settings(args)
+    _use_app_dir(args)
     for module in args.module:
         import_module(module)
     db = _database(settings)
     try:
         db.prepare()
+        append = partial(
+            append_lines,
+            db,
+            batch_size=args.batch_size,
+            registry=registry if args.module else None,
+            retry=settings.messaging.consumer.conflict_retry,
+        )
         if args.file == "-":
-            count = append_lines(
-                db,
-                sys.stdin,
-                batch_size=args.batch_size,
-                registry=registry if args.module else None,
-                retry=settings.messaging.consumer.conflict_retry,
-            )
+            buffer = getattr(sys.stdin, "buffer", None)  # none when replaced by a text stream
+            count = append(sys.stdin if buffer is None else utf8_lines(buffer))
         else:
             try:
-                stream = open(args.file, encoding="utf-8")  # noqa: SIM115
+                stream = open(args.file, "rb")  # noqa: SIM115
             except OSError as exc:
                 raise ProjectionsError(f"cannot read {args.file}: {exc.strerror}") from None
             with stream:
-                count = append_lines(
-                    db,
-                    stream,
-                    batch_size=args.batch_size,
-                    registry=registry if args.module else None,
-                    retry=settings.messaging.consumer.conflict_retry,
-                )
+                count = append(utf8_lines(stream))
     finally:
         db.dispose()
     print(f"appended {count} messages")
@@ -313,44 +383,73 @@ def _duration(text: str) -> float:
 
 def cmd_operation(args: argparse.Namespace) -> int:
     from messaging import operations
+    from projections.reports import in_memory_copies
 
     settings = _settings(args)
-    db = _database(settings)
+    db = _existing_database(settings)
     who = operations.default_operator()
     try:
         db.prepare()
-        if args.command == "pause":
-            operations.pause(db, args.consumer, who=who, reason=args.reason)
-            print(f"paused {args.consumer}")
-        elif args.command == "forget-processed":
-            count = operations.forget_processed(
-                db, args.consumer, older_than=args.older_than, who=who, reason=args.reason
-            )
-            print(f"forgot {count} handled message ids of {args.consumer}")
-        elif args.command == "rebuild":
-            operations.rebuild(db, args.consumer, who=who, reason=args.reason)
-            print(f"rebuild of {args.consumer} requested; a running instance performs it")
-        else:
-            halted = operations.resume(
-                db, args.consumer, who=who, reason=args.reason, skip_poison=args.skip_poison
-            )
-            verb = "skipped" if args.skip_poison else "retrying"
-            for entry in halted:
-                print(
-                    f"partition {entry['partition']}: {verb} position {entry['position']} "
-                    f"({entry['type']})"
-                )
-            print(f"resumed {args.consumer}")
+        _operate(args, db, who)
+    except operations.OperationError:
+        copies = in_memory_copies(db, settings.messaging.consumer, args.consumer)
+        if not copies:
+            raise
+        raise ProjectionsError(_in_memory_pointer(args, copies)) from None
     finally:
         db.dispose()
     return 0
 
 
+def _in_memory_pointer(args: argparse.Namespace, copies: list[dict[str, Any]]) -> str:
+    """Where to operate an in-memory consumer: each instance's admin endpoint."""
+    route = f"/admin/consumers/{args.consumer}/{args.command}"
+    where = [
+        f"{c['instance']}: POST {c['admin']}{route}"
+        if c["admin"]
+        else f"{c['instance']}: started without --admin-port"
+        for c in copies
+    ]
+    body = ' with {"skip_poison": true}' if getattr(args, "skip_poison", False) else ""
+    return (
+        f"{args.consumer} is an in-memory projection: each instance runs its own copy, which "
+        f"a command through the database cannot reach; operate a copy on its instance's "
+        f"admin endpoint{body} ({'; '.join(where)})"
+    )
+
+
+def _operate(args: argparse.Namespace, db: Database, who: str) -> None:
+    """Run the operator command ``args.command`` through the database; print the outcome."""
+    from messaging import operations
+
+    if args.command == "pause":
+        operations.pause(db, args.consumer, who=who, reason=args.reason)
+        print(f"paused {args.consumer}")
+    elif args.command == "forget-processed":
+        count = operations.forget_processed(
+            db, args.consumer, older_than=args.older_than, who=who, reason=args.reason
+        )
+        print(f"forgot {count} handled message ids of {args.consumer}")
+    elif args.command == "rebuild":
+        operations.rebuild(db, args.consumer, who=who, reason=args.reason)
+        print(f"rebuild of {args.consumer} requested; a running instance performs it")
+    else:
+        halted = operations.resume(
+            db, args.consumer, who=who, reason=args.reason, skip_poison=args.skip_poison
+        )
+        verb = "skipped" if args.skip_poison else "retrying"
+        for entry in halted:
+            print(
+                f"partition {entry['partition']}: {verb} position {entry['position']} "
+                f"({entry['type']})"
+            )
+        print(f"resumed {args.consumer}")
+
+
 def cmd_audit(args: argparse.Namespace) -> int:
     from messaging.operations import audit_log
 
-    settings = _settings(args)
-    db = _database(settings)
+    db = _existing_database(_settings(args))
     try:
         db.prepare()
         entries = audit_log(db, args.consumer)
@@ -359,9 +458,13 @@ def cmd_audit(args: argparse.Namespace) -> int:
     if args.json:
         _print_json({"audit": entries})
     else:
+        from projections.reports import format_time
+
+        if entries:
+            print(f"{'at':<29}  {'who':<24} {'command':<22} consumer  detail")
         for entry in entries:
             print(
-                f"{entry['at']:.3f}  {entry['who']:<24} {entry['command']:<22} "
+                f"{format_time(entry['at']):<29}  {entry['who']:<24} {entry['command']:<22} "
                 f"{entry['consumer']}  {json.dumps(entry['detail'], sort_keys=True)}"
             )
         if not entries:
@@ -429,6 +532,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_ERROR
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:  # a bug or an unforeseen failure: still one line
+        if args.traceback:
+            raise
+        first = (str(exc).splitlines() or [""])[0]
+        print(
+            f"projections: error: {type(exc).__name__}: {first} (--traceback shows where)",
+            file=sys.stderr,
+        )
+        return EXIT_ERROR
 
 
 if __name__ == "__main__":

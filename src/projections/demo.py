@@ -27,10 +27,9 @@ from pathlib import Path
 import attrs
 import yaml
 from sqlalchemy import func, select
-from sqlalchemy.engine import make_url
 
 from messaging.config import settings_from_mapping
-from messaging.database import Database
+from messaging.database import Database, parse_database_url
 from messaging.errors import ConfigError
 from messaging.messages import registry
 from messaging.settings import ConsumerSettings
@@ -62,7 +61,7 @@ class DemoFailed(Exception):
 
 
 def _fresh_sqlite(url: str) -> Path:
-    parsed = make_url(url)
+    parsed = parse_database_url(url)
     if parsed.get_backend_name() != "sqlite" or not parsed.database:
         raise ConfigError("demo: --database must be a SQLite file URL (sqlite:///demo.db)")
     path = Path(parsed.database)

@@ -10,6 +10,7 @@ its progress under ``rebuild``.
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Connection, RowMapping, and_, case, func, select
@@ -22,6 +23,10 @@ from messaging.settings import ConsumerSettings
 OWNED = "OWNED"
 ORPHANED = "ORPHANED"
 UNCLAIMED = "UNCLAIMED"
+LATE_HEARTBEATS = 2
+"""A live instance is late when its last heartbeat is older than this many intervals."""
+IN_MEMORY = "in-memory"
+"""The kind of an in-memory consumer in the reports: each instance runs its own copy."""
 
 
 def consumers_report(db: Database, settings: ConsumerSettings) -> dict[str, Any]:
@@ -99,6 +104,7 @@ def consumers_report(db: Database, settings: ConsumerSettings) -> dict[str, Any]
                         "position": row["halted_position"],
                         "type": row["halted_type"],
                         "error": row["error"],
+                        "trace": row["halted_trace"],
                     }
                 partitions.append(entry)
             entry = {
@@ -117,7 +123,53 @@ def consumers_report(db: Database, settings: ConsumerSettings) -> dict[str, Any]
                     "total": total,
                 }
             report.append(entry)
-    return {"consumers": report}
+        in_memory = _in_memory(db, conn, instances)
+    return {"consumers": report, "in_memory": in_memory}
+
+
+def _in_memory(db: Database, conn: Connection, instances: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each in-memory consumer with its copy on every instance that published one: state,
+    position, lag (messages of its topics and types after the position), halted message."""
+    m = db.schema.messages
+    by_name: dict[str, list[dict[str, Any]]] = {}
+    for instance_id, published in Membership(db).in_memory(conn).items():
+        row = instances.get(instance_id)
+        if row is None:
+            continue
+        for name, copy in sorted(published.get("consumers", {}).items()):
+            lag = conn.execute(
+                select(func.count()).where(
+                    m.c.tenant == db.tenant,
+                    m.c.topic.in_(copy["topics"]),
+                    m.c.type.in_(copy["types"]),
+                    m.c.position > copy["position"],
+                )
+            ).scalar_one()
+            entry = {
+                "instance": row.name,
+                "instance_id": instance_id,
+                "live": row.live,
+                "admin": published.get("admin"),
+                "state": copy["state"],
+                "position": copy["position"],
+                "lag": int(lag),
+            }
+            if "halted" in copy:
+                entry["halted"] = copy["halted"]
+            by_name.setdefault(name, []).append(entry)
+    return [
+        {"name": name, "kind": IN_MEMORY, "instances": copies}
+        for name, copies in sorted(by_name.items())
+    ]
+
+
+def in_memory_copies(db: Database, settings: ConsumerSettings, name: str) -> list[dict[str, Any]]:
+    """The copies of in-memory consumer ``name`` the instances published (empty when no
+    instance runs one by that name)."""
+    for entry in consumers_report(db, settings)["in_memory"]:
+        if entry["name"] == name:
+            return list(entry["instances"])
+    return []
 
 
 def _replay_total(
@@ -138,9 +190,13 @@ def _replay_total(
 
 
 def instances_report(db: Database, settings: ConsumerSettings) -> dict[str, Any]:
-    """``{"instances": [{"id", "name", "host", "pid", "started_at", "heartbeat_at", "live"}]}``."""
+    """``{"instances": [{"id", "name", "host", "pid", "started_at", "heartbeat_at", "live",
+    "stopping", "last_heard", "late"}]}``: ``last_heard`` is the seconds since its last
+    heartbeat by the database's clock; ``late`` a live instance whose heartbeat is more
+    than two intervals old (it may have died; it turns stale at stale-instance-timeout)."""
     with db.read() as conn:
         rows = Membership(db).instances(conn, settings.stale_instance_timeout)
+    late_after = LATE_HEARTBEATS * settings.heartbeat_interval
     return {
         "instances": [
             {
@@ -152,6 +208,8 @@ def instances_report(db: Database, settings: ConsumerSettings) -> dict[str, Any]
                 "heartbeat_at": r.heartbeat_at,
                 "live": r.live,
                 "stopping": r.stopping,
+                "last_heard": round(max(0.0, settings.stale_instance_timeout - r.expires_in), 3),
+                "late": r.live and r.expires_in < settings.stale_instance_timeout - late_after,
             }
             for r in rows
         ]
@@ -178,19 +236,54 @@ def format_consumers(report: dict[str, Any]) -> str:
                 f"  {p['partition']:>9}  {p['state']:<10} {p['status']:<8} {p['checkpoint']:>10} "
                 f"{p['lag']:>8}  {p['instance'] or '-'}"
             )
-            if "halted" in p:
-                h = p["halted"]
-                lines.append(
-                    f"  {'':>9}  halted at position {h['position']} ({h['type']}): {h['error']}"
-                )
+            lines += _halted(p, f"  {'':>9}  ")
+    for consumer in report.get("in_memory", []):
+        lines.append(f"{consumer['name']}  ({IN_MEMORY}, each instance runs its own copy)")
+        lines.append(f"  {'instance':<30} {'state':<8} {'position':>10} {'lag':>8}  admin")
+        for c in consumer["instances"]:
+            lines.append(
+                f"  {c['instance']:<30} {c['state']:<8} {c['position']:>10} {c['lag']:>8}  "
+                f"{c['admin'] or '-'}"
+            )
+            lines += _halted(c, "  ")
     return "\n".join(lines) if lines else "no consumers declared yet"
 
 
+def _halted(entry: dict[str, Any], indent: str) -> list[str]:
+    """The line about a halted partition or copy's poison message, if it has one."""
+    if "halted" not in entry:
+        return []
+    h = entry["halted"]
+    return [f"{indent}halted at position {h['position']} ({h['type']}): {h['error']}"]
+
+
 def format_instances(report: dict[str, Any]) -> str:
-    """The instances report as plain text, one instance a line."""
-    lines = [
-        f"{row['name']:<30} {'live' if row['live'] else 'stale':<6} "
-        f"{row['host']}:{row['pid']}  {row['id']}"
-        for row in report["instances"]
-    ]
-    return "\n".join(lines) if lines else "no instances registered"
+    """The instances report as a plain-text table with a header, one instance a line."""
+    if not report["instances"]:
+        return "no instances registered"
+    lines = [f"{'name':<30} {'state':<8} {'last heard':<18} {'host:pid':<24} id"]
+    for row in report["instances"]:
+        state = (
+            "stale"
+            if not row["live"]
+            else "stopping"
+            if row["stopping"]
+            else "late"
+            if row["late"]
+            else "live"
+        )
+        heard = f"{row['last_heard']:.1f} s ago"
+        where = f"{row['host']}:{row['pid']}"
+        lines.append(f"{row['name']:<30} {state:<8} {heard:<18} {where:<24} {row['id']}")
+    return "\n".join(lines)
+
+
+def format_time(epoch: float) -> str:
+    """Seconds since the epoch as local time to the millisecond, with its UTC offset:
+    ``2026-11-30 10:17:46.123 +0000``."""
+    moment = datetime.fromtimestamp(epoch).astimezone()
+    return (
+        moment.strftime("%Y-%m-%d %H:%M:%S.")
+        + f"{moment.microsecond // 1000:03d}"
+        + (moment.strftime(" %z"))
+    )

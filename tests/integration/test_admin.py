@@ -141,6 +141,10 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Databa
         db.dispose()
 
 
+def _copies(report: dict[str, Any]) -> list[tuple[str, str]]:
+    return [(c["name"], i["instance_id"]) for c in report["in_memory"] for i in c["instances"]]
+
+
 def test_consumers_route_is_the_consumers_report(live: tuple[str, Database, Settings]) -> None:
     from projections.reports import consumers_report
 
@@ -148,7 +152,11 @@ def test_consumers_route_is_the_consumers_report(live: tuple[str, Database, Sett
     status, body = get_json(base + "/admin/consumers")
     assert status == 200
     check(body, CONSUMERS)
-    assert body == json.loads(json.dumps(consumers_report(db, settings.messaging.consumer)))
+    report = json.loads(json.dumps(consumers_report(db, settings.messaging.consumer)))
+    assert body["consumers"] == report["consumers"]
+    # In-memory copies move with every heartbeat: the same copies, not the same positions.
+    assert _copies(body) == _copies(report)
+    assert [name for name, _ in _copies(body)] == ["ledger-activity"]
     balances = next(c for c in body["consumers"] if c["name"] == "ledger-balances")
     assert {"name", "kind", "distribution", "state", "partitions"} <= balances.keys()
     assert [p["partition"] for p in balances["partitions"]] == list(range(8))

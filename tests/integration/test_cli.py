@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 import uuid
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from clusters import wait_until
 from sqlalchemy import inspect, text
 
 from messaging import (
@@ -26,6 +28,7 @@ from messaging import (
     settings_from_mapping,
 )
 from projections.cli import main
+from projections.reports import instances_report
 
 MYSQL_URL_ENV = "PROJECTIONS_TEST_MYSQL_URL"
 
@@ -124,7 +127,7 @@ def test_append_then_status_reports_lag_per_partition(
 
     assert main(["status", "--json", "--database", url]) == 0
     report = json.loads(capsys.readouterr().out)
-    assert set(report) == {"consumers"}
+    assert set(report) == {"consumers", "in_memory"}
     (consumer,) = report["consumers"]
     assert {"name", "kind", "distribution", "partitions"} <= set(consumer)
     assert (consumer["name"], consumer["kind"], consumer["distribution"]) == (
@@ -149,8 +152,11 @@ def test_status_as_text_and_before_any_declaration(
     url: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Status works on an empty database and lists a declared consumer's partitions as text."""
+    empty = Database(url)
+    empty.prepare()
+    empty.dispose()
     assert main(["status", "--json", "--database", url]) == 0
-    assert json.loads(capsys.readouterr().out) == {"consumers": []}
+    assert json.loads(capsys.readouterr().out) == {"consumers": [], "in_memory": []}
     _declare_ledger(url)
     capsys.readouterr()
     assert main(["status", "--database", url]) == 0
@@ -353,13 +359,13 @@ def test_db_migrate_applies_every_migration_then_is_up_to_date(
     assert main(["db", "migrate", "--config", str(config)]) == 0
     assert capsys.readouterr().out.strip() == (
         "applied V1__initial_schema, V2__operator_audit, V3__routing_and_sagas, "
-        "V4__rebuild_progress, V5__read_model_registry"
+        "V4__rebuild_progress, V5__read_model_registry, V6__halt_traceback"
     )
     assert main(["db", "migrate", "--config", str(config)]) == 0
     assert capsys.readouterr().out.strip() == "schema is up to date"
 
     assert main(["status", "--json", "--config", str(config)]) == 0
-    assert json.loads(capsys.readouterr().out) == {"consumers": []}
+    assert json.loads(capsys.readouterr().out) == {"consumers": [], "in_memory": []}
     db = Database(url, table_prefix=prefix)
     try:
         with db.engine.connect() as conn:
@@ -367,3 +373,48 @@ def test_db_migrate_applies_every_migration_then_is_up_to_date(
     finally:
         db.dispose()
     assert names == set(db.schema.metadata.tables)
+
+
+TIME = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3} [+-]\d{4}"
+
+
+def test_audit_prints_readable_times_under_a_header(
+    url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`audit` shows each command's local time to the millisecond, not epoch seconds."""
+    _declare_ledger(url)
+    assert main(["pause", "ledger-balances", "--database", url]) == 0
+    capsys.readouterr()
+    assert main(["audit", "--database", url]) == 0
+    header, line = capsys.readouterr().out.strip().splitlines()
+    assert header.split() == ["at", "who", "command", "consumer", "detail"]
+    assert re.match(rf"{TIME}  \S+@\S+ +pause +ledger-balances ", line), line
+
+
+def test_instances_have_a_header_and_say_when_one_was_last_heard(
+    url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`instances` has a header; an instance whose heartbeats stopped (here: no loops) is
+    `late` with the seconds since it was last heard, before it turns stale."""
+    manager = create_plugin_manager(["projections.examples.ledger"], load_entrypoints=False)
+    settings = settings_from_mapping({"database": url, "messaging": {"consumer": FAST}})
+    db = Database(url)
+    quiet = Instance(db, collect_consumers(manager), settings, manager.hook, name="quiet")
+    quiet.start(loops=False)  # registered, then never heard from again
+    try:
+        report = settings.messaging.consumer
+
+        def late() -> bool:
+            [row] = instances_report(db, report)["instances"]
+            return bool(row["late"]) and row["live"] and row["last_heard"] >= 0.2
+
+        wait_until(late, timeout=10, what="the instance to be late")
+        config = tmp_path / "fast.yaml"
+        config.write_text(json.dumps({"messaging": {"consumer": FAST}}), encoding="utf-8")
+        assert main(["instances", "--database", url, "--config", str(config)]) == 0
+        header, line = capsys.readouterr().out.strip().splitlines()
+        assert header.split() == ["name", "state", "last", "heard", "host:pid", "id"]
+        assert re.match(r"quiet +late +\d+\.\d s ago ", line), line
+    finally:
+        quiet.stop()
+        db.dispose()

@@ -5,6 +5,10 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
@@ -33,3 +37,102 @@ def test_an_unknown_log_level_is_refused() -> None:
     result = _run("--log-level", "nonsense", "status")
     assert result.returncode == 2
     assert "invalid choice: 'NONSENSE'" in result.stderr
+
+
+def _one_line(result: subprocess.CompletedProcess[str], *expected: str, code: int = 1) -> None:
+    """A non-zero exit, one line on stderr holding each expected part, no traceback."""
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == code, result.stderr
+    assert len(lines) == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    for part in expected:
+        assert part in lines[0], lines[0]
+
+
+def _in(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "projections.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=folder,
+        check=False,
+    )
+
+
+@pytest.fixture
+def busy_port() -> Iterator[int]:
+    """A port another socket listens on."""
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        yield int(holder.getsockname()[1])
+
+
+def test_an_admin_port_in_use_is_one_line(tmp_path: Path, busy_port: int) -> None:
+    """`admin --port` and `run --admin-port` on a port in use say so in one line."""
+    url = f"sqlite:///{tmp_path / 'app.db'}"
+    _one_line(_in(tmp_path, "admin", "--port", str(busy_port), "--database", url), "in use")
+    run = ("run", "projections.examples.ledger", "--database", url)
+    _one_line(_in(tmp_path, *run, "--admin-port", str(busy_port)), "in use")
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (("admin", "--port", "70000"), "argument --port: must be from 0 to 65535, got 70000"),
+        (
+            ("run", "app", "--admin-port", "-1"),
+            "argument --admin-port: must be from 0 to 65535, got -1",
+        ),
+        (("append", "--batch-size", "0"), "argument --batch-size: must be 1 or more, got 0"),
+        (("run", "app", "--workers", "0"), "argument --workers: must be 1 or more, got 0"),
+        (("demo", "--workers", "1"), "argument --workers: must be 2 or more, got 1"),
+        (("demo", "--messages", "many"), "argument --messages: expected a whole number"),
+    ],
+)
+def test_numeric_options_are_range_checked(
+    tmp_path: Path, args: tuple[str, ...], expected: str
+) -> None:
+    """Out-of-range numbers are refused before anything runs, in one usage line (exit 2)."""
+    _one_line(_in(tmp_path, *args), expected, code=2)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        ("mysql://root@127.0.0.1:99999/test", "the port must be a number 1-65535"),
+        ("mysql://root@127.0.0.1:port/test", "the port must be a number 1-65535"),
+        ("/tmp/app.db", "expected a URL such as sqlite:///path/to/app.db"),
+    ],
+)
+def test_a_bad_database_url_is_one_line(tmp_path: Path, url: str, expected: str) -> None:
+    """A URL with a bad port, or a path instead of a URL, in `status` and `demo`."""
+    _one_line(_in(tmp_path, "status", "--database", url), f"invalid database URL {url!r}")
+    _one_line(_in(tmp_path, "demo", "--database", url), f"invalid database URL {url!r}", expected)
+
+
+def test_non_utf8_append_input_is_one_line(tmp_path: Path) -> None:
+    """A line that is not UTF-8 is named; the batches before it stay appended."""
+    good = '{"topic": "t", "source": "s", "type": "x", "payload": {}}\n'
+    (tmp_path / "in.jsonl").write_bytes(good.encode() * 3 + b"\xff\xfe\n")
+    url = f"sqlite:///{tmp_path / 'app.db'}"
+    result = _in(tmp_path, "append", "in.jsonl", "--batch-size", "2", "--database", url)
+    _one_line(result, "line 4: not UTF-8 text", "2 earlier lines were appended")
+
+
+@pytest.mark.parametrize("command", ["status", "instances", "audit", "pause"])
+def test_reporting_commands_never_create_a_database(tmp_path: Path, command: str) -> None:
+    """In a folder with no database, the commands name the missing file and create none."""
+    args = (command, "ledger-balances") if command == "pause" else (command,)
+    _one_line(_in(tmp_path, *args), f"no database at {tmp_path / 'projections.db'}")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_traceback_still_shows_everything(tmp_path: Path) -> None:
+    """--traceback shows the whole story of the same error."""
+    result = _in(tmp_path, "--traceback", "status")
+    assert result.returncode != 0
+    assert "Traceback (most recent call last)" in result.stderr
+    assert "no database at" in result.stderr

@@ -3,7 +3,10 @@ earlier messages and every other partition go on, and nothing is skipped."""
 
 from __future__ import annotations
 
+import logging
+
 import attrs
+import pytest
 from clusters import consumer_worker
 from sqlalchemy import BigInteger, Column, MetaData, String, Table, insert, select
 
@@ -78,3 +81,33 @@ def test_poison_halts_its_partition_before_it_and_others_go_on(db: Database) -> 
     assert halted.halted_type == "test.poison.item" and "cannot handle poison" in halted.error
     assert halted.checkpoint == applied["b"] + 1  # up to the message right before the poison
     assert parts[1].status == "running" and parts[1].checkpoint == applied["other-c"]
+
+
+def test_a_halt_carries_its_stack_trace(db: Database, caplog: pytest.LogCaptureFixture) -> None:
+    """The halt is logged once at ERROR with the whole traceback, and the last frames are
+    kept with the halted partition, so that `status --json` shows where it failed."""
+    worker, _ = _setup(db)
+    with db.transaction() as conn:
+        MessageStore(db).append(conn, "items", "s0", [Item("a"), Item("poison")])
+    with caplog.at_level(logging.DEBUG):
+        while worker.poll():
+            pass
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1, [r.getMessage() for r in errors]
+    [record] = errors
+    assert "event=halt" in record.getMessage()
+    logged = logging.Formatter().format(record)
+    assert "Traceback (most recent call last)" in logged
+    assert 'raise ValueError("cannot handle poison")' in logged
+    parts = db.schema.partitions
+    with db.read() as conn:
+        traces = (
+            conn.execute(select(parts.c.halted_trace).where(parts.c.status == "halted"))
+            .scalars()
+            .all()
+        )
+    assert len(traces) == 1
+    [trace] = traces
+    assert trace.startswith("Traceback (most recent call last)")
+    assert ", in item\n" in trace and 'raise ValueError("cannot handle poison")' in trace
+    assert trace.endswith("ValueError: cannot handle poison")

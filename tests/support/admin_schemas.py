@@ -36,7 +36,7 @@ _PARTITION = _object(
         "checkpoint": _INT,
         "lag": _INT,
     },
-    {"halted": _object(_HALTED)},
+    {"halted": _object(_HALTED, {"trace": {"type": ["string", "null"]}})},
 )
 
 CONSUMERS = _object(
@@ -54,7 +54,33 @@ CONSUMERS = _object(
                 {"rebuild": _object({"target": _INT, "replayed": _INT, "total": _INT})},
             ),
         }
-    }
+    },
+    {
+        "in_memory": {
+            "type": "array",
+            "items": _object(
+                {
+                    "name": _ID,
+                    "kind": {"const": "in-memory"},
+                    "instances": {
+                        "type": "array",
+                        "items": _object(
+                            {
+                                "instance": _ID,
+                                "instance_id": _ID,
+                                "live": {"type": "boolean"},
+                                "admin": {"type": ["string", "null"]},
+                                "state": {"enum": ["running", "paused", "halted"]},
+                                "position": _INT,
+                                "lag": _INT,
+                            },
+                            {"halted": _object(_HALTED, {"trace": {"type": ["string", "null"]}})},
+                        ),
+                    },
+                }
+            ),
+        }
+    },
 )
 
 INSTANCES = _object(
@@ -71,6 +97,8 @@ INSTANCES = _object(
                     "heartbeat_at": {"type": "number"},
                     "live": {"type": "boolean"},
                     "stopping": {"type": "boolean"},
+                    "last_heard": {"type": "number", "minimum": 0},
+                    "late": {"type": "boolean"},
                 }
             ),
         }

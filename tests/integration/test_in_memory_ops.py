@@ -1,0 +1,161 @@
+"""In-memory projections are first-class consumers of the instance that runs them: each
+copy's state, position and lag are in `status`, and operating one instance's copy through
+its admin endpoint leaves the other instance's copy untouched."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from clusters import SUPPORT, stop_instance, wait_until, write_config
+from memory_app import CONSUMER, TOPIC, Item
+
+from messaging import Database, MessageStore
+from messaging.settings import ConsumerSettings
+from projections.reports import consumers_report
+
+pytestmark = pytest.mark.multiprocess
+CLI = [sys.executable, "-m", "projections.cli"]
+ADMIN = ["--admin-port", "0", "--instance-name"]
+TOKEN = "in-memory-test-admin-token"
+
+
+def _start(config: Path, name: str) -> tuple[subprocess.Popen[str], str]:
+    """A `projections run` process serving its admin endpoints; its base URL."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SUPPORT), env.get("PYTHONPATH")]))
+    process = subprocess.Popen(
+        [
+            *CLI,
+            "--log-level",
+            "WARNING",
+            "run",
+            "memory_app",
+            "--config",
+            str(config),
+            *ADMIN,
+            name,
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    assert process.stdout is not None
+    line = process.stdout.readline()
+    assert line.startswith("admin page: "), line
+    return process, line.split()[-1].removesuffix("/admin")
+
+
+def _post(base: str, command: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+    request = urllib.request.Request(
+        f"{base}/admin/consumers/{CONSUMER}/{command}",
+        data=json.dumps(body or {}).encode(),
+        method="POST",
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {TOKEN}"},
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        assert response.status == 200
+        return dict(json.loads(response.read()))
+
+
+def _copies(db: Database) -> dict[str, dict[str, Any]]:
+    """Each instance's copy of the in-memory consumer as `status --json` reports it."""
+    for entry in consumers_report(db, ConsumerSettings())["in_memory"]:
+        if entry["name"] == CONSUMER:
+            assert entry["kind"] == "in-memory"
+            return {copy["instance"]: copy for copy in entry["instances"]}
+    return {}
+
+
+@pytest.fixture
+def two(db: Database, tmp_path: Path) -> Iterator[tuple[Path, str, str]]:
+    """Two instances running the in-memory consumer; their config and admin URLs."""
+    config = write_config(tmp_path / "app.yaml", db, extra=f"admin: {{token: {TOKEN}}}\n")
+    a, url_a = _start(config, "a")
+    b, url_b = _start(config, "b")
+    try:
+        yield config, url_a, url_b
+    finally:
+        for process in (a, b):
+            assert stop_instance(process) == 0
+
+
+def _append(db: Database, *names: str) -> int:
+    with db.transaction() as conn:
+        MessageStore(db).append(conn, TOPIC, "s", [Item(n) for n in names])
+    with db.read() as conn:
+        return MessageStore(db).head(conn)
+
+
+def test_each_instance_copy_is_reported_and_operated_alone(
+    db: Database, two: tuple[Path, str, str]
+) -> None:
+    """Both copies halt at the poison message (shown with where it failed); the CLI points
+    at the admin endpoints; resuming, pausing and rebuilding `a` leave `b` halted."""
+    config, url_a, url_b = two
+    _append(db, "one", "two")
+    poison = _append(db, "poison")
+    head = _append(db, "three", "four")
+
+    def both_halted() -> dict[str, dict[str, Any]]:
+        copies = _copies(db)
+        return copies if [c["state"] for c in copies.values()] == ["halted"] * 2 else {}
+
+    copies = wait_until(both_halted, timeout=60, what="both copies halted")
+    for copy in copies.values():
+        assert copy["position"] == poison - 1 and copy["lag"] == 3
+        assert copy["halted"]["position"] == poison
+        assert "cannot count poison" in copy["halted"]["error"]
+        assert 'raise ValueError("cannot count poison")' in copy["halted"]["trace"]
+    assert {copies["a"]["admin"], copies["b"]["admin"]} == {url_a, url_b}
+
+    cli = subprocess.run(
+        [*CLI, "resume", CONSUMER, "--skip-poison", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert cli.returncode == 1
+    [line] = cli.stderr.strip().splitlines()
+    assert "is an in-memory projection" in line and "unknown consumer" not in line
+    assert f"a: POST {url_a}/admin/consumers/{CONSUMER}/resume" in line
+    assert f"b: POST {url_b}/admin/consumers/{CONSUMER}/resume" in line
+
+    text = subprocess.run(
+        [*CLI, "status", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    assert f"{CONSUMER}  (in-memory, each instance runs its own copy)" in text
+
+    assert _post(url_a, "resume", {"skip_poison": True})["halted"][0]["position"] == poison
+    wait_until(
+        lambda: _copies(db)["a"]["position"] == head and _copies(db)["a"]["lag"] == 0,
+        timeout=30,
+        what="a past the poison message",
+    )
+    assert _copies(db)["b"]["state"] == "halted"
+
+    _post(url_a, "pause")
+    newest = _append(db, "five")
+    wait_until(lambda: _copies(db)["a"]["state"] == "paused", timeout=30, what="a paused")
+    _post(url_a, "rebuild")
+    a = wait_until(
+        lambda: (c := _copies(db)["a"])["position"] == 0 and c, timeout=30, what="a rebuilt"
+    )
+    assert a["state"] == "paused" and a["lag"] == 6
+    _post(url_a, "resume")
+    wait_until(lambda: _copies(db)["a"]["state"] == "halted", timeout=30, what="a halted again")
+    b = _copies(db)["b"]
+    assert (b["state"], b["position"], b["lag"]) == ("halted", poison - 1, 4)
+    assert newest == head + 1

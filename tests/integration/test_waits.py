@@ -1,0 +1,143 @@
+"""Feedback during waits, with the default rebalance-interval of 10 s: a joining instance
+says what it waits for and gets it well before the next regular round; a rebuild is picked
+up and replayed without waiting for rounds, its progress moving as messages are replayed."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import tally_app
+import yaml
+from clusters import SUPPORT, stop_instance, wait_until
+from tally_cluster import TallyCluster
+
+from messaging import Database
+from messaging.settings import ConsumerSettings
+from projections.reports import consumers_report
+
+pytestmark = pytest.mark.multiprocess
+
+CLI = [sys.executable, "-m", "projections.cli"]
+SLOW_ROUNDS = {
+    "rebalance-interval": "10s",
+    "heartbeat-interval": "1s",
+    "idle-poll-interval": "50ms",
+}
+"""The default rebalance-interval: only the pulse can make things move sooner than it."""
+
+
+class Instances:
+    """`projections run tally_app` processes logging at INFO, each to a file of its own."""
+
+    def __init__(self, db: Database, folder: Path) -> None:
+        self.db, self.folder = db, folder
+        self.config = folder / "slow.yaml"
+        settings = {
+            "database": db.url,
+            "table-prefix": db.schema.prefix,
+            "messaging": {"consumer": SLOW_ROUNDS},
+        }
+        self.config.write_text(yaml.safe_dump(settings), encoding="utf-8")
+        self.processes: list[subprocess.Popen[bytes]] = []
+
+    def start(self, name: str) -> None:
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SUPPORT), env.get("PYTHONPATH")]))
+        with (self.folder / f"{name}.log").open("wb") as log:
+            self.processes.append(
+                subprocess.Popen(
+                    [
+                        *CLI,
+                        "run",
+                        "tally_app",
+                        "--config",
+                        str(self.config),
+                        "--instance-name",
+                        name,
+                    ],
+                    stderr=log,
+                    env=env,
+                )
+            )
+
+    def log(self, name: str) -> str:
+        return (self.folder / f"{name}.log").read_text(encoding="utf-8")
+
+    def owned(self) -> dict[str, int]:
+        """How many partitions of the tally each instance owns."""
+        counts: dict[str, int] = {}
+        for consumer in consumers_report(self.db, ConsumerSettings())["consumers"]:
+            for p in consumer["partitions"]:
+                if p["state"] == "OWNED":
+                    counts[p["instance"]] = counts.get(p["instance"], 0) + 1
+        return counts
+
+
+@pytest.fixture
+def instances(db: Database, tmp_path: Path) -> Iterator[Instances]:
+    running = Instances(db, tmp_path)
+    try:
+        yield running
+    finally:
+        for process in running.processes:
+            assert stop_instance(process) == 0
+
+
+def test_a_joiner_says_what_it_waits_for_and_gets_it_soon(instances: Instances) -> None:
+    """The joiner logs the partitions it waits for and the bound; they arrive within
+    about a second, not at the next 10 s round."""
+    instances.start("a")
+    wait_until(lambda: instances.owned() == {"a": 4}, timeout=60, what="a owning the tally")
+    instances.start("b")
+    wait_until(lambda: "waiting for" in instances.log("b"), timeout=60, what="b's wait line")
+    started = time.monotonic()
+    assert (
+        "waiting for 2 partition(s) of tally held by live instances: they hand them over at "
+        "their next rebalance round, usually within 1 s, at most 20 s"
+    ) in instances.log("b")
+    wait_until(lambda: instances.owned() == {"a": 2, "b": 2}, timeout=30, what="the handover")
+    assert time.monotonic() - started < 5.0
+    wait_until(
+        lambda: "has its share of every consumer after" in instances.log("b"),
+        timeout=30,
+        what="b's line saying it has its share",
+    )
+
+
+def test_rebuild_progress_moves_as_messages_are_replayed(
+    db: Database, instances: Instances, tmp_path: Path
+) -> None:
+    """With two instances and 10 s rounds, a requested rebuild is picked up, handed out and
+    replayed within a few seconds; the progress seen meanwhile only grows."""
+    instances.start("a")
+    instances.start("b")
+    wait_until(lambda: instances.owned() == {"a": 2, "b": 2}, timeout=60, what="the tally shared")
+    tally = TallyCluster(db, tmp_path)
+    tally.append(400)
+    tally.wait_applied_by(1, "the tally applied")
+    subprocess.run(
+        [*CLI, "rebuild", tally_app.CONSUMER, "--config", str(instances.config)],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+    started = time.monotonic()
+    seen: list[int] = []
+
+    def rebuilt() -> bool:
+        [consumer] = consumers_report(db, ConsumerSettings())["consumers"]
+        if "rebuild" in consumer:
+            seen.append(consumer["rebuild"]["replayed"])
+        done = consumer["state"] == "running" and "rebuild" not in consumer
+        return done and sum(p["lag"] for p in consumer["partitions"]) == 0
+
+    wait_until(rebuilt, timeout=60, what="the rebuild done")
+    assert time.monotonic() - started < 5.0
+    assert seen == sorted(seen)
+    tally.wait_applied_by(1, "the tally replayed")
