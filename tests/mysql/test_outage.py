@@ -126,7 +126,15 @@ def test_an_outage_is_one_warning_and_one_info_per_loop(
     db.dispose()
 
     lines = log_path.read_text().splitlines()
-    warnings = [line for line in lines if " WARNING " in line or " ERROR " in line]
+    # A transaction cut by the stop may also say, once, that its outcome is unknown and is
+    # re-read (the lost-acknowledgement rule); nothing else may warn.
+    unknown = [line for line in lines if "outcome unknown" in line]
+    assert len(unknown) <= 2, unknown  # at most the apply and a heartbeat in flight
+    warnings = [
+        line
+        for line in lines
+        if (" WARNING " in line or " ERROR " in line) and "outcome unknown" not in line
+    ]
     assert warnings == [
         line for line in lines if re.search(r"WARNING messaging.outage: instance steady", line)
     ], warnings

@@ -34,6 +34,7 @@ class PrivateMariaDB:
                 INSTALL_DB,
                 "--no-defaults",
                 f"--datadir={directory / 'data'}",
+                f"--tmpdir={self._tmpdir()}",
                 "--auth-root-authentication-method=normal",
                 "--skip-test-db",
                 "--user=root",
@@ -42,6 +43,14 @@ class PrivateMariaDB:
             capture_output=True,
             timeout=120,
         )
+
+    def _tmpdir(self) -> Path:
+        """A temporary folder of this server's own: a starting mariadbd deletes every
+        ``#sql*`` file in its tmpdir, which in /tmp are the shared server's live temporary
+        tables."""
+        tmpdir = self.directory / "tmp"
+        tmpdir.mkdir(parents=True, exist_ok=True)
+        return tmpdir
 
     def url(self, database: str) -> str:
         """The SQLAlchemy URL of ``database`` on this server."""
@@ -58,6 +67,7 @@ class PrivateMariaDB:
                 MARIADBD,
                 "--no-defaults",
                 f"--datadir={self.directory / 'data'}",
+                f"--tmpdir={self._tmpdir()}",
                 f"--port={self.port}",
                 "--bind-address=127.0.0.1",
                 f"--socket={self.directory / 'mariadbd.sock'}",
