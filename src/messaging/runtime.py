@@ -295,12 +295,14 @@ class Instance:
         started = time.perf_counter()
         timeout = self.consumer_settings.stale_instance_timeout
         with self.db.read() as conn:
+            # The pulse first: at READ COMMITTED each statement sees the latest commits, so
+            # a change landing after the rows below were read must differ from this pulse.
+            self._pulse = read_pulse(self.db, conn, sorted(self.workers))
             members = self.membership.instances(conn, timeout)
             live = [i for i in members if i.live and not i.stopping]
             rows = self.ownership.partitions(conn, sorted(self.workers))
             declared = current_declarations(self.db, conn, sorted(self.workers))
             head = self._store.head(conn)
-            self._pulse = read_pulse(self.db, conn, sorted(self.workers))
         read_seconds = time.perf_counter() - started
         moved = {"claimed": 0, "released": 0}
         self._round(live, rows, declared, moved)
