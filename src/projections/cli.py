@@ -228,7 +228,11 @@ def _worker_command(args: argparse.Namespace, index: int) -> list[str]:
             command += [f"--{option}", getattr(args, option)]
     if args.instance_name:
         command += ["--instance-name", f"{args.instance_name}-{index}"]
-    return command  # the admin server, if any, runs in the supervisor only
+    if args.admin_port is not None:
+        # Each worker serves its own in-memory copies: port P + 1 + index (any free port
+        # when P is 0); the supervisor serves P.
+        command += ["--admin-port", str(args.admin_port + 1 + index if args.admin_port else 0)]
+    return command
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -237,6 +241,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     manager = create_plugin_manager([*args.modules, *settings.plugins])
     specs = collect_consumers(manager)  # fail here, once, rather than in every worker
     if args.workers is not None:
+        if args.admin_port and args.admin_port + args.workers > 65535:
+            raise ProjectionsError(
+                f"--admin-port {args.admin_port} with --workers {args.workers}: the workers "
+                f"serve ports {args.admin_port + 1}-{args.admin_port + args.workers}, "
+                "past 65535; choose a lower port"
+            )
         with _admin_alongside(args, settings, None):
             return _supervise(args, settings)
     db = _database(settings)

@@ -159,3 +159,40 @@ def test_each_instance_copy_is_reported_and_operated_alone(
     b = _copies(db)["b"]
     assert (b["state"], b["position"], b["lag"]) == ("halted", poison - 1, 4)
     assert newest == head + 1
+
+
+def test_with_workers_each_worker_serves_its_own_copies(db: Database, tmp_path: Path) -> None:
+    """`run --workers 2 --admin-port 0`: each worker publishes an admin URL of its own, and
+    pausing the copy through one worker's URL leaves the other worker's copy running."""
+    config = write_config(tmp_path / "app.yaml", db, extra=f"admin: {{token: {TOKEN}}}\n")
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SUPPORT), env.get("PYTHONPATH")]))
+    command = [*CLI, "--log-level", "WARNING", "run", "memory_app", "--config", str(config)]
+    supervisor = subprocess.Popen(
+        [*command, "--workers", "2", "--admin-port", "0", "--instance-name", "w"],
+        stdout=subprocess.DEVNULL,
+        text=True,
+        env=env,
+    )
+    try:
+        _append(db, "one")
+
+        def published() -> dict[str, dict[str, Any]] | None:
+            copies = _copies(db)
+            return copies if len(copies) == 2 and all(c["admin"] for c in copies.values()) else None
+
+        copies = wait_until(
+            published, timeout=60, what="both workers' copies published with their admin URLs"
+        )
+        assert set(copies) == {"w-1", "w-2"}
+        assert copies["w-1"]["admin"] != copies["w-2"]["admin"]
+        _post(copies["w-1"]["admin"], "pause")
+        wait_until(lambda: _copies(db)["w-1"]["state"] == "paused", timeout=30, what="w-1 paused")
+        head = _append(db, "two")
+        wait_until(
+            lambda: _copies(db)["w-2"]["position"] == head, timeout=30, what="w-2 still applying"
+        )
+        assert _copies(db)["w-2"]["state"] == "running"
+        assert _copies(db)["w-1"]["state"] == "paused"
+    finally:
+        assert stop_instance(supervisor) == 0
