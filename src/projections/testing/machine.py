@@ -32,6 +32,7 @@ from projections.testing.events import (
     Append,
     Crash,
     Join,
+    LoseAck,
     Pause,
     PauseAndWake,
     Poll,
@@ -265,6 +266,14 @@ class ClusterMachine(RuleBasedStateMachine):
         names = sorted(self.cluster.running)
         self.cluster.crash_during_commit(names[pick % len(names)])
         self._failed()
+
+    @precondition(lambda self: self.cluster.running)
+    @rule(pick=picks(), committed=st.booleans())
+    def lose_ack(self, pick: int, committed: bool) -> None:
+        """A running instance's next batch ends in an error of unknown outcome: it committed
+        and the acknowledgement was lost, or (``committed`` False) it rolled back with the
+        connection; the worker re-reads its claims and goes on."""
+        LoseAck(pick, committed).apply(self.cluster)
 
     @precondition(lambda self: self.cluster.running)
     @rule()
