@@ -2,10 +2,11 @@
 
 Subclass :class:`ClusterMachine`, name the consumers, a strategy of appends and (for
 exactly-once effects) the expected and actual read-model state; Hypothesis then joins,
-stops, crashes, pauses and wakes instances, lets time pass and appends messages, and
-checks the built-in invariants after every step. On a failure the shrunk run is printed
-twice: Hypothesis' ``state.…()`` program, which replays it with every check when pasted
-into a test, and the cluster scenario, which says which instance did what, in order.
+stops, crashes, pauses and wakes instances, loses commit acknowledgements, lets time
+pass and appends messages, and checks the built-in invariants after every step. On a
+failure the shrunk run is printed twice: Hypothesis' ``state.…()`` program, which replays
+it with every check when pasted into a test, and the cluster scenario, which says which
+instance did what, in order.
 """
 
 from __future__ import annotations
