@@ -27,8 +27,8 @@ from projections.testing import (
     open_cluster,
     run_battery,
     run_events,
+    unknown_outcome_error,
 )
-from projections.testing.outcomes import unknown_outcome_error
 from projections.testing.plugin import MakeCluster
 
 OPENED = Append(ledger.TOPIC, "acct-0", [ledger.AccountOpened("acct-0", "ada")])
