@@ -1,8 +1,9 @@
 """The catalogue of common consumer bugs: each broken consumer is caught by the testing
 kit's defaults (``run_machine(Machine)``, nothing tuned) in seconds, on SQLite and on
 MariaDB, with a sentence naming the scenario and the kind of bug; each correct version
-passes. The search alone (no battery) finds state kept in the instance and reports it,
-shrinking included, within a minute."""
+passes. Bugs an earlier scenario catches first are also run against the scenario that
+catches them again (the lost acknowledgement). The search alone (no battery) finds state
+kept in the instance and reports it, shrinking included, within a minute."""
 
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ from sqlalchemy import (
 
 from messaging import HandlerContext, handler, message, route_consumer
 from projections import projection
-from projections.testing import Append, ClusterMachine, machine_settings, messages_of
+from projections.testing import BATTERY, Append, ClusterMachine, machine_settings, messages_of
 from projections.testing.plugin import RunMachine
 from projections.testing.runner import run_cluster_machine
 from sagas import SagaContext, saga, start
@@ -368,10 +369,18 @@ class Entry:
     broken: Sequence[type]
     caught_by: str
     """The start of the failure's message: the scenario that catches it."""
+    only: str | None = None
+    """Run only this scenario of the battery (an earlier one catches the bug first)."""
 
 
-def _with(machine: type[ClusterMachine], consumers: Sequence[type]) -> type[ClusterMachine]:
-    return type(f"{consumers[0].__name__}Machine", (machine,), {"consumers": tuple(consumers)})
+def _with(
+    machine: type[ClusterMachine], consumers: Sequence[type], only: str | None = None
+) -> type[ClusterMachine]:
+    """``machine`` with ``consumers`` (and only the battery's scenario ``only``)."""
+    battery = {"battery": tuple(s for s in BATTERY if s.name == only)} if only else {}
+    return type(
+        f"{consumers[0].__name__}Machine", (machine,), {"consumers": tuple(consumers), **battery}
+    )
 
 
 CATALOGUE = [
@@ -391,6 +400,20 @@ CATALOGUE = [
         [ForgetfulReminders],
         "scenario 'deadlines across a takeover'",
     ),
+    Entry(
+        "writes outside the transaction, after a commit of unknown outcome",
+        ReportedMachine,
+        [ReportedStock],
+        "scenario 'lost acknowledgement'",
+        only="lost acknowledgement",
+    ),
+    Entry(
+        "in-memory running totals, after a commit of unknown outcome",
+        StockMachine,
+        [CachedStock],
+        "scenario 'lost acknowledgement'",
+        only="lost acknowledgement",
+    ),
 ]
 CORRECT = [
     StockMachine,
@@ -405,7 +428,7 @@ CORRECT = [
 def test_each_broken_consumer_is_caught_by_the_defaults_in_seconds(
     entry: Entry, run_machine: RunMachine, backend: str
 ) -> None:
-    machine = _with(entry.machine, entry.broken)
+    machine = _with(entry.machine, entry.broken, entry.only)
     started = time.perf_counter()
     with pytest.raises(AssertionError) as failure:
         run_machine(machine)

@@ -28,6 +28,7 @@ from projections.testing.events import (
     ClusterEvent,
     Crash,
     Join,
+    LoseAck,
     Pause,
     PauseAndWake,
     Poll,
@@ -37,6 +38,11 @@ from projections.testing.events import (
     run_events,
 )
 from projections.testing.machine import ClusterMachine, machine_settings
+from projections.testing.outcomes import (
+    OutcomeLosingDatabase,
+    UnknownOutcome,
+    unknown_outcome_error,
+)
 from projections.testing.runner import REPORT_SECONDS, report_within, run_cluster_machine
 from projections.testing.strategies import (
     SOURCES,
@@ -63,6 +69,8 @@ __all__ = [
     "Delivery",
     "Difference",
     "Join",
+    "LoseAck",
+    "OutcomeLosingDatabase",
     "Pause",
     "PauseAndWake",
     "Poll",
@@ -73,6 +81,7 @@ __all__ = [
     "SimulatedCluster",
     "Stop",
     "Tick",
+    "UnknownOutcome",
     "Wake",
     "cluster_events",
     "configured_database",
@@ -90,4 +99,5 @@ __all__ = [
     "scratch_database",
     "simulation_settings",
     "ticks",
+    "unknown_outcome_error",
 ]

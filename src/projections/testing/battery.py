@@ -94,10 +94,13 @@ class Run:
         scenario's) that showed ``after`` the steps described."""
         self.checked("settle", after, meaning)
 
-    def checked(self, step: str, after: str, meaning: str | None = None) -> None:
-        """Call a step that checks the read models; turn its failure into a sentence."""
+    def checked(
+        self, step: str, after: str, meaning: str | None = None, **arguments: object
+    ) -> None:
+        """Call a step (with ``arguments``) and the invariants; turn a failure of either into
+        a sentence."""
         try:
-            self.call(step)
+            self.call(step, **arguments)
         except AssertionError as failed:
             raise self.failure(failed, after, meaning) from failed
 
@@ -276,6 +279,48 @@ def _sent_twice(run: Run) -> None:
     )
 
 
+def _owner_of(run: Run, batch: Append) -> str:
+    """The running instance that applies ``batch``'s first partition."""
+    consumer, partition = run.partitions_of(batch)[0]
+    owner = run.cluster.owners()[consumer, partition]
+    assert owner in run.cluster.running, (
+        f"partition {partition} of {consumer} has no running owner after settling"
+    )
+    return owner
+
+
+def _lost_ack(run: Run) -> None:
+    batch = run.samples.first
+    _start(run)
+    twice = (
+        "a batch whose acknowledgement was lost took effect twice or not at all (the "
+        "framework must re-read its claims and go on)"
+    )
+    run.call("append", batch=batch)
+    owner = _owner_of(run, batch)
+    lost = (
+        f"{owner} committed the batch with {batch.source}'s message(s) and lost the "
+        "acknowledgement (its worker saw only a lost connection)"
+    )
+    run.checked("lose_ack", lost, twice, pick=run.pick(owner, run.cluster.running), committed=True)
+    run.settle(lost, twice)
+    run.call("append", batch=batch)
+    owner = _owner_of(run, batch)
+    retried = (
+        f"{owner} lost its connection while committing the batch with {batch.source}'s "
+        "message(s) (rolled back, outcome unknown to it) and, finding its checkpoint "
+        "unmoved, applied the batch again at once"
+    )
+    left_behind = (
+        "a batch retried after an error of unknown outcome left the effects of its "
+        "rolled-back attempt behind (writes outside the transaction, or state kept in "
+        "the instance)"
+    )
+    pick = run.pick(owner, run.cluster.running)
+    run.checked("lose_ack", retried, left_behind, pick=pick, committed=False)
+    run.settle(retried, left_behind)
+
+
 def _has(kind: ConsumerKind) -> Callable[[Sequence[ConsumerSpec], Samples], bool]:
     def applies(specs: Sequence[ConsumerSpec], samples: Samples) -> bool:
         return any(s.kind is kind and samples.first.topic in s.topics for s in specs)
@@ -331,9 +376,19 @@ BATTERY: tuple[Scenario, ...] = (
         _sent_twice,
         _has(ConsumerKind.ROUTE_CONSUMER),
     ),
+    Scenario(
+        "lost acknowledgement",
+        "a batch whose commit had an unknown outcome took effect twice, or not at all",
+        _lost_ack,
+        lambda specs, samples: any(
+            s.transactional and samples.first.topic in s.topics for s in specs
+        ),
+    ),
 )
-"""The default battery, in the order it runs. A scenario for a lost COMMIT
-acknowledgement joins it once the framework resolves commits of unknown outcome."""
+"""The default battery, in the order it runs. The lost acknowledgement runs last: the
+consumer bugs it shows (writes outside the transaction, state kept in the instance) the
+earlier scenarios show too; it checks first of all the framework's own promise that a
+batch whose commit had an unknown outcome takes effect exactly once."""
 
 
 def run_battery(machine: type[ClusterMachine], database_url: str | None = None) -> None:

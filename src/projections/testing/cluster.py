@@ -3,9 +3,10 @@
 Every instance is a real :class:`messaging.Instance` (same registration, rebalance,
 fenced commits) started without threads, so a test decides exactly when each one
 heartbeats, rebalances and polls, and when time moves. Crashes, clean stops, pauses
-(a process that stops answering) and wake-ups (the zombie that tries to commit late)
-are all one call each. Every call is recorded, with what it caused (claims, releases,
-commits), as a scenario that reads as the Python calls that replay it.
+(a process that stops answering), wake-ups (the zombie that tries to commit late) and
+commits whose acknowledgement is lost are all one call each. Every call is recorded,
+with what it caused (claims, releases, commits), as a scenario that reads as the Python
+calls that replay it.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
+from functools import partial
 
 import attrs
 from sqlalchemy import Connection
@@ -27,6 +29,7 @@ from messaging import (
     Settings,
     create_plugin_manager,
     hookimpl,
+    is_ambiguous,
     operations,
     settings_from_mapping,
 )
@@ -35,6 +38,7 @@ from messaging.ownership import Claim, Ownership
 from messaging.store import NewMessage
 from messaging.worker import ConsumerWorker
 from projections.testing.database import configured_database, scratch_database
+from projections.testing.outcomes import OutcomeLosingDatabase, UnknownOutcome
 
 SIMULATION_CONFIG: Mapping[str, object] = {
     "rebalance-interval": "1s",
@@ -203,6 +207,10 @@ class SimulatedCluster:
         self.log: list[str] = []
         """What happened, in order: the calls, each with the time and what it caused."""
         self._names: dict[str, str] = {}
+        self._databases: dict[str, OutcomeLosingDatabase] = {}
+        """Instance name → its view of the database (see :meth:`lose_ack`)."""
+        self._lost = 0
+        """Messages of the last batch whose outcome was lost."""
         self._joined = 0
         self.started_at = self.clock.value
         """The clock when the cluster was made: scenario times are counted from it."""
@@ -228,7 +236,9 @@ class SimulatedCluster:
         that a run replays exactly: each newcomer's sorts first, which moves the most
         partitions if an assignor is not sticky."""
         name = f"i{self._joined}" if name is None else name
-        instance = Instance(self.db, self.specs, self.settings, self._hooks, name=name)
+        db = OutcomeLosingDatabase(self.db, partial(self._outcome_lost, name))
+        self._databases[name] = db
+        instance = Instance(db, self.specs, self.settings, self._hooks, name=name)
         instance.id = f"{0xFFFF - self._joined:032x}"
         self._joined += 1
         self._names[instance.id] = name
@@ -261,6 +271,65 @@ class SimulatedCluster:
         with suppress(_ProcessDied):
             self._poll(instance)
         self._record(f"crash_during_commit({name!r})")
+
+    def lose_ack(self, name: str, *, committed: bool = True) -> int:
+        """The next batch of instance ``name`` ends in an error of unknown outcome (a lost
+        connection, see :func:`messaging.is_ambiguous`): every consumer of the instance
+        polls once, and the first batch that moves a checkpoint commits and the worker
+        never hears so (``committed=True``: the acknowledgement is lost), or it is rolled
+        back with the connection (``committed=False``: ``COMMIT`` never reached the
+        database). The worker cannot tell the two apart: it re-reads its claims and goes on
+        as it does in production. Returns how many messages the batch held (0 when nothing
+        was pending: then nothing is lost). The commit is recorded in :attr:`commits`,
+        although the worker never reports it."""
+        instance, db = self.running[name], self._databases[name]
+        db.lose_next_outcome(committed=committed)
+        self._lost = 0
+        try:
+            for worker in instance.workers.values():
+                try:
+                    worker.poll()
+                except Exception as exc:  # not retried in place (a poison prefix): the
+                    if not is_ambiguous(exc):  # worker's loop logs it and polls again
+                        raise
+                    self.note(f"{name}'s poll failed with the lost connection: {exc}")
+        finally:
+            db.keep_outcomes()
+        lost = self._lost
+        call = f"lose_ack({name!r})" if committed else f"lose_ack({name!r}, committed=False)"
+        self._record(call, f"{lost} message(s) of unknown outcome" if lost else "nothing pending")
+        return lost
+
+    def _outcome_lost(self, name: str, outcome: UnknownOutcome) -> None:
+        """Record a batch of ``name`` whose outcome its worker did not learn."""
+        spec = next(s for s in self.specs if s.name == outcome.consumer)
+        moved = outcome.moved
+        with self.db.read() as conn:
+            rows = self.store.read_batch(
+                conn,
+                spec.topics,
+                partitions={p: m.before for p, m in moved.items()},
+                partition_count=spec.partitions,
+                types=spec.type_names(),
+                limit=max(m.after for m in moved.values()) - min(m.before for m in moved.values()),
+            )
+        count = sum(row[0] <= moved[row[2] % spec.partitions].after for row in rows)
+        self._lost = count
+        last = max(m.after for m in moved.values())
+        parts = " ".join(f"p{p}/e{m.epoch}" for p, m in sorted(moved.items()))
+        if outcome.committed:
+            self.commits.append(
+                Commit(name, spec.name, {p: m.epoch for p, m in moved.items()}, last, count)
+            )
+            self.note(
+                f"{name} committed {spec.name} {parts}: {count} up to {last}, and lost the "
+                "acknowledgement"
+            )
+        else:
+            self.note(
+                f"{name} lost the connection before committing {spec.name} {parts} "
+                f"({count} up to {last}): rolled back"
+            )
 
     def pause(self, name: str) -> None:
         """The process stops answering (GC pause, frozen VM) but keeps its state."""

@@ -87,6 +87,18 @@ class Wake(_OnInstance):
 
 
 @attrs.define(frozen=True)
+class LoseAck(_OnInstance):
+    """A running instance's next batch ends in an error of unknown outcome: it committed
+    but its acknowledgement was lost (or, ``committed=False``, it rolled back with the
+    connection); see :meth:`SimulatedCluster.lose_ack`."""
+
+    committed: bool = True
+
+    def act(self, cluster: SimulatedCluster, name: str) -> None:
+        cluster.lose_ack(name, committed=self.committed)
+
+
+@attrs.define(frozen=True)
 class PauseAndWake(_OnInstance):
     """A running instance freezes for ``rounds`` rebalance intervals (long enough, and it
     has turned stale and been replaced) and then wakes up as a zombie."""
@@ -132,7 +144,7 @@ class Append:
         cluster.append(self.topic, self.source, self.messages)
 
 
-ClusterEvent = Join | Stop | Crash | Pause | Wake | PauseAndWake | Tick | Poll | Append
+ClusterEvent = Join | Stop | Crash | Pause | Wake | LoseAck | PauseAndWake | Tick | Poll | Append
 """Any one event."""
 
 

@@ -2,10 +2,11 @@
 
 Subclass :class:`ClusterMachine`, name the consumers, a strategy of appends and (for
 exactly-once effects) the expected and actual read-model state; Hypothesis then joins,
-stops, crashes, pauses and wakes instances, lets time pass and appends messages, and
-checks the built-in invariants after every step. On a failure the shrunk run is printed
-twice: Hypothesis' ``state.…()`` program, which replays it with every check when pasted
-into a test, and the cluster scenario, which says which instance did what, in order.
+stops, crashes, pauses and wakes instances, loses commit acknowledgements, lets time
+pass and appends messages, and checks the built-in invariants after every step. On a
+failure the shrunk run is printed twice: Hypothesis' ``state.…()`` program, which replays
+it with every check when pasted into a test, and the cluster scenario, which says which
+instance did what, in order.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from projections.testing.events import (
     Append,
     Crash,
     Join,
+    LoseAck,
     Pause,
     PauseAndWake,
     Poll,
@@ -230,8 +232,7 @@ class ClusterMachine(RuleBasedStateMachine):
         bugs show."""
         self.append(batch)
         self.poll()
-        spec = next(s for s in self.cluster.specs if batch.topic in s.topics)
-        owner = self.cluster.owners().get((spec.name, partition_of(batch.source, spec.partitions)))
+        owner = self._owner_of(batch)
         if how != "join" and len(self.cluster.running) < 2:
             self.join()
         if how == "join" or owner not in self.cluster.running:
@@ -265,6 +266,27 @@ class ClusterMachine(RuleBasedStateMachine):
         names = sorted(self.cluster.running)
         self.cluster.crash_during_commit(names[pick % len(names)])
         self._failed()
+
+    def _owner_of(self, batch: Append) -> str | None:
+        """The owner of ``batch``'s partition, for the first consumer of its topic."""
+        spec = next(s for s in self.cluster.specs if batch.topic in s.topics)
+        return self.cluster.owners().get((spec.name, partition_of(batch.source, spec.partitions)))
+
+    def lose_ack(self, pick: int, committed: bool) -> None:
+        """A running instance's next batch ends in an error of unknown outcome: it committed
+        and the acknowledgement was lost, or (``committed`` False) it rolled back with the
+        connection; the worker re-reads its claims and goes on."""
+        LoseAck(pick, committed).apply(self.cluster)
+
+    @precondition(lambda self: self.cluster.running)
+    @rule(batch=_messages, committed=st.booleans())
+    def append_and_lose_ack(self, batch: Append, committed: bool) -> None:
+        """Append ``batch``; the running instance that applies it (else the first) loses
+        the outcome of its next batch (:meth:`lose_ack`), which then holds ``batch``."""
+        self.append(batch)
+        names = sorted(self.cluster.running)
+        owner = self._owner_of(batch)
+        self.lose_ack(names.index(owner) if owner in names else 0, committed)
 
     @precondition(lambda self: self.cluster.running)
     @rule()

@@ -5,6 +5,7 @@ shrinking included."""
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -25,6 +26,12 @@ LEAST_SHRINKING = 5.0
 """Seconds of shrinking a failure always gets, however long finding it took."""
 
 _HYPOTHESIS_GIVES_UP = "WARNING: Hypothesis has spent more than five minutes"
+"""The start of the line Hypothesis reports when it stops shrinking at its time limit."""
+
+SHRINK_LIMIT = "MAX_SHRINKING_SECONDS"
+"""The Hypothesis internal the budget replaces: ``hypothesis.internal.conjecture.engine``'s
+five-minute shrink cap, which the engine adds to ``time.perf_counter()`` when shrinking
+starts (Hypothesis 6; ``tests/kit/test_shrink_budget.py`` fails loudly if it moves)."""
 
 
 class _StopShrinkingAt:
@@ -45,7 +52,16 @@ def report_within(seconds: float) -> Iterator[None]:
     and reports the shortest failing example found by then, saying so in a line."""
     if seconds <= 0:
         raise ValueError(f"report_within must be a positive number of seconds, got {seconds}")
-    previous, outer = engine.MAX_SHRINKING_SECONDS, current_reporter()
+    if not hasattr(engine, SHRINK_LIMIT):
+        warnings.warn(
+            f"projections.testing: hypothesis.internal.conjecture.engine.{SHRINK_LIMIT} is "
+            f"gone in Hypothesis {hypothesis.__version__}: failures are shrunk without the "
+            f"testing kit's {seconds:g} s budget",
+            stacklevel=3,
+        )
+        yield
+        return
+    previous, outer = getattr(engine, SHRINK_LIMIT), current_reporter()
 
     def reporter(value: object) -> None:
         if str(value).startswith(_HYPOTHESIS_GIVES_UP):
@@ -56,12 +72,12 @@ def report_within(seconds: float) -> Iterator[None]:
             )
         outer(value)
 
-    engine.MAX_SHRINKING_SECONDS = _StopShrinkingAt(time.perf_counter() + seconds)  # type: ignore[assignment]
+    setattr(engine, SHRINK_LIMIT, _StopShrinkingAt(time.perf_counter() + seconds))
     try:
         with with_reporter(reporter):
             yield
     finally:
-        engine.MAX_SHRINKING_SECONDS = previous
+        setattr(engine, SHRINK_LIMIT, previous)
 
 
 def run_cluster_machine(

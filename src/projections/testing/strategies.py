@@ -15,6 +15,7 @@ from projections.testing.events import (
     ClusterEvent,
     Crash,
     Join,
+    LoseAck,
     Pause,
     PauseAndWake,
     Poll,
@@ -91,14 +92,15 @@ def messages_of(
 
 
 def cluster_events(messages: SearchStrategy[Append]) -> SearchStrategy[ClusterEvent]:
-    """Any event: join, stop, crash, pause, wake, pause-and-wake, tick, poll, or an append from
-    ``messages`` (see :func:`messages_of`)."""
+    """Any event: join, stop, crash, pause, wake, lose-ack, pause-and-wake, tick, poll, or an
+    append from ``messages`` (see :func:`messages_of`)."""
     return st.one_of(
         st.just(Join()),
         st.builds(Stop, picks()),
         st.builds(Crash, picks()),
         st.builds(Pause, picks()),
         st.builds(Wake, picks()),
+        st.builds(LoseAck, picks(), st.booleans()),
         st.builds(PauseAndWake, picks(), pauses()),
         st.builds(Tick, ticks()),
         st.just(Poll()),

@@ -1,0 +1,120 @@
+"""Commits of unknown outcome for simulated instances: a view of the shared database whose
+next batch transaction commits (or rolls back) and then raises what a connection lost
+during ``COMMIT`` raises, so that the worker cannot tell which happened.
+
+The transaction is the real one on the real database; only its answer is replaced by the
+error :func:`messaging.is_ambiguous` classifies as of unknown outcome.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+
+import attrs
+import pymysql  # type: ignore[import-untyped]
+from sqlalchemy import Connection
+from sqlalchemy.exc import OperationalError
+
+from messaging import Database
+from messaging.ownership import Ownership
+
+LOST_DURING_COMMIT = 2013
+"""MySQL's "Lost connection to MySQL server during query", which PyMySQL raises when the
+connection drops while ``COMMIT`` is under way."""
+
+
+@attrs.define(frozen=True)
+class Moved:
+    """One partition a batch moved: under ``epoch``, its checkpoint from ``before`` to
+    ``after``."""
+
+    epoch: int
+    before: int
+    after: int
+
+
+@attrs.define(frozen=True)
+class UnknownOutcome:
+    """A batch of ``consumer`` whose outcome the worker did not learn: the partitions it
+    moved, and whether it ``committed`` (else it rolled back)."""
+
+    consumer: str
+    moved: Mapping[int, Moved]
+    committed: bool
+
+
+def unknown_outcome_error(db: Database) -> OperationalError:
+    """What SQLAlchemy raises when the connection drops during ``COMMIT``: PyMySQL's 2013 on
+    MySQL/MariaDB, an invalidated connection on SQLite (where it cannot really happen).
+    :func:`messaging.is_ambiguous` classifies both as of unknown outcome."""
+    if db.is_sqlite:
+        lost = sqlite3.OperationalError("the connection was lost during COMMIT (simulated)")
+        return OperationalError("COMMIT", None, lost, connection_invalidated=True)
+    error = pymysql.err.OperationalError(
+        LOST_DURING_COMMIT, "Lost connection to MySQL server during query (simulated)"
+    )
+    return OperationalError("COMMIT", None, error)
+
+
+class _RollBack(Exception):
+    """Rolls the armed transaction back (it never reached the database)."""
+
+
+class OutcomeLosingDatabase(Database):
+    """One simulated instance's view of ``db`` (the same engine, schema, clock and tenant).
+
+    After :meth:`lose_next_outcome`, the next transaction of a consumer's batch that moves
+    a checkpoint commits (``committed=True``: only the acknowledgement is lost) or rolls
+    back (``committed=False``: the connection dropped before ``COMMIT`` reached the
+    server); either way ``on_lost`` is told what it moved and the transaction raises
+    :func:`unknown_outcome_error`. One such transaction per call; other transactions
+    (heartbeats, claims, deadline deliveries, reads) are untouched.
+    """
+
+    def __init__(self, db: Database, on_lost: Callable[[UnknownOutcome], None]) -> None:
+        self.__dict__.update(vars(db))  # shares db's engine: no second pool, no second schema
+        self.on_lost = on_lost
+        self._committed: bool | None = None
+
+    def lose_next_outcome(self, *, committed: bool = True) -> None:
+        """Lose the outcome of the next batch transaction that moves a checkpoint."""
+        self._committed = committed
+
+    def keep_outcomes(self) -> None:
+        """Lose nothing more (undo :meth:`lose_next_outcome` if no batch came)."""
+        self._committed = None
+
+    @contextmanager
+    def transaction(self, *, consumer: str | None = None) -> Iterator[Connection]:
+        committed = self._committed
+        if committed is None or consumer is None:
+            with super().transaction(consumer=consumer) as conn:
+                yield conn
+            return
+        lost: UnknownOutcome | None = None
+        try:
+            with super().transaction(consumer=consumer) as conn:
+                before = self._checkpoints(conn, consumer)
+                yield conn
+                moved = {
+                    partition: Moved(epoch, before[partition][1], checkpoint)
+                    for partition, (epoch, checkpoint) in self._checkpoints(conn, consumer).items()
+                    if checkpoint > before.get(partition, (epoch, checkpoint))[1]
+                }
+                if moved:
+                    self._committed = None
+                    lost = UnknownOutcome(consumer, moved, committed)
+                    if not committed:
+                        raise _RollBack
+        except _RollBack:
+            pass
+        if lost is not None:
+            self.on_lost(lost)
+            raise unknown_outcome_error(self)
+
+    def _checkpoints(self, conn: Connection, consumer: str) -> dict[int, tuple[int, int]]:
+        """Partition → (epoch, checkpoint) of ``consumer``, as ``conn`` sees them."""
+        rows = Ownership(self).partitions(conn, [consumer])
+        return {row.partition: (row.epoch, row.checkpoint) for row in rows}
