@@ -169,14 +169,20 @@ class Database:
                 yield connection
 
     def prepare(self) -> None:
-        """Make the schema ready: created on SQLite, checked on MySQL."""
+        """Make the schema ready: created on SQLite, checked on MySQL. Each step is
+        idempotent, so a transient error (a lost connection, a Galera node leaving) retries."""
         from messaging.migrations import check_schema, create_sqlite_schema
+        from messaging.retry import retry_transient
+        from messaging.settings import ConflictRetrySettings
 
-        if self.is_sqlite:
-            create_sqlite_schema(self)
-        else:
-            check_schema(self)
-        self.ensure_tenant()
+        def attempt() -> None:
+            if self.is_sqlite:
+                create_sqlite_schema(self)
+            else:
+                check_schema(self)
+            self.ensure_tenant()
+
+        retry_transient(attempt, ConflictRetrySettings(), what="prepare")
 
     def ensure_tenant(self) -> None:
         """Create this tenant's position counter if it does not exist yet."""

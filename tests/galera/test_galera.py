@@ -18,11 +18,15 @@ from galera_cluster import GaleraCluster
 from galera_ledger import every_node_matches_replay, ledger_lines, message_count
 
 from messaging import Database
-from messaging.settings import ConflictRetrySettings
+from messaging.settings import ConflictRetrySettings, ConsumerSettings
 from projections.appending import append_lines
+from projections.reports import consumers_report
 
 pytestmark = [pytest.mark.galera, pytest.mark.mysql, pytest.mark.multiprocess]
 
+FAST = ConsumerSettings(stale_instance_timeout=1.0, rebalance_interval=0.3, heartbeat_interval=0.2)
+"""The timings of the instances' configuration (tests/support/clusters.py)."""
+APPEND = [sys.executable, "-m", "projections.cli", "append"]
 MOVED = "now using 127.0.0.1:"
 """What an instance logs when it moves to another node."""
 
@@ -37,8 +41,7 @@ def _config(tmp_path: Path, name: str, url: str) -> Path:
 
 def _append(config_url: str, path: Path) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "projections.cli", "append", str(path)]
-        + ["--database", config_url, "--batch-size", "20"],
+        [*APPEND, str(path), "--database", config_url, "--batch-size", "20"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -62,6 +65,23 @@ def _caught_up(db: Database) -> bool:
 def _both_own(db: Database, names: set[str]) -> bool:
     owners = owned_by(db, names)
     return owners is not None and set(owners.values()) == names
+
+
+def _checkpoints(db: Database, name: str) -> dict[int, int]:
+    """Partition → checkpoint of the partitions ``name`` owns (OWNED)."""
+    report = consumers_report(db, FAST)
+    return {
+        p["partition"]: int(p["checkpoint"])
+        for entry in report["consumers"]
+        if entry["name"] == "ledger-balances"
+        for p in entry["partitions"]
+        if p["instance"] == name and p["state"] == "OWNED"
+    }
+
+
+def _applied_since(db: Database, name: str, before: dict[int, int]) -> bool:
+    """Whether ``name`` has checkpointed one of its partitions past ``before``."""
+    return any(c > before.get(p, c) for p, c in _checkpoints(db, name).items())
 
 
 def test_instances_on_different_nodes_with_appends_through_every_node(
@@ -135,11 +155,14 @@ def test_node_killed_under_traffic_moves_its_instance_and_loses_nothing(
     thread = threading.Thread(target=append)
     thread.start()
     wait_until(lambda: message_count(db) > 500, timeout=30, what="traffic")
+    before = _checkpoints(db, "on-node0")
     killed = time.monotonic()
     galera.kill_node(0)
     wait_until(lambda: MOVED in logs["on-node0"].read_text(), timeout=15, what="the move")
     moved = time.monotonic() - killed
-    wait_until(lambda: _both_own(db, names), timeout=15, what="both instances to own again")
+    wait_until(lambda: _applied_since(db, "on-node0", before), timeout=15, what="node 0's instance")
+    applying = time.monotonic() - killed
+    wait_until(lambda: _both_own(db, names), timeout=15, what="both instances to own")
     owning = time.monotonic() - killed
     galera.restart_node(0)
     rejoined = time.monotonic() - killed
@@ -152,10 +175,11 @@ def test_node_killed_under_traffic_moves_its_instance_and_loses_nothing(
         lambda: every_node_matches_replay(galera, galera_db), timeout=30, what="every node"
     )
     print(
-        f"\nnode 0 killed: its instance moved after {moved:.1f}s, both instances own "
-        f"partitions again after {owning:.1f}s, node 0 rejoined after {rejoined:.1f}s"
+        f"\nnode 0 killed: its instance moved after {moved:.1f}s, checkpointed again after "
+        f"{applying:.1f}s, both instances own partitions after {owning:.1f}s, node 0 "
+        f"rejoined after {rejoined:.1f}s"
     )
-    assert owning < 1 + 6  # stale-instance-timeout + Galera's eviction of the dead node
+    assert applying < 1 + 6  # stale-instance-timeout + Galera's eviction of the dead node
     moves = [line for line in logs["on-node0"].read_text().splitlines() if MOVED in line]
     assert len(moves) == 1, moves
     assert "Traceback" not in logs["on-node1"].read_text()
