@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -67,11 +68,11 @@ def _both_own(db: Database, names: set[str]) -> bool:
     return owners is not None and set(owners.values()) == names
 
 
-def _checkpoints(db: Database, name: str) -> dict[int, int]:
-    """Partition → checkpoint of the partitions ``name`` owns (OWNED)."""
+def _checkpoints(db: Database, name: str) -> dict[tuple[int, int], int]:
+    """(partition, epoch) → checkpoint of the partitions ``name`` owns (OWNED)."""
     report = consumers_report(db, FAST)
     return {
-        p["partition"]: int(p["checkpoint"])
+        (p["partition"], p["epoch"]): int(p["checkpoint"])
         for entry in report["consumers"]
         if entry["name"] == "ledger-balances"
         for p in entry["partitions"]
@@ -79,9 +80,19 @@ def _checkpoints(db: Database, name: str) -> dict[int, int]:
     }
 
 
-def _applied_since(db: Database, name: str, before: dict[int, int]) -> bool:
-    """Whether ``name`` has checkpointed one of its partitions past ``before``."""
-    return any(c > before.get(p, c) for p, c in _checkpoints(db, name).items())
+def _applying(db: Database, name: str) -> Callable[[], bool]:
+    """A condition: ``name`` has checkpointed a partition since the previous call (under
+    the same claim: the same epoch)."""
+    seen: dict[tuple[int, int], int] = {}
+
+    def advanced() -> bool:
+        now = _checkpoints(db, name)
+        moved = any(c > seen[key] for key, c in now.items() if key in seen)
+        seen.clear()
+        seen.update(now)
+        return moved
+
+    return advanced
 
 
 def test_instances_on_different_nodes_with_appends_through_every_node(
@@ -155,12 +166,11 @@ def test_node_killed_under_traffic_moves_its_instance_and_loses_nothing(
     thread = threading.Thread(target=append)
     thread.start()
     wait_until(lambda: message_count(db) > 500, timeout=30, what="traffic")
-    before = _checkpoints(db, "on-node0")
     killed = time.monotonic()
     galera.kill_node(0)
     wait_until(lambda: MOVED in logs["on-node0"].read_text(), timeout=15, what="the move")
     moved = time.monotonic() - killed
-    wait_until(lambda: _applied_since(db, "on-node0", before), timeout=15, what="node 0's instance")
+    wait_until(_applying(db, "on-node0"), timeout=15, what="node 0's instance to apply")
     applying = time.monotonic() - killed
     wait_until(lambda: _both_own(db, names), timeout=15, what="both instances to own")
     owning = time.monotonic() - killed
