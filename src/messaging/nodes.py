@@ -110,32 +110,34 @@ class Failover:
                 failures.append(f"{_name(self.nodes[index])}: {exc}")
                 error = exc
                 continue
-            reason = _not_ready(connection)
-            if reason is not None:
+            ready = _wsrep_ready(connection)
+            if ready is False:
                 connection.close()
+                reason = "wsrep_ready=OFF (not in the primary component or still joining)"
                 failures.append(f"{_name(self.nodes[index])}: {reason}")
                 error = dialect.loaded_dbapi.OperationalError(1047, reason)
                 continue
             record.info[_NODE] = index
-            self._arrived(index, failures, connection)
+            if self._arrived(index, failures) and ready:
+                _causal_wait(connection)
             return connection
         assert error is not None
         raise error
 
-    def _arrived(self, index: int, failures: list[str], connection: Any) -> None:
+    def _arrived(self, index: int, failures: list[str]) -> bool:
+        """Note that connections now go to node ``index``; whether that is a move."""
         with self._lock:
-            previous = self._using
-            moved = previous is not None and previous != index
-            self._using = self.current = index
+            previous, self._using, self.current = self._using, index, index
             errors, self._errors = self._errors, []
-        if moved and previous is not None:
-            log.warning(
-                "database node %s unavailable (%s); now using %s",
-                _name(self.nodes[previous]),
-                "; ".join([*errors, *failures]) or "?",
-                _name(self.nodes[index]),
-            )
-            _causal_wait(connection)
+        if previous is None or previous == index:
+            return False
+        log.warning(
+            "database node %s unavailable (%s); now using %s",
+            _name(self.nodes[previous]),
+            "; ".join([*errors, *failures]) or "?",
+            _name(self.nodes[index]),
+        )
+        return True
 
     def _on_error(self, context: ExceptionContext) -> None:
         code = next(iter(getattr(context.original_exception, "args", ())), None)
@@ -155,14 +157,17 @@ class Failover:
                 self.current = (index + 1) % len(self.nodes)
 
 
-def _not_ready(connection: Any) -> str | None:
-    """Why the node behind a fresh connection cannot serve (None when it can)."""
+def _wsrep_ready(connection: Any) -> bool | None:
+    """Whether the Galera node behind a fresh connection is ready (``wsrep_ready``); None
+    when the server is not a Galera node."""
     with connection.cursor() as cursor:
+        cursor.execute("SHOW VARIABLES LIKE 'wsrep_on'")
+        row = cursor.fetchone()
+        if row is None or str(row[1]).upper() != "ON":
+            return None
         cursor.execute("SHOW STATUS LIKE 'wsrep_ready'")
         row = cursor.fetchone()
-    if row is None or str(row[1]).upper() == "ON":
-        return None  # not a Galera node, or a ready one
-    return "wsrep_ready=OFF (not in the primary component or still joining)"
+    return row is not None and str(row[1]).upper() == "ON"
 
 
 def _causal_wait(connection: Any) -> None:

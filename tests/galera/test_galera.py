@@ -9,24 +9,20 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from ack_proxy import AckProxy
 from clusters import lag, owned_by, start_instance, stop_instance, wait_until, write_config
 from galera_cluster import GaleraCluster
-from galera_ledger import every_node_matches_replay, ledger_lines, message_count
+from galera_ledger import applying, every_node_matches_replay, ledger_lines, message_count
 
 from messaging import Database
-from messaging.settings import ConflictRetrySettings, ConsumerSettings
+from messaging.settings import ConflictRetrySettings
 from projections.appending import append_lines
-from projections.reports import consumers_report
 
 pytestmark = [pytest.mark.galera, pytest.mark.mysql, pytest.mark.multiprocess]
 
-FAST = ConsumerSettings(stale_instance_timeout=1.0, rebalance_interval=0.3, heartbeat_interval=0.2)
-"""The timings of the instances' configuration (tests/support/clusters.py)."""
 APPEND = [sys.executable, "-m", "projections.cli", "append"]
 MOVED = "now using 127.0.0.1:"
 """What an instance logs when it moves to another node."""
@@ -66,33 +62,6 @@ def _caught_up(db: Database) -> bool:
 def _both_own(db: Database, names: set[str]) -> bool:
     owners = owned_by(db, names)
     return owners is not None and set(owners.values()) == names
-
-
-def _checkpoints(db: Database, name: str) -> dict[tuple[int, int], int]:
-    """(partition, epoch) → checkpoint of the partitions ``name`` owns (OWNED)."""
-    report = consumers_report(db, FAST)
-    return {
-        (p["partition"], p["epoch"]): int(p["checkpoint"])
-        for entry in report["consumers"]
-        if entry["name"] == "ledger-balances"
-        for p in entry["partitions"]
-        if p["instance"] == name and p["state"] == "OWNED"
-    }
-
-
-def _applying(db: Database, name: str) -> Callable[[], bool]:
-    """A condition: ``name`` has checkpointed a partition since the previous call (under
-    the same claim: the same epoch)."""
-    seen: dict[tuple[int, int], int] = {}
-
-    def advanced() -> bool:
-        now = _checkpoints(db, name)
-        moved = any(c > seen[key] for key, c in now.items() if key in seen)
-        seen.clear()
-        seen.update(now)
-        return moved
-
-    return advanced
 
 
 def test_instances_on_different_nodes_with_appends_through_every_node(
@@ -170,8 +139,8 @@ def test_node_killed_under_traffic_moves_its_instance_and_loses_nothing(
     galera.kill_node(0)
     wait_until(lambda: MOVED in logs["on-node0"].read_text(), timeout=15, what="the move")
     moved = time.monotonic() - killed
-    wait_until(_applying(db, "on-node0"), timeout=15, what="node 0's instance to apply")
-    applying = time.monotonic() - killed
+    wait_until(applying(db, "on-node0"), timeout=15, what="node 0's instance to apply")
+    resumed = time.monotonic() - killed
     wait_until(lambda: _both_own(db, names), timeout=15, what="both instances to own")
     owning = time.monotonic() - killed
     galera.restart_node(0)
@@ -186,10 +155,10 @@ def test_node_killed_under_traffic_moves_its_instance_and_loses_nothing(
     )
     print(
         f"\nnode 0 killed: its instance moved after {moved:.1f}s, checkpointed again after "
-        f"{applying:.1f}s, both instances own partitions after {owning:.1f}s, node 0 "
+        f"{resumed:.1f}s, both instances own partitions after {owning:.1f}s, node 0 "
         f"rejoined after {rejoined:.1f}s"
     )
-    assert applying < 1 + 6  # stale-instance-timeout + Galera's eviction of the dead node
+    assert resumed < 1 + 6  # stale-instance-timeout + Galera's eviction of the dead node
     moves = [line for line in logs["on-node0"].read_text().splitlines() if MOVED in line]
     assert len(moves) == 1, moves
     assert "Traceback" not in logs["on-node1"].read_text()

@@ -22,6 +22,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -42,6 +43,24 @@ FAILURE_DETECTION = (
 )
 """Galera's defaults are 5 s suspect / 15 s inactive timeouts; a loopback cluster can
 notice a dead node faster (on a real network, keep margins above the worst pause)."""
+
+
+def free_port_base(start: int, offsets: list[int]) -> int:
+    """The first port base from ``start`` (stepping 100) where every base+offset is free."""
+    for base in range(start, start + 10_000, 100):
+        try:
+            for offset in offsets:
+                with socket.socket() as sock:
+                    sock.bind(("127.0.0.1", base + offset))
+        except OSError:
+            continue
+        return base
+    raise RuntimeError(f"no free ports from {start}")
+
+
+SQL_OFFSETS = [0, 1, 2]
+GCOMM_OFFSETS = [i + 10 * n for n in range(3) for i in range(3)]
+"""The ports a 3-node cluster uses above its SQL and group-communication bases."""
 
 
 class GaleraError(RuntimeError):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -18,7 +18,12 @@ from sqlalchemy import func, select
 
 from messaging import Database, registry
 from messaging.migrations import migrate
+from messaging.settings import ConsumerSettings
 from projections.examples import ledger
+from projections.reports import consumers_report
+
+FAST = ConsumerSettings(stale_instance_timeout=1.0, rebalance_interval=0.3, heartbeat_interval=0.2)
+"""The timings of the instances' configuration (tests/support/clusters.py)."""
 
 
 @contextmanager
@@ -90,3 +95,30 @@ def every_node_matches_replay(cluster: GaleraCluster, name: str) -> list[Any]:
             return []
         results.append(stored)
     return results
+
+
+def checkpoints(db: Database, name: str) -> dict[tuple[int, int], int]:
+    """(partition, epoch) → checkpoint of the partitions ``name`` owns (OWNED)."""
+    report = consumers_report(db, FAST)
+    return {
+        (p["partition"], p["epoch"]): int(p["checkpoint"])
+        for entry in report["consumers"]
+        if entry["name"] == "ledger-balances"
+        for p in entry["partitions"]
+        if p["instance"] == name and p["state"] == "OWNED"
+    }
+
+
+def applying(db: Database, name: str) -> Callable[[], bool]:
+    """A condition: ``name`` has checkpointed a partition since the previous call (under
+    the same claim: the same epoch)."""
+    seen: dict[tuple[int, int], int] = {}
+
+    def advanced() -> bool:
+        now = checkpoints(db, name)
+        moved = any(c > seen[key] for key, c in now.items() if key in seen)
+        seen.clear()
+        seen.update(now)
+        return moved
+
+    return advanced
