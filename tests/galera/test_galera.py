@@ -161,6 +161,8 @@ def test_node_killed_under_traffic_moves_its_instance_and_loses_nothing(
     assert resumed < 1 + 6  # stale-instance-timeout + Galera's eviction of the dead node
     moves = [line for line in logs["on-node0"].read_text().splitlines() if MOVED in line]
     assert len(moves) == 1, moves
+    node = galera.sql_ports.index(int(moves[0].rsplit(":", 1)[1]))
+    assert int((galera.status(node) or {})["wsrep_causal_reads"]) > 0  # read-your-writes
     assert "Traceback" not in logs["on-node1"].read_text()
 
 
