@@ -20,6 +20,7 @@ from sqlalchemy.pool import NullPool
 
 from messaging.clock import Clock, DatabaseClock
 from messaging.errors import ConfigError
+from messaging.nodes import Failover, join_hosts, split_hosts
 from messaging.schema import Schema
 from messaging.tenancy import CONSUMER_OPTION, ReadModels
 
@@ -32,12 +33,15 @@ _READ_ONLY = "projections_read_only"
 
 def parse_database_url(url: str) -> URL:
     """Parse a database URL; :class:`ConfigError` says in one line what is wrong with it
-    (not a URL at all, e.g. a bare path; a port that is not a number from 1 to 65535)."""
+    (not a URL at all, e.g. a bare path; a port that is not a number from 1 to 65535). A
+    MySQL URL may name several nodes of a cluster (``mysql://u@h1:3306,h2:3306/db``, see
+    :mod:`messaging.nodes`): the result names the first."""
     if "://" not in url:
         raise ConfigError(
             f"invalid database URL {url!r}: expected a URL such as sqlite:///path/to/app.db "
             "or mysql://user@host/db"
         )
+    url, nodes = split_hosts(url)
     try:
         parsed = make_url(url)
         port = parsed.port
@@ -47,6 +51,8 @@ def parse_database_url(url: str) -> URL:
         port = -1
     if port is not None and not 1 <= port <= 65535:
         raise ConfigError(f"invalid database URL {url!r}: the port must be a number 1-65535")
+    if nodes and parsed.get_backend_name() not in ("mysql", "mariadb"):
+        raise ConfigError(f"invalid database URL {url!r}: only MySQL/MariaDB takes several hosts")
     return parsed
 
 
@@ -64,7 +70,7 @@ def _normalize_url(url: str) -> str:
         driver = parsed.get_driver_name()
         if driver not in ("pymysql", "mysqldb") or "+" not in parsed.drivername:
             parsed = parsed.set(drivername=f"{backend}+pymysql")
-        return parsed.render_as_string(hide_password=False)
+        return join_hosts(parsed.render_as_string(hide_password=False), split_hosts(url)[1])
     raise ConfigError(f"database: unsupported backend {backend!r}; use sqlite:/// or mysql://")
 
 
@@ -101,14 +107,18 @@ def _mysql_engine(url: str, pool: bool) -> Engine:
     # Every transaction here ends in a commit or rollback of its own, so the pool need not
     # send another on return; a connection the server dropped fails its first statement,
     # which is a transient error the callers retry, so no ping before each use either.
-    return create_engine(
-        url,
+    first, nodes = split_hosts(url)
+    engine = create_engine(
+        first,
         isolation_level="READ COMMITTED",
         pool_reset_on_return=None,
         pool_recycle=3600,
         connect_args={"charset": "utf8mb4"},
         **({} if pool else {"poolclass": NullPool}),
     )
+    if nodes:
+        Failover(nodes).install(engine)
+    return engine
 
 
 class Database:
@@ -124,7 +134,7 @@ class Database:
         pool: bool = True,
     ) -> None:
         self.url = _normalize_url(url)
-        backend = make_url(self.url).get_backend_name()
+        backend = parse_database_url(self.url).get_backend_name()
         self.is_sqlite = backend == "sqlite"
         self.engine = (_sqlite_engine if self.is_sqlite else _mysql_engine)(self.url, pool)
         self.tenant = tenant
@@ -159,14 +169,20 @@ class Database:
                 yield connection
 
     def prepare(self) -> None:
-        """Make the schema ready: created on SQLite, checked on MySQL."""
+        """Make the schema ready: created on SQLite, checked on MySQL. Each step is
+        idempotent, so a transient error (a lost connection, a Galera node leaving) retries."""
         from messaging.migrations import check_schema, create_sqlite_schema
+        from messaging.retry import retry_transient
+        from messaging.settings import ConflictRetrySettings
 
-        if self.is_sqlite:
-            create_sqlite_schema(self)
-        else:
-            check_schema(self)
-        self.ensure_tenant()
+        def attempt() -> None:
+            if self.is_sqlite:
+                create_sqlite_schema(self)
+            else:
+                check_schema(self)
+            self.ensure_tenant()
+
+        retry_transient(attempt, ConflictRetrySettings(), what="prepare")
 
     def ensure_tenant(self) -> None:
         """Create this tenant's position counter if it does not exist yet."""
@@ -187,5 +203,6 @@ class Database:
         self.engine.dispose()
 
     def __repr__(self) -> str:
-        safe_url = make_url(self.url).render_as_string(hide_password=True)
+        first, nodes = split_hosts(self.url)
+        safe_url = join_hosts(make_url(first).render_as_string(hide_password=True), nodes)
         return f"Database({safe_url!r}, tenant={self.tenant!r})"

@@ -30,7 +30,7 @@ from messaging.declarations import STATE_REBUILD_REQUESTED, STATE_REBUILDING, ST
 from messaging.errors import ProjectionsError
 from messaging.lifecycle import lifecycle_event
 from messaging.ownership import HALTED, RUNNING
-from messaging.retry import retry_transient
+from messaging.retry import for_command, retry_transient
 from messaging.settings import ConflictRetrySettings
 
 STATE_PAUSED = "paused"
@@ -142,7 +142,9 @@ def _once(
                 raise _Recorded(json.loads(detail))
 
     try:
-        return retry_transient(attempt, ConflictRetrySettings(), what=command, reread=reread)
+        return retry_transient(
+            attempt, for_command(ConflictRetrySettings()), what=command, reread=reread
+        )
     except _Recorded as found:
         return recorded(found.detail)
 

@@ -13,6 +13,8 @@ import time
 
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 
+from messaging.nodes import NOT_PRIMARY
+
 __all__ = ["Outage", "is_unreachable"]
 
 log = logging.getLogger("messaging.outage")
@@ -26,6 +28,7 @@ _MYSQL_UNREACHABLE = {
     2006,  # server has gone away
     2013,  # lost connection during query
     2055,  # lost connection at some stage
+    *NOT_PRIMARY,  # a Galera node out of the primary component
 }
 _SQLITE_UNREACHABLE = ("unable to open database file", "disk i/o error")
 

@@ -15,9 +15,11 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
 
+import attrs
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 from messaging.errors import ConcurrentUpdate
+from messaging.nodes import NOT_PRIMARY
 from messaging.settings import ConflictRetrySettings
 
 if TYPE_CHECKING:
@@ -31,6 +33,7 @@ _MYSQL_LOST = {
     2006,  # server has gone away
     2013,  # lost connection during query
     0,  # PyMySQL: the connection was already closed
+    *NOT_PRIMARY,  # Galera: the node left the primary component (a COMMIT's fate is its)
 }
 _MYSQL_TRANSIENT = {
     *_MYSQL_LOCKS,
@@ -43,6 +46,16 @@ _SQLITE_LOCKS = {
     "database table is locked": "locked",
 }
 _FIRST_DELAY = 0.01
+COMMAND_RETRIES = 50
+"""The least retries of a one-shot command's transaction (``projections append``, operator
+commands): no graceful-shutdown-timeout bounds them as it bounds an instance's, and on a
+Galera cluster concurrent writers through other nodes meet as certification conflicts
+(1213 at COMMIT), which a few short retries may not outlast."""
+
+
+def for_command(settings: ConflictRetrySettings) -> ConflictRetrySettings:
+    """``settings`` with at least :data:`COMMAND_RETRIES` retries."""
+    return attrs.evolve(settings, max_retries=max(settings.max_retries, COMMAND_RETRIES))
 
 
 def is_transient(exc: BaseException) -> bool:
@@ -62,8 +75,9 @@ def is_transient(exc: BaseException) -> bool:
 def is_ambiguous(exc: BaseException) -> bool:
     """Whether ``exc`` leaves the outcome of its transaction unknown: the connection was lost
     (MySQL 2006, 2013; PyMySQL's 0 for a closed connection; anything SQLAlchemy invalidated
-    the connection for). Its COMMIT may have gone through. (SQLite never raises these: its
-    commit returns in-process.)"""
+    the connection for), or its Galera node left the primary component (1047, 1180). Its
+    COMMIT may have gone through. (SQLite never raises these: its commit returns
+    in-process.)"""
     if isinstance(exc, DBAPIError):
         if exc.connection_invalidated:
             return True

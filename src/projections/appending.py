@@ -4,11 +4,13 @@ Lines are validated a batch at a time before anything is written; a bad line is
 reported with its line number and nothing of its batch is written (earlier batches
 stay committed, and the error says how many lines they held).
 
-A batch whose commit acknowledgement is lost (the connection dropped during COMMIT) is
-never stored twice: every line gets a ``message-id`` header (unless it has one), and the
-retry expects the very source versions the first attempt wrote after. A
-:class:`VersionConflict` on the retry is checked against the messages stored at the
-first attempt's positions: if they are the ones sent, the first attempt committed.
+A batch whose commit acknowledgement is lost (the connection dropped during COMMIT, or a
+Galera node left the primary component) is never stored twice: every line gets a
+``message-id`` header (unless it has one), and the retry expects the very source versions
+the attempt of unknown outcome wrote after. A :class:`VersionConflict` on the retry is
+checked against the messages stored at that attempt's positions: if they are the ones
+sent, it committed. A deadlock or a Galera certification conflict (1213, also at COMMIT)
+is a certain failure: the batch is simply appended again.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from sqlalchemy import Connection, func, select
 from messaging.database import Database
 from messaging.errors import ProjectionsError, VersionConflict
 from messaging.messages import MESSAGE_ID_HEADER, MessageRegistry
-from messaging.retry import retry_transient
+from messaging.retry import for_command, is_ambiguous, retry_transient
 from messaging.settings import ConflictRetrySettings
 from messaging.store import MessageStore, NewMessage
 
@@ -116,7 +118,8 @@ def append_lines(
 ) -> int:
     """Append every line of ``stream`` (text; :func:`utf8_lines` reads a binary one), in
     transactions of ``batch_size`` lines; return how many messages were appended. Each
-    batch commits once, also when an acknowledgement is lost (retried per ``retry``)."""
+    batch commits once, also when an acknowledgement is lost (retried per ``retry``, at least
+    :data:`~messaging.retry.COMMAND_RETRIES` times)."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be 1 or more, got {batch_size}")
     store = MessageStore(db)
@@ -129,7 +132,7 @@ def append_lines(
                     messages.append(parse_line(number, line, registry))
                 except (ValueError, ProjectionsError) as exc:
                     raise AppendError(number, str(exc), written) from None
-            append_once(db, store, messages, retry or ConflictRetrySettings())
+            append_once(db, store, messages, for_command(retry or ConflictRetrySettings()))
             written += len(messages)
     except _NotText as exc:
         raise AppendError(exc.line, str(exc), written) from None
@@ -157,37 +160,50 @@ def append_once(
     db: Database, store: MessageStore, messages: Sequence[NewMessage], retry: ConflictRetrySettings
 ) -> None:
     """Append ``messages`` in one transaction, retried on transient errors without ever
-    storing them twice: after the first attempt has reached its COMMIT, retries expect
-    the source versions it appended after, and a :class:`VersionConflict` then counts as
-    success only if the first attempt's positions hold exactly these messages (by
-    message id)."""
+    storing them twice: once an attempt has failed with an outcome unknown (a lost
+    connection, a Galera node leaving the primary component), retries expect the source
+    versions it appended after, and a :class:`VersionConflict` then counts as success only
+    if the positions of such an attempt hold exactly these messages (by message id). An
+    attempt that certainly failed (a deadlock, Galera's certification conflict at COMMIT)
+    binds nothing: the retry appends afresh."""
     sent = [_identified(m) for m in messages]
     wanted = [(m.topic, m.source, m.type, m.payload, m.headers) for m in sent]
-    first: dict[str, Any] = {}
-    """The expected versions of the first attempt to reach its COMMIT, and the positions of
-    the latest."""
-    m = db.schema.messages
+    unknown: dict[str, Any] = {}
+    """The expected versions of the first attempt of unknown outcome, and the positions of
+    every such attempt (at most one of them committed: they all expected the same)."""
+    latest: dict[str, Any] = {}
+    """The expected versions and positions of the attempt in progress."""
 
     def attempt() -> None:
+        latest.clear()
         with db.transaction() as conn:
             try:
                 positions = store.append_encoded(
-                    conn, sent, expected_versions=first.get("expected")
+                    conn, sent, expected_versions=unknown.get("expected")
                 )
             except VersionConflict:
-                if "positions" in first and _stored(conn, db, first["positions"]) == wanted:
-                    return  # the first attempt committed; its acknowledgement was lost
+                if any(_stored(conn, db, p) == wanted for p in unknown.get("positions", [])):
+                    return  # an earlier attempt committed; its acknowledgement was lost
                 raise
-            first["positions"] = positions  # of the latest attempt to reach its COMMIT
-            if "expected" not in first:
-                rows = conn.execute(
-                    select(m.c.topic, m.c.source, func.min(m.c.version))
-                    .where(
-                        m.c.tenant == db.tenant,
-                        m.c.position.between(positions[0], positions[-1]),
-                    )
-                    .group_by(m.c.topic, m.c.source)
-                )
-                first["expected"] = {(t, src): int(v) - 1 for t, src, v in rows}
+            latest["positions"] = positions
+            latest["expected"] = unknown.get("expected") or _versions_before(conn, db, positions)
 
-    retry_transient(attempt, retry, what="append")
+    def on_retry(exc: BaseException) -> None:
+        if is_ambiguous(exc) and "positions" in latest:
+            unknown.setdefault("expected", latest["expected"])
+            unknown.setdefault("positions", []).append(latest["positions"])
+
+    retry_transient(attempt, retry, what="append", on_retry=on_retry)
+
+
+def _versions_before(
+    conn: Connection, db: Database, positions: Sequence[int]
+) -> dict[tuple[str, str], int]:
+    """Each (topic, source) appended at ``positions`` → its version before them."""
+    m = db.schema.messages
+    rows = conn.execute(
+        select(m.c.topic, m.c.source, func.min(m.c.version))
+        .where(m.c.tenant == db.tenant, m.c.position.between(positions[0], positions[-1]))
+        .group_by(m.c.topic, m.c.source)
+    )
+    return {(t, src): int(v) - 1 for t, src, v in rows}

@@ -7,6 +7,7 @@ import shutil
 import socket
 import subprocess
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import pymysql
@@ -25,8 +26,10 @@ class PrivateMariaDB:
     """A throw-away server in ``directory``; :meth:`start` and :meth:`stop` as often as
     wanted. Root connects over TCP without a password."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, *, args: Sequence[str] = ()) -> None:
         self.directory = directory
+        self.args = list(args)
+        """More ``mariadbd`` options."""
         self.port = _free_port()
         self._process: subprocess.Popen[bytes] | None = None
         subprocess.run(
@@ -75,6 +78,7 @@ class PrivateMariaDB:
                 "--user=root",
                 "--skip-name-resolve",
                 "--innodb-buffer-pool-size=32M",
+                *self.args,
             ],
             stdout=log,
             stderr=log,
