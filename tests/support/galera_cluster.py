@@ -103,6 +103,14 @@ class GaleraCluster:
     def _log(self, node: int) -> Path:
         return self.directory / f"node{node}.log"
 
+    def _tmpdir(self) -> Path:
+        """The nodes' temporary folder: a starting mariadbd deletes every ``#sql*`` file in
+        its tmpdir, which in /tmp are another server's live temporary tables."""
+        tmpdir = self.directory / "tmp"
+        tmpdir.mkdir(parents=True, exist_ok=True)
+        tmpdir.chmod(0o777)
+        return tmpdir
+
     def _pid_file(self, node: int) -> Path:
         return self.directory / f"node{node}.pid"
 
@@ -117,6 +125,7 @@ class GaleraCluster:
             MARIADBD,
             "--no-defaults",
             f"--datadir={self._datadir(node)}",
+            f"--tmpdir={self._tmpdir()}",
             f"--port={self.sql_ports[node]}",
             "--bind-address=127.0.0.1",
             f"--socket={self.directory / f'node{node}.sock'}",
@@ -277,6 +286,7 @@ class GaleraCluster:
                 INSTALL_DB,
                 "--no-defaults",
                 f"--datadir={self._datadir(0)}",
+                f"--tmpdir={self._tmpdir()}",
                 "--auth-root-authentication-method=normal",
                 "--skip-test-db",
                 "--user=root",
