@@ -80,9 +80,9 @@ from messaging import (
     message,
     settings_from_mapping,
 )
-from messaging.clock import DatabaseClock
-from messaging.migrations import migrate
 from messaging.settings import Settings
+from messaging.store.clock import DatabaseClock
+from messaging.store.migrations import migrate
 from sagas import SagaContext, saga, start
 
 SAGA = "bench-deadlines"

@@ -69,8 +69,8 @@ import messaging  # noqa: E402
 from messaging import Database, MessageStore, NewMessage  # noqa: E402
 from messaging.config import settings_from_mapping  # noqa: E402
 from messaging.hookspecs import hookimpl  # noqa: E402
-from messaging.migrations import migrate  # noqa: E402
 from messaging.settings import ConsumerSettings  # noqa: E402
+from messaging.store.migrations import migrate  # noqa: E402
 from projections.examples import ledger  # noqa: E402
 from projections.reports import OWNED, consumers_report  # noqa: E402
 

@@ -59,7 +59,7 @@ from messaging import (
     create_plugin_manager,
     settings_from_mapping,
 )
-from messaging.migrations import migrate
+from messaging.store.migrations import migrate
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 APP = "projections.examples.ledger"

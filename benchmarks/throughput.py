@@ -21,7 +21,7 @@ difference fails the benchmark. Prints the median rate of each and, per backend,
 ``ratio framework/best hand-written: X.XX`` (MySQL first when given, SQLite last).
 ``--profile`` adds a cProfile summary of one framework run on stderr. ``--tenant T``
 runs all as tenant ``T``, whose read model is the copy ``T__ledger_balances`` that the
-framework's statements are translated to (``messaging.tenancy``).
+framework's statements are translated to (``messaging.store.tenancy``).
 """
 
 from __future__ import annotations
@@ -53,12 +53,12 @@ import bench_mysql
 import messaging
 from messaging import ConsumerSpec, Database, MessageStore, NewMessage
 from messaging.declarations import declare
-from messaging.membership import InstanceInfo, Membership
-from messaging.migrations import migrate
-from messaging.ownership import Ownership
+from messaging.distribution.membership import InstanceInfo, Membership
+from messaging.distribution.ownership import Ownership
+from messaging.runtime.worker import ConsumerWorker
 from messaging.settings import ConsumerSettings, Distribution
-from messaging.tenancy import physical_name
-from messaging.worker import ConsumerWorker
+from messaging.store.migrations import migrate
+from messaging.store.tenancy import physical_name
 from projections.examples import ledger
 
 CONSUMER = "ledger-balances"

@@ -1,12 +1,9 @@
 """Messaging: messages, the store, consumers, distribution and the runtime that applies them."""
 
-from messaging.assignor import assign
-from messaging.clock import Clock, DatabaseClock, ManualClock
 from messaging.config import load_settings, parse_duration, settings_from_mapping
 from messaging.connection import connect
 from messaging.consumers import ConsumerKind, ConsumerOptions, ConsumerSpec, handler
-from messaging.context import HandlerContext
-from messaging.database import Database
+from messaging.distribution.assignor import assign
 from messaging.errors import (
     CheckpointMoved,
     ConcurrentUpdate,
@@ -21,12 +18,15 @@ from messaging.errors import (
 from messaging.hookspecs import hookimpl, hookspec
 from messaging.messages import Envelope, MessageRegistry, message, registry
 from messaging.plugins import collect_consumers, create_plugin_manager
-from messaging.retry import is_ambiguous
-from messaging.routing import route_consumer
-from messaging.runtime import Instance
+from messaging.routing.consumer import route_consumer
+from messaging.runtime.context import HandlerContext
+from messaging.runtime.instance import Instance
+from messaging.runtime.retry import is_ambiguous
 from messaging.settings import Distribution, InvalidSettings, Settings
-from messaging.store import MessageStore, NewMessage, partition_hash, partition_of
-from messaging.tenancy import UntranslatableStatement, physical_name
+from messaging.store.clock import Clock, DatabaseClock, ManualClock
+from messaging.store.database import Database
+from messaging.store.store import MessageStore, NewMessage, partition_hash, partition_of
+from messaging.store.tenancy import UntranslatableStatement, physical_name
 
 __all__ = [
     "CheckpointMoved",

@@ -25,15 +25,15 @@ from sqlalchemy import Connection, and_, insert, inspect, or_, select, update
 from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 
 from messaging.consumers import ConsumerKind, ConsumerSpec
-from messaging.database import Database
+from messaging.distribution.ownership import CONSUMER_RUNNING, Ownership
 from messaging.errors import RegistrationError
-from messaging.lifecycle import lifecycle_event
 from messaging.messages import MessageRegistry
 from messaging.messages import registry as default_registry
-from messaging.ownership import CONSUMER_RUNNING, Ownership
+from messaging.runtime.lifecycle import lifecycle_event
 from messaging.settings import Distribution
-from messaging.store import MessageStore
-from messaging.table_registry import register
+from messaging.store.database import Database
+from messaging.store.store import MessageStore
+from messaging.store.table_registry import register
 
 log = logging.getLogger("messaging.declarations")
 

@@ -12,7 +12,7 @@ import threading
 from typing import Any
 
 from messaging.operations import OperationError
-from messaging.worker import InMemoryWorker
+from messaging.runtime.worker import InMemoryWorker
 
 __all__ = ["InMemoryConsumer", "InMemoryOperationError"]
 

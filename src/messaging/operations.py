@@ -8,7 +8,7 @@ never one a client claims; ``reason`` is at most :data:`MAX_REASON_LENGTH` chara
 
 A command applied twice is harmless: each call carries a command id, recorded with its
 audit entry in the same transaction. When the acknowledgement of its commit is lost
-(:func:`~messaging.retry.is_ambiguous`), the retry first looks the id up: if the entry
+(:func:`~messaging.runtime.retry.is_ambiguous`), the retry first looks the id up: if the entry
 is there, the command took effect and is not applied again (a ``resume --skip-poison``
 skips one message, never two; a rebuild resets once), and its recorded result is returned.
 """
@@ -25,13 +25,13 @@ from typing import Any, TypeVar
 from sqlalchemy import Connection, delete, insert, select, update
 
 from messaging.consumers import ConsumerKind
-from messaging.database import Database
 from messaging.declarations import STATE_REBUILD_REQUESTED, STATE_REBUILDING, STATE_RUNNING
+from messaging.distribution.ownership import HALTED, RUNNING
 from messaging.errors import ProjectionsError
-from messaging.lifecycle import lifecycle_event
-from messaging.ownership import HALTED, RUNNING
-from messaging.retry import retry_transient
+from messaging.runtime.lifecycle import lifecycle_event
+from messaging.runtime.retry import retry_transient
 from messaging.settings import ConflictRetrySettings
+from messaging.store.database import Database
 
 STATE_PAUSED = "paused"
 T = TypeVar("T")

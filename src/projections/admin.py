@@ -35,10 +35,10 @@ from urllib.parse import unquote
 from sqlalchemy.exc import DBAPIError
 
 from messaging import operations
-from messaging.database import Database
 from messaging.errors import ProjectionsError
-from messaging.runtime import Instance
+from messaging.runtime.instance import Instance
 from messaging.settings import Distribution, Settings
+from messaging.store.database import Database
 from projections.admin_guard import AdminGuard, Refusal, require_token_off_loopback
 from projections.admin_http import BoundedHTTPServer, LimitedRequestHandler
 from projections.reports import OWNED, consumers_report, instances_report

@@ -21,12 +21,12 @@ from sqlalchemy.exc import DBAPIError
 
 from messaging.config import load_settings, parse_duration
 from messaging.connection import database_for
-from messaging.database import Database, parse_database_url
 from messaging.errors import ProjectionsError
-from messaging.migrations import migrate
 from messaging.plugins import collect_consumers, create_plugin_manager, import_module
-from messaging.runtime import Instance
+from messaging.runtime.instance import Instance
 from messaging.settings import ConsumerSettings, Settings
+from messaging.store.database import Database, parse_database_url
+from messaging.store.migrations import migrate
 
 EXIT_ERROR = 1
 EXIT_USAGE = 2
@@ -282,7 +282,7 @@ def _admin_alongside(
 
 def _supervise(args: argparse.Namespace, settings: Settings) -> int:
     """``run --workers N``: a supervisor of N instance processes."""
-    from messaging.supervisor import Supervisor
+    from messaging.runtime.supervisor import Supervisor
 
     db = _database(settings)
     try:

@@ -29,11 +29,11 @@ import yaml
 from sqlalchemy import func, select
 
 from messaging.config import settings_from_mapping
-from messaging.database import Database, parse_database_url
 from messaging.errors import ConfigError
 from messaging.messages import registry
 from messaging.settings import ConsumerSettings
-from messaging.store import MessageStore
+from messaging.store.database import Database, parse_database_url
+from messaging.store.store import MessageStore
 from projections.examples import ledger, transfers
 from projections.reports import ORPHANED, OWNED, UNCLAIMED, consumers_report, instances_report
 

@@ -24,14 +24,14 @@ import cattrs.preconf.json
 from sqlalchemy import select
 
 from messaging.consumers import ConsumerSpec
-from messaging.context import HandlerContext
-from messaging.database import Database
+from messaging.distribution.ownership import Claim
 from messaging.errors import CheckpointMoved, OwnershipLost, ProjectionsError, RegistrationError
 from messaging.messages import Envelope, MessageRegistry
-from messaging.ownership import Claim
-from messaging.retry import is_transient
-from messaging.store import check_id, partition_of
-from messaging.worker import ConsumerWorker, Dispatcher, Poison, StoredRow
+from messaging.runtime.context import HandlerContext
+from messaging.runtime.retry import is_transient
+from messaging.runtime.worker import ConsumerWorker, Dispatcher, Poison, StoredRow
+from messaging.store.database import Database
+from messaging.store.store import check_id, partition_of
 from sagas.context import SagaContext
 from sagas.decorators import saga_options, starts_saga
 from sagas.store import Deadline, SagaRow, SagaStore

@@ -35,10 +35,10 @@ from messaging import (
 )
 from messaging.consumers import consumer_spec
 from messaging.declarations import declare
-from messaging.membership import InstanceInfo, Membership
-from messaging.ownership import Ownership
+from messaging.distribution.membership import InstanceInfo, Membership
+from messaging.distribution.ownership import Ownership
+from messaging.runtime.worker import ConsumerWorker
 from messaging.settings import Distribution
-from messaging.worker import ConsumerWorker
 
 pytestmark = [pytest.mark.faults, pytest.mark.mysql]
 STALE = 30.0

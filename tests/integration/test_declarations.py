@@ -10,8 +10,8 @@ from sqlalchemy import Column, Integer, MetaData, String, Table, insert, select,
 from messaging import Database, HandlerContext, OwnershipLost, handler, message, operations
 from messaging.consumers import consumer_spec
 from messaging.declarations import CREATED, REBUILT, STALE, UNCHANGED, declare
-from messaging.membership import InstanceInfo, Membership
-from messaging.ownership import Ownership
+from messaging.distribution.membership import InstanceInfo, Membership
+from messaging.distribution.ownership import Ownership
 from messaging.settings import Distribution
 from projections import projection
 

@@ -35,9 +35,9 @@ from messaging import (
     registry,
 )
 from messaging.consumers import consumer_spec
-from messaging.membership import InstanceInfo, Membership
-from messaging.ownership import Claim, Ownership
-from messaging.worker import ConsumerWorker
+from messaging.distribution.membership import InstanceInfo, Membership
+from messaging.distribution.ownership import Claim, Ownership
+from messaging.runtime.worker import ConsumerWorker
 from projections import projection
 
 STALE = 30.0

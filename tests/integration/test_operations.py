@@ -20,8 +20,8 @@ from messaging import (
     handler,
     message,
 )
+from messaging.distribution.ownership import Ownership
 from messaging.operations import OperationError, audit_log, pause, rebuild, resume
-from messaging.ownership import Ownership
 from messaging.settings import ConsumerSettings
 from projections import projection
 from projections.reports import consumers_report

@@ -18,9 +18,9 @@ from messaging import (
     message,
     partition_of,
 )
-from messaging.membership import InstanceInfo, Membership
-from messaging.ownership import Ownership
-from messaging.worker import ConsumerWorker
+from messaging.distribution.membership import InstanceInfo, Membership
+from messaging.distribution.ownership import Ownership
+from messaging.runtime.worker import ConsumerWorker
 from projections import projection
 
 

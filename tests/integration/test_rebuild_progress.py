@@ -16,7 +16,7 @@ from clusters import cli, seed_ledger, write_config
 
 from messaging import Instance, collect_consumers, create_plugin_manager, operations
 from messaging.config import load_settings
-from messaging.database import Database
+from messaging.store.database import Database
 from projections.admin import make_server
 from projections.reports import consumers_report
 

@@ -172,7 +172,7 @@ def test_two_partitions_updating_one_saga_are_serialized_by_its_version(
     """Instance a is inside its batch for counter c (message from one partition) when
     instance b commits another message of c (from another partition): a's write finds a
     newer version, its batch is retried from the start, and both increments count."""
-    from messaging.migrations import migrate
+    from messaging.store.migrations import migrate
 
     db = Database(mysql_database_url, table_prefix=f"t{uuid.uuid4().hex[:8]}_", clock=ManualClock())
     migrate(db)
@@ -226,7 +226,7 @@ def test_an_id_recorded_by_a_concurrent_batch_makes_the_batch_retry(
     """Two batches holding one id (sent twice with different keys, so to two partitions)
     both found it unhandled: the one that records it second is retried, not halted, and
     then skips it."""
-    from messaging.routing import IdempotentDispatcher
+    from messaging.routing.consumer import IdempotentDispatcher
 
     cluster = SimulatedCluster(clock_db, [Idempotent], SETTINGS)
     cluster.join("a")

@@ -23,8 +23,8 @@ from messaging import (
     route_consumer,
     settings_from_mapping,
 )
+from messaging.distribution.ownership import Ownership
 from messaging.errors import ConcurrentUpdate, RegistrationError
-from messaging.ownership import Ownership
 from projections.testing import SimulatedCluster
 from sagas import SagaContext, SagaStore, saga, start
 from sagas.store import SagaRow
@@ -146,7 +146,7 @@ class Shipping:
 
 @pytest.fixture
 def cluster(database_url: str, table_prefix: str) -> SimulatedCluster:
-    from messaging.migrations import migrate
+    from messaging.store.migrations import migrate
 
     db = Database(database_url, table_prefix=table_prefix, clock=ManualClock())
     if not db.is_sqlite:

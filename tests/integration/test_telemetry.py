@@ -35,7 +35,7 @@ from messaging import (
     partition_of,
 )
 from messaging.config import settings_from_mapping
-from messaging.worker import ConsumerWorker
+from messaging.runtime.worker import ConsumerWorker
 from projections import projection
 from projections.examples.ledger import TOPIC, Balances, traffic
 from projections.reports import consumers_report

@@ -25,7 +25,7 @@ from messaging import (
     partition_of,
     settings_from_mapping,
 )
-from messaging.worker import ConsumerWorker
+from messaging.runtime.worker import ConsumerWorker
 from projections import projection
 
 pytestmark = pytest.mark.mysql

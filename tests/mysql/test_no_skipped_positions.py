@@ -23,7 +23,7 @@ from messaging import (
     message,
     settings_from_mapping,
 )
-from messaging.ownership import Ownership
+from messaging.distribution.ownership import Ownership
 from projections import projection
 
 pytestmark = pytest.mark.mysql

@@ -30,7 +30,7 @@ from sqlalchemy import (
 )
 
 from messaging import HandlerContext, handler, message
-from messaging.membership import Membership
+from messaging.distribution.membership import Membership
 from projections import projection
 from projections.testing import (
     Append,
@@ -191,12 +191,12 @@ def _round_robin(units, members, current, rotation=0):  # type: ignore[no-untype
 
 
 BROKEN = {
-    "no fence": ("messaging.ownership.Ownership.commit_checkpoint", _unfenced_commit),
+    "no fence": ("messaging.distribution.ownership.Ownership.commit_checkpoint", _unfenced_commit),
     "checkpoint outside the transaction": (
-        "messaging.worker.ConsumerWorker._commit",
+        "messaging.runtime.worker.ConsumerWorker._commit",
         _checkpoint_outside_the_transaction,
     ),
-    "non-sticky assignor": ("messaging.rebalance.assign", _round_robin),
+    "non-sticky assignor": ("messaging.distribution.rebalance.assign", _round_robin),
 }
 
 

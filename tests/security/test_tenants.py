@@ -39,11 +39,11 @@ from messaging import (
 )
 from messaging.consumers import collect_specs
 from messaging.declarations import tenant_fingerprint
-from messaging.migrations import migrate
+from messaging.distribution.ownership import HALTED, Ownership
 from messaging.operations import rebuild, resume
-from messaging.ownership import HALTED, Ownership
-from messaging.statements import sends_directly
-from messaging.tenancy import physical_name
+from messaging.store._fastpath import sends_directly
+from messaging.store.migrations import migrate
+from messaging.store.tenancy import physical_name
 from projections import projection
 from projections.examples import ledger, transfers
 from projections.testing import SimulatedCluster

@@ -190,7 +190,7 @@ def consumer_worker(db: Database, consumer: type, *, instance_id: str, whole: bo
     """A ConsumerWorker of one decorated consumer class, with default settings and no plugins."""
     from messaging import Settings, create_plugin_manager
     from messaging.consumers import consumer_spec
-    from messaging.worker import ConsumerWorker
+    from messaging.runtime.worker import ConsumerWorker
 
     return ConsumerWorker(
         db=db,

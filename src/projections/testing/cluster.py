@@ -31,9 +31,9 @@ from messaging import (
     settings_from_mapping,
 )
 from messaging.consumers import ConsumerSpec, collect_specs
-from messaging.ownership import Claim, Ownership
-from messaging.store import NewMessage
-from messaging.worker import ConsumerWorker
+from messaging.distribution.ownership import Claim, Ownership
+from messaging.runtime.worker import ConsumerWorker
+from messaging.store.store import NewMessage
 from projections.testing.database import configured_database, scratch_database
 
 SIMULATION_CONFIG: Mapping[str, object] = {

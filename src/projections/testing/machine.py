@@ -24,7 +24,7 @@ from hypothesis.strategies import SearchStrategy
 from sqlalchemy import Connection, select
 
 from messaging import Distribution, Settings, partition_of
-from messaging.ownership import HALTED, Ownership
+from messaging.distribution.ownership import HALTED, Ownership
 from projections.testing.battery import BATTERY, Scenario
 from projections.testing.cluster import SimulatedCluster, open_cluster
 from projections.testing.differences import ReadModelDiffers

@@ -18,9 +18,9 @@ import attrs
 from sqlalchemy import Connection, Select, case, delete, insert, select, update
 from sqlalchemy.exc import DBAPIError
 
-from messaging.database import Database
+from messaging.store.database import Database
 
-log = logging.getLogger("messaging.membership")
+log = logging.getLogger("messaging.distribution.membership")
 
 STALE_ROW_RETENTION_FACTOR = 10
 """A dead instance's row is deleted once its heartbeat is this many stale-instance-timeouts old

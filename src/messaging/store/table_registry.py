@@ -1,7 +1,7 @@
 """The registry of physical read-model tables: which tenant owns each.
 
 Tenants sharing a database never share a read-model table (see
-:mod:`messaging.tenancy`). Names could still meet: the default tenant may declare a
+:mod:`messaging.store.tenancy`). Names could still meet: the default tenant may declare a
 table named ``acme__stock``, which is tenant ``acme``'s copy of ``stock``. Every
 declaration therefore records its tenant as the owner of its physical tables before
 creating them, and a table another tenant owns is refused, naming both.
@@ -14,8 +14,8 @@ from collections.abc import Sequence
 from sqlalchemy import Connection, Table, insert, select
 from sqlalchemy.exc import IntegrityError
 
-from messaging.database import Database
 from messaging.errors import RegistrationError
+from messaging.store.database import Database
 
 
 def register(db: Database, conn: Connection, consumer: str, tables: Sequence[Table]) -> None:

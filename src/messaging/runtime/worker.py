@@ -24,20 +24,20 @@ import pluggy
 from sqlalchemy import Connection
 
 from messaging.consumers import ConsumerSpec
-from messaging.context import HandlerContext
-from messaging.database import Database
+from messaging.distribution.ownership import Claim, Ownership
 from messaging.errors import CheckpointMoved, OwnershipLost
-from messaging.failures import last_frames
-from messaging.lifecycle import lifecycle_event
 from messaging.messages import Envelope, MessageRegistry
-from messaging.outage import Outage
-from messaging.outbox import Outbox
-from messaging.ownership import Claim, Ownership
-from messaging.retry import is_ambiguous, is_transient, report_retry, retry_transient
+from messaging.routing.outbox import Outbox
+from messaging.runtime.context import HandlerContext
+from messaging.runtime.failures import last_frames
+from messaging.runtime.lifecycle import lifecycle_event
+from messaging.runtime.outage import Outage
+from messaging.runtime.retry import is_ambiguous, is_transient, report_retry, retry_transient
 from messaging.settings import ConsumerSettings
-from messaging.store import MessageStore
+from messaging.store.database import Database
+from messaging.store.store import MessageStore
 
-log = logging.getLogger("messaging.worker")
+log = logging.getLogger("messaging.runtime.worker")
 T = TypeVar("T")
 
 Handler = tuple[Callable[[Any, int | None], Any], Callable[[Any, HandlerContext], Any]]

@@ -34,9 +34,9 @@ from sqlalchemy import (
 )
 from sqlalchemy.sql.elements import ColumnElement
 
-from messaging import statements
-from messaging.database import Database
 from messaging.errors import CheckpointMoved, OwnershipLost
+from messaging.store import _fastpath
+from messaging.store.database import Database
 
 RUNNING = "running"
 CONSUMER_RUNNING = "running"
@@ -253,8 +253,8 @@ class Ownership:
             f"expected_{i}": claims[p].checkpoint for i, (p, _) in enumerate(pairs)
         }
         params["position"] = position
-        updated = statements.execute(
-            conn, statement, [params], direct=statements.sends_directly(conn)
+        updated = _fastpath.execute(
+            conn, statement, [params], direct=_fastpath.sends_directly(conn)
         )
         if updated != len(pairs):
             self.verify(conn, consumer, instance_id, claims)

@@ -21,9 +21,9 @@ from sqlalchemy import Table, bindparam, insert, select
 from sqlalchemy.exc import IntegrityError
 
 from messaging.consumers import ConsumerKind, ConsumerOptions, mark_consumer
-from messaging.context import HandlerContext
 from messaging.errors import ConcurrentUpdate
-from messaging.worker import ConsumerWorker, Dispatcher, StoredRow
+from messaging.runtime.context import HandlerContext
+from messaging.runtime.worker import ConsumerWorker, Dispatcher, StoredRow
 
 C = TypeVar("C", bound=type)
 

@@ -6,7 +6,7 @@ read-model writes of a batch cost a few round trips, not one per message. Readin
 :attr:`HandlerContext.connection` sends the buffer first, so a handler always reads
 its own writes.
 
-Each run is sent by :func:`messaging.statements.execute`: through SQLAlchemy the first
+Each run is sent by :func:`messaging.store._fastpath.execute`: through SQLAlchemy the first
 time, then, when SQLAlchemy showed it is plain SQL, straight to the driver.
 """
 
@@ -18,11 +18,11 @@ from typing import Any
 from sqlalchemy import Connection
 from sqlalchemy.sql import Executable
 
-from messaging import statements
 from messaging.errors import ProjectionsError
 from messaging.messages import Envelope
-from messaging.outbox import Outbox
-from messaging.store import NewMessage
+from messaging.routing.outbox import Outbox
+from messaging.store import _fastpath
+from messaging.store.store import NewMessage
 
 
 class HandlerContext:
@@ -162,6 +162,6 @@ class HandlerContext:
         runs, self._runs = self._runs, []
         if runs:
             assert self._conn is not None
-            direct = statements.sends_directly(self._conn)
+            direct = _fastpath.sends_directly(self._conn)
             for statement, params in runs:
-                statements.execute(self._conn, statement, params, direct=direct)
+                _fastpath.execute(self._conn, statement, params, direct=direct)

@@ -16,8 +16,8 @@ from collections.abc import Mapping, Sequence
 
 import attrs
 
-from messaging.assignor import assign
-from messaging.membership import InstanceRow
+from messaging.distribution.assignor import assign
+from messaging.distribution.membership import InstanceRow
 from messaging.settings import Distribution
 
 

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Sequence
 from types import FrameType
 
-log = logging.getLogger("messaging.supervisor")
+log = logging.getLogger("messaging.runtime.supervisor")
 
 RESTART_BACKOFF = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 """Waits before successive restarts of a worker that keeps dying."""

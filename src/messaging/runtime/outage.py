@@ -15,7 +15,7 @@ from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 
 __all__ = ["Outage", "is_unreachable"]
 
-log = logging.getLogger("messaging.outage")
+log = logging.getLogger("messaging.runtime.outage")
 
 _MYSQL_UNREACHABLE = {
     1040,  # too many connections

@@ -1,7 +1,7 @@
 """Lifecycle events as structured log lines: one line per event, ``key=value`` pairs.
 
 Claims, releases, lost partitions, halts, operator commands, rebuilds and declaration
-mismatches are logged on the ``messaging.lifecycle`` logger as
+mismatches are logged on the ``messaging.runtime.lifecycle`` logger as
 ``event=claim consumer=ledger partition=3 instance=host:42 epoch=7``; the same fields
 are on the record as ``record.lifecycle`` (a dict), for JSON log handlers.
 """
@@ -12,7 +12,7 @@ import json
 import logging
 from typing import Any
 
-log = logging.getLogger("messaging.lifecycle")
+log = logging.getLogger("messaging.runtime.lifecycle")
 
 
 def _value(value: Any) -> str:

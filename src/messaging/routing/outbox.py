@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import uuid
 
-from messaging.store import MessageStore, NewMessage
+from messaging.store.store import MessageStore, NewMessage
 
 _ID_NAMESPACE = uuid.UUID("6f0c8a52-3a8e-4d5e-9a57-5b7d6c1e2f90")
 

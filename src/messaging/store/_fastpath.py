@@ -12,7 +12,7 @@ the per-statement work of SQLAlchemy's execution machinery is skipped.
 SQLAlchemy sends the statement again whenever skipping it could be noticed: outside a
 transaction, with execute, cursor-execute or error events listening, with SQL logging on,
 or with a schema translate map (:func:`sends_directly`). A tenant's table translation
-(:mod:`messaging.tenancy`) is the one listener that does not count: a plan is learned
+(:mod:`messaging.store.tenancy`) is the one listener that does not count: a plan is learned
 from what SQLAlchemy sent, which is already the translated SQL, and plans are kept per
 engine (per dialect object). Driver errors are raised as the
 SQLAlchemy exceptions ``Connection.execute`` would raise (so ``IntegrityError`` handling
@@ -31,7 +31,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql import Executable
 from sqlalchemy.sql.compiler import SQLCompiler
 
-from messaging.tenancy import TRANSLATES
+from messaging.store.tenancy import TRANSLATES
 
 
 def sends_directly(conn: Connection) -> bool:

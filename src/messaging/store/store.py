@@ -35,11 +35,11 @@ from sqlalchemy import (
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.sql.elements import ColumnElement
 
-from messaging import statements
-from messaging.database import Database
 from messaging.errors import SchemaError, VersionConflict
 from messaging.messages import MESSAGE_ID_HEADER, Envelope, MessageRegistry
 from messaging.messages import registry as default_registry
+from messaging.store import _fastpath
+from messaging.store.database import Database
 
 _QUERY_CACHE_SIZE = 64
 
@@ -301,14 +301,14 @@ class MessageStore:
         all a consumer needs to apply a batch. :meth:`envelopes` gives the rest on demand.
 
         Rows are to be indexed, not named: on the hot path they are the driver's tuples
-        (see :mod:`messaging.statements`).
+        (see :mod:`messaging.store._fastpath`).
         """
         query = self._query(
             self._batch_columns, topics, after, partitions, partition_count, types, limit
         )
         if query is None:
             return []
-        return statements.fetch(conn, *query, direct=statements.sends_directly(conn))
+        return _fastpath.fetch(conn, *query, direct=_fastpath.sends_directly(conn))
 
     def envelopes(self, conn: Connection, positions: Sequence[int]) -> dict[int, Envelope]:
         """The envelopes of the messages at ``positions``, by position (one query)."""

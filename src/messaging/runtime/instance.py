@@ -25,7 +25,6 @@ import pluggy
 from sqlalchemy import Connection
 
 from messaging.consumers import ConsumerKind, ConsumerSpec
-from messaging.database import Database
 from messaging.declarations import (
     STALE,
     STATE_REBUILD_REQUESTED,
@@ -36,23 +35,24 @@ from messaging.declarations import (
     perform_requested_rebuild,
     tenant_fingerprint,
 )
+from messaging.distribution.membership import InstanceInfo, InstanceRow, Membership
+from messaging.distribution.ownership import Ownership, PartitionRow
+from messaging.distribution.pulse import PULSE_INTERVAL, Pulse, read_pulse
+from messaging.distribution.rebalance import plan
 from messaging.errors import ProjectionsError
 from messaging.in_memory import InMemoryConsumer
-from messaging.lifecycle import lifecycle_event
-from messaging.membership import InstanceInfo, InstanceRow, Membership
 from messaging.messages import MessageRegistry
 from messaging.messages import registry as default_registry
-from messaging.outage import Outage
 from messaging.overrides import check_overrides
-from messaging.ownership import Ownership, PartitionRow
-from messaging.pulse import PULSE_INTERVAL, Pulse, read_pulse
-from messaging.rebalance import plan
-from messaging.retry import report_retry, retry_transient
+from messaging.runtime.lifecycle import lifecycle_event
+from messaging.runtime.outage import Outage
+from messaging.runtime.retry import report_retry, retry_transient
+from messaging.runtime.worker import ConsumerWorker
 from messaging.settings import ConsumerGroupSettings, Distribution, Settings
-from messaging.store import MessageStore
-from messaging.worker import ConsumerWorker
+from messaging.store.database import Database
+from messaging.store.store import MessageStore
 
-log = logging.getLogger("messaging.runtime")
+log = logging.getLogger("messaging.runtime.instance")
 
 _EXPIRY_MARGIN = 0.05
 """Seconds after a peer's expiry to look again, so that it has really turned stale."""
@@ -512,8 +512,9 @@ class Instance:
         return max(0.0, min([soonest, *expiring]))
 
     def _changed(self) -> bool:
-        """Whether the pulse moved since the last round read it (see :mod:`messaging.pulse`);
-        a failed look is no change (the regular round comes anyway)."""
+        """Whether the pulse moved since the last round read it (see
+        :mod:`messaging.distribution.pulse`); a failed look is no change (the regular round
+        comes anyway)."""
         try:
             with self.db.read() as conn:
                 return read_pulse(self.db, conn, sorted(self.workers)) != self._pulse

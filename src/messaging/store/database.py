@@ -18,10 +18,10 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, IntegrityError
 from sqlalchemy.pool import NullPool
 
-from messaging.clock import Clock, DatabaseClock
 from messaging.errors import ConfigError
-from messaging.schema import Schema
-from messaging.tenancy import CONSUMER_OPTION, ReadModels
+from messaging.store.clock import Clock, DatabaseClock
+from messaging.store.schema import Schema
+from messaging.store.tenancy import CONSUMER_OPTION, ReadModels
 
 SQLITE_BUSY_TIMEOUT = 30.0
 """Seconds a SQLite connection waits for another process's write lock, unless the URL
@@ -132,7 +132,7 @@ class Database:
         self.clock: Clock = clock or DatabaseClock(self.engine.dialect.name)
         self.read_models = ReadModels(tenant)
         """This tenant's physical read-model tables; statements on :attr:`engine` naming a
-        declared table are sent to this tenant's copy (see :mod:`messaging.tenancy`)."""
+        declared table are sent to this tenant's copy (see :mod:`messaging.store.tenancy`)."""
         self.read_models.install(self.engine)
 
     def read_model(self, table: Table) -> Table:
@@ -160,7 +160,7 @@ class Database:
 
     def prepare(self) -> None:
         """Make the schema ready: created on SQLite, checked on MySQL."""
-        from messaging.migrations import check_schema, create_sqlite_schema
+        from messaging.store.migrations import check_schema, create_sqlite_schema
 
         if self.is_sqlite:
             create_sqlite_schema(self)

@@ -15,12 +15,12 @@ import attrs
 from sqlalchemy import insert, inspect, select
 
 from messaging.errors import SchemaError
-from messaging.schema import SCHEMA_VERSION
+from messaging.store.schema import SCHEMA_VERSION
 
 if TYPE_CHECKING:
     from sqlalchemy import Connection
 
-    from messaging.database import Database
+    from messaging.store.database import Database
 
 _FILE_NAME = re.compile(r"^V(\d+)__(\w+)\.sql$")
 
@@ -48,7 +48,7 @@ class Migration:
 def available_migrations() -> list[Migration]:
     """The MySQL migrations shipped with the package, in version order."""
     found = []
-    for entry in resources.files("messaging.migrations.mysql").iterdir():
+    for entry in resources.files("messaging.store.migrations.mysql").iterdir():
         match = _FILE_NAME.match(entry.name)
         if match:
             found.append(Migration(int(match[1]), match[2], entry.read_text(encoding="utf-8")))

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from sqlalchemy import Connection, func, select
 
-from messaging.database import Database
+from messaging.store.database import Database
 
 __all__ = ["PULSE_INTERVAL", "Pulse", "read_pulse"]
 
