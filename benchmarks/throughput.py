@@ -52,9 +52,9 @@ from sqlalchemy import delete, inspect, select, text
 import bench_mysql
 import messaging
 from messaging import ConsumerSpec, Database, MessageStore, NewMessage
-from messaging.declarations import declare
 from messaging.distribution.membership import InstanceInfo, Membership
 from messaging.distribution.ownership import Ownership
+from messaging.runtime.declarations import declare
 from messaging.runtime.worker import ConsumerWorker
 from messaging.settings import ConsumerSettings, Distribution
 from messaging.store.migrations import migrate

@@ -2,7 +2,7 @@
 
 from messaging.config import load_settings, parse_duration, settings_from_mapping
 from messaging.connection import connect
-from messaging.consumers import ConsumerKind, ConsumerOptions, ConsumerSpec, handler
+from messaging.consumers import ConsumerOptions, ConsumerSpec, handler
 from messaging.distribution.assignor import assign
 from messaging.errors import (
     CheckpointMoved,
@@ -16,6 +16,7 @@ from messaging.errors import (
     VersionConflict,
 )
 from messaging.hookspecs import hookimpl, hookspec
+from messaging.kinds import ConsumerKind
 from messaging.messages import Envelope, MessageRegistry, message, registry
 from messaging.plugins import collect_consumers, create_plugin_manager
 from messaging.routing.consumer import route_consumer

@@ -21,7 +21,7 @@ from sqlalchemy.exc import DBAPIError
 
 from messaging.config import load_settings, parse_duration
 from messaging.connection import database_for
-from messaging.errors import ProjectionsError
+from messaging.errors import OperationError, ProjectionsError
 from messaging.plugins import collect_consumers, create_plugin_manager, import_module
 from messaging.runtime.instance import Instance
 from messaging.settings import ConsumerSettings, Settings
@@ -382,7 +382,7 @@ def _duration(text: str) -> float:
 
 
 def cmd_operation(args: argparse.Namespace) -> int:
-    from messaging import operations
+    from projections import operations
     from projections.reports import in_memory_copies
 
     settings = _settings(args)
@@ -391,7 +391,7 @@ def cmd_operation(args: argparse.Namespace) -> int:
     try:
         db.prepare()
         _operate(args, db, who)
-    except operations.OperationError:
+    except OperationError:
         copies = in_memory_copies(db, settings.messaging.consumer, args.consumer)
         if not copies:
             raise
@@ -420,7 +420,7 @@ def _in_memory_pointer(args: argparse.Namespace, copies: list[dict[str, Any]]) -
 
 def _operate(args: argparse.Namespace, db: Database, who: str) -> None:
     """Run the operator command ``args.command`` through the database; print the outcome."""
-    from messaging import operations
+    from projections import operations
 
     if args.command == "pause":
         operations.pause(db, args.consumer, who=who, reason=args.reason)
@@ -447,7 +447,7 @@ def _operate(args: argparse.Namespace, db: Database, who: str) -> None:
 
 
 def cmd_audit(args: argparse.Namespace) -> int:
-    from messaging.operations import audit_log
+    from projections.operations import audit_log
 
     db = _existing_database(_settings(args))
     try:

@@ -33,7 +33,7 @@ from messaging.runtime.worker import ConsumerWorker, Dispatcher, Poison, StoredR
 from messaging.store.database import Database
 from messaging.store.store import check_id, partition_of
 from sagas.context import SagaContext
-from sagas.decorators import saga_options, starts_saga
+from sagas.options import saga_options, starts_saga
 from sagas.store import Deadline, SagaRow, SagaStore
 
 T = TypeVar("T")

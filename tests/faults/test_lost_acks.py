@@ -29,16 +29,16 @@ from messaging import (
     MessageStore,
     Settings,
     create_plugin_manager,
-    operations,
     partition_of,
     registry,
 )
 from messaging.consumers import consumer_spec
-from messaging.declarations import declare
 from messaging.distribution.membership import InstanceInfo, Membership
 from messaging.distribution.ownership import Ownership
+from messaging.runtime.declarations import declare
 from messaging.runtime.worker import ConsumerWorker
 from messaging.settings import Distribution
+from projections import operations
 
 pytestmark = [pytest.mark.faults, pytest.mark.mysql]
 STALE = 30.0

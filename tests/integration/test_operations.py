@@ -21,9 +21,9 @@ from messaging import (
     message,
 )
 from messaging.distribution.ownership import Ownership
-from messaging.operations import OperationError, audit_log, pause, rebuild, resume
 from messaging.settings import ConsumerSettings
 from projections import projection
+from projections.operations import OperationError, audit_log, pause, rebuild, resume
 from projections.reports import consumers_report
 from projections.testing import SimulatedCluster
 

@@ -16,7 +16,7 @@ from tally_cluster import TallyCluster
 
 from messaging import Database
 from messaging.distribution.membership import Membership
-from messaging.operations import default_operator
+from projections.operations import default_operator
 
 pytestmark = pytest.mark.multiprocess
 

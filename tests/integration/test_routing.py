@@ -260,8 +260,8 @@ def test_an_id_recorded_by_a_concurrent_batch_makes_the_batch_retry(
 def test_old_handled_ids_can_be_forgotten(clock_db: Database, tmp_path: Path) -> None:
     """The guard's table only grows: an operator drops the ids handled long enough ago;
     one of those sent again is handled again, a newer one is still skipped."""
-    from messaging.operations import OperationError, audit_log, forget_processed
     from projections.cli import main
+    from projections.operations import OperationError, audit_log, forget_processed
 
     cluster = SimulatedCluster(clock_db, [Idempotent], SETTINGS)
     cluster.join("a")
@@ -295,7 +295,7 @@ def test_old_handled_ids_can_be_forgotten(clock_db: Database, tmp_path: Path) ->
 
 
 def test_only_route_consumers_have_handled_ids_to_forget(clock_db: Database) -> None:
-    from messaging.operations import OperationError, forget_processed
+    from projections.operations import OperationError, forget_processed
 
     cluster = SimulatedCluster(clock_db, [Counter], SETTINGS)
     cluster.join("a")

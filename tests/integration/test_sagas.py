@@ -350,7 +350,7 @@ def test_a_saga_cannot_change_its_partition_count(cluster: SimulatedCluster) -> 
 
 
 def test_rebuilding_a_saga_is_refused(cluster: SimulatedCluster) -> None:
-    from messaging.operations import OperationError, rebuild
+    from projections.operations import OperationError, rebuild
 
     cluster.join("a")
     with pytest.raises(OperationError, match="only projections can be rebuilt"):

@@ -38,14 +38,14 @@ from messaging import (
     registry,
 )
 from messaging.consumers import collect_specs
-from messaging.declarations import tenant_fingerprint
 from messaging.distribution.ownership import HALTED, Ownership
-from messaging.operations import rebuild, resume
+from messaging.runtime.declarations import tenant_fingerprint
 from messaging.store._fastpath import sends_directly
 from messaging.store.migrations import migrate
 from messaging.store.tenancy import physical_name
 from projections import projection
 from projections.examples import ledger, transfers
+from projections.operations import rebuild, resume
 from projections.testing import SimulatedCluster
 from projections.testing.cluster import simulation_settings
 from projections.testing.database import drop_tables

@@ -3,7 +3,7 @@
 Send with :meth:`MessageStore.send` in the application's transaction, or with
 :meth:`HandlerContext.send` from any consumer's handler: either way the message is
 stored only if that transaction commits. A destination is a topic; its route consumer
-is partitioned (by the send's ``key``) and handed over like a projection.
+is partitioned (by the send's ``key``) and handed over like any partitioned consumer.
 
 Route consumers are **at-least-once**: an effect outside the database happens again
 when a batch is applied again after a crash, and a sender outside a consumer may send
@@ -20,8 +20,9 @@ from typing import Any, TypeVar
 from sqlalchemy import Table, bindparam, insert, select
 from sqlalchemy.exc import IntegrityError
 
-from messaging.consumers import ConsumerKind, ConsumerOptions, mark_consumer
+from messaging.consumers import DEFAULT_PARTITIONS, ConsumerOptions, mark_consumer
 from messaging.errors import ConcurrentUpdate
+from messaging.kinds import ConsumerKind, register_kind
 from messaging.runtime.context import HandlerContext
 from messaging.runtime.worker import ConsumerWorker, Dispatcher, StoredRow
 
@@ -29,11 +30,22 @@ C = TypeVar("C", bound=type)
 
 _ID_CHUNK = 500
 
+ROUTE_CONSUMER = register_kind(
+    ConsumerKind(
+        value="route-consumer",
+        article="a route consumer",
+        settings_group="routing",
+        records_handled_ids=True,
+    )
+)
+"""Route consumers: applied in fenced batches, never rebuilt (a replay would repeat
+their effects beyond their own tables)."""
+
 
 def route_consumer(
     destination: str,
     *,
-    partitions: int = 16,
+    partitions: int = DEFAULT_PARTITIONS,
     idempotent: bool = False,
     tables: Iterable[Table] = (),
 ) -> Callable[[C], C]:
@@ -45,7 +57,7 @@ def route_consumer(
     """
     options = ConsumerOptions(
         name=destination,
-        kind=ConsumerKind.ROUTE_CONSUMER,
+        kind=ROUTE_CONSUMER,
         topics=(destination,),
         partitions=partitions,
         tables=tuple(tables),

@@ -2,7 +2,7 @@
 
 A sent message is appended to the topic named by its destination, with a ``message-id``
 header. Sent from a handler, the id is derived from the sending consumer, what caused
-the send (the message's position, or a saga deadline) and the send's order, so that a
+the send (the message's position, or a deadline) and the send's order, so that a
 batch applied again sends the very same ids and an idempotent receiver can tell.
 """
 

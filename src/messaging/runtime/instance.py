@@ -24,8 +24,16 @@ import attrs
 import pluggy
 from sqlalchemy import Connection
 
-from messaging.consumers import ConsumerKind, ConsumerSpec
-from messaging.declarations import (
+from messaging.consumers import ConsumerSpec
+from messaging.distribution.membership import InstanceInfo, InstanceRow, Membership
+from messaging.distribution.ownership import Ownership, PartitionRow
+from messaging.distribution.pulse import PULSE_INTERVAL, Pulse, read_pulse
+from messaging.distribution.rebalance import plan
+from messaging.errors import ProjectionsError
+from messaging.messages import MessageRegistry
+from messaging.messages import registry as default_registry
+from messaging.overrides import check_overrides
+from messaging.runtime.declarations import (
     STALE,
     STATE_REBUILD_REQUESTED,
     STATE_REBUILDING,
@@ -35,15 +43,7 @@ from messaging.declarations import (
     perform_requested_rebuild,
     tenant_fingerprint,
 )
-from messaging.distribution.membership import InstanceInfo, InstanceRow, Membership
-from messaging.distribution.ownership import Ownership, PartitionRow
-from messaging.distribution.pulse import PULSE_INTERVAL, Pulse, read_pulse
-from messaging.distribution.rebalance import plan
-from messaging.errors import ProjectionsError
-from messaging.in_memory import InMemoryConsumer
-from messaging.messages import MessageRegistry
-from messaging.messages import registry as default_registry
-from messaging.overrides import check_overrides
+from messaging.runtime.in_memory import InMemoryConsumer
 from messaging.runtime.lifecycle import lifecycle_event
 from messaging.runtime.outage import Outage
 from messaging.runtime.retry import report_retry, retry_transient
@@ -128,12 +128,8 @@ class Instance:
         """Where this instance's admin endpoints answer, if it serves them (published)."""
 
     def _group(self, spec: ConsumerSpec) -> ConsumerGroupSettings:
-        return {
-            ConsumerKind.PROJECTION: self.settings.projections,
-            ConsumerKind.IN_MEMORY_PROJECTION: self.settings.projections,
-            ConsumerKind.ROUTE_CONSUMER: self.settings.routing,
-            ConsumerKind.SAGA: self.settings.sagas,
-        }[spec.kind]
+        group: ConsumerGroupSettings = getattr(self.settings, spec.kind.settings_group)
+        return group
 
     def distribution(self, spec: ConsumerSpec) -> Distribution:
         """The configured distribution of a consumer."""
@@ -193,7 +189,7 @@ class Instance:
             if declared.outcome == STALE:
                 self._forget(spec.name)
                 continue
-            worker_class = spec.options.worker or ConsumerWorker
+            worker_class = spec.options.worker or spec.kind.worker or ConsumerWorker
             self.workers[spec.name] = worker_class(
                 db=self.db,
                 spec=spec,
@@ -471,7 +467,7 @@ class Instance:
         (other instances' copies are untouched), log it, and publish the new state.
 
         Raises :class:`KeyError` for a name this instance does not run in memory and
-        :class:`~messaging.in_memory.InMemoryOperationError` for a command that does not
+        :class:`~messaging.runtime.in_memory.InMemoryOperationError` for a command that does not
         fit the copy's state.
         """
         worker = self.in_memory[name]

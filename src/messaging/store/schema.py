@@ -6,6 +6,8 @@ checks that the two agree.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+
 from sqlalchemy import (
     BigInteger,
     Boolean,
@@ -25,12 +27,25 @@ from sqlalchemy.dialects import mysql
 SCHEMA_VERSION = 6
 """The newest schema migration this code expects."""
 
-_TEXT = Text().with_variant(mysql.LONGTEXT(), "mysql", "mariadb")
-_SECONDS = Float(53)
+LONG_TEXT = Text().with_variant(mysql.LONGTEXT(), "mysql", "mariadb")
+SECONDS = Float(53)
+
+
+TableBuilder = Callable[[MetaData, str], Mapping[str, Table]]
+"""Builds a consumer kind's own tables on a metadata, for a table prefix."""
+
+_EXTENSIONS: dict[str, TableBuilder] = {}
+
+
+def register_tables(owner: str, builder: TableBuilder) -> None:
+    """Add ``owner``'s tables to every schema (those built from now on, and the attributes
+    of those built before, on first use). Called by :func:`messaging.kinds.register_kind`."""
+    _EXTENSIONS[owner] = builder
 
 
 class Schema:
-    """All framework tables for one table prefix."""
+    """All framework tables for one table prefix: the core ones as attributes, and those
+    of the registered consumer kinds as attributes too (``schema.<table>``)."""
 
     def __init__(self, prefix: str) -> None:
         self.prefix = prefix
@@ -41,7 +56,7 @@ class Schema:
             m,
             Column("version", Integer, primary_key=True, autoincrement=False),
             Column("name", String(200), nullable=False),
-            Column("applied_at", _SECONDS, nullable=False),
+            Column("applied_at", SECONDS, nullable=False),
         )
         self.positions = Table(
             f"{prefix}positions",
@@ -58,10 +73,10 @@ class Schema:
             Column("source", String(200), nullable=False),
             Column("version", Integer, nullable=False),
             Column("type", String(200), nullable=False),
-            Column("payload", _TEXT, nullable=False),
-            Column("headers", _TEXT, nullable=True),
+            Column("payload", LONG_TEXT, nullable=False),
+            Column("headers", LONG_TEXT, nullable=True),
             Column("partition_hash", BigInteger, nullable=False),
-            Column("recorded_at", _SECONDS, nullable=False),
+            Column("recorded_at", SECONDS, nullable=False),
             PrimaryKeyConstraint("tenant", "position"),
             UniqueConstraint(
                 "tenant", "topic", "source", "version", name=f"{prefix}uq_source_version"
@@ -76,13 +91,13 @@ class Schema:
             Column("kind", String(32), nullable=False),
             Column("distribution", String(32), nullable=False),
             Column("partitions", Integer, nullable=False),
-            Column("topics", _TEXT, nullable=False),
-            Column("types", _TEXT, nullable=False),
+            Column("topics", LONG_TEXT, nullable=False),
+            Column("types", LONG_TEXT, nullable=False),
             Column("fingerprint", String(64), nullable=False),
             Column("previous_fingerprint", String(64), nullable=True),
             Column("state", String(32), nullable=False),
-            Column("updated_at", _SECONDS, nullable=False),
-            Column("retired_fingerprints", _TEXT, nullable=True),  # V2, hence last
+            Column("updated_at", SECONDS, nullable=False),
+            Column("retired_fingerprints", LONG_TEXT, nullable=True),  # V2, hence last
             Column("rebuild_target", BigInteger, nullable=True),  # V4
             PrimaryKeyConstraint("tenant", "name"),
         )
@@ -98,10 +113,10 @@ class Schema:
             Column("status", String(16), nullable=False),
             Column("halted_position", BigInteger, nullable=True),
             Column("halted_type", String(200), nullable=True),
-            Column("error", _TEXT, nullable=True),
-            Column("halted_at", _SECONDS, nullable=True),
-            Column("updated_at", _SECONDS, nullable=False),
-            Column("halted_trace", _TEXT, nullable=True),  # V6
+            Column("error", LONG_TEXT, nullable=True),
+            Column("halted_at", SECONDS, nullable=True),
+            Column("updated_at", SECONDS, nullable=False),
+            Column("halted_trace", LONG_TEXT, nullable=True),  # V6
             PrimaryKeyConstraint("tenant", "consumer", "partition_no"),
             Index(f"{prefix}ix_partitions_owner", "tenant", "owner"),
         )
@@ -110,11 +125,11 @@ class Schema:
             m,
             Column("id", Integer, primary_key=True, autoincrement=True),
             Column("tenant", String(64), nullable=False),
-            Column("at", _SECONDS, nullable=False),
+            Column("at", SECONDS, nullable=False),
             Column("who", String(200), nullable=False),
             Column("command", String(32), nullable=False),
             Column("consumer", String(200), nullable=False),
-            Column("detail", _TEXT, nullable=True),
+            Column("detail", LONG_TEXT, nullable=True),
             Index(f"{prefix}ix_audit_consumer", "tenant", "consumer", "id"),
         )
         self.instances = Table(
@@ -125,11 +140,11 @@ class Schema:
             Column("name", String(200), nullable=False),
             Column("host", String(200), nullable=False),
             Column("pid", Integer, nullable=False),
-            Column("started_at", _SECONDS, nullable=False),
-            Column("heartbeat_at", _SECONDS, nullable=False),
+            Column("started_at", SECONDS, nullable=False),
+            Column("heartbeat_at", SECONDS, nullable=False),
             Column("stopping", Boolean, nullable=False),
-            Column("runs", _TEXT, nullable=False),
-            Column("in_memory", _TEXT, nullable=True),  # V6
+            Column("runs", LONG_TEXT, nullable=False),
+            Column("in_memory", LONG_TEXT, nullable=True),  # V6
             PrimaryKeyConstraint("tenant", "id"),
             Index(f"{prefix}ix_instances_heartbeat", "tenant", "heartbeat_at"),
         )
@@ -140,36 +155,8 @@ class Schema:
             Column("consumer", String(200), nullable=False),
             Column("message_id", String(200), nullable=False),
             Column("position", BigInteger, nullable=False),
-            Column("processed_at", _SECONDS, nullable=False),
+            Column("processed_at", SECONDS, nullable=False),
             PrimaryKeyConstraint("tenant", "consumer", "message_id"),
-        )
-        self.sagas = Table(
-            f"{prefix}sagas",
-            m,
-            Column("tenant", String(64), nullable=False),
-            Column("saga", String(200), nullable=False),
-            Column("saga_key", String(200), nullable=False),
-            Column("version", Integer, nullable=False),
-            Column("state", _TEXT, nullable=False),
-            Column("ended", Boolean, nullable=False),
-            Column("started_at", _SECONDS, nullable=False),
-            Column("updated_at", _SECONDS, nullable=False),
-            PrimaryKeyConstraint("tenant", "saga", "saga_key"),
-        )
-        self.deadlines = Table(
-            f"{prefix}deadlines",
-            m,
-            Column("tenant", String(64), nullable=False),
-            Column("saga", String(200), nullable=False),
-            Column("saga_key", String(200), nullable=False),
-            Column("name", String(200), nullable=False),
-            Column("partition_no", Integer, nullable=False, autoincrement=False),
-            Column("due_at", _SECONDS, nullable=False),
-            Column("type", String(200), nullable=False),
-            Column("payload", _TEXT, nullable=False),
-            Column("scheduled_at", _SECONDS, nullable=False),
-            PrimaryKeyConstraint("tenant", "saga", "saga_key", "name"),
-            Index(f"{prefix}ix_deadlines_due", "tenant", "saga", "partition_no", "due_at"),
         )
         self.read_models = Table(
             f"{prefix}read_models",
@@ -178,5 +165,24 @@ class Schema:
             Column("table_name", String(64), nullable=False),
             Column("tenant", String(64), nullable=False),
             Column("consumer", String(200), nullable=False),
-            Column("registered_at", _SECONDS, nullable=False),
+            Column("registered_at", SECONDS, nullable=False),
         )
+        self._extensions: dict[str, Table] = {}
+        self._extended: set[str] = set()
+        self.extend()
+
+    def extend(self) -> None:
+        """Build the tables of consumer kinds registered since (idempotent)."""
+        for owner, builder in list(_EXTENSIONS.items()):
+            if owner not in self._extended:
+                self._extended.add(owner)
+                self._extensions.update(builder(self.metadata, self.prefix))
+
+    def __getattr__(self, name: str) -> Table:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        self.extend()
+        try:
+            return self._extensions[name]
+        except KeyError:
+            raise AttributeError(f"the schema has no table {name!r}") from None

@@ -18,7 +18,6 @@ import attrs
 from sqlalchemy import Connection
 
 from messaging import (
-    ConsumerKind,
     Database,
     Distribution,
     Instance,
@@ -27,13 +26,15 @@ from messaging import (
     Settings,
     create_plugin_manager,
     hookimpl,
-    operations,
     settings_from_mapping,
 )
 from messaging.consumers import ConsumerSpec, collect_specs
 from messaging.distribution.ownership import Claim, Ownership
+from messaging.routing.consumer import ROUTE_CONSUMER
 from messaging.runtime.worker import ConsumerWorker
 from messaging.store.store import NewMessage
+from projections import operations
+from projections.kinds import PROJECTION
 from projections.testing.database import configured_database, scratch_database
 
 SIMULATION_CONFIG: Mapping[str, object] = {
@@ -193,7 +194,7 @@ class SimulatedCluster:
         """(topic, message) of every message appended, in position order."""
         self.resent: list[tuple[str, object]] = []
         """(topic, message) of every message sent again under its id (see :meth:`resend`)."""
-        self._destinations = {s.name for s in self.specs if s.kind is ConsumerKind.ROUTE_CONSUMER}
+        self._destinations = {s.name for s in self.specs if s.kind is ROUTE_CONSUMER}
         self._sent: dict[int, tuple[NewMessage, object]] = {}
         """Position → what was sent there, for the messages sent to route consumers."""
         self.running: dict[str, Instance] = {}
@@ -349,7 +350,7 @@ class SimulatedCluster:
     def rebuild(self) -> list[str]:
         """Ask for a rebuild of every projection (an operator's ``projections rebuild``);
         the next round performs it. Returns their names."""
-        names = [spec.name for spec in self.specs if spec.kind is ConsumerKind.PROJECTION]
+        names = [spec.name for spec in self.specs if spec.kind is PROJECTION]
         for name in names:
             operations.rebuild(self.db, name, who=_OPERATOR)
         self._record("rebuild()")

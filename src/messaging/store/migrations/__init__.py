@@ -117,6 +117,7 @@ def create_sqlite_schema(db: Database) -> None:
     """Create every table on SQLite and record the schema version (idempotent). A file
     made by an older version gets the columns added since (they are all nullable)."""
     table = db.schema.migrations
+    db.schema.extend()  # the tables of consumer kinds registered since it was built
     with db.transaction() as conn:
         db.schema.metadata.create_all(conn)
         applied = set(conn.execute(select(table.c.version)).scalars())

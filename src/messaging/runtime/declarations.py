@@ -24,7 +24,7 @@ import attrs
 from sqlalchemy import Connection, and_, insert, inspect, or_, select, update
 from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 
-from messaging.consumers import ConsumerKind, ConsumerSpec
+from messaging.consumers import ConsumerSpec
 from messaging.distribution.ownership import CONSUMER_RUNNING, Ownership
 from messaging.errors import RegistrationError
 from messaging.messages import MessageRegistry
@@ -35,7 +35,7 @@ from messaging.store.database import Database
 from messaging.store.store import MessageStore
 from messaging.store.table_registry import register
 
-log = logging.getLogger("messaging.declarations")
+log = logging.getLogger("messaging.runtime.declarations")
 
 STATE_RUNNING = CONSUMER_RUNNING
 STATE_REBUILDING = "rebuilding"
@@ -46,7 +46,8 @@ CREATED = "created"
 UNCHANGED = "unchanged"
 REBUILT = "rebuilt"
 REDECLARED = "redeclared"
-"""A route consumer or saga under a new declaration: it goes on from its checkpoints."""
+"""A consumer of a kind never rebuilt, under a new declaration: it goes on from its
+checkpoints."""
 STALE = "stale"
 """This instance runs a declaration the consumer has left behind (the one back or older):
 it must apply nothing of it."""
@@ -223,9 +224,9 @@ def _record(
     previous = row.previous_fingerprint if row.fingerprint == fingerprint else row.fingerprint
     if row.fingerprint != fingerprint:
         retired = [f for f in retired if f != fingerprint] + [row.fingerprint]
-    if spec.kind is not ConsumerKind.PROJECTION:
-        # Route consumers and sagas act beyond their own tables: replaying them would send
-        # and do everything again, so a new declaration goes on where the old one stopped.
+    if not spec.kind.rebuildable:
+        # A kind that acts beyond its own tables would send and do everything again if
+        # replayed, so a new declaration goes on where the old one stopped.
         if row.partitions != spec.partitions:
             raise RegistrationError(
                 f"consumer {spec.name!r} ({spec.kind.value}) runs with {row.partitions} "
@@ -248,7 +249,7 @@ def _record(
             instance=instance_id,
             declaration=fingerprint,
             previous=row.fingerprint,
-            reason="new declaration; checkpoints kept (only projections are rebuilt)",
+            reason=f"new declaration; checkpoints kept ({spec.kind.article} is never rebuilt)",
         )
         return Declared(consumer=spec.name, outcome=REDECLARED, fingerprint=fingerprint), False
     lifecycle_event(

@@ -24,23 +24,20 @@ from typing import Any, TypeVar
 
 from sqlalchemy import Connection, delete, insert, select, update
 
-from messaging.consumers import ConsumerKind
-from messaging.declarations import STATE_REBUILD_REQUESTED, STATE_REBUILDING, STATE_RUNNING
 from messaging.distribution.ownership import HALTED, RUNNING
-from messaging.errors import ProjectionsError
+from messaging.errors import OperationError
+from messaging.routing.consumer import ROUTE_CONSUMER
+from messaging.runtime.declarations import STATE_REBUILD_REQUESTED, STATE_REBUILDING, STATE_RUNNING
 from messaging.runtime.lifecycle import lifecycle_event
 from messaging.runtime.retry import retry_transient
 from messaging.settings import ConflictRetrySettings
 from messaging.store.database import Database
+from projections.kinds import PROJECTION
 
 STATE_PAUSED = "paused"
 T = TypeVar("T")
 #: Most characters of a command's recorded reason.
 MAX_REASON_LENGTH = 200
-
-
-class OperationError(ProjectionsError, ValueError):
-    """An operator command cannot be carried out as asked (unknown consumer, wrong state)."""
 
 
 def default_operator() -> str:
@@ -250,7 +247,7 @@ def rebuild(db: Database, consumer: str, *, who: str, reason: str = "") -> None:
     def body(conn: Connection, command_id: str) -> None:
         state = _state(db, conn, consumer)
         kind = _kind(db, conn, consumer)
-        if kind != ConsumerKind.PROJECTION.value:
+        if kind != PROJECTION.value:
             raise OperationError(
                 f"consumer {consumer!r} is a {kind}: only projections can be rebuilt "
                 "(replaying a route consumer or saga would repeat its effects)"
@@ -278,7 +275,7 @@ def forget_processed(
     def body(conn: Connection, command_id: str) -> int:
         _state(db, conn, consumer)
         kind = _kind(db, conn, consumer)
-        if kind != ConsumerKind.ROUTE_CONSUMER.value:
+        if kind != ROUTE_CONSUMER.value:
             raise OperationError(
                 f"consumer {consumer!r} is a {kind}: only route consumers record handled ids"
             )

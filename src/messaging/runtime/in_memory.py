@@ -1,7 +1,7 @@
-"""In-memory projections as their instance's operators see them: state, position, and
+"""In-memory consumers as their instance's operators see them: state, position, and
 pause, resume (past a poison message) and rebuild of this process's copy alone.
 
-Every instance runs its own copy of an in-memory projection, so these commands reach
+Every instance runs its own copy of an in-memory consumer, so these commands reach
 one process (through its admin endpoint), not the database; what each copy is doing is
 published with the instance's heartbeat for the reports.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from messaging.operations import OperationError
+from messaging.errors import OperationError
 from messaging.runtime.worker import InMemoryWorker
 
 __all__ = ["InMemoryConsumer", "InMemoryOperationError"]
