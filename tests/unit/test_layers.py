@@ -33,4 +33,3 @@ def test_messaging_imports_no_consumer_kind_package() -> None:
 def test_the_walk_sees_imports_inside_functions() -> None:
     tree = ast.parse("def f():\n    from sagas.worker import SagaWorker\n    import projections\n")
     assert _imported(tree) == {"sagas.worker", "projections"}
-
