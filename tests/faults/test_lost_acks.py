@@ -73,7 +73,7 @@ def _worker(
     _instance(db, instance_id)
     spec = consumer_spec(cls)
     settings = attrs.evolve(Settings().messaging.consumer, batch_size=batch_size)
-    worker = (spec.options.worker or ConsumerWorker)(
+    worker = (spec.options.worker or spec.kind.worker or ConsumerWorker)(
         db=proxied,
         spec=spec,
         instance_id=instance_id,

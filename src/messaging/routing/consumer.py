@@ -24,7 +24,9 @@ from messaging.consumers import DEFAULT_PARTITIONS, ConsumerOptions, mark_consum
 from messaging.errors import ConcurrentUpdate
 from messaging.kinds import ConsumerKind, register_kind
 from messaging.runtime.context import HandlerContext
-from messaging.runtime.worker import ConsumerWorker, Dispatcher, StoredRow
+from messaging.runtime.dispatch import Dispatcher
+from messaging.runtime.worker import ConsumerWorker
+from messaging.store.store import StoredRow
 
 C = TypeVar("C", bound=type)
 
@@ -86,17 +88,17 @@ class IdempotentDispatcher(Dispatcher):
 
     def apply(self, rows: Sequence[StoredRow], ctx: HandlerContext, partition_count: int) -> None:
         envelopes = ctx.envelopes
-        ids = {row[0]: envelopes[row[0]].message_id for row in rows}
+        ids = {row.position: envelopes[row.position].message_id for row in rows}
         seen = self._handled(ctx, [i for i in ids.values() if i is not None])
         fresh = []
         records: list[dict[str, Any]] = []
         for row in rows:
-            message_id = ids[row[0]]
+            message_id = ids[row.position]
             if message_id is not None:
                 if message_id in seen:
                     continue
                 seen.add(message_id)
-                records.append({"message": message_id, "at_position": row[0]})
+                records.append({"message": message_id, "at_position": row.position})
             fresh.append(row)
         super().apply(fresh, ctx, partition_count)
         if records:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-import traceback
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from contextlib import AbstractContextManager, nullcontext
@@ -26,77 +25,24 @@ from sqlalchemy import Connection
 from messaging.consumers import ConsumerSpec
 from messaging.distribution.ownership import Claim, Ownership
 from messaging.errors import CheckpointMoved, OwnershipLost
-from messaging.messages import Envelope, MessageRegistry
+from messaging.messages import MessageRegistry
 from messaging.routing.outbox import Outbox
+from messaging.runtime.batch import Batch, split_lanes
 from messaging.runtime.context import HandlerContext
-from messaging.runtime.failures import last_frames
+from messaging.runtime.dispatch import Dispatcher
 from messaging.runtime.lifecycle import lifecycle_event
 from messaging.runtime.outage import Outage
+from messaging.runtime.poison import Poison, halt_partition, isolate
 from messaging.runtime.retry import is_ambiguous, is_transient, report_retry, retry_transient
 from messaging.settings import ConsumerSettings
 from messaging.store.database import Database
-from messaging.store.store import MessageStore
+from messaging.store.store import MessageStore, StoredRow
 
 log = logging.getLogger("messaging.runtime.worker")
 T = TypeVar("T")
 
-Handler = tuple[Callable[[Any, int | None], Any], Callable[[Any, HandlerContext], Any]]
-"""(decode, handle) of one message type."""
-StoredRow = Any  # a row of MessageStore.read_batch(): (position, type, partition_hash, payload)
 
-
-def _without_context(method: Callable[[Any], Any]) -> Callable[[Any, HandlerContext], Any]:
-    def call(message: Any, _ctx: HandlerContext) -> Any:
-        return method(message)
-
-    return call
-
-
-class Poison(Exception):
-    """A message that cannot be decoded or handled: its partition halts at it."""
-
-    def __init__(self, row: StoredRow, partition: int, error: BaseException) -> None:
-        super().__init__(str(error))
-        self.row = row
-        self.partition = partition
-        self.error = error
-        self.batch: Sequence[StoredRow] = ()
-        """The batch the failing message was in, to replay unbuffered."""
-
-
-class Dispatcher:
-    """Decodes rows and calls the consumer's handler for each."""
-
-    def __init__(self, spec: ConsumerSpec, registry: MessageRegistry, db: Database) -> None:
-        self.spec = spec
-        self.registry = registry
-        self.db = db
-        self.target = spec.cls()
-        self.handlers: dict[str, Handler] = {}
-        for cls, attribute in spec.handlers.items():
-            name = registry.type_name(cls)
-            method = getattr(self.target, attribute)
-            if spec.handler_arity[cls] == 1:
-                method = _without_context(method)
-            self.handlers[name] = (registry.decoder(name), method)
-        self.type_names = sorted(self.handlers)
-
-    def apply(self, rows: Sequence[StoredRow], ctx: HandlerContext, partition_count: int) -> None:
-        """Decode and handle ``rows`` in order; wrap the first failure in :class:`Poison`."""
-        handlers = self.handlers
-        row: StoredRow = None
-        try:
-            for row in rows:
-                ctx.position = row[0]
-                decode, call = handlers[row[1]]
-                call(decode(row[3], row[0]), ctx)
-        except Exception as exc:
-            if is_transient(exc):
-                raise
-            raise Poison(row, row[2] % partition_count, exc) from exc
-
-
-class _Worker:
+class Worker:
     """What both workers share: the consumer, its dispatcher, and the polling loop."""
 
     dispatcher_class: type[Dispatcher] = Dispatcher
@@ -160,7 +106,7 @@ class _Worker:
                 stop.wait(self.idle_wait())
 
 
-class ConsumerWorker(_Worker):
+class ConsumerWorker(Worker):
     """Applies one transactional consumer's owned partitions, batch by batch."""
 
     def __init__(
@@ -313,144 +259,88 @@ class ConsumerWorker(_Worker):
                 return 0
         self._catching_up = False
         if self.lanes == 1:
-            return self._apply_limited(claims, rows, started)
-        return self._apply_lanes(claims, rows or (), started)
+            return self._apply_limited(Batch(claims, rows), started)
+        return self._apply_lanes(
+            split_lanes(claims, rows or (), self.spec.partitions, self.lanes), started
+        )
 
-    def _apply_lanes(
-        self, claims: Mapping[int, Claim], rows: Sequence[StoredRow], started: float
-    ) -> int:
-        """Apply ``rows`` split by lane, the lanes in parallel, each committing its
-        checkpoints at the read's last position. The partitions of lanes without messages
-        go with the first lane that has some, so that the next read starts after them too."""
-        count = self.spec.partitions
-        by_lane: dict[int, list[StoredRow]] = {}
-        for row in rows:
-            by_lane.setdefault(row[2] % count % self.lanes, []).append(row)
-        first = min(by_lane)
-        parts = [
-            (
-                {
-                    p: c
-                    for p, c in claims.items()
-                    if p % self.lanes == lane or (lane == first and p % self.lanes not in by_lane)
-                },
-                lane_rows,
-            )
-            for lane, lane_rows in sorted(by_lane.items())
-        ]
+    def _apply_lanes(self, batches: Sequence[Batch], started: float) -> int:
+        """Apply the lanes' ``batches`` in parallel, each in a transaction of its own."""
         if self._lane_pool is None:
             self._lane_pool = ThreadPoolExecutor(
                 self.lanes - 1, thread_name_prefix=f"{threading.current_thread().name}/lane"
             )
-        through = int(rows[-1][0])
         futures = [
-            self._lane_pool.submit(self._apply_limited, lane_claims, lane_rows, started, through)
-            for lane_claims, lane_rows in parts[1:]
+            self._lane_pool.submit(self._apply_limited, batch, started) for batch in batches[1:]
         ]
         try:
-            applied = self._apply_limited(*parts[0], started, through)
+            applied = self._apply_limited(batches[0], started)
         finally:
             wait(futures)  # the batch is in flight until every lane has committed
         return applied + sum(future.result() for future in futures)
 
-    def _apply_limited(
-        self,
-        claims: Mapping[int, Claim],
-        rows: Sequence[StoredRow] | None,
-        started: float,
-        through: int = 0,
-    ) -> int:
+    def _apply_limited(self, batch: Batch, started: float) -> int:
         with self._limiter:
-            return self._apply(claims, rows, started, through)
+            return self._apply(batch, started)
 
-    def _apply(
-        self,
-        claims: Mapping[int, Claim],
-        rows: Sequence[StoredRow] | None,
-        started: float,
-        through: int = 0,
-    ) -> int:
-        """Apply ``rows`` (read in the transaction when None) and commit the checkpoints of
-        ``claims`` at the last row, or at ``through`` when the read behind ``rows`` went that
-        far (it holds every message of ``claims`` up to it). A lost fence drops its
-        partitions; a checkpoint found already moved (an earlier commit went through
-        unacknowledged) is taken from the database: either way nothing is applied."""
+    def _apply(self, batch: Batch, started: float) -> int:
+        """Apply ``batch`` and commit its fenced checkpoints (:meth:`Batch.checkpoint`). A
+        lost fence drops its partitions; a checkpoint found already moved (an earlier
+        commit went through unacknowledged) is taken from the database: either way
+        nothing is applied."""
         try:
-            return self._apply_or_halt(claims, rows, started, through)
+            return self._apply_or_halt(batch, started)
         except OwnershipLost as lost:
             self._lose(lost.partitions)
         except CheckpointMoved as moved:
-            self._moved(moved, claims)
+            self._moved(moved, batch.claims)
         except Exception as exc:
             if is_ambiguous(exc):  # a poison replay, a prefix or a halt of unknown outcome
                 self._stale = True
             raise
         return 0
 
-    def _apply_or_halt(
-        self,
-        claims: Mapping[int, Claim],
-        rows: Sequence[StoredRow] | None,
-        started: float,
-        through: int,
-    ) -> int:
+    def _apply_or_halt(self, batch: Batch, started: float) -> int:
+        claims = batch.claims
         try:
             rows = self._retry_commit(
-                lambda: self._commit(rows, claims, immediate=False, through=through),
-                claims,
-                f"apply {self.spec.name}",
+                lambda: self._commit(batch, immediate=False), claims, f"apply {self.spec.name}"
             )
         except Poison as failed:
             # The buffered writes hide which message failed: replay it unbuffered to find out.
             try:
-                rows = self._commit(failed.batch, claims, immediate=True)
+                rows = self._commit(Batch(claims, failed.batch), immediate=True)
             except Poison as poison:
                 # Commit what came before the poison message, so that its partition's
                 # checkpoint stops right before it, then halt that partition there.
-                index = self._commit_before(poison, claims, started)
-                self._halt(poison, claims)
-                return index
+                found = isolate(poison, partial(self._commit_prefix, claims, started))
+                self._halt(found.poison, claims)
+                return found.committed
         if not rows:
             return 0
-        self._applied(claims, rows, started, through)
+        self._applied(batch, rows, started)
         self._catching_up = len(rows) >= self.settings.batch_size
         return len(rows)
 
-    def _commit_before(self, poison: Poison, claims: Mapping[int, Claim], started: float) -> int:
-        """Commit the messages before ``poison``'s; return how many. Should those fail as a
-        whole (a write at the end of the batch), the poison moves to the message the
-        failure names, until a prefix commits or none is left."""
-        while index := [row[0] for row in poison.batch].index(poison.row[0]):
-            try:
-                self._commit(poison.batch[:index], claims, immediate=False)
-            except Poison as earlier:
-                poison.row, poison.partition, poison.error = (
-                    earlier.row,
-                    earlier.partition,
-                    earlier.error,
-                )
-                continue
-            self._applied(claims, poison.batch[:index], started)
-            return index
-        return 0
-
-    def _applied(
-        self,
-        claims: Mapping[int, Claim],
-        rows: Sequence[StoredRow],
-        started: float,
-        through: int = 0,
+    def _commit_prefix(
+        self, claims: Mapping[int, Claim], started: float, rows: Sequence[StoredRow]
     ) -> None:
-        """After ``rows`` committed: move the local checkpoints and tell the plugins."""
-        last = int(rows[-1][0])
-        self._advance(claims, max(last, through))
+        """Commit ``rows``, the messages before a poison message (see :func:`isolate`)."""
+        prefix = Batch(claims, rows)
+        self._commit(prefix, immediate=False)
+        self._applied(prefix, rows, started)
+
+    def _applied(self, batch: Batch, rows: Sequence[StoredRow], started: float) -> None:
+        """After ``rows`` of ``batch`` committed: move the local checkpoints, tell the plugins."""
+        claims = batch.claims
+        self._advance(claims, batch.checkpoint(rows))
         self.hooks.projections_batch_applied(
             consumer=self.spec.name,
             partitions=sorted(claims),
             epochs={p: c.epoch for p, c in claims.items()},
             instance_id=self.instance_id,
             count=len(rows),
-            last_position=last,
+            last_position=rows[-1].position,
             seconds=time.perf_counter() - started,
         )
 
@@ -466,21 +356,15 @@ class ConsumerWorker(_Worker):
             limit=limit or self.settings.batch_size,
         )
 
-    def _commit(
-        self,
-        rows: Sequence[StoredRow] | None,
-        claims: Mapping[int, Claim],
-        *,
-        immediate: bool,
-        through: int = 0,
-    ) -> Sequence[StoredRow]:
-        """In one transaction: read the batch unless given, apply it, commit the fenced
-        checkpoints (at its last row or ``through``, the further). Returns the rows applied."""
+    def _commit(self, batch: Batch, *, immediate: bool) -> Sequence[StoredRow]:
+        """In one transaction: read the rows unless the batch has them, apply them, commit
+        the fenced checkpoints (:meth:`Batch.checkpoint`). Returns the rows applied."""
+        claims = batch.claims
         with self.db.transaction(consumer=self.spec.name) as conn:
-            batch = self._fetch(conn, claims) if rows is None else rows
-            if not batch:
-                return batch
-            positions = [row[0] for row in batch]
+            rows = self._fetch(conn, claims) if batch.rows is None else batch.rows
+            if not rows:
+                return rows
+            positions = [row.position for row in rows]
             ctx = HandlerContext(
                 conn,
                 lambda: self.store.envelopes(conn, positions),
@@ -488,20 +372,20 @@ class ConsumerWorker(_Worker):
                 outbox=self.outbox,
             )
             try:
-                self.dispatcher.apply(batch, ctx, self.spec.partitions)
+                self.dispatcher.apply(rows, ctx, self.spec.partitions)
                 try:
                     ctx.flush()
                 except Exception as exc:
                     if is_transient(exc):
                         raise
-                    raise Poison(batch[-1], batch[-1][2] % self.spec.partitions, exc) from exc
+                    last = rows[-1]
+                    raise Poison(last, last.partition_hash % self.spec.partitions, exc) from exc
             except Poison as poison:
-                poison.batch = batch
-                raise
+                raise poison.within(rows) from poison.error
             self.ownership.commit_checkpoint(
-                conn, self.spec.name, self.instance_id, claims, max(int(batch[-1][0]), through)
+                conn, self.spec.name, self.instance_id, claims, batch.checkpoint(rows)
             )
-            return batch
+            return rows
 
     def _advance(self, applied: Mapping[int, Claim], position: int) -> None:
         with self._lock:
@@ -551,126 +435,7 @@ class ConsumerWorker(_Worker):
             )
 
     def _halt(self, poison: Poison, claims: Mapping[int, Claim]) -> None:
-        row, partition, error = poison.row, poison.partition, poison.error
-        position, type_name = int(row[0]), str(row[1])
-        self.hooks.projections_message_failed(
-            consumer=self.spec.name,
-            partition=partition,
-            position=position,
-            type_name=type_name,
-            error=error,
-            instance_id=self.instance_id,
-        )
-        detail = "".join(traceback.format_exception_only(error)).strip()
-        with self.db.transaction() as conn:
-            halted = self.ownership.halt(
-                conn,
-                self.spec.name,
-                claims[partition],
-                self.instance_id,
-                position=position,
-                type_name=type_name,
-                error=detail,
-                trace=last_frames(error),
-            )
-        self.drop([partition])
-        if halted:
-            lifecycle_event(
-                "halt",
-                level=logging.ERROR,
-                exc_info=error,
-                consumer=self.spec.name,
-                partition=partition,
-                instance=self.instance_id,
-                epoch=claims[partition].epoch,
-                position=position,
-                type=type_name,
-                error=detail,
-            )
-            self.hooks.projections_partition_halted(
-                consumer=self.spec.name,
-                partition=partition,
-                position=position,
-                type_name=type_name,
-                error=detail,
-                instance_id=self.instance_id,
-            )
-
-
-class InMemoryWorker(_Worker):
-    """Applies an in-memory consumer whole, from the start of its topics, in this process."""
-
-    def __init__(
-        self,
-        *,
-        db: Database,
-        spec: ConsumerSpec,
-        instance_id: str,
-        settings: ConsumerSettings,
-        hooks: pluggy.HookRelay,
-        registry: MessageRegistry,
-    ) -> None:
-        super().__init__(
-            db=db,
-            spec=spec,
-            instance_id=instance_id,
-            settings=settings,
-            hooks=hooks,
-            registry=registry,
-        )
-        self.position = 0
-        self.halted: str | None = None
-        self.trace: str | None = None
-        """Where the handler failed (the last frames of its traceback), while halted."""
-        self.halted_message: dict[str, Any] | None = None
-        """The poison message's position, type and error, while halted."""
-
-    @property
-    def target(self) -> Any:
-        """The consumer object holding the in-memory state."""
-        return self.dispatcher.target
-
-    def poll(self) -> int:
-        """Apply the next batch to the in-memory state; return how many were applied."""
-        if self.halted is not None:
-            return 0
-        with self.db.read() as conn:
-            rows = self.store.read_batch(
-                conn,
-                self.spec.topics,
-                after=self.position,
-                types=self.dispatcher.type_names,
-                limit=self.settings.batch_size,
-            )
-        if not rows:
-            return 0
-
-        def load_envelopes() -> dict[int, Envelope]:
-            with self.db.read() as conn:
-                return self.store.envelopes(conn, [row[0] for row in rows])
-
-        ctx = HandlerContext(None, load_envelopes)
-        for index, row in enumerate(rows):
-            try:
-                self.dispatcher.apply(rows[index : index + 1], ctx, self.spec.partitions)
-            except Poison as poison:
-                self._halt(poison)
-                return index
-            self.position = int(row[0])
-        return len(rows)
-
-    def _halt(self, poison: Poison) -> None:
-        position, type_name = int(poison.row[0]), str(poison.row[1])
-        detail = "".join(traceback.format_exception_only(poison.error)).strip()
-        self.halted = f"halted at position {position} ({type_name}): {detail}"
-        self.trace = last_frames(poison.error)
-        self.halted_message = {"position": position, "type": type_name, "error": detail}
-        log.error("in-memory consumer %s %s", self.spec.name, self.halted, exc_info=poison.error)
-        self.hooks.projections_message_failed(
-            consumer=self.spec.name,
-            partition=poison.partition,
-            position=position,
-            type_name=type_name,
-            error=poison.error,
-            instance_id=self.instance_id,
-        )
+        """Halt ``poison``'s partition at it (recorded, told to the plugins) and drop it."""
+        claim = claims[poison.partition]
+        halt_partition(self.db, self.hooks, self.spec.name, self.instance_id, claim, poison)
+        self.drop([poison.partition])

@@ -17,7 +17,7 @@ import json
 import uuid
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import attrs
 from sqlalchemy import (
@@ -52,6 +52,17 @@ def partition_hash(key: str) -> int:
 def partition_of(key: str, partitions: int) -> int:
     """The partition a key falls into for a consumer with ``partitions`` partitions."""
     return partition_hash(key) % partitions
+
+
+class StoredRow(NamedTuple):
+    """A stored message as a consumer applies it (:meth:`MessageStore.read_batch`)."""
+
+    position: int
+    type: str
+    """The stored type name."""
+    partition_hash: int
+    """The hash of its key; its partition is this modulo the consumer's partition count."""
+    payload: str
 
 
 @attrs.define(frozen=True, kw_only=True)
@@ -296,11 +307,11 @@ class MessageStore:
         partition_count: int = 1,
         types: Sequence[str] | None = None,
         limit: int = 500,
-    ) -> Sequence[Any]:
+    ) -> list[StoredRow]:
         """What :meth:`read` selects, as ``(position, type, partition_hash, payload)`` rows:
         all a consumer needs to apply a batch. :meth:`envelopes` gives the rest on demand.
 
-        Rows are to be indexed, not named: on the hot path they are the driver's tuples
+        Named tuples (:class:`StoredRow`), built from the driver's tuples on the hot path
         (see :mod:`messaging.store._fastpath`).
         """
         query = self._query(
@@ -308,7 +319,8 @@ class MessageStore:
         )
         if query is None:
             return []
-        return _fastpath.fetch(conn, *query, direct=_fastpath.sends_directly(conn))
+        rows = _fastpath.fetch(conn, *query, direct=_fastpath.sends_directly(conn))
+        return list(map(StoredRow._make, rows))
 
     def envelopes(self, conn: Connection, positions: Sequence[int]) -> dict[int, Envelope]:
         """The envelopes of the messages at ``positions``, by position (one query)."""
