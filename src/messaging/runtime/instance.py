@@ -25,27 +25,22 @@ import pluggy
 from sqlalchemy import Connection
 
 from messaging.consumers import ConsumerSpec
-from messaging.distribution.membership import InstanceInfo, InstanceRow, Membership
-from messaging.distribution.ownership import Ownership, PartitionRow
-from messaging.distribution.pulse import PULSE_INTERVAL, Pulse, read_pulse
-from messaging.distribution.rebalance import plan
+from messaging.distribution.membership import InstanceInfo, Membership
+from messaging.distribution.ownership import Ownership
 from messaging.errors import ProjectionsError
 from messaging.messages import MessageRegistry
 from messaging.messages import registry as default_registry
 from messaging.overrides import check_overrides
 from messaging.runtime.declarations import (
     STALE,
-    STATE_REBUILD_REQUESTED,
-    STATE_REBUILDING,
     Declared,
-    current_declarations,
     declare,
-    perform_requested_rebuild,
     tenant_fingerprint,
 )
 from messaging.runtime.in_memory import InMemoryConsumer
 from messaging.runtime.lifecycle import lifecycle_event
 from messaging.runtime.outage import Outage
+from messaging.runtime.rebalancer import Rebalancer
 from messaging.runtime.retry import report_retry, retry_transient
 from messaging.runtime.worker import ConsumerWorker
 from messaging.settings import ConsumerGroupSettings, Distribution, Settings
@@ -53,9 +48,6 @@ from messaging.store.database import Database
 from messaging.store.store import MessageStore
 
 log = logging.getLogger("messaging.runtime.instance")
-
-_EXPIRY_MARGIN = 0.05
-"""Seconds after a peer's expiry to look again, so that it has really turned stale."""
 
 T = TypeVar("T")
 
@@ -98,7 +90,7 @@ class Instance:
         self.name = name or default_instance_name()
         self.membership = Membership(db)
         self.ownership = Ownership(db)
-        self._store = MessageStore(db, registry)
+        self.store = MessageStore(db, registry)
         self.stop_requested = threading.Event()
         self._stop_workers = threading.Event()
         self._stop_rebalance = threading.Event()
@@ -110,20 +102,16 @@ class Instance:
         self._registered = False
         self._limiter = threading.BoundedSemaphore(self.consumer_settings.executor.max_workers)
         """Bounds the batches applied at once across every consumer of the instance."""
-        self._next_round_in = settings.messaging.consumer.rebalance_interval
         self._threads: list[threading.Thread] = []
         self.workers: dict[str, ConsumerWorker] = {}
         self.in_memory: dict[str, InMemoryConsumer] = {}
         self._started = False
         self.distributions: dict[str, Distribution] = {}
-        self._waiting: dict[str, str | None] = {}
         self.outage = Outage(f"instance {self.name}")
         """The database as the workers and the rebalance loop see it: logged on its edges."""
         self.heartbeat_outage = Outage(f"instance {self.name} heartbeat")
-        self._pulse: Pulse = ()
-        self._awaited: dict[str, int] = {}
-        """Partitions of each consumer assigned here but still held by live peers."""
-        self._awaiting_since: float | None = None
+        self.rebalancer = Rebalancer(self)
+        """Claims and releases this instance's share (the rebalance rounds)."""
         self.admin_url: str | None = None
         """Where this instance's admin endpoints answer, if it serves them (published)."""
 
@@ -159,7 +147,7 @@ class Instance:
         check_overrides(self.settings, self.specs)
         # Another process may be creating a new SQLite file's schema (and WAL mode) at
         # this moment: that is a lock error like any other, and retried.
-        self._retry(self.db.prepare, "prepare the schema")
+        self.retry(self.db.prepare, "prepare the schema")
         runs = {}
         for spec in self.specs:
             if spec.transactional:
@@ -172,7 +160,7 @@ class Instance:
         self.info = InstanceInfo(
             id=self.id, name=self.name, host=socket.gethostname(), pid=os.getpid(), runs=runs
         )
-        self._retry(self._register, "register")
+        self.retry(self._register, "register")
         self._registered = True
         for spec in self.specs:
             if not spec.transactional:
@@ -185,9 +173,9 @@ class Instance:
                     registry=self.registry,
                 )
                 continue
-            declared = self._retry(partial(self._declare, spec), f"declare {spec.name}")
+            declared = self.retry(partial(self._declare, spec), f"declare {spec.name}")
             if declared.outcome == STALE:
-                self._forget(spec.name)
+                self.forget(spec.name)
                 continue
             worker_class = spec.options.worker or spec.kind.worker or ConsumerWorker
             self.workers[spec.name] = worker_class(
@@ -204,7 +192,7 @@ class Instance:
         for worker in [*self.workers.values(), *self.in_memory.values()]:
             worker.outage = self.outage
         if self.in_memory:
-            self._retry(self.publish_in_memory, "publish the in-memory consumers")
+            self.retry(self.publish_in_memory, "publish the in-memory consumers")
         log.info(
             "instance %s (%s) started with %s, in memory %s",
             self.name,
@@ -215,12 +203,12 @@ class Instance:
         self.hooks.projections_instance_started(
             instance_id=self.id, name=self.name, consumers=[s.name for s in self.specs]
         )
-        self._retry(self.rebalance, "rebalance")
-        self._announce_wait()
+        self.retry(self.rebalance, "rebalance")
+        self.rebalancer.announce_wait()
         if not loops:
             return
         self._spawn("heartbeat", self._heartbeat_loop, self._stop_heartbeat)
-        self._spawn("rebalance", self._rebalance_loop, self._stop_rebalance)
+        self._spawn("rebalance", self.rebalancer.loop, self._stop_rebalance)
         for name, worker in self.workers.items():
             self._spawn(f"apply:{name}", worker.run, self._stop_workers)
         for name, memory in self.in_memory.items():
@@ -266,7 +254,7 @@ class Instance:
                 )
             self.membership.register(conn, self.info)
 
-    def _retry(self, action: Callable[[], T], what: str) -> T:
+    def retry(self, action: Callable[[], T], what: str) -> T:
         return retry_transient(
             action,
             self.consumer_settings.conflict_retry,
@@ -281,132 +269,7 @@ class Instance:
 
     # -- loops -------------------------------------------------------------------------
 
-    def rebalance(self) -> None:
-        """Compute the target from the database rows; release what moved away, claim the rest.
-
-        Released partitions are dropped only after the batch in flight commits. Partitions
-        assigned here are claimed when unowned or owned by a non-live instance; one still
-        held by a live instance is claimed on a later round, after that instance let go.
-        """
-        started = time.perf_counter()
-        timeout = self.consumer_settings.stale_instance_timeout
-        with self.db.read() as conn:
-            members = self.membership.instances(conn, timeout)
-            live = [i for i in members if i.live and not i.stopping]
-            rows = self.ownership.partitions(conn, sorted(self.workers))
-            declared = current_declarations(self.db, conn, sorted(self.workers))
-            head = self._store.head(conn)
-            self._pulse = read_pulse(self.db, conn, sorted(self.workers))
-        read_seconds = time.perf_counter() - started
-        moved = {"claimed": 0, "released": 0}
-        self._round(live, rows, declared, moved)
-        self.hooks.projections_rebalanced(
-            instance_id=self.id,
-            seconds=time.perf_counter() - started,
-            membership_seconds=read_seconds,
-            live_members=len(live),
-            claimed=moved["claimed"],
-            released=moved["released"],
-        )
-        for name, worker in self.workers.items():
-            lags = {p: max(0, head - c.checkpoint) for p, c in worker.claims().items()}
-            self.hooks.projections_lag(consumer=name, instance_id=self.id, lags=lags)
-        self._next_round_in = self._next_round(members)
-        if self._awaiting_since is not None and not any(self._awaited.values()):
-            waited = time.monotonic() - self._awaiting_since
-            self._awaiting_since = None
-            log.info("instance %s: has its share of every consumer after %.1f s", self.name, waited)
-
-    def _announce_wait(self) -> None:
-        """Say, once at start, what this instance waits for and for how long at most: the
-        partitions assigned here that live peers still hold until their next round."""
-        awaited = {name: n for name, n in self._awaited.items() if n}
-        if not awaited:
-            return
-        self._awaiting_since = time.monotonic()
-        interval = self.consumer_settings.rebalance_interval
-        usually = 2 * min(PULSE_INTERVAL, interval)
-        log.info(
-            "instance %s: waiting for %s held by live instances: they hand them over at "
-            "their next rebalance round, usually within %g s, at most %g s (two "
-            "rebalance-intervals) plus a batch in flight",
-            self.name,
-            ", ".join(f"{n} partition(s) of {name}" for name, n in sorted(awaited.items())),
-            usually,
-            2 * interval,
-        )
-
-    def _round(
-        self,
-        live: list[InstanceRow],
-        rows: list[PartitionRow],
-        declared: dict[str, tuple[str, str]],
-        moved: dict[str, int],
-    ) -> None:
-        """One round's decisions from the rows just read; counts what moved into ``moved``."""
-        for name in [n for n in self.workers if declared.get(n, ("",))[0] != self.fingerprints[n]]:
-            self._retire(name)
-        for name, worker in list(self.workers.items()):
-            state = declared[name][1]
-            if state in (STATE_REBUILD_REQUESTED, STATE_REBUILDING):
-                worker.drop_after_batch(sorted(worker.claims()))
-                perform_requested_rebuild(
-                    self.db, worker.spec, self.id, self.consumer_settings.stale_instance_timeout
-                )
-        owners: dict[str, dict[int, str | None]] = {name: {} for name in self.workers}
-        for row in rows:
-            owners[row.consumer][row.partition] = row.owner
-        plans = plan(
-            self.id,
-            live,
-            owners,
-            {name: worker.spec.partitions for name, worker in self.workers.items()},
-            {name: self.distributions[name] for name in self.workers},
-            self.fingerprints,
-        )
-        live_ids = self.membership.live_ids(self.consumer_settings.stale_instance_timeout)
-        for name, target in plans.items():
-            worker = self.workers[name]
-            lost = [p for p in worker.claims() if owners[name].get(p) != self.id]
-            if lost:
-                worker.drop(lost)
-            if target.release:
-                worker.drop_after_batch(sorted(target.release))
-                with self.db.transaction() as conn:
-                    self.ownership.release(conn, name, self.id, target.release)
-                for partition in sorted(target.release):
-                    self._event(name, partition, None)
-                moved["released"] += len(target.release)
-            if target.waiting_for and target.waiting_for != self._waiting.get(name):
-                log.warning("consumer %s: applying nothing here: %s", name, target.waiting_for)
-            self._waiting[name] = target.waiting_for
-            wanted = sorted(target.target - set(worker.claims()))
-            self._awaited[name] = 0
-            if not wanted:
-                continue
-            with self.db.transaction() as conn:
-                claims = self.ownership.claim(conn, name, wanted, self.id, live_ids)
-            worker.add_claims(claims)
-            self._awaited[name] = len(target.target - set(worker.claims()))
-            moved["claimed"] += len(claims)
-            for claim in claims:
-                self._event(name, claim.partition, claim.epoch)
-
-    def _retire(self, name: str) -> None:
-        """Stop applying a consumer whose declaration was replaced by another instance."""
-        lifecycle_event(
-            "declaration-mismatch",
-            level=logging.WARNING,
-            consumer=name,
-            instance=self.name,
-            declaration=self.fingerprints[name],
-            reason="rebuilt under another declaration; applying nothing until restarted",
-        )
-        worker = self.workers.pop(name)
-        worker.drop_after_batch(sorted(worker.claims()))
-        self._forget(name)
-
-    def _forget(self, name: str) -> None:
+    def forget(self, name: str) -> None:
         """Stop telling the peers that this instance runs ``name``: it applies nothing of
         it, so nobody may plan partitions of it here."""
         runs = {consumer: run for consumer, run in self.info.runs.items() if consumer != name}
@@ -416,9 +279,9 @@ class Instance:
             with self.db.transaction() as conn:
                 self.membership.update_runs(conn, self.id, runs)
 
-        self._retry(update, f"forget {name}")
+        self.retry(update, f"forget {name}")
 
-    def _event(self, consumer: str, partition: int, epoch: int | None) -> None:
+    def partition_event(self, consumer: str, partition: int, epoch: int | None) -> None:
         """A claim (with its epoch) or a release (``epoch`` None): log it, tell the plugins."""
         lifecycle_event(
             "claim" if epoch is not None else "release",
@@ -435,6 +298,10 @@ class Instance:
             self.hooks.projections_partition_released(
                 consumer=consumer, partition=partition, instance_id=self.id
             )
+
+    def rebalance(self) -> None:
+        """One rebalance round now (see :meth:`Rebalancer.rebalance`)."""
+        self.rebalancer.rebalance()
 
     def heartbeat(self) -> None:
         """Stamp this instance's heartbeat (and whether it is stopping); register again if
@@ -481,11 +348,11 @@ class Instance:
             raise ValueError(f"unknown command {command!r}")
         verb = "resume --skip-poison" if skip_poison and command == "resume" else command
         lifecycle_event(verb, consumer=name, instance=self.name, scope="this instance")
-        self._retry(self.publish_in_memory, "publish the in-memory consumers")
+        self.retry(self.publish_in_memory, "publish the in-memory consumers")
         return {"consumer": name, "command": command, "instance": self.name, **result}
 
     def _heartbeat_loop(self, stop: threading.Event) -> None:
-        heartbeat = partial(self._retry, self.heartbeat, "heartbeat")
+        heartbeat = partial(self.retry, self.heartbeat, "heartbeat")
         self._every(
             self.consumer_settings.heartbeat_interval,
             heartbeat,
@@ -493,55 +360,6 @@ class Instance:
             stop,
             self.heartbeat_outage,
         )
-
-    def _next_round(self, members: Sequence[InstanceRow]) -> float:
-        """How soon the next rebalance is worth running: at the regular interval, but right
-        after a peer that stopped heartbeating turns stale, and soon while a peer is
-        stopping (its partitions are about to be released). Costs no query while nothing
-        happens: the times come from the rows this round read anyway."""
-        interval = self.consumer_settings.rebalance_interval
-        peers = [m for m in members if m.id != self.id and m.live]
-        soonest = interval
-        if any(m.stopping for m in peers):
-            soonest = interval / 4
-        expiring = [m.expires_in + _EXPIRY_MARGIN for m in peers if not m.stopping]
-        return max(0.0, min([soonest, *expiring]))
-
-    def _changed(self) -> bool:
-        """Whether the pulse moved since the last round read it (see
-        :mod:`messaging.distribution.pulse`); a failed look is no change (the regular round
-        comes anyway)."""
-        try:
-            with self.db.read() as conn:
-                return read_pulse(self.db, conn, sorted(self.workers)) != self._pulse
-        except Exception:
-            return False
-
-    def _wait_for_round(self, stop: threading.Event, started: float) -> bool:
-        """Wait until the next round is due, or the pulse moved; False once stopped."""
-        look = min(PULSE_INTERVAL, self.consumer_settings.rebalance_interval)
-        while True:
-            due = started + self._next_round_in - time.monotonic()
-            if stop.wait(max(0.0, min(due, look))):
-                return False
-            if due <= look or self._changed():
-                return True
-
-    def _rebalance_loop(self, stop: threading.Event) -> None:
-        interval = self.consumer_settings.rebalance_interval
-        started = time.monotonic()
-        while self._wait_for_round(stop, started):
-            started = time.monotonic()
-            try:
-                self._retry(self.rebalance, "rebalance")
-            except Exception as exc:
-                self._next_round_in = interval
-                if not self.outage.failed(exc):
-                    log.exception(
-                        "instance %s: rebalance failed; trying again next round", self.name
-                    )
-            else:
-                self.outage.succeeded()
 
     def _every(
         self,
@@ -608,8 +426,8 @@ class Instance:
                 self.membership.deregister(conn, self.id)
             return released
 
-        for consumer, partition in self._retry(leave, "release and deregister"):
-            self._event(consumer, partition, None)
+        for consumer, partition in self.retry(leave, "release and deregister"):
+            self.partition_event(consumer, partition, None)
         log.info("instance %s stopped", self.name)
 
     def run(self) -> None:
