@@ -121,6 +121,11 @@ class _Plan:
 
 _PlanKey = tuple[int, Any, frozenset[str], bool]
 _PLANS: dict[_PlanKey, tuple[Executable, _Plan | None]] = {}
+"""Plans by (statement id, dialect, parameter names, many). Each entry holds its statement
+strongly, so that statement cannot be collected and its id cannot be reused by another
+while the entry exists; a lookup also checks the entry's statement ``is`` the one asked
+about. SQLAlchemy's private attributes read below are pinned by the dependency on one
+minor version and checked by tests/unit/test_fastpath_internals.py."""
 _MAX_PLANS = 512
 
 
