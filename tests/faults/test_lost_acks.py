@@ -23,21 +23,15 @@ from clusters import cli, wait_until, write_config
 from fault_model import append_numbered, effects, message_ids, tally
 from sqlalchemy import func, select, update
 
-from messaging import (
-    Database,
-    Instance,
-    MessageStore,
-    Settings,
-    create_plugin_manager,
-    partition_of,
-    registry,
-)
+from messaging import Database, Instance, MessageStore, Settings, create_plugin_manager
 from messaging.consumers import consumer_spec
 from messaging.distribution.membership import InstanceInfo, Membership
 from messaging.distribution.ownership import Ownership
+from messaging.messages import registry
 from messaging.runtime.declarations import declare
 from messaging.runtime.worker import ConsumerWorker
 from messaging.settings import Distribution
+from messaging.store.store import partition_of
 from projections import operations
 
 pytestmark = [pytest.mark.faults, pytest.mark.mysql]

@@ -8,14 +8,7 @@ import uuid
 import pytest
 from sqlalchemy import select
 
-from messaging import (
-    Database,
-    Instance,
-    ManualClock,
-    Settings,
-    collect_consumers,
-    create_plugin_manager,
-)
+from messaging import Database, Instance, Settings, collect_consumers, create_plugin_manager
 from messaging.distribution.membership import (
     MIN_STALE_ROW_RETENTION,
     STALE_ROW_PURGE_INTERVAL,
@@ -25,6 +18,7 @@ from messaging.distribution.membership import (
     stale_row_retention,
 )
 from messaging.distribution.ownership import Ownership
+from messaging.store.clock import ManualClock
 
 STALE_TIMEOUT = 30.0  # the default: rows go after 10 x 30 s = 300 s
 CONSUMER = "ledger-balances"

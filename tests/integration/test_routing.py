@@ -16,16 +16,16 @@ from sqlalchemy import Column, Integer, MetaData, String, Table, func, insert, s
 from messaging import (
     Database,
     HandlerContext,
-    ManualClock,
     MessageStore,
     handler,
     hookimpl,
     message,
-    partition_of,
     route_consumer,
-    settings_from_mapping,
 )
+from messaging.config import settings_from_mapping
 from messaging.errors import ConcurrentUpdate
+from messaging.store.clock import ManualClock
+from messaging.store.store import partition_of
 from projections.testing import SimulatedCluster
 from sagas import SagaContext, saga, start
 

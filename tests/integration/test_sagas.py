@@ -15,16 +15,16 @@ from messaging import (
     Database,
     Distribution,
     HandlerContext,
-    ManualClock,
     MessageStore,
     handler,
     message,
-    partition_of,
     route_consumer,
-    settings_from_mapping,
 )
+from messaging.config import settings_from_mapping
 from messaging.distribution.ownership import Ownership
 from messaging.errors import ConcurrentUpdate, RegistrationError
+from messaging.store.clock import ManualClock
+from messaging.store.store import partition_of
 from projections.testing import SimulatedCluster
 from sagas import SagaContext, SagaStore, saga, start
 from sagas.store import SagaRow

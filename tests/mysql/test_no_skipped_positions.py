@@ -21,8 +21,8 @@ from messaging import (
     handler,
     hookimpl,
     message,
-    settings_from_mapping,
 )
+from messaging.config import settings_from_mapping
 from messaging.distribution.ownership import Ownership
 from projections import projection
 

@@ -27,20 +27,13 @@ from sqlalchemy import (
     update,
 )
 
-from messaging import (
-    Database,
-    HandlerContext,
-    ManualClock,
-    NewMessage,
-    RegistrationError,
-    handler,
-    message,
-    registry,
-)
+from messaging import Database, HandlerContext, NewMessage, RegistrationError, handler, message
 from messaging.consumers import collect_specs
 from messaging.distribution.ownership import HALTED, Ownership
+from messaging.messages import registry
 from messaging.runtime.declarations import tenant_fingerprint
 from messaging.store._fastpath import sends_directly
+from messaging.store.clock import ManualClock
 from messaging.store.migrations import migrate
 from messaging.store.tenancy import physical_name
 from projections import projection

@@ -14,7 +14,8 @@ from typing import Any
 
 from sqlalchemy import select
 
-from messaging import Database, MessageStore, registry
+from messaging import Database, MessageStore
+from messaging.messages import registry
 from messaging.settings import ConsumerSettings
 from projections.examples import ledger
 from projections.reports import consumers_report

@@ -21,17 +21,17 @@ from messaging import (
     Database,
     Distribution,
     Instance,
-    ManualClock,
     MessageStore,
     Settings,
     create_plugin_manager,
     hookimpl,
-    settings_from_mapping,
 )
+from messaging.config import settings_from_mapping
 from messaging.consumers import ConsumerSpec, collect_specs
 from messaging.distribution.ownership import Claim, Ownership
 from messaging.routing.consumer import ROUTE_CONSUMER
 from messaging.runtime.worker import ConsumerWorker
+from messaging.store.clock import ManualClock
 from messaging.store.store import NewMessage
 from projections import operations
 from projections.kinds import PROJECTION

@@ -17,7 +17,8 @@ from pathlib import Path
 from sqlalchemy import Table, inspect, text
 from sqlalchemy.exc import OperationalError
 
-from messaging import ConfigError, Database, ManualClock
+from messaging import ConfigError, Database
+from messaging.store.clock import ManualClock
 from messaging.store.migrations import migrate
 
 DATABASE_ENV = "PROJECTIONS_TEST_DATABASE"

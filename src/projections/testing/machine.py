@@ -23,8 +23,9 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from hypothesis.strategies import SearchStrategy
 from sqlalchemy import Connection, select
 
-from messaging import Distribution, Settings, partition_of
+from messaging import Distribution, Settings
 from messaging.distribution.ownership import HALTED, Ownership
+from messaging.store.store import partition_of
 from projections.testing.battery import BATTERY, Scenario
 from projections.testing.cluster import SimulatedCluster, open_cluster
 from projections.testing.differences import ReadModelDiffers
