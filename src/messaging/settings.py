@@ -1,4 +1,5 @@
-"""The typed settings tree (DESIGN.md §5) and the start-up rules that check it.
+"""The typed settings tree (the YAML file's sections, README "Configuration") and the
+start-up rules that check it.
 
 Every class here is a frozen, keyword-only attrs class whose defaults are the
 documented defaults. Durations are ``float`` seconds. YAML names are the field

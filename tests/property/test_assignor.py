@@ -1,4 +1,4 @@
-"""Properties of the sticky assignor (DESIGN §4): valid, balanced, minimal movement, order-free.
+"""Properties of the sticky assignor: valid, balanced, minimal movement, order-free.
 
 The checks are plain functions taking the assignor under test, so the deliberately broken
 assignors at the bottom can be run through them and must be caught.

@@ -1,4 +1,4 @@
-"""Worked examples of the sticky assignor (DESIGN §4)."""
+"""Worked examples of the sticky assignor."""
 
 from __future__ import annotations
 
