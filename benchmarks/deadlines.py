@@ -68,21 +68,13 @@ from sqlalchemy.engine import make_url
 
 import bench_mysql
 import messaging
-from messaging import (
-    ConsumerSpec,
-    Database,
-    Instance,
-    ManualClock,
-    MessageStore,
-    NewMessage,
-    handler,
-    hookimpl,
-    message,
-    settings_from_mapping,
-)
-from messaging.clock import DatabaseClock
-from messaging.migrations import migrate
+from messaging import Database, Instance, MessageStore, NewMessage, handler, hookimpl, message
+from messaging.config import settings_from_mapping
+from messaging.consumers import ConsumerSpec
+from messaging.messages import registry
 from messaging.settings import Settings
+from messaging.store.clock import DatabaseClock, ManualClock
+from messaging.store.migrations import migrate
 from sagas import SagaContext, saga, start
 
 SAGA = "bench-deadlines"
@@ -228,8 +220,8 @@ def settings(idle_poll_interval: float) -> Settings:
 
 def append_starts(db: Database, prefix: str, dues: Sequence[float]) -> None:
     """Append one ``TimerSet`` per due offset (timer ids ``prefix-i``), in big transactions."""
-    store = MessageStore(db, messaging.registry)
-    encode = messaging.registry.encode
+    store = MessageStore(db, registry)
+    encode = registry.encode
     batch: list[NewMessage] = []
     for i, due_in in enumerate(dues):
         timer_id = f"{prefix}-{i}"

@@ -51,7 +51,7 @@ from private_mariadb import PrivateMariaDB  # type: ignore[import-not-found]  # 
 from sqlalchemy import text  # noqa: E402
 
 from messaging import Database  # noqa: E402
-from messaging.migrations import migrate  # noqa: E402
+from messaging.store.migrations import migrate  # noqa: E402
 from projections.appending import append_lines  # noqa: E402
 
 SAME_INNODB = ["--innodb-buffer-pool-size=64M", "--innodb-flush-log-at-trx-commit=2"]

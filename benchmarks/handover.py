@@ -65,12 +65,12 @@ from sqlalchemy import inspect, text  # noqa: E402
 from sqlalchemy.engine import make_url  # noqa: E402
 from sqlalchemy.exc import DBAPIError  # noqa: E402
 
-import messaging  # noqa: E402
 from messaging import Database, MessageStore, NewMessage  # noqa: E402
 from messaging.config import settings_from_mapping  # noqa: E402
 from messaging.hookspecs import hookimpl  # noqa: E402
-from messaging.migrations import migrate  # noqa: E402
+from messaging.messages import registry  # noqa: E402
 from messaging.settings import ConsumerSettings  # noqa: E402
+from messaging.store.migrations import migrate  # noqa: E402
 from projections.examples import ledger  # noqa: E402
 from projections.reports import OWNED, consumers_report  # noqa: E402
 
@@ -390,7 +390,7 @@ def report_handovers(
 def burst(count: int, prefix: str) -> list[NewMessage]:
     """About ``count`` encoded ledger messages on accounts of their own (``prefix``); every
     burst has the same shape, so runs differ only in who applies them."""
-    encode = messaging.registry.encode
+    encode = registry.encode
     messages = []
     for command in ledger.traffic(7, count, accounts=max(4, count // 100), prefix=prefix):
         for account, event in command:
@@ -406,7 +406,7 @@ def measure_throughput(db: Database, tmp: Path, workers: int, count: int, runs: 
     messages, each appended in one transaction: timed from its commit until the probes
     have reported every message applied."""
     cluster = Cluster(db, tmp, THROUGHPUT_BATCH, idle="10ms")
-    store = MessageStore(db, messaging.registry)
+    store = MessageStore(db, registry)
     rates = []
     try:
         names = [cluster.start() for _ in range(workers)]

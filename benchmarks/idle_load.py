@@ -52,14 +52,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from sqlalchemy import create_engine, event, select, text
 from sqlalchemy.engine import Engine, make_url
 
-from messaging import (
-    Database,
-    Instance,
-    collect_consumers,
-    create_plugin_manager,
-    settings_from_mapping,
-)
-from messaging.migrations import migrate
+from messaging import Database, Instance, collect_consumers, create_plugin_manager
+from messaging.config import settings_from_mapping
+from messaging.store.migrations import migrate
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 APP = "projections.examples.ledger"

@@ -21,7 +21,7 @@ difference fails the benchmark. Prints the median rate of each and, per backend,
 ``ratio framework/best hand-written: X.XX`` (MySQL first when given, SQLite last).
 ``--profile`` adds a cProfile summary of one framework run on stderr. ``--tenant T``
 runs all as tenant ``T``, whose read model is the copy ``T__ledger_balances`` that the
-framework's statements are translated to (``messaging.tenancy``).
+framework's statements are translated to (``messaging.store.tenancy``).
 """
 
 from __future__ import annotations
@@ -51,14 +51,16 @@ from sqlalchemy import delete, inspect, select, text
 
 import bench_mysql
 import messaging
-from messaging import ConsumerSpec, Database, MessageStore, NewMessage
-from messaging.declarations import declare
-from messaging.membership import InstanceInfo, Membership
-from messaging.migrations import migrate
-from messaging.ownership import Ownership
+from messaging import Database, MessageStore, NewMessage
+from messaging.consumers import ConsumerSpec
+from messaging.distribution.membership import InstanceInfo, Membership
+from messaging.distribution.ownership import Ownership
+from messaging.messages import registry
+from messaging.runtime.declarations import declare
+from messaging.runtime.worker import ConsumerWorker
 from messaging.settings import ConsumerSettings, Distribution
-from messaging.tenancy import physical_name
-from messaging.worker import ConsumerWorker
+from messaging.store.migrations import migrate
+from messaging.store.tenancy import physical_name
 from projections.examples import ledger
 
 CONSUMER = "ledger-balances"
@@ -69,12 +71,12 @@ BATCH = 500
 RUNS = 3
 SEED_CHUNK = 10_000
 TENANT = "default"
-OPENED = messaging.registry.type_name(ledger.AccountOpened)
+OPENED = registry.type_name(ledger.AccountOpened)
 SIGNS = {
-    messaging.registry.type_name(ledger.Deposited): 1,
-    messaging.registry.type_name(ledger.Withdrawn): -1,
-    messaging.registry.type_name(ledger.TransferSent): -1,
-    messaging.registry.type_name(ledger.TransferReceived): 1,
+    registry.type_name(ledger.Deposited): 1,
+    registry.type_name(ledger.Withdrawn): -1,
+    registry.type_name(ledger.TransferSent): -1,
+    registry.type_name(ledger.TransferReceived): 1,
 }
 
 Model = dict[str, tuple[str, int, int]]
@@ -95,7 +97,7 @@ class BenchmarkFailure(Exception):
 def traffic(count: int, seed: int = 7) -> list[list[NewMessage]]:
     """The example's traffic, encoded, in groups that must commit together (a transfer
     is two), with about one account per 100 messages."""
-    encode = messaging.registry.encode
+    encode = registry.encode
     groups = []
     for command in ledger.traffic(seed, count, accounts=max(4, count // 100)):
         group = []
@@ -110,7 +112,7 @@ def traffic(count: int, seed: int = 7) -> list[list[NewMessage]]:
 
 def seed(db: Database, count: int) -> None:
     """Append ``count`` messages in big transactions (transfer pairs never split)."""
-    store = MessageStore(db, messaging.registry)
+    store = MessageStore(db, registry)
     chunk: list[NewMessage] = []
     for group in traffic(count):
         chunk.extend(group)
@@ -132,7 +134,7 @@ def expected_model(db: Database) -> tuple[Model, int, int]:
             .where(m.c.tenant == db.tenant, m.c.topic == ledger.TOPIC)
             .order_by(m.c.position)
         ).all()
-    decode = messaging.registry.decode
+    decode = registry.decode
     events = [decode(type_name, payload, position) for position, type_name, payload in rows]
     return ledger.replay(events), len(rows), int(rows[-1][0])
 
@@ -207,7 +209,7 @@ def framework_run(url: str, spec: ConsumerSpec, hooks: Any, *, table_prefix: str
             instance_id=instance_id,
             settings=ConsumerSettings(batch_size=BATCH),
             hooks=hooks,
-            registry=messaging.registry,
+            registry=registry,
         )
         worker.add_claims(claims)
         applied = 0

@@ -283,7 +283,7 @@ class Telemetry:
                 1, {"what": what, "kind": kind, "instance": self._instance(instance_id)}
             )
 
-    @hookimpl
+    @hookimpl(optionalhook=True)  # specified by sagas, when imported
     def projections_deadlines_delivered(
         self, consumer: str, instance_id: str, count: int, lateness: Sequence[float]
     ) -> None:

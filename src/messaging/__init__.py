@@ -1,17 +1,20 @@
-"""Messaging: messages, the store, consumers, distribution and the runtime that applies them."""
+"""Messaging: messages, the store, and the engine every consumer kind shares.
 
-from messaging.assignor import assign
-from messaging.clock import Clock, DatabaseClock, ManualClock
-from messaging.config import load_settings, parse_duration, settings_from_mapping
+The names below are what an application imports: declaring messages and route
+consumers, handling them, appending, configuring, running an instance in-process, and
+the errors worth catching. Everything else is imported from its module
+(``messaging.store.store.partition_of``, ``messaging.store.clock.ManualClock``, ...).
+"""
+
+from messaging.config import load_settings
 from messaging.connection import connect
-from messaging.consumers import ConsumerKind, ConsumerOptions, ConsumerSpec, handler
-from messaging.context import HandlerContext
-from messaging.database import Database
+from messaging.consumers import handler
 from messaging.errors import (
     CheckpointMoved,
     ConcurrentUpdate,
     ConfigError,
     DecodeError,
+    OperationError,
     OwnershipLost,
     ProjectionsError,
     RegistrationError,
@@ -19,35 +22,31 @@ from messaging.errors import (
     VersionConflict,
 )
 from messaging.hookspecs import hookimpl, hookspec
-from messaging.messages import Envelope, MessageRegistry, message, registry
+from messaging.messages import Envelope, message
 from messaging.plugins import collect_consumers, create_plugin_manager
-from messaging.retry import is_ambiguous
-from messaging.routing import route_consumer
-from messaging.runtime import Instance
+from messaging.routing.consumer import route_consumer
+from messaging.runtime.context import HandlerContext
+from messaging.runtime.instance import Instance
+from messaging.runtime.retry import is_ambiguous
 from messaging.settings import Distribution, InvalidSettings, Settings
-from messaging.store import MessageStore, NewMessage, partition_hash, partition_of
-from messaging.tenancy import UntranslatableStatement, physical_name
+from messaging.store.database import Database
+from messaging.store.store import MessageStore, NewMessage
+from messaging.store.tenancy import UntranslatableStatement
 
 __all__ = [
     "CheckpointMoved",
-    "Clock",
     "ConcurrentUpdate",
     "ConfigError",
-    "ConsumerKind",
-    "ConsumerOptions",
-    "ConsumerSpec",
     "Database",
-    "DatabaseClock",
     "DecodeError",
     "Distribution",
     "Envelope",
     "HandlerContext",
     "Instance",
     "InvalidSettings",
-    "ManualClock",
-    "MessageRegistry",
     "MessageStore",
     "NewMessage",
+    "OperationError",
     "OwnershipLost",
     "ProjectionsError",
     "RegistrationError",
@@ -55,7 +54,6 @@ __all__ = [
     "Settings",
     "UntranslatableStatement",
     "VersionConflict",
-    "assign",
     "collect_consumers",
     "connect",
     "create_plugin_manager",
@@ -65,11 +63,5 @@ __all__ = [
     "is_ambiguous",
     "load_settings",
     "message",
-    "parse_duration",
-    "partition_hash",
-    "partition_of",
-    "physical_name",
-    "registry",
     "route_consumer",
-    "settings_from_mapping",
 ]

@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 
 from messaging.config import load_settings
-from messaging.database import Database
 from messaging.settings import Settings
+from messaging.store.database import Database
 
 __all__ = ["connect", "database_for"]
 

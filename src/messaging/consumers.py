@@ -1,14 +1,13 @@
 """Consumers as declared by application classes: name, topics, partitions and handlers.
 
-Decorators (``@projection``, ``@route_consumer``, ``@saga``) only mark a class with its
-options; :func:`consumer_spec` turns a marked class into a validated
-:class:`ConsumerSpec` when the application is collected, so message classes may be
-defined after the consumers that handle them.
+Decorators (one per consumer kind) only mark a class with its options;
+:func:`consumer_spec` turns a marked class into a validated :class:`ConsumerSpec` when
+the application is collected, so message classes may be defined after the consumers
+that handle them.
 """
 
 from __future__ import annotations
 
-import enum
 import hashlib
 import inspect
 import json
@@ -21,6 +20,7 @@ from sqlalchemy import Table
 from sqlalchemy.schema import CreateTable
 
 from messaging.errors import RegistrationError
+from messaging.kinds import ConsumerKind
 from messaging.messages import MessageRegistry
 from messaging.messages import registry as default_registry
 
@@ -30,13 +30,8 @@ _OPTIONS_ATTRIBUTE = "__consumer_options__"
 _HANDLER_ATTRIBUTE = "__handles_messages__"
 
 
-class ConsumerKind(enum.Enum):
-    """What a consumer does with its messages."""
-
-    PROJECTION = "projection"
-    IN_MEMORY_PROJECTION = "in-memory-projection"
-    ROUTE_CONSUMER = "route-consumer"
-    SAGA = "saga"
+DEFAULT_PARTITIONS = 16
+"""How many partitions a consumer has unless its decorator says otherwise."""
 
 
 @attrs.define(frozen=True, kw_only=True)
@@ -46,11 +41,11 @@ class ConsumerOptions:
     name: str
     kind: ConsumerKind
     topics: tuple[str, ...]
-    partitions: int = 16
+    partitions: int = DEFAULT_PARTITIONS
     tables: tuple[Table, ...] = ()
     version: int = 1
     worker: Callable[..., Any] | None = None
-    """The worker class that applies it (a ``ConsumerWorker`` subclass); None: the plain one."""
+    """The worker class that applies it (a ``ConsumerWorker`` subclass); None: its kind's."""
 
 
 @attrs.define(frozen=True, kw_only=True)
@@ -80,8 +75,8 @@ class ConsumerSpec:
 
     @property
     def transactional(self) -> bool:
-        """Whether effects commit with the checkpoint (everything but in-memory projections)."""
-        return self.options.kind is not ConsumerKind.IN_MEMORY_PROJECTION
+        """Whether effects commit with the checkpoint (see :attr:`ConsumerKind.transactional`)."""
+        return self.options.kind.transactional
 
     def type_names(self, registry: MessageRegistry = default_registry) -> list[str]:
         """The stored type names this consumer handles, sorted."""

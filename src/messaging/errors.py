@@ -68,4 +68,9 @@ class CheckpointMoved(ProjectionsError):
 
 
 class ConcurrentUpdate(ProjectionsError):
-    """A versioned row (a saga's state) changed under a batch; the batch is retried whole."""
+    """A versioned row (a long-running process's state) changed under a batch; the batch is
+    retried whole."""
+
+
+class OperationError(ProjectionsError, ValueError):
+    """An operator command cannot be carried out as asked (unknown consumer, wrong state)."""

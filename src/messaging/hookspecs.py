@@ -22,7 +22,7 @@ hookimpl = pluggy.HookimplMarker("projections")
 
 @hookspec
 def projections_consumers() -> Sequence[type]:
-    """Return consumer classes (decorated with ``@projection`` and the like) to run.
+    """Return consumer classes (marked by a consumer kind's decorator) to run.
 
     Called once at start. The built-in plugin returns the decorated classes defined in
     the application modules; other plugins may contribute their own. Duplicate
@@ -133,16 +133,3 @@ def projections_rebalanced(
 def projections_lag(consumer: str, instance_id: str, lags: Mapping[int, int]) -> None:
     """Called after each rebalance round with the position lag of each partition applied
     here: the newest position in the store minus the partition's checkpoint."""
-
-
-@hookspec
-def projections_deadlines_delivered(
-    consumer: str,
-    instance_id: str,
-    count: int,
-    deadlines: Sequence[tuple[str, str, float]],
-    lateness: Sequence[float],
-) -> None:
-    """``count`` saga deadlines of ``consumer`` were delivered and committed here:
-    ``deadlines`` names each as (saga key, deadline name, due time), ``lateness`` holds,
-    for each, the seconds between its due time and its delivery."""

@@ -1,7 +1,7 @@
 """Check per-consumer overrides against the consumers an instance actually declares.
 
 An override for a name nobody declared, or for a consumer under another kind's
-section (a projection under ``routing:``), would otherwise be ignored without a word.
+section, would otherwise be ignored without a word.
 """
 
 from __future__ import annotations
@@ -9,19 +9,11 @@ from __future__ import annotations
 import difflib
 from collections.abc import Sequence
 
-from messaging.consumers import ConsumerKind, ConsumerSpec
+from messaging.consumers import ConsumerSpec
 from messaging.errors import ConfigError
-from messaging.settings import Settings
+from messaging.settings import CONSUMER_GROUPS, Settings
 
 __all__ = ["check_overrides"]
-
-#: The settings section of each kind of consumer, and how a message names the kind.
-SECTIONS = {
-    ConsumerKind.PROJECTION: ("projections", "a projection"),
-    ConsumerKind.IN_MEMORY_PROJECTION: ("projections", "an in-memory projection"),
-    ConsumerKind.ROUTE_CONSUMER: ("routing", "a route consumer"),
-    ConsumerKind.SAGA: ("sagas", "a saga"),
-}
 
 
 def check_overrides(settings: Settings, specs: Sequence[ConsumerSpec]) -> None:
@@ -29,12 +21,13 @@ def check_overrides(settings: Settings, specs: Sequence[ConsumerSpec]) -> None:
 
     Each line names the override's full key path; an unknown name gets the closest
     declared name of its section (else of any section), a consumer under the wrong
-    section gets the section it belongs to. In-memory projections run whole on every
-    instance, so neither ``distribution`` nor ``concurrency-limit`` applies to them.
+    section gets the section it belongs to. A consumer of a kind that every
+    instance runs whole (not transactional) takes neither ``distribution`` nor
+    ``concurrency-limit``.
     """
     by_name = {spec.name: spec for spec in specs}
     problems: list[str] = []
-    for section in ("projections", "routing", "sagas"):
+    for section in CONSUMER_GROUPS:
         overrides = getattr(settings, section).consumers
         for name, override in overrides.items():
             key = f"{section}.consumers.{name}"
@@ -44,14 +37,14 @@ def check_overrides(settings: Settings, specs: Sequence[ConsumerSpec]) -> None:
                     f"{key}: no consumer named {name!r} is declared{_hint(name, section, specs)}"
                 )
                 continue
-            home, kind = SECTIONS[spec.kind]
+            home, kind = spec.kind.settings_group, spec.kind.article
             if home != section:
                 problems.append(f"{key}: {name!r} is {kind}; configure it under {home}.consumers")
-            elif spec.kind is ConsumerKind.IN_MEMORY_PROJECTION and (
+            elif not spec.kind.transactional and (
                 override.distribution is not None or override.concurrency_limit is not None
             ):
                 problems.append(
-                    f"{key}: {name!r} is an in-memory projection, which every instance runs "
+                    f"{key}: {name!r} is {kind}, which every instance runs "
                     "whole: it takes neither distribution nor concurrency-limit"
                 )
     if problems:
@@ -60,7 +53,7 @@ def check_overrides(settings: Settings, specs: Sequence[ConsumerSpec]) -> None:
 
 def _hint(name: str, section: str, specs: Sequence[ConsumerSpec]) -> str:
     """``"; did you mean 'x'?"`` with the closest declared name, or a list of what exists."""
-    own = [s.name for s in specs if SECTIONS[s.kind][0] == section]
+    own = [s.name for s in specs if s.kind.settings_group == section]
     close = difflib.get_close_matches(name, own, n=1) or difflib.get_close_matches(
         name, [s.name for s in specs], n=1
     )

@@ -20,6 +20,7 @@ from messaging import hookspecs
 from messaging.consumers import ConsumerSpec, collect_specs, is_consumer
 from messaging.errors import RegistrationError
 from messaging.hookspecs import hookimpl
+from messaging.kinds import registered_kinds
 from messaging.messages import MessageRegistry
 from messaging.messages import registry as default_registry
 
@@ -78,6 +79,9 @@ def create_plugin_manager(
         _register(manager, loaded, loaded.__name__)
     for plugin in plugins:
         _register(manager, plugin, None)
+    for kind in registered_kinds():  # the application modules may have registered kinds
+        if kind.hookspecs is not None:
+            manager.add_hookspecs(kind.hookspecs)
     try:
         manager.check_pending()
     except pluggy.PluginValidationError as exc:

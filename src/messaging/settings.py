@@ -1,4 +1,5 @@
-"""The typed settings tree (DESIGN.md §5) and the start-up rules that check it.
+"""The typed settings tree (the YAML file's sections, README "Configuration") and the
+start-up rules that check it.
 
 Every class here is a frozen, keyword-only attrs class whose defaults are the
 documented defaults. Durations are ``float`` seconds. YAML names are the field
@@ -151,6 +152,10 @@ class AdminSettings:
     allowed_hosts: tuple[str, ...] = ()
 
 
+CONSUMER_GROUPS = ("projections", "routing", "sagas")
+"""The settings sections of the consumer kinds (the ``settings_group`` a kind names)."""
+
+
 @attrs.frozen(kw_only=True)
 class Settings:
     """The whole configuration of one deployment.
@@ -288,12 +293,8 @@ def _problems(settings: Settings) -> list[str]:
     if retry.max_retries < 0:
         problems.append(f"{p}conflict-retry.max-retries ({retry.max_retries}) must be 0 or more")
 
-    groups = (
-        ("projections", settings.projections),
-        ("routing", settings.routing),
-        ("sagas", settings.sagas),
-    )
-    for group_key, group in groups:
+    for group_key in CONSUMER_GROUPS:
+        group: ConsumerGroupSettings = getattr(settings, group_key)
         for name, override in group.consumers.items():
             limit = override.concurrency_limit
             key = f"{group_key}.consumers.{name}.concurrency-limit"

@@ -1,5 +1,10 @@
-"""Projections: read models built from messages, their decorators, CLI and example app."""
+"""Projections: read models built from messages, their decorators, CLI and example app.
 
+Importing it registers every built-in consumer kind (projections, in-memory projections,
+route consumers, sagas), so that its CLI, admin and reports know all their tables.
+"""
+
+import sagas.kind  # noqa: F401  (registers the saga kind and its tables)
 from messaging.consumers import handler
 from projections.decorators import in_memory_projection, projection
 

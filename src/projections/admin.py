@@ -34,11 +34,11 @@ from urllib.parse import unquote
 
 from sqlalchemy.exc import DBAPIError
 
-from messaging import operations
-from messaging.database import Database
-from messaging.errors import ProjectionsError
-from messaging.runtime import Instance
+from messaging.errors import OperationError, ProjectionsError
+from messaging.runtime.instance import Instance
 from messaging.settings import Distribution, Settings
+from messaging.store.database import Database
+from projections import operations
 from projections.admin_guard import AdminGuard, Refusal, require_token_off_loopback
 from projections.admin_http import BoundedHTTPServer, LimitedRequestHandler
 from projections.reports import OWNED, consumers_report, instances_report
@@ -222,7 +222,7 @@ def make_server(
             500 for anything else (details in the log, never in the answer)."""
             try:
                 data = work()
-            except operations.OperationError as exc:
+            except OperationError as exc:
                 self.send_json(409, {"error": str(exc)})
             except DBAPIError as exc:
                 log.warning("admin %s: database unavailable: %s", what, _one_line(exc))

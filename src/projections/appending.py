@@ -23,12 +23,12 @@ from typing import IO, Any
 import attrs
 from sqlalchemy import Connection, func, select
 
-from messaging.database import Database
 from messaging.errors import ProjectionsError, VersionConflict
 from messaging.messages import MESSAGE_ID_HEADER, MessageRegistry
-from messaging.retry import for_command, is_ambiguous, retry_transient
+from messaging.runtime.retry import for_command, is_ambiguous, retry_transient
 from messaging.settings import ConflictRetrySettings
-from messaging.store import MessageStore, NewMessage
+from messaging.store.database import Database
+from messaging.store.store import MessageStore, NewMessage
 
 _REQUIRED = ("topic", "source", "type", "payload")
 _ALLOWED = {*_REQUIRED, "headers"}

@@ -7,11 +7,10 @@ from typing import TypeVar
 
 from sqlalchemy import Table
 
-from messaging.consumers import ConsumerKind, ConsumerOptions, mark_consumer
+from messaging.consumers import DEFAULT_PARTITIONS, ConsumerOptions, mark_consumer
+from projections.kinds import IN_MEMORY_PROJECTION, PROJECTION
 
 C = TypeVar("C", bound=type)
-
-DEFAULT_PARTITIONS = 16
 
 
 def _topics(topics: str | Iterable[str]) -> tuple[str, ...]:
@@ -34,7 +33,7 @@ def projection(
     """
     options = ConsumerOptions(
         name=name,
-        kind=ConsumerKind.PROJECTION,
+        kind=PROJECTION,
         topics=_topics(topics),
         partitions=partitions,
         tables=tuple(tables),
@@ -52,7 +51,7 @@ def in_memory_projection(name: str, *, topics: str | Iterable[str]) -> Callable[
     """Declare an in-memory projection: every instance runs it whole, from the start of its
     topics, keeping its state in the consumer object."""
     options = ConsumerOptions(
-        name=name, kind=ConsumerKind.IN_MEMORY_PROJECTION, topics=_topics(topics), partitions=1
+        name=name, kind=IN_MEMORY_PROJECTION, topics=_topics(topics), partitions=1
     )
 
     def decorate(cls: C) -> C:

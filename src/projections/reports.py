@@ -15,10 +15,10 @@ from typing import Any
 
 from sqlalchemy import Connection, RowMapping, and_, case, func, select
 
-from messaging.database import Database
-from messaging.declarations import STATE_REBUILDING, STATE_RUNNING
-from messaging.membership import Membership
+from messaging.distribution.membership import Membership
+from messaging.runtime.declarations import STATE_REBUILDING, STATE_RUNNING
 from messaging.settings import ConsumerSettings
+from messaging.store.database import Database
 
 OWNED = "OWNED"
 ORPHANED = "ORPHANED"

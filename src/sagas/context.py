@@ -7,9 +7,9 @@ from typing import Any
 from sqlalchemy import Connection
 from sqlalchemy.sql import Executable
 
-from messaging.context import HandlerContext
 from messaging.errors import ProjectionsError
 from messaging.messages import Envelope
+from messaging.runtime.context import HandlerContext
 
 
 class SagaContext:

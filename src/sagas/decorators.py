@@ -8,24 +8,13 @@ from typing import Any, TypeVar
 import attrs
 from sqlalchemy import Table
 
-from messaging.consumers import ConsumerKind, ConsumerOptions, handler, mark_consumer
+from messaging.consumers import DEFAULT_PARTITIONS, ConsumerOptions, handler, mark_consumer
 from messaging.errors import RegistrationError
+from sagas.kind import SAGA
+from sagas.options import SAGA_ATTRIBUTE, START_ATTRIBUTE, SagaOptions
 
 C = TypeVar("C", bound=type)
 F = TypeVar("F", bound=Callable[..., Any])
-
-_SAGA_ATTRIBUTE = "__saga_options__"
-_START_ATTRIBUTE = "__starts_saga__"
-
-
-@attrs.define(frozen=True, kw_only=True)
-class SagaOptions:
-    """What ``@saga`` records beside the consumer options."""
-
-    correlate_by: str
-    """The attribute of every handled message that names its saga instance."""
-    state: type
-    """The attrs class of a saga instance's state."""
 
 
 def saga(
@@ -34,7 +23,7 @@ def saga(
     topics: str | Iterable[str],
     correlate_by: str,
     state: type,
-    partitions: int = 16,
+    partitions: int = DEFAULT_PARTITIONS,
     tables: Iterable[Table] = (),
     version: int = 1,
 ) -> Callable[[C], C]:
@@ -47,8 +36,6 @@ def saga(
     deadlines scheduled commit with the checkpoint. ``tables`` it writes with
     ``ctx.execute`` are created at start.
     """
-    from sagas.worker import SagaWorker  # the worker imports this module
-
     if not attrs.has(state):
         raise RegistrationError(f"saga {name!r}: state must be an attrs class, got {state!r}")
     if not correlate_by.isidentifier():
@@ -57,17 +44,16 @@ def saga(
         )
     options = ConsumerOptions(
         name=name,
-        kind=ConsumerKind.SAGA,
+        kind=SAGA,
         topics=(topics,) if isinstance(topics, str) else tuple(topics),
         partitions=partitions,
         tables=tuple(tables),
         version=version,
-        worker=SagaWorker,
     )
 
     def decorate(cls: C) -> C:
         mark_consumer(cls, options)
-        setattr(cls, _SAGA_ATTRIBUTE, SagaOptions(correlate_by=correlate_by, state=state))
+        setattr(cls, SAGA_ATTRIBUTE, SagaOptions(correlate_by=correlate_by, state=state))
         return cls
 
     return decorate
@@ -75,18 +61,5 @@ def saga(
 
 def start(func: F) -> F:
     """Mark a saga handler that starts a new instance when none exists for the message."""
-    setattr(func, _START_ATTRIBUTE, True)
+    setattr(func, START_ATTRIBUTE, True)
     return handler(func)
-
-
-def saga_options(cls: type) -> SagaOptions:
-    """The ``@saga`` options of ``cls``."""
-    options: SagaOptions | None = cls.__dict__.get(_SAGA_ATTRIBUTE)
-    if options is None:
-        raise RegistrationError(f"{cls.__qualname__} is not decorated with @saga")
-    return options
-
-
-def starts_saga(method: Callable[..., Any]) -> bool:
-    """Whether a handler was marked with :func:`start`."""
-    return bool(getattr(method, _START_ATTRIBUTE, False))

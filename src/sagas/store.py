@@ -28,8 +28,8 @@ from sqlalchemy import (
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.sql.elements import ColumnElement
 
-from messaging.database import Database
 from messaging.errors import ConcurrentUpdate
+from messaging.store.database import Database
 
 _KEY_CHUNK = 500
 

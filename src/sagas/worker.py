@@ -24,16 +24,18 @@ import cattrs.preconf.json
 from sqlalchemy import select
 
 from messaging.consumers import ConsumerSpec
-from messaging.context import HandlerContext
-from messaging.database import Database
+from messaging.distribution.ownership import Claim
 from messaging.errors import CheckpointMoved, OwnershipLost, ProjectionsError, RegistrationError
 from messaging.messages import Envelope, MessageRegistry
-from messaging.ownership import Claim
-from messaging.retry import is_transient
-from messaging.store import check_id, partition_of
-from messaging.worker import ConsumerWorker, Dispatcher, Poison, StoredRow
+from messaging.runtime.context import HandlerContext
+from messaging.runtime.dispatch import Dispatcher
+from messaging.runtime.poison import Poison
+from messaging.runtime.retry import is_transient
+from messaging.runtime.worker import ConsumerWorker
+from messaging.store.database import Database
+from messaging.store.store import StoredRow, check_id, partition_of
 from sagas.context import SagaContext
-from sagas.decorators import saga_options, starts_saga
+from sagas.options import saga_options, starts_saga
 from sagas.store import Deadline, SagaRow, SagaStore
 
 T = TypeVar("T")
@@ -70,21 +72,21 @@ class SagaDispatcher(Dispatcher):
 
     def apply(self, rows: Sequence[StoredRow], ctx: HandlerContext, partition_count: int) -> None:
         """Apply ``rows`` to their saga instances and write the instances that changed."""
-        row: StoredRow = None
+        row: StoredRow | None = None
         try:
             messages = []
             for row in rows:
-                messages.append(self.handlers[row[1]][0](row[3], row[0]))
+                messages.append(self.handlers[row.type][0](row.payload, row.position))
             batch = _Batch(self, ctx)
             batch.load(self.key_of(m) for m in messages)
             for row, message in zip(rows, messages, strict=True):
-                ctx.position = row[0]
-                batch.handle(self.key_of(message), message, row[1])
+                ctx.position = row.position
+                batch.handle(self.key_of(message), message, row.type)
             batch.write()
         except Exception as exc:
-            if is_transient(exc):
+            if is_transient(exc) or row is None:
                 raise
-            raise Poison(row, row[2] % partition_count, exc) from exc
+            raise Poison(row, row.partition_hash % partition_count, exc) from exc
 
     def deliver(self, deadlines: Sequence[Deadline], ctx: HandlerContext) -> float:
         """Take ``deadlines`` off the table and apply them; return the database's time."""
@@ -345,7 +347,9 @@ class SagaWorker(ConsumerWorker):
                     f"deadline {deadline.name!r} of saga instance {deadline.key!r}: {exc}"
                 )
                 claim = held[deadline.partition]
-                row = (claim.checkpoint, deadline.type, deadline.partition, deadline.payload)
+                row = StoredRow(
+                    claim.checkpoint, deadline.type, deadline.partition, deadline.payload
+                )
                 self._halt(Poison(row, deadline.partition, failure), held)
                 continue
             delivered.extend(done)

@@ -23,22 +23,16 @@ from clusters import cli, wait_until, write_config
 from fault_model import append_numbered, effects, message_ids, tally
 from sqlalchemy import func, select, update
 
-from messaging import (
-    Database,
-    Instance,
-    MessageStore,
-    Settings,
-    create_plugin_manager,
-    operations,
-    partition_of,
-    registry,
-)
+from messaging import Database, Instance, MessageStore, Settings, create_plugin_manager
 from messaging.consumers import consumer_spec
-from messaging.declarations import declare
-from messaging.membership import InstanceInfo, Membership
-from messaging.ownership import Ownership
+from messaging.distribution.membership import InstanceInfo, Membership
+from messaging.distribution.ownership import Ownership
+from messaging.messages import registry
+from messaging.runtime.declarations import declare
+from messaging.runtime.worker import ConsumerWorker
 from messaging.settings import Distribution
-from messaging.worker import ConsumerWorker
+from messaging.store.store import partition_of
+from projections import operations
 
 pytestmark = [pytest.mark.faults, pytest.mark.mysql]
 STALE = 30.0
@@ -73,7 +67,7 @@ def _worker(
     _instance(db, instance_id)
     spec = consumer_spec(cls)
     settings = attrs.evolve(Settings().messaging.consumer, batch_size=batch_size)
-    worker = (spec.options.worker or ConsumerWorker)(
+    worker = (spec.options.worker or spec.kind.worker or ConsumerWorker)(
         db=proxied,
         spec=spec,
         instance_id=instance_id,

@@ -283,7 +283,7 @@ def test_operator_commands_over_http_are_applied_and_audited(
     live: tuple[str, Database, Settings],
 ) -> None:
     """POST pause then resume: the consumer's state follows and both are in the audit log."""
-    from messaging.operations import audit_log
+    from projections.operations import audit_log
 
     base, db, _ = live
     route = f"{base}/admin/consumers/ledger-balances"

@@ -18,15 +18,9 @@ import pytest
 from clusters import wait_until
 from sqlalchemy import inspect, text
 
-from messaging import (
-    Database,
-    Instance,
-    MessageStore,
-    collect_consumers,
-    create_plugin_manager,
-    partition_of,
-    settings_from_mapping,
-)
+from messaging import Database, Instance, MessageStore, collect_consumers, create_plugin_manager
+from messaging.config import settings_from_mapping
+from messaging.store.store import partition_of
 from projections.cli import main
 from projections.reports import instances_report
 

@@ -7,13 +7,13 @@ import attrs
 import pytest
 from sqlalchemy import Column, Integer, MetaData, String, Table, insert, select, update
 
-from messaging import Database, HandlerContext, OwnershipLost, handler, message, operations
+from messaging import Database, HandlerContext, OwnershipLost, handler, message
 from messaging.consumers import consumer_spec
-from messaging.declarations import CREATED, REBUILT, STALE, UNCHANGED, declare
-from messaging.membership import InstanceInfo, Membership
-from messaging.ownership import Ownership
+from messaging.distribution.membership import InstanceInfo, Membership
+from messaging.distribution.ownership import Ownership
+from messaging.runtime.declarations import CREATED, REBUILT, STALE, UNCHANGED, declare
 from messaging.settings import Distribution
-from projections import projection
+from projections import operations, projection
 
 P = Distribution.PARTITIONED
 

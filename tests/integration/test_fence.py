@@ -23,7 +23,6 @@ from messaging import (
     CheckpointMoved,
     Database,
     HandlerContext,
-    ManualClock,
     MessageStore,
     OwnershipLost,
     Settings,
@@ -31,13 +30,14 @@ from messaging import (
     handler,
     hookimpl,
     message,
-    partition_of,
-    registry,
 )
 from messaging.consumers import consumer_spec
-from messaging.membership import InstanceInfo, Membership
-from messaging.ownership import Claim, Ownership
-from messaging.worker import ConsumerWorker
+from messaging.distribution.membership import InstanceInfo, Membership
+from messaging.distribution.ownership import Claim, Ownership
+from messaging.messages import registry
+from messaging.runtime.worker import ConsumerWorker
+from messaging.store.clock import ManualClock
+from messaging.store.store import partition_of
 from projections import projection
 
 STALE = 30.0

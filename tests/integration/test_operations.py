@@ -11,19 +11,12 @@ import pytest
 from admin_schemas import CONSUMERS, check
 from sqlalchemy import BigInteger, Column, Integer, MetaData, String, Table, insert, select
 
-from messaging import (
-    Database,
-    HandlerContext,
-    ManualClock,
-    MessageStore,
-    Settings,
-    handler,
-    message,
-)
-from messaging.operations import OperationError, audit_log, pause, rebuild, resume
-from messaging.ownership import Ownership
+from messaging import Database, HandlerContext, MessageStore, Settings, handler, message
+from messaging.distribution.ownership import Ownership
 from messaging.settings import ConsumerSettings
+from messaging.store.clock import ManualClock
 from projections import projection
+from projections.operations import OperationError, audit_log, pause, rebuild, resume
 from projections.reports import consumers_report
 from projections.testing import SimulatedCluster
 

@@ -10,17 +10,11 @@ import pytest
 from clusters import consumer_worker
 from sqlalchemy import BigInteger, Column, MetaData, String, Table, insert, select
 
-from messaging import (
-    Database,
-    HandlerContext,
-    MessageStore,
-    handler,
-    message,
-    partition_of,
-)
-from messaging.membership import InstanceInfo, Membership
-from messaging.ownership import Ownership
-from messaging.worker import ConsumerWorker
+from messaging import Database, HandlerContext, MessageStore, handler, message
+from messaging.distribution.membership import InstanceInfo, Membership
+from messaging.distribution.ownership import Ownership
+from messaging.runtime.worker import ConsumerWorker
+from messaging.store.store import partition_of
 from projections import projection
 
 

@@ -14,9 +14,10 @@ from admin_client import chromium, get_json, serve
 from admin_schemas import CONSUMERS, check
 from clusters import cli, seed_ledger, write_config
 
-from messaging import Instance, collect_consumers, create_plugin_manager, operations
+from messaging import Instance, collect_consumers, create_plugin_manager
 from messaging.config import load_settings
-from messaging.database import Database
+from messaging.store.database import Database
+from projections import operations
 from projections.admin import make_server
 from projections.reports import consumers_report
 

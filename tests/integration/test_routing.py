@@ -16,16 +16,16 @@ from sqlalchemy import Column, Integer, MetaData, String, Table, func, insert, s
 from messaging import (
     Database,
     HandlerContext,
-    ManualClock,
     MessageStore,
     handler,
     hookimpl,
     message,
-    partition_of,
     route_consumer,
-    settings_from_mapping,
 )
+from messaging.config import settings_from_mapping
 from messaging.errors import ConcurrentUpdate
+from messaging.store.clock import ManualClock
+from messaging.store.store import partition_of
 from projections.testing import SimulatedCluster
 from sagas import SagaContext, saga, start
 
@@ -172,7 +172,7 @@ def test_two_partitions_updating_one_saga_are_serialized_by_its_version(
     """Instance a is inside its batch for counter c (message from one partition) when
     instance b commits another message of c (from another partition): a's write finds a
     newer version, its batch is retried from the start, and both increments count."""
-    from messaging.migrations import migrate
+    from messaging.store.migrations import migrate
 
     db = Database(mysql_database_url, table_prefix=f"t{uuid.uuid4().hex[:8]}_", clock=ManualClock())
     migrate(db)
@@ -226,7 +226,7 @@ def test_an_id_recorded_by_a_concurrent_batch_makes_the_batch_retry(
     """Two batches holding one id (sent twice with different keys, so to two partitions)
     both found it unhandled: the one that records it second is retried, not halted, and
     then skips it."""
-    from messaging.routing import IdempotentDispatcher
+    from messaging.routing.consumer import IdempotentDispatcher
 
     cluster = SimulatedCluster(clock_db, [Idempotent], SETTINGS)
     cluster.join("a")
@@ -260,8 +260,8 @@ def test_an_id_recorded_by_a_concurrent_batch_makes_the_batch_retry(
 def test_old_handled_ids_can_be_forgotten(clock_db: Database, tmp_path: Path) -> None:
     """The guard's table only grows: an operator drops the ids handled long enough ago;
     one of those sent again is handled again, a newer one is still skipped."""
-    from messaging.operations import OperationError, audit_log, forget_processed
     from projections.cli import main
+    from projections.operations import OperationError, audit_log, forget_processed
 
     cluster = SimulatedCluster(clock_db, [Idempotent], SETTINGS)
     cluster.join("a")
@@ -295,7 +295,7 @@ def test_old_handled_ids_can_be_forgotten(clock_db: Database, tmp_path: Path) ->
 
 
 def test_only_route_consumers_have_handled_ids_to_forget(clock_db: Database) -> None:
-    from messaging.operations import OperationError, forget_processed
+    from projections.operations import OperationError, forget_processed
 
     cluster = SimulatedCluster(clock_db, [Counter], SETTINGS)
     cluster.join("a")

@@ -54,7 +54,7 @@ def test_a_name_held_by_a_dead_process_on_this_host_is_taken_over(db: Database) 
     import subprocess
     import sys
 
-    from messaging.membership import InstanceInfo, Membership
+    from messaging.distribution.membership import InstanceInfo, Membership
 
     dead_pid = subprocess.Popen([sys.executable, "-c", "pass"])
     dead_pid.wait()
@@ -79,7 +79,7 @@ def test_claims_and_releases_are_logged_as_lifecycle_events(
     """Each claimed and released partition is one line with consumer, partition, instance, epoch."""
     import logging
 
-    with caplog.at_level(logging.INFO, logger="messaging.lifecycle"):
+    with caplog.at_level(logging.INFO, logger="messaging.runtime.lifecycle"):
         instance = _instance(db, "logged")
         instance.start(loops=False)
         instance.stop()

@@ -15,16 +15,16 @@ from messaging import (
     Database,
     Distribution,
     HandlerContext,
-    ManualClock,
     MessageStore,
     handler,
     message,
-    partition_of,
     route_consumer,
-    settings_from_mapping,
 )
+from messaging.config import settings_from_mapping
+from messaging.distribution.ownership import Ownership
 from messaging.errors import ConcurrentUpdate, RegistrationError
-from messaging.ownership import Ownership
+from messaging.store.clock import ManualClock
+from messaging.store.store import partition_of
 from projections.testing import SimulatedCluster
 from sagas import SagaContext, SagaStore, saga, start
 from sagas.store import SagaRow
@@ -146,7 +146,7 @@ class Shipping:
 
 @pytest.fixture
 def cluster(database_url: str, table_prefix: str) -> SimulatedCluster:
-    from messaging.migrations import migrate
+    from messaging.store.migrations import migrate
 
     db = Database(database_url, table_prefix=table_prefix, clock=ManualClock())
     if not db.is_sqlite:
@@ -350,7 +350,7 @@ def test_a_saga_cannot_change_its_partition_count(cluster: SimulatedCluster) -> 
 
 
 def test_rebuilding_a_saga_is_refused(cluster: SimulatedCluster) -> None:
-    from messaging.operations import OperationError, rebuild
+    from projections.operations import OperationError, rebuild
 
     cluster.join("a")
     with pytest.raises(OperationError, match="only projections can be rebuilt"):

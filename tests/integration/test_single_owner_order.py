@@ -12,8 +12,8 @@ from messaging import (
     MessageStore,
     handler,
 )
-from messaging.membership import InstanceInfo, Membership
-from messaging.ownership import Ownership
+from messaging.distribution.membership import InstanceInfo, Membership
+from messaging.distribution.ownership import Ownership
 from projections import projection
 
 

@@ -23,7 +23,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.exc import IntegrityError
 
-from messaging import Database, statements
+from messaging import Database
+from messaging.store import _fastpath
 
 
 @pytest.fixture
@@ -58,11 +59,11 @@ class _Counter:
 
 
 def _write(conn: Connection, statement: Any, params: list[dict[str, Any]]) -> int:
-    return statements.execute(conn, statement, params, direct=statements.sends_directly(conn))
+    return _fastpath.execute(conn, statement, params, direct=_fastpath.sends_directly(conn))
 
 
 def _fetch(conn: Connection, statement: Any, params: dict[str, Any]) -> list[tuple[Any, ...]]:
-    rows = statements.fetch(conn, statement, params, direct=statements.sends_directly(conn))
+    rows = _fastpath.fetch(conn, statement, params, direct=_fastpath.sends_directly(conn))
     return [tuple(row) for row in rows]
 
 

@@ -17,8 +17,8 @@ import pytest
 from clusters import wait_until, write_config
 
 from messaging import Database
+from messaging.runtime.supervisor import Supervisor
 from messaging.settings import ConsumerSettings
-from messaging.supervisor import Supervisor
 from projections.reports import instances_report
 
 pytestmark = pytest.mark.multiprocess

@@ -23,7 +23,6 @@ import projections_otel
 from messaging import (
     Database,
     Instance,
-    ManualClock,
     MessageStore,
     Settings,
     collect_consumers,
@@ -32,10 +31,11 @@ from messaging import (
     hookimpl,
     load_settings,
     message,
-    partition_of,
 )
 from messaging.config import settings_from_mapping
-from messaging.worker import ConsumerWorker
+from messaging.runtime.worker import ConsumerWorker
+from messaging.store.clock import ManualClock
+from messaging.store.store import partition_of
 from projections import projection
 from projections.examples.ledger import TOPIC, Balances, traffic
 from projections.reports import consumers_report

@@ -15,8 +15,8 @@ from sqlalchemy import Connection, select
 
 from messaging import Database, is_ambiguous, partition_of
 from messaging.consumers import collect_specs
-from messaging.ownership import Claim, Ownership
-from messaging.worker import ConsumerWorker
+from messaging.distribution.ownership import Claim, Ownership
+from messaging.runtime.worker import ConsumerWorker
 from projections.examples import ledger
 from projections.testing import (
     BATTERY,

@@ -22,8 +22,8 @@ from messaging import (
     handler,
     hookimpl,
     message,
-    settings_from_mapping,
 )
+from messaging.config import settings_from_mapping
 from projections import projection
 
 pytestmark = pytest.mark.mysql

@@ -22,10 +22,10 @@ from messaging import (
     handler,
     hookimpl,
     message,
-    partition_of,
-    settings_from_mapping,
 )
-from messaging.worker import ConsumerWorker
+from messaging.config import settings_from_mapping
+from messaging.runtime.worker import ConsumerWorker
+from messaging.store.store import partition_of
 from projections import projection
 
 pytestmark = pytest.mark.mysql

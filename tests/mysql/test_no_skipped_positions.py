@@ -21,9 +21,9 @@ from messaging import (
     handler,
     hookimpl,
     message,
-    settings_from_mapping,
 )
-from messaging.ownership import Ownership
+from messaging.config import settings_from_mapping
+from messaging.distribution.ownership import Ownership
 from projections import projection
 
 pytestmark = pytest.mark.mysql

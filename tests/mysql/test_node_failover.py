@@ -11,7 +11,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
 from messaging import Database
-from messaging.retry import retry_transient
+from messaging.runtime.retry import retry_transient
 from messaging.settings import ConflictRetrySettings
 
 pytestmark = pytest.mark.mysql
@@ -30,7 +30,7 @@ def test_a_refused_node_is_passed_over(db: Database, caplog: pytest.LogCaptureFi
     multi = url.replace(f"127.0.0.1:{refused}", f"127.0.0.1:{refused},{server.host}:{server.port}")
     nodes = Database(multi, table_prefix=db.schema.prefix)
     try:
-        with caplog.at_level(logging.WARNING, logger="messaging.nodes"), nodes.read() as conn:
+        with caplog.at_level(logging.WARNING, logger="messaging.store.nodes"), nodes.read() as conn:
             assert conn.execute(text("SELECT @@port")).scalar() == server.port
         assert caplog.messages == []  # the first connection is no move
     finally:
@@ -56,7 +56,7 @@ def test_a_lost_node_moves_the_connections_on_with_one_line(
             with nodes.transaction() as conn:
                 return str(conn.execute(text("SELECT CONNECTION_ID()")).scalar())
 
-        with caplog.at_level(logging.WARNING, logger="messaging.nodes"):
+        with caplog.at_level(logging.WARNING, logger="messaging.store.nodes"):
             retry_transient(port_of_a_write, ConflictRetrySettings(), what="probe")
             retry_transient(port_of_a_write, ConflictRetrySettings(), what="probe")
         moves = [m for m in caplog.messages if "now using" in m]

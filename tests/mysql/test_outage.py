@@ -21,7 +21,7 @@ from private_mariadb import PrivateMariaDB
 from sqlalchemy import func, select
 
 from messaging import Database, MessageStore
-from messaging.migrations import migrate
+from messaging.store.migrations import migrate
 from projections.examples import ledger
 
 pytestmark = [pytest.mark.mysql, pytest.mark.multiprocess]
@@ -136,7 +136,9 @@ def test_an_outage_is_one_warning_and_one_info_per_loop(
         if (" WARNING " in line or " ERROR " in line) and "outcome unknown" not in line
     ]
     assert warnings == [
-        line for line in lines if re.search(r"WARNING messaging.outage: instance steady", line)
+        line
+        for line in lines
+        if re.search(r"WARNING messaging.runtime.outage: instance steady", line)
     ], warnings
     assert len([w for w in warnings if "instance steady: database unreachable" in w]) == 1
     assert len([w for w in warnings if "instance steady heartbeat: database unreachable" in w]) == 1

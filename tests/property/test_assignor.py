@@ -1,4 +1,4 @@
-"""Properties of the sticky assignor (DESIGN §4): valid, balanced, minimal movement, order-free.
+"""Properties of the sticky assignor: valid, balanced, minimal movement, order-free.
 
 The checks are plain functions taking the assignor under test, so the deliberately broken
 assignors at the bottom can be run through them and must be caught.
@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, event, find, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from messaging.assignor import assign
+from messaging.distribution.assignor import assign
 
 Assignor = Callable[[Iterable[Any], Iterable[str], Mapping[Any, str | None]], dict[Any, str]]
 

@@ -30,7 +30,7 @@ from sqlalchemy import (
 )
 
 from messaging import HandlerContext, handler, message
-from messaging.membership import Membership
+from messaging.distribution.membership import Membership
 from projections import projection
 from projections.testing import (
     Append,
@@ -159,25 +159,25 @@ def _unfenced_commit(self, conn, consumer, instance_id, epochs, position):  # ty
     )
 
 
-def _checkpoint_outside_the_transaction(self, rows, claims, *, immediate, through=0):  # type: ignore[no-untyped-def]
+def _checkpoint_outside_the_transaction(self, batch, *, immediate):  # type: ignore[no-untyped-def]
     """Effects committed first, the fenced checkpoint in a second transaction."""
     with self.db.transaction() as conn:
-        batch = self._fetch(conn, claims) if rows is None else rows
-        if not batch:
-            return batch
-        positions = [row[0] for row in batch]
+        rows = self._fetch(conn, batch.claims) if batch.rows is None else batch.rows
+        if not rows:
+            return rows
+        positions = [row.position for row in rows]
         ctx = HandlerContext(conn, lambda: self.store.envelopes(conn, positions))
-        self.dispatcher.apply(batch, ctx, self.spec.partitions)
+        self.dispatcher.apply(rows, ctx, self.spec.partitions)
         ctx.flush()
     with self.db.transaction() as conn:
         self.ownership.commit_checkpoint(
             conn,
             self.spec.name,
             self.instance_id,
-            claims,
-            max(batch[-1][0], through),
+            batch.claims,
+            batch.checkpoint(rows),
         )
-    return batch
+    return rows
 
 
 def _round_robin(units, members, current, rotation=0):  # type: ignore[no-untyped-def]
@@ -191,12 +191,12 @@ def _round_robin(units, members, current, rotation=0):  # type: ignore[no-untype
 
 
 BROKEN = {
-    "no fence": ("messaging.ownership.Ownership.commit_checkpoint", _unfenced_commit),
+    "no fence": ("messaging.distribution.ownership.Ownership.commit_checkpoint", _unfenced_commit),
     "checkpoint outside the transaction": (
-        "messaging.worker.ConsumerWorker._commit",
+        "messaging.runtime.worker.ConsumerWorker._commit",
         _checkpoint_outside_the_transaction,
     ),
-    "non-sticky assignor": ("messaging.rebalance.assign", _round_robin),
+    "non-sticky assignor": ("messaging.distribution.rebalance.assign", _round_robin),
 }
 
 

@@ -15,7 +15,7 @@ from private_mariadb import PrivateMariaDB
 
 from messaging import Database
 from messaging.config import settings_from_mapping
-from messaging.migrations import migrate
+from messaging.store.migrations import migrate
 from projections.admin import DATABASE_UNAVAILABLE, make_server
 
 pytestmark = pytest.mark.multiprocess

@@ -13,7 +13,7 @@ from admin_client import TOKEN
 from admin_target import TARGET, LiveAdmin
 from cdp import Browser
 
-from messaging.operations import audit_log
+from projections.operations import audit_log
 
 pytestmark = pytest.mark.multiprocess
 

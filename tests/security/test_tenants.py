@@ -27,25 +27,18 @@ from sqlalchemy import (
     update,
 )
 
-from messaging import (
-    Database,
-    HandlerContext,
-    ManualClock,
-    NewMessage,
-    RegistrationError,
-    handler,
-    message,
-    registry,
-)
+from messaging import Database, HandlerContext, NewMessage, RegistrationError, handler, message
 from messaging.consumers import collect_specs
-from messaging.declarations import tenant_fingerprint
-from messaging.migrations import migrate
-from messaging.operations import rebuild, resume
-from messaging.ownership import HALTED, Ownership
-from messaging.statements import sends_directly
-from messaging.tenancy import physical_name
+from messaging.distribution.ownership import HALTED, Ownership
+from messaging.messages import registry
+from messaging.runtime.declarations import tenant_fingerprint
+from messaging.store._fastpath import sends_directly
+from messaging.store.clock import ManualClock
+from messaging.store.migrations import migrate
+from messaging.store.tenancy import physical_name
 from projections import projection
 from projections.examples import ledger, transfers
+from projections.operations import rebuild, resume
 from projections.testing import SimulatedCluster
 from projections.testing.cluster import simulation_settings
 from projections.testing.database import drop_tables

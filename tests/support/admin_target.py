@@ -16,12 +16,12 @@ from sqlalchemy.engine import make_url
 
 from messaging import Database, Instance, MessageStore, collect_consumers, create_plugin_manager
 from messaging.config import load_settings
-from messaging.migrations import migrate
-from messaging.operations import audit_log
 from messaging.settings import Settings
+from messaging.store.migrations import migrate
 from projections.admin import make_server
 from projections.admin_http import BoundedHTTPServer
 from projections.examples import ledger
+from projections.operations import audit_log
 from projections.reports import consumers_report
 
 TARGET = "ledger-balances"

@@ -14,7 +14,8 @@ from typing import Any
 
 from sqlalchemy import select
 
-from messaging import Database, MessageStore, registry
+from messaging import Database, MessageStore
+from messaging.messages import registry
 from messaging.settings import ConsumerSettings
 from projections.examples import ledger
 from projections.reports import consumers_report
@@ -190,7 +191,7 @@ def consumer_worker(db: Database, consumer: type, *, instance_id: str, whole: bo
     """A ConsumerWorker of one decorated consumer class, with default settings and no plugins."""
     from messaging import Settings, create_plugin_manager
     from messaging.consumers import consumer_spec
-    from messaging.worker import ConsumerWorker
+    from messaging.runtime.worker import ConsumerWorker
 
     return ConsumerWorker(
         db=db,

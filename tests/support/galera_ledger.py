@@ -17,8 +17,8 @@ from galera_cluster import GaleraCluster
 from sqlalchemy import func, select
 
 from messaging import Database, registry
-from messaging.migrations import migrate
 from messaging.settings import ConsumerSettings
+from messaging.store.migrations import migrate
 from projections.examples import ledger
 from projections.reports import consumers_report
 

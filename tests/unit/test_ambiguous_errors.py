@@ -9,7 +9,7 @@ import pymysql
 import pytest
 from sqlalchemy.exc import IntegrityError, InterfaceError, OperationalError
 
-from messaging.retry import is_ambiguous, is_transient, retry_transient
+from messaging.runtime.retry import is_ambiguous, is_transient, retry_transient
 from messaging.settings import ConflictRetrySettings
 
 

@@ -1,10 +1,10 @@
-"""Worked examples of the sticky assignor (DESIGN §4)."""
+"""Worked examples of the sticky assignor."""
 
 from __future__ import annotations
 
 from collections import Counter
 
-from messaging.assignor import assign
+from messaging.distribution.assignor import assign
 
 ORDERS = [("orders", p) for p in range(8)]
 

@@ -6,14 +6,14 @@ import logging
 
 import pytest
 
-from messaging.lifecycle import lifecycle_event
+from messaging.runtime.lifecycle import lifecycle_event
 
 
 def test_an_event_is_one_key_value_line_with_the_fields_on_the_record(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """Values with spaces or quotes are quoted; None fields are left out."""
-    with caplog.at_level(logging.INFO, logger="messaging.lifecycle"):
+    with caplog.at_level(logging.INFO, logger="messaging.runtime.lifecycle"):
         lifecycle_event(
             "halt",
             consumer="ledger",

@@ -9,8 +9,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from messaging import DecodeError, RegistrationError, handler, message, registry
+from messaging import DecodeError, RegistrationError, handler, message
 from messaging.consumers import consumer_spec
+from messaging.messages import registry
 from projections import projection
 
 

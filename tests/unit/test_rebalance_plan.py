@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from messaging.membership import InstanceRow
-from messaging.rebalance import plan
+from messaging.distribution.membership import InstanceRow
+from messaging.distribution.rebalance import plan
 from messaging.settings import Distribution
 
 P, S = Distribution.PARTITIONED, Distribution.SINGLE_OWNER

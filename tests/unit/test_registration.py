@@ -12,7 +12,6 @@ import attrs
 import pytest
 
 from messaging import (
-    ConsumerKind,
     HandlerContext,
     RegistrationError,
     collect_consumers,
@@ -25,6 +24,7 @@ from messaging.consumers import consumer_spec
 from messaging.plugins import DISABLE_AUTOLOAD_ENV
 from projections import in_memory_projection, projection
 from projections.examples import ledger
+from projections.kinds import IN_MEMORY_PROJECTION, PROJECTION
 
 
 @message("test.reg.happened")
@@ -124,7 +124,7 @@ def test_ledger_module_contributes_its_two_consumers() -> None:
     assert sorted(specs) == ["ledger-activity", "ledger-balances"]
     balances, activity = specs["ledger-balances"], specs["ledger-activity"]
     assert balances.cls is ledger.Balances
-    assert balances.kind is ConsumerKind.PROJECTION
+    assert balances.kind is PROJECTION
     assert balances.partitions == 8
     assert balances.topics == ("ledger",)
     assert balances.transactional
@@ -138,7 +138,7 @@ def test_ledger_module_contributes_its_two_consumers() -> None:
         "ledger.transfer-sent",
         "ledger.withdrawn",
     ]
-    assert activity.kind is ConsumerKind.IN_MEMORY_PROJECTION
+    assert activity.kind is IN_MEMORY_PROJECTION
     assert not activity.transactional
     assert activity.handler_arity[ledger.AccountOpened] == 1
     assert balances.handler_arity[ledger.AccountOpened] == 2

@@ -1,4 +1,4 @@
-"""Settings classes, YAML config loading and the start-up validation rules (DESIGN.md §5)."""
+"""Settings classes, YAML config loading and the start-up validation rules."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from messaging.settings import (
     validate,
 )
 
-DESIGN_EXAMPLE = """\
+FULL_EXAMPLE = """\
 database: sqlite:///app.db          # default when absent: ./projections.db
 tenant: default
 messaging:
@@ -99,8 +99,8 @@ def test_settings_are_frozen_and_keyword_only() -> None:
 
 
 def test_design_example_file_loads(tmp_path: Path) -> None:
-    """The YAML example of DESIGN.md §5 loads to exactly the values it spells out."""
-    settings = load_settings(_write(tmp_path, DESIGN_EXAMPLE), environ={})
+    """The full YAML example loads to exactly the values it spells out."""
+    settings = load_settings(_write(tmp_path, FULL_EXAMPLE), environ={})
     assert settings == Settings(
         database="sqlite:///app.db",
         tenant="default",
@@ -679,7 +679,7 @@ def test_concurrency_limit_for_returns_override_or_none() -> None:
 
 def test_overrides_from_the_design_example(tmp_path: Path) -> None:
     """The example file's overrides are visible through the lookup methods."""
-    s = load_settings(_write(tmp_path, DESIGN_EXAMPLE), environ={})
+    s = load_settings(_write(tmp_path, FULL_EXAMPLE), environ={})
     assert s.projections.distribution_for("ledger-totals") is Distribution.SINGLE_OWNER
     assert s.projections.concurrency_limit_for("ledger-totals") == 1
     assert s.projections.distribution_for("other") is Distribution.PARTITIONED

@@ -14,9 +14,6 @@ from projections.testing.battery import (
 )
 from projections.testing.cluster import (
     SIMULATION_CONFIG,
-    Claimed,
-    Commit,
-    Delivery,
     SimulatedCluster,
     open_cluster,
     simulation_settings,
@@ -37,12 +34,13 @@ from projections.testing.events import (
     Wake,
     run_events,
 )
-from projections.testing.machine import ClusterMachine, machine_settings
+from projections.testing.machine import ClusterMachine
 from projections.testing.outcomes import (
     OutcomeLosingDatabase,
     UnknownOutcome,
     unknown_outcome_error,
 )
+from projections.testing.records import Claimed, Commit, Delivery
 from projections.testing.runner import REPORT_SECONDS, report_within, run_cluster_machine
 from projections.testing.strategies import (
     SOURCES,
@@ -52,6 +50,7 @@ from projections.testing.strategies import (
     picks,
     ticks,
 )
+from projections.testing.testcase import machine_settings
 
 __all__ = [
     "BATTERY",

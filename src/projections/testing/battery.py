@@ -21,8 +21,8 @@ from hypothesis.errors import NoSuchExample
 from hypothesis.stateful import INVARIANT_MARKER
 from hypothesis.strategies import SearchStrategy
 
-from messaging import ConsumerKind, partition_of
 from messaging.consumers import ConsumerSpec, collect_specs
+from messaging.store.store import partition_of
 from projections.testing.differences import ReadModelDiffers
 from projections.testing.events import Append
 
@@ -321,9 +321,9 @@ def _lost_ack(run: Run) -> None:
     run.settle(retried, left_behind)
 
 
-def _has(kind: ConsumerKind) -> Callable[[Sequence[ConsumerSpec], Samples], bool]:
+def _has(kind: str) -> Callable[[Sequence[ConsumerSpec], Samples], bool]:
     def applies(specs: Sequence[ConsumerSpec], samples: Samples) -> bool:
-        return any(s.kind is kind and samples.first.topic in s.topics for s in specs)
+        return any(s.kind.value == kind and samples.first.topic in s.topics for s in specs)
 
     return applies
 
@@ -347,7 +347,7 @@ BATTERY: tuple[Scenario, ...] = (
         "the read model depends on when, where or in which order it is built (the wall "
         "clock, randomness, or messages of other partitions)",
         _rebuild,
-        _has(ConsumerKind.PROJECTION),
+        _has("projection"),
     ),
     Scenario(
         "zombie",
@@ -367,14 +367,14 @@ BATTERY: tuple[Scenario, ...] = (
         "deadlines across a takeover",
         "the saga's deadlines depend on state kept in the instance",
         _deadline_takeover,
-        _has(ConsumerKind.SAGA),
+        _has("saga"),
     ),
     Scenario(
         "sent twice",
         "the route consumer is not idempotent: a message sent twice took effect twice "
         "(declare it with idempotent=True, or make its handler idempotent)",
         _sent_twice,
-        _has(ConsumerKind.ROUTE_CONSUMER),
+        _has("route-consumer"),
     ),
     Scenario(
         "lost acknowledgement",

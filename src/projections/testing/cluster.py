@@ -16,29 +16,29 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from functools import partial
 
-import attrs
 from sqlalchemy import Connection
 
 from messaging import (
-    ConsumerKind,
     Database,
     Distribution,
     Instance,
-    ManualClock,
     MessageStore,
     Settings,
     create_plugin_manager,
-    hookimpl,
     is_ambiguous,
-    operations,
-    settings_from_mapping,
 )
+from messaging.config import settings_from_mapping
 from messaging.consumers import ConsumerSpec, collect_specs
-from messaging.ownership import Claim, Ownership
-from messaging.store import NewMessage
-from messaging.worker import ConsumerWorker
+from messaging.distribution.ownership import Claim, Ownership
+from messaging.routing.consumer import ROUTE_CONSUMER
+from messaging.runtime.worker import ConsumerWorker
+from messaging.store.clock import ManualClock
+from messaging.store.store import NewMessage
+from projections import operations
+from projections.kinds import PROJECTION
 from projections.testing.database import configured_database, scratch_database
 from projections.testing.outcomes import OutcomeLosingDatabase, UnknownOutcome
+from projections.testing.records import Claimed, Commit, Delivery, Recorder
 
 SIMULATION_CONFIG: Mapping[str, object] = {
     "rebalance-interval": "1s",
@@ -64,87 +64,6 @@ def simulation_settings(**sections: object) -> Settings:
 
 _OPERATOR = "projections.testing"
 """Who the simulated operator commands are recorded as, in the audit log."""
-
-
-@attrs.define(frozen=True)
-class Commit:
-    """One committed batch: which instance committed which partitions under which epochs."""
-
-    instance: str
-    consumer: str
-    epochs: Mapping[int, int]
-    last_position: int
-    count: int
-
-
-@attrs.define(frozen=True)
-class Claimed:
-    """One claim of a partition under a new epoch (epoch > 1: it was held before)."""
-
-    instance: str
-    consumer: str
-    partition: int
-    epoch: int
-
-
-@attrs.define(frozen=True)
-class Delivery:
-    """One committed delivery of a saga deadline: by which instance, of which deadline."""
-
-    instance: str
-    consumer: str
-    key: str
-    name: str
-    due_at: float
-
-
-class _Recorder:
-    """Collects commits, and notes of what each step caused, from the framework's hooks."""
-
-    def __init__(self, cluster: SimulatedCluster) -> None:
-        self.cluster = cluster
-
-    @hookimpl
-    def projections_batch_applied(
-        self,
-        consumer: str,
-        epochs: Mapping[int, int],
-        instance_id: str,
-        count: int,
-        last_position: int,
-    ) -> None:
-        name = self.cluster.name_of(instance_id)
-        self.cluster.commits.append(Commit(name, consumer, dict(epochs), last_position, count))
-        parts = " ".join(f"p{p}/e{e}" for p, e in sorted(epochs.items()))
-        self.cluster.note(f"{name} committed {consumer} {parts}: {count} up to {last_position}")
-
-    @hookimpl
-    def projections_deadlines_delivered(
-        self, consumer: str, instance_id: str, deadlines: Sequence[tuple[str, str, float]]
-    ) -> None:
-        name = self.cluster.name_of(instance_id)
-        for key, deadline, due_at in deadlines:
-            self.cluster.deliveries.append(Delivery(name, consumer, key, deadline, due_at))
-            self.cluster.note(
-                f"{name} delivered {consumer} deadline {deadline!r} of {key!r} "
-                f"(due t=+{due_at - self.cluster.started_at:.1f}s)"
-            )
-
-    @hookimpl
-    def projections_partition_claimed(
-        self, consumer: str, partition: int, epoch: int, instance_id: str
-    ) -> None:
-        name = self.cluster.name_of(instance_id)
-        self.cluster.moves += 1
-        self.cluster.claims.append(Claimed(name, consumer, partition, epoch))
-        self.cluster.note(f"{name} claimed {consumer} p{partition}/e{epoch}")
-
-    @hookimpl
-    def projections_partition_released(
-        self, consumer: str, partition: int, instance_id: str
-    ) -> None:
-        self.cluster.moves += 1
-        self.cluster.note(f"{self.cluster.name_of(instance_id)} released {consumer} p{partition}")
 
 
 class _ProcessDied(BaseException):
@@ -197,7 +116,7 @@ class SimulatedCluster:
         """(topic, message) of every message appended, in position order."""
         self.resent: list[tuple[str, object]] = []
         """(topic, message) of every message sent again under its id (see :meth:`resend`)."""
-        self._destinations = {s.name for s in self.specs if s.kind is ConsumerKind.ROUTE_CONSUMER}
+        self._destinations = {s.name for s in self.specs if s.kind is ROUTE_CONSUMER}
         self._sent: dict[int, tuple[NewMessage, object]] = {}
         """Position → what was sent there, for the messages sent to route consumers."""
         self.running: dict[str, Instance] = {}
@@ -216,7 +135,7 @@ class SimulatedCluster:
         """The clock when the cluster was made: scenario times are counted from it."""
         self._notes: list[str] = []
         self._hooks = create_plugin_manager(
-            [], plugins=[_Recorder(self), *plugins], load_entrypoints=False
+            [], plugins=[Recorder(self), *plugins], load_entrypoints=False
         ).hook
 
     @property
@@ -418,7 +337,7 @@ class SimulatedCluster:
     def rebuild(self) -> list[str]:
         """Ask for a rebuild of every projection (an operator's ``projections rebuild``);
         the next round performs it. Returns their names."""
-        names = [spec.name for spec in self.specs if spec.kind is ConsumerKind.PROJECTION]
+        names = [spec.name for spec in self.specs if spec.kind is PROJECTION]
         for name in names:
             operations.rebuild(self.db, name, who=_OPERATOR)
         self._record("rebuild()")

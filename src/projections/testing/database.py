@@ -17,8 +17,9 @@ from pathlib import Path
 from sqlalchemy import Table, inspect, text
 from sqlalchemy.exc import OperationalError
 
-from messaging import ConfigError, Database, ManualClock
-from messaging.migrations import migrate
+from messaging import ConfigError, Database
+from messaging.store.clock import ManualClock
+from messaging.store.migrations import migrate
 
 DATABASE_ENV = "PROJECTIONS_TEST_DATABASE"
 """The environment variable naming the database simulated clusters use."""

@@ -11,21 +11,20 @@ instance did what, in order.
 
 from __future__ import annotations
 
-import unittest
 from collections import Counter
 from collections.abc import Sequence
 from contextlib import ExitStack
-from functools import cache
 from typing import ClassVar
 
-from hypothesis import HealthCheck, Phase, currently_in_test_context, note, settings
+from hypothesis import currently_in_test_context, note
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 from hypothesis.strategies import SearchStrategy
 from sqlalchemy import Connection, select
 
-from messaging import Distribution, Settings, partition_of
-from messaging.ownership import HALTED, Ownership
+from messaging import Distribution, Settings
+from messaging.distribution.ownership import HALTED, Ownership
+from messaging.store.store import partition_of
 from projections.testing.battery import BATTERY, Scenario
 from projections.testing.cluster import SimulatedCluster, open_cluster
 from projections.testing.differences import ReadModelDiffers
@@ -42,51 +41,13 @@ from projections.testing.events import (
     Wake,
 )
 from projections.testing.strategies import pauses, picks, ticks
-
-
-def machine_settings(max_examples: int = 25, steps: int = 12) -> settings:
-    """Hypothesis settings sized for a simulated cluster: a few runs of a few steps (short
-    runs shrink fast), no deadline (a step is several transactions), no health check
-    about slow data, and no explain phase (it reruns the failure many times to say which
-    lines only failing runs reach)."""
-    return settings(
-        max_examples=max_examples,
-        stateful_step_count=steps,
-        phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink],
-        deadline=None,
-        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
-    )
-
+from projections.testing.testcase import TestCaseProperty
 
 HANDOVERS = ("join", "stop", "crash", "freeze")
 """How :meth:`ClusterMachine.append_across_a_handover` moves a partition."""
 
 _messages = st.runner().flatmap(lambda machine: machine.messages)
 """The machine's own strategy of appends."""
-
-
-class _TestCaseProperty:
-    """``Machine.TestCase``: a unittest case of the machine that runs its battery first."""
-
-    def __get__(
-        self, obj: ClusterMachine | None, owner: type[ClusterMachine]
-    ) -> type[unittest.TestCase]:
-        return _test_case(owner if obj is None else type(obj))
-
-
-@cache
-def _test_case(machine: type[ClusterMachine]) -> type[unittest.TestCase]:
-    from projections.testing.runner import run_cluster_machine  # it runs machines: imports this
-
-    class MachineTestCase(unittest.TestCase):
-        settings = machine_settings()
-
-        def runTest(self) -> None:
-            run_cluster_machine(machine, self.settings)
-
-    MachineTestCase.__name__ = f"{machine.__name__}.TestCase"
-    MachineTestCase.__qualname__ = f"{machine.__qualname__}.TestCase"
-    return MachineTestCase
 
 
 class ClusterMachine(RuleBasedStateMachine):
@@ -116,7 +77,7 @@ class ClusterMachine(RuleBasedStateMachine):
     """Instances joined before the first step (after the ``initial`` appends)."""
     max_instances: ClassVar[int] = 4
     """Running and paused instances at most."""
-    TestCase = _TestCaseProperty()
+    TestCase = TestCaseProperty()
     """``TestLedger = LedgerMachine.TestCase``: a unittest test case running the battery,
     then the search with :func:`machine_settings` (or the case's ``settings``), on the
     configured database."""

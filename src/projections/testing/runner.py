@@ -15,7 +15,8 @@ from hypothesis.reporting import current_reporter, with_reporter
 from hypothesis.stateful import run_state_machine_as_test
 
 from projections.testing.battery import run_battery
-from projections.testing.machine import ClusterMachine, machine_settings
+from projections.testing.machine import ClusterMachine
+from projections.testing.testcase import machine_settings
 
 REPORT_SECONDS = 30.0
 """By default the search reports a failure within this many seconds of its start: it

@@ -1,0 +1,32 @@
+"""Messages a consumer sends while it applies a batch, stored only if the batch commits.
+
+A sent message is appended to the topic named by its destination, with a ``message-id``
+header. Sent from a handler, the id is derived from the sending consumer, what caused
+the send (the message's position, or a deadline) and the send's order, so that a
+batch applied again sends the very same ids and an idempotent receiver can tell.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from messaging.store.store import MessageStore, NewMessage
+
+_ID_NAMESPACE = uuid.UUID("6f0c8a52-3a8e-4d5e-9a57-5b7d6c1e2f90")
+
+
+class Outbox:
+    """Builds the messages one consumer sends; the handler context appends them at commit."""
+
+    def __init__(self, store: MessageStore, sender: str) -> None:
+        self.store = store
+        self.sender = sender
+
+    def derived_id(self, cause: str, count: int) -> str:
+        """The id of the ``count``-th message sent because of ``cause`` (stable across retries)."""
+        return uuid.uuid5(_ID_NAMESPACE, f"{self.sender}\x1f{cause}\x1f{count}").hex
+
+    def event(self, topic: str, source: str, message: object) -> NewMessage:
+        """``message`` as the next event of ``source`` in ``topic``."""
+        type_name, payload = self.store.registry.encode(message)
+        return NewMessage(topic=topic, source=source, type=type_name, payload=payload)

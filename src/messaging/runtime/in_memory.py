@@ -1,0 +1,186 @@
+"""In-memory consumers as their instance's operators see them: state, position, and
+pause, resume (past a poison message) and rebuild of this process's copy alone.
+
+Every instance runs its own copy of an in-memory consumer, so these commands reach
+one process (through its admin endpoint), not the database; what each copy is doing is
+published with the instance's heartbeat for the reports.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import traceback
+from typing import Any
+
+import pluggy
+
+from messaging.consumers import ConsumerSpec
+from messaging.errors import OperationError
+from messaging.messages import Envelope, MessageRegistry
+from messaging.runtime.context import HandlerContext
+from messaging.runtime.failures import last_frames
+from messaging.runtime.poison import Poison
+from messaging.runtime.worker import Worker
+from messaging.settings import ConsumerSettings
+from messaging.store.database import Database
+
+log = logging.getLogger(__name__)
+
+__all__ = ["InMemoryConsumer", "InMemoryOperationError", "InMemoryWorker"]
+
+RUNNING, PAUSED, HALTED = "running", "paused", "halted"
+
+
+class InMemoryOperationError(OperationError):
+    """A command that does not fit the state of this instance's copy (answered 409)."""
+
+
+class InMemoryWorker(Worker):
+    """Applies an in-memory consumer whole, from the start of its topics, in this process."""
+
+    def __init__(
+        self,
+        *,
+        db: Database,
+        spec: ConsumerSpec,
+        instance_id: str,
+        settings: ConsumerSettings,
+        hooks: pluggy.HookRelay,
+        registry: MessageRegistry,
+    ) -> None:
+        super().__init__(
+            db=db,
+            spec=spec,
+            instance_id=instance_id,
+            settings=settings,
+            hooks=hooks,
+            registry=registry,
+        )
+        self.position = 0
+        self.halted: str | None = None
+        self.trace: str | None = None
+        """Where the handler failed (the last frames of its traceback), while halted."""
+        self.halted_message: dict[str, Any] | None = None
+        """The poison message's position, type and error, while halted."""
+
+    @property
+    def target(self) -> Any:
+        """The consumer object holding the in-memory state."""
+        return self.dispatcher.target
+
+    def poll(self) -> int:
+        """Apply the next batch to the in-memory state; return how many were applied."""
+        if self.halted is not None:
+            return 0
+        with self.db.read() as conn:
+            rows = self.store.read_batch(
+                conn,
+                self.spec.topics,
+                after=self.position,
+                types=self.dispatcher.type_names,
+                limit=self.settings.batch_size,
+            )
+        if not rows:
+            return 0
+
+        def load_envelopes() -> dict[int, Envelope]:
+            with self.db.read() as conn:
+                return self.store.envelopes(conn, [row.position for row in rows])
+
+        ctx = HandlerContext(None, load_envelopes)
+        for index, row in enumerate(rows):
+            try:
+                self.dispatcher.apply(rows[index : index + 1], ctx, self.spec.partitions)
+            except Poison as poison:
+                self._halt(poison)
+                return index
+            self.position = row.position
+        return len(rows)
+
+    def _halt(self, poison: Poison) -> None:
+        position, type_name = poison.row.position, poison.row.type
+        detail = "".join(traceback.format_exception_only(poison.error)).strip()
+        self.halted = f"halted at position {position} ({type_name}): {detail}"
+        self.trace = last_frames(poison.error)
+        self.halted_message = {"position": position, "type": type_name, "error": detail}
+        log.error("in-memory consumer %s %s", self.spec.name, self.halted, exc_info=poison.error)
+        self.hooks.projections_message_failed(
+            consumer=self.spec.name,
+            partition=poison.partition,
+            position=position,
+            type_name=type_name,
+            error=poison.error,
+            instance_id=self.instance_id,
+        )
+
+
+class InMemoryConsumer(InMemoryWorker):
+    """An :class:`InMemoryWorker` that operators can pause, resume and rebuild.
+
+    A command waits for the batch in flight; the copies on other instances are untouched.
+    """
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._registry = kwargs["registry"]
+        self.paused = False
+        self._lock = threading.Lock()
+
+    def poll(self) -> int:
+        """Apply the next batch unless paused; see :meth:`InMemoryWorker.poll`."""
+        with self._lock:
+            return 0 if self.paused else super().poll()
+
+    @property
+    def state(self) -> str:
+        """``halted`` (at a poison message), ``paused`` or ``running``."""
+        return HALTED if self.halted is not None else PAUSED if self.paused else RUNNING
+
+    def snapshot(self) -> dict[str, Any]:
+        """What the reports show: state, position (last applied), topics and handled types,
+        and the poison message (with where it failed) while halted."""
+        with self._lock:
+            entry: dict[str, Any] = {
+                "state": self.state,
+                "position": self.position,
+                "topics": list(self.spec.topics),
+                "types": list(self.dispatcher.type_names),
+            }
+            if self.halted_message is not None:
+                entry["halted"] = {**self.halted_message, "trace": self.trace}
+            return entry
+
+    def pause(self) -> dict[str, Any]:
+        """Stop applying on this instance until resumed."""
+        with self._lock:
+            if self.paused:
+                raise InMemoryOperationError(f"{self.spec.name} is already paused here")
+            self.paused = True
+            return {}
+
+    def resume(self, *, skip_poison: bool = False) -> dict[str, Any]:
+        """Run again: a halted copy retries its poison message, or with ``skip_poison``
+        goes on right after it (never applied). Returns the halted message, if any."""
+        with self._lock:
+            halted = self.halted_message
+            if skip_poison and halted is None:
+                raise InMemoryOperationError(
+                    f"{self.spec.name} has no halted message to skip past here"
+                )
+            if halted is None and not self.paused:
+                raise InMemoryOperationError(f"{self.spec.name} is running here already")
+            if halted is not None and skip_poison:
+                self.position = int(halted["position"])
+            self.paused = False
+            self.halted = self.trace = self.halted_message = None
+            return {"halted": [halted] if halted is not None else []}
+
+    def rebuild(self) -> dict[str, Any]:
+        """Start over: a new consumer object replays from the start of its topics (a
+        paused copy stays paused)."""
+        with self._lock:
+            self.dispatcher = self.dispatcher_class(self.spec, self._registry, self.db)
+            self.position = 0
+            self.halted = self.trace = self.halted_message = None
+            return {}

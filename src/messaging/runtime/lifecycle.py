@@ -1,0 +1,37 @@
+"""Lifecycle events as structured log lines: one line per event, ``key=value`` pairs.
+
+Claims, releases, lost partitions, halts, operator commands, rebuilds and declaration
+mismatches are logged on the ``messaging.runtime.lifecycle`` logger as
+``event=claim consumer=ledger partition=3 instance=host:42 epoch=7``; the same fields
+are on the record as ``record.lifecycle`` (a dict), for JSON log handlers.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+log = logging.getLogger("messaging.runtime.lifecycle")
+
+
+def _value(value: Any) -> str:
+    """A bare value, or a JSON-quoted string when it has spaces, quotes or ``=``."""
+    text = str(value)
+    if not text or any(c.isspace() or c in '"=' for c in text):
+        return json.dumps(text)
+    return text
+
+
+def lifecycle_event(
+    event: str,
+    *,
+    level: int = logging.INFO,
+    exc_info: BaseException | None = None,
+    **fields: Any,
+) -> None:
+    """Log one lifecycle event with its fields (None-valued fields are left out); with
+    ``exc_info``, the line is followed by that exception's full traceback."""
+    present = {key: value for key, value in fields.items() if value is not None}
+    line = " ".join([f"event={event}", *(f"{k}={_value(v)}" for k, v in present.items())])
+    log.log(level, line, exc_info=exc_info, extra={"lifecycle": {"event": event, **present}})

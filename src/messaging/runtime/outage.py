@@ -1,0 +1,96 @@
+"""Database outages logged by their edges: one WARNING when it goes, one INFO when it is back.
+
+A stopped or unreachable server makes every poll, rebalance and heartbeat fail until it
+returns; logging each failure would bury the one thing an operator needs ("unreachable
+since T", "back after 10.1 s") under hundreds of identical tracebacks.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+
+from messaging.store.nodes import NOT_PRIMARY
+
+__all__ = ["Outage", "is_unreachable"]
+
+log = logging.getLogger("messaging.runtime.outage")
+
+_MYSQL_UNREACHABLE = {
+    1040,  # too many connections
+    1053,  # server shutdown in progress
+    1927,  # connection was killed
+    2002,  # can't connect through the socket
+    2003,  # can't connect to the server
+    2006,  # server has gone away
+    2013,  # lost connection during query
+    2055,  # lost connection at some stage
+    *NOT_PRIMARY,  # a Galera node out of the primary component
+}
+_SQLITE_UNREACHABLE = ("unable to open database file", "disk i/o error")
+
+
+def is_unreachable(exc: BaseException) -> bool:
+    """Whether ``exc`` says the database cannot be reached (rather than that a statement
+    or a handler is wrong): a refused or lost connection, a server shutting down, a
+    SQLite file that cannot be opened."""
+    if isinstance(exc, DBAPIError) and exc.connection_invalidated:
+        return True
+    if not isinstance(exc, OperationalError | InterfaceError):
+        return False
+    args = getattr(exc.orig, "args", ())
+    if args and isinstance(args[0], int):
+        return args[0] in _MYSQL_UNREACHABLE
+    text = str(exc.orig).lower()
+    return isinstance(exc, InterfaceError) or any(f in text for f in _SQLITE_UNREACHABLE)
+
+
+class Outage:
+    """The reachability of the database as one loop (or several sharing it) sees it.
+
+    :meth:`failed` logs a WARNING with the first error when the database becomes
+    unreachable and nothing more while it stays so; :meth:`succeeded` logs one INFO
+    with how long it was down when it is back. Thread-safe.
+    """
+
+    def __init__(self, who: str, what: str = "database") -> None:
+        self.who = who
+        self.what = what
+        self._since: float | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def down(self) -> bool:
+        """Whether the last outcome was an unreachable database."""
+        return self._since is not None
+
+    def failed(self, exc: BaseException) -> bool:
+        """Record a failure; True when it is an unreachable database (logged here, once per
+        outage), False for any other error, which the caller reports itself."""
+        if not is_unreachable(exc):
+            return False
+        with self._lock:
+            if self._since is None:
+                self._since = time.monotonic()
+                first = str(exc.orig if isinstance(exc, DBAPIError) else exc).splitlines()
+                log.warning(
+                    "%s: %s unreachable (%s: %s); retrying quietly until it is back",
+                    self.who,
+                    self.what,
+                    type(exc).__name__,
+                    first[0] if first else "",
+                )
+        return True
+
+    def succeeded(self) -> None:
+        """Record a success; logs once how long the outage lasted, if there was one."""
+        if self._since is None:
+            return
+        with self._lock:
+            since, self._since = self._since, None
+        if since is not None:  # another thread may have logged it meanwhile
+            lasted = time.monotonic() - since
+            log.info("%s: %s reachable again after %.1f s", self.who, self.what, lasted)

@@ -1,0 +1,249 @@
+"""The rebalance rounds of one instance: read the members, partitions and declarations,
+plan this instance's share, release what moved away, claim the rest.
+
+Rounds run every ``rebalance-interval``, sooner when a peer turns stale or is stopping,
+and as soon as the cheap pulse (:mod:`messaging.distribution.pulse`) shows that
+something moved.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import attrs
+
+from messaging.distribution.membership import InstanceRow
+from messaging.distribution.ownership import PartitionRow
+from messaging.distribution.pulse import PULSE_INTERVAL, Pulse, read_pulse
+from messaging.distribution.rebalance import plan
+from messaging.runtime.declarations import (
+    STATE_REBUILD_REQUESTED,
+    STATE_REBUILDING,
+    current_declarations,
+    perform_requested_rebuild,
+)
+from messaging.runtime.lifecycle import lifecycle_event
+
+if TYPE_CHECKING:
+    from messaging.runtime.instance import Instance
+
+log = logging.getLogger(__name__)
+
+_EXPIRY_MARGIN = 0.05
+"""Seconds after a peer's expiry to look again, so that it has really turned stale."""
+
+
+@attrs.frozen
+class Moved:
+    """What one round changed here: partitions claimed and released."""
+
+    claimed: int
+    released: int
+
+
+class Rebalancer:
+    """The rebalance rounds of ``instance`` and what they remember between rounds."""
+
+    def __init__(self, instance: Instance) -> None:
+        self.instance = instance
+        self._next_round_in = instance.consumer_settings.rebalance_interval
+        self._waiting: dict[str, str | None] = {}
+        self._pulse: Pulse = ()
+        self._awaited: dict[str, int] = {}
+        """Partitions of each consumer assigned here but still held by live peers."""
+        self._awaiting_since: float | None = None
+
+    def rebalance(self) -> None:
+        """Compute the target from the database rows; release what moved away, claim the rest.
+
+        Released partitions are dropped only after the batch in flight commits. Partitions
+        assigned here are claimed when unowned or owned by a non-live instance; one still
+        held by a live instance is claimed on a later round, after that instance let go.
+        """
+        inst = self.instance
+        started = time.perf_counter()
+        timeout = inst.consumer_settings.stale_instance_timeout
+        with inst.db.read() as conn:
+            # The pulse first: at READ COMMITTED each statement sees the latest commits, so
+            # a change landing after the rows below were read must differ from this pulse.
+            self._pulse = read_pulse(inst.db, conn, sorted(inst.workers))
+            members = inst.membership.instances(conn, timeout)
+            live = [i for i in members if i.live and not i.stopping]
+            rows = inst.ownership.partitions(conn, sorted(inst.workers))
+            declared = current_declarations(inst.db, conn, sorted(inst.workers))
+            head = inst.store.head(conn)
+        read_seconds = time.perf_counter() - started
+        moved = self._round(live, rows, declared)
+        inst.hooks.projections_rebalanced(
+            instance_id=inst.id,
+            seconds=time.perf_counter() - started,
+            membership_seconds=read_seconds,
+            live_members=len(live),
+            claimed=moved.claimed,
+            released=moved.released,
+        )
+        for name, worker in inst.workers.items():
+            lags = {p: max(0, head - c.checkpoint) for p, c in worker.claims().items()}
+            inst.hooks.projections_lag(consumer=name, instance_id=inst.id, lags=lags)
+        self._next_round_in = self._next_round(members)
+        if self._awaiting_since is not None and not any(self._awaited.values()):
+            waited = time.monotonic() - self._awaiting_since
+            self._awaiting_since = None
+            log.info(
+                "instance %s: has its share of every consumer after %.1f s",
+                inst.name,
+                waited,
+            )
+
+    def announce_wait(self) -> None:
+        """Say, once at start, what this instance waits for and for how long at most: the
+        partitions assigned here that live peers still hold until their next round."""
+        inst = self.instance
+        awaited = {name: n for name, n in self._awaited.items() if n}
+        if not awaited:
+            return
+        self._awaiting_since = time.monotonic()
+        interval = inst.consumer_settings.rebalance_interval
+        usually = 2 * min(PULSE_INTERVAL, interval)
+        log.info(
+            "instance %s: waiting for %s held by live instances: they hand them over at "
+            "their next rebalance round, usually within %g s, at most %g s (two "
+            "rebalance-intervals) plus a batch in flight",
+            inst.name,
+            ", ".join(f"{n} partition(s) of {name}" for name, n in sorted(awaited.items())),
+            usually,
+            2 * interval,
+        )
+
+    def _round(
+        self,
+        live: list[InstanceRow],
+        rows: list[PartitionRow],
+        declared: dict[str, tuple[str, str]],
+    ) -> Moved:
+        """One round's decisions from the rows just read; returns what moved."""
+        inst = self.instance
+        claimed = released = 0
+        for name in [n for n in inst.workers if declared.get(n, ("",))[0] != inst.fingerprints[n]]:
+            self._retire(name)
+        for name, worker in list(inst.workers.items()):
+            state = declared[name][1]
+            if state in (STATE_REBUILD_REQUESTED, STATE_REBUILDING):
+                worker.drop_after_batch(sorted(worker.claims()))
+                perform_requested_rebuild(
+                    inst.db,
+                    worker.spec,
+                    inst.id,
+                    inst.consumer_settings.stale_instance_timeout,
+                )
+        owners: dict[str, dict[int, str | None]] = {name: {} for name in inst.workers}
+        for row in rows:
+            owners[row.consumer][row.partition] = row.owner
+        plans = plan(
+            inst.id,
+            live,
+            owners,
+            {name: worker.spec.partitions for name, worker in inst.workers.items()},
+            {name: inst.distributions[name] for name in inst.workers},
+            inst.fingerprints,
+        )
+        live_ids = inst.membership.live_ids(inst.consumer_settings.stale_instance_timeout)
+        for name, target in plans.items():
+            worker = inst.workers[name]
+            lost = [p for p in worker.claims() if owners[name].get(p) != inst.id]
+            if lost:
+                worker.drop(lost)
+            if target.release:
+                worker.drop_after_batch(sorted(target.release))
+                with inst.db.transaction() as conn:
+                    inst.ownership.release(conn, name, inst.id, target.release)
+                for partition in sorted(target.release):
+                    inst.partition_event(name, partition, None)
+                released += len(target.release)
+            if target.waiting_for and target.waiting_for != self._waiting.get(name):
+                log.warning("consumer %s: applying nothing here: %s", name, target.waiting_for)
+            self._waiting[name] = target.waiting_for
+            wanted = sorted(target.target - set(worker.claims()))
+            self._awaited[name] = 0
+            if not wanted:
+                continue
+            with inst.db.transaction() as conn:
+                claims = inst.ownership.claim(conn, name, wanted, inst.id, live_ids)
+            worker.add_claims(claims)
+            self._awaited[name] = len(target.target - set(worker.claims()))
+            claimed += len(claims)
+            for claim in claims:
+                inst.partition_event(name, claim.partition, claim.epoch)
+        return Moved(claimed=claimed, released=released)
+
+    def _retire(self, name: str) -> None:
+        """Stop applying a consumer whose declaration was replaced by another instance."""
+        inst = self.instance
+        lifecycle_event(
+            "declaration-mismatch",
+            level=logging.WARNING,
+            consumer=name,
+            instance=inst.name,
+            declaration=inst.fingerprints[name],
+            reason="rebuilt under another declaration; applying nothing until restarted",
+        )
+        worker = inst.workers.pop(name)
+        worker.drop_after_batch(sorted(worker.claims()))
+        inst.forget(name)
+
+    def _next_round(self, members: Sequence[InstanceRow]) -> float:
+        """How soon the next rebalance is worth running: at the regular interval, but right
+        after a peer that stopped heartbeating turns stale, and soon while a peer is
+        stopping (its partitions are about to be released). Costs no query while nothing
+        happens: the times come from the rows this round read anyway."""
+        inst = self.instance
+        interval = inst.consumer_settings.rebalance_interval
+        peers = [m for m in members if m.id != inst.id and m.live]
+        soonest = interval
+        if any(m.stopping for m in peers):
+            soonest = interval / 4
+        expiring = [m.expires_in + _EXPIRY_MARGIN for m in peers if not m.stopping]
+        return max(0.0, min([soonest, *expiring]))
+
+    def _changed(self) -> bool:
+        """Whether the pulse moved since the last round read it (see
+        :mod:`messaging.distribution.pulse`); a failed look is no change (the regular round
+        comes anyway)."""
+        inst = self.instance
+        try:
+            with inst.db.read() as conn:
+                return read_pulse(inst.db, conn, sorted(inst.workers)) != self._pulse
+        except Exception:
+            return False
+
+    def _wait_for_round(self, stop: threading.Event, started: float) -> bool:
+        """Wait until the next round is due, or the pulse moved; False once stopped."""
+        inst = self.instance
+        look = min(PULSE_INTERVAL, inst.consumer_settings.rebalance_interval)
+        while True:
+            due = started + self._next_round_in - time.monotonic()
+            if stop.wait(max(0.0, min(due, look))):
+                return False
+            if due <= look or self._changed():
+                return True
+
+    def loop(self, stop: threading.Event) -> None:
+        inst = self.instance
+        interval = inst.consumer_settings.rebalance_interval
+        started = time.monotonic()
+        while self._wait_for_round(stop, started):
+            started = time.monotonic()
+            try:
+                inst.retry(self.rebalance, "rebalance")
+            except Exception as exc:
+                self._next_round_in = interval
+                if not inst.outage.failed(exc):
+                    log.exception(
+                        "instance %s: rebalance failed; trying again next round", inst.name
+                    )
+            else:
+                inst.outage.succeeded()

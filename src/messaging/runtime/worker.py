@@ -1,0 +1,441 @@
+"""The apply loop of one consumer on one instance.
+
+Each poll reads one batch of the owned partitions after their checkpoints (one query),
+applies it, and commits the handlers' writes together with the fenced checkpoints in
+one transaction. A lost fence rolls everything back and drops the partitions. A
+message that cannot be decoded or handled halts its partition at that message, with
+the position, type and error recorded; nothing is skipped.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor, wait
+from contextlib import AbstractContextManager, nullcontext
+from functools import partial
+from typing import Any, TypeVar
+
+import attrs
+import pluggy
+from sqlalchemy import Connection
+
+from messaging.consumers import ConsumerSpec
+from messaging.distribution.ownership import Claim, Ownership
+from messaging.errors import CheckpointMoved, OwnershipLost
+from messaging.messages import MessageRegistry
+from messaging.routing.outbox import Outbox
+from messaging.runtime.batch import Batch, split_lanes
+from messaging.runtime.context import HandlerContext
+from messaging.runtime.dispatch import Dispatcher
+from messaging.runtime.lifecycle import lifecycle_event
+from messaging.runtime.outage import Outage
+from messaging.runtime.poison import Poison, halt_partition, isolate
+from messaging.runtime.retry import is_ambiguous, is_transient, report_retry, retry_transient
+from messaging.settings import ConsumerSettings
+from messaging.store.database import Database
+from messaging.store.store import MessageStore, StoredRow
+
+log = logging.getLogger("messaging.runtime.worker")
+T = TypeVar("T")
+
+
+class Worker:
+    """What both workers share: the consumer, its dispatcher, and the polling loop."""
+
+    dispatcher_class: type[Dispatcher] = Dispatcher
+    """Decodes and handles a batch; kinds of consumers with more to do bring their own."""
+
+    def __init__(
+        self,
+        *,
+        db: Database,
+        spec: ConsumerSpec,
+        instance_id: str,
+        settings: ConsumerSettings,
+        hooks: pluggy.HookRelay,
+        registry: MessageRegistry,
+    ) -> None:
+        self.db = db
+        self.spec = spec
+        self.instance_id = instance_id
+        self.settings = settings
+        self.hooks = hooks
+        self.store = MessageStore(db, registry)
+        self.outbox = Outbox(self.store, spec.name)
+        self.dispatcher = self.dispatcher_class(spec, registry, db)
+        self.outage = Outage(f"consumer {spec.name}")
+        """Logs an unreachable database once; the instance shares one among its workers."""
+
+    def poll(self) -> int:
+        """Apply one batch; return how many messages were applied."""
+        raise NotImplementedError
+
+    def run(self, stop: threading.Event) -> None:
+        """Poll until ``stop`` is set."""
+        self._loop(stop, self.poll)
+
+    def idle_wait(self) -> float:
+        """Seconds to wait after a poll that applied nothing: ``idle-poll-interval``."""
+        return self.settings.idle_poll_interval
+
+    def _loop(self, stop: threading.Event, poll: Callable[[], int]) -> None:
+        """Call ``poll`` until ``stop`` is set; wait ``idle-poll-interval`` after an empty
+        poll and ``conflict-retry.max-delay`` after a failed one."""
+        while not stop.is_set():
+            try:
+                applied = poll()
+            except Exception as exc:
+                if self.outage.failed(exc):
+                    pass  # an unreachable database: logged once per outage
+                elif is_transient(exc):  # a lock conflict, retries spent
+                    log.warning(
+                        "consumer %s: poll failed, retrying after a pause: %s", self.spec.name, exc
+                    )
+                else:
+                    log.exception(
+                        "consumer %s: poll failed; retrying after a pause", self.spec.name
+                    )
+                applied = 0
+                stop.wait(self.settings.conflict_retry.max_delay)
+            else:
+                self.outage.succeeded()
+            if applied == 0:
+                stop.wait(self.idle_wait())
+
+
+class ConsumerWorker(Worker):
+    """Applies one transactional consumer's owned partitions, batch by batch."""
+
+    def __init__(
+        self,
+        *,
+        db: Database,
+        spec: ConsumerSpec,
+        instance_id: str,
+        settings: ConsumerSettings,
+        hooks: pluggy.HookRelay,
+        registry: MessageRegistry,
+        whole: bool = False,
+        lanes: int = 1,
+        limiter: AbstractContextManager[Any] | None = None,
+    ) -> None:
+        super().__init__(
+            db=db,
+            spec=spec,
+            instance_id=instance_id,
+            settings=settings,
+            hooks=hooks,
+            registry=registry,
+        )
+        self.whole = whole
+        """Single-owner mode: apply only while holding every partition (global order)."""
+        self.lanes = 1 if whole else max(1, min(lanes, spec.partitions))
+        """Parts of a batch applied at once: partition ``p`` belongs to lane ``p % lanes``."""
+        self._limiter = limiter if limiter is not None else nullcontext()
+        self.ownership = Ownership(db)
+        self._claims: dict[int, Claim] = {}
+        self._lock = threading.Lock()
+        self._batch_in_flight = threading.Lock()
+        self._catching_up = False
+        self._stale = False
+        """An error of unknown outcome happened: re-read the claims before applying more."""
+        self._lane_pool: ThreadPoolExecutor | None = None
+        """Applies the lanes after the first of each batch (the polling thread applies it)."""
+
+    # -- ownership, changed by the rebalance loop ----------------------------------------
+
+    def add_claims(self, claims: Sequence[Claim]) -> None:
+        """Start applying these newly claimed partitions."""
+        with self._lock:
+            for claim in claims:
+                self._claims[claim.partition] = claim
+
+    def drop(self, partitions: Sequence[int]) -> None:
+        """Stop applying these partitions (released or lost)."""
+        with self._lock:
+            for partition in partitions:
+                self._claims.pop(partition, None)
+
+    def claims(self) -> dict[int, Claim]:
+        """A snapshot of the partitions applied here."""
+        with self._lock:
+            return dict(self._claims)
+
+    def drop_after_batch(self, partitions: Sequence[int]) -> None:
+        """Stop applying ``partitions`` once the batches in flight (if any) have committed."""
+        with self._batch_in_flight:
+            self.drop(partitions)
+
+    # -- applying ------------------------------------------------------------------------
+
+    def run(self, stop: threading.Event) -> None:
+        """Poll until ``stop`` is set."""
+        try:
+            self._loop(stop, self._poll_in_flight)
+        finally:
+            if self._lane_pool is not None:
+                self._lane_pool.shutdown()
+                self._lane_pool = None
+
+    def _poll_in_flight(self) -> int:
+        with self._batch_in_flight:  # a release waits for this batch to commit
+            return self.poll()
+
+    def held_claims(self) -> dict[int, Claim]:
+        """The claims to apply now: none in single-owner mode until every partition is
+        held, since a single owner applies in global position order."""
+        if self._stale:
+            self._recheck()
+        claims = self.claims()
+        if self.whole and len(claims) < self.spec.partitions:
+            return {}
+        return claims
+
+    def _recheck(self) -> None:
+        """After an error of unknown outcome: take every claim's epoch and checkpoint from
+        the database (our commit may have gone through unacknowledged); drop partitions no
+        longer held under the same epoch."""
+        claims = self.claims()
+        with self.db.read() as conn:
+            held = self.ownership.owned(conn, self.spec.name, self.instance_id, claims)
+        lost = [p for p, c in claims.items() if p not in held or held[p].epoch != c.epoch]
+        with self._lock:
+            for partition, claim in held.items():
+                current = self._claims.get(partition)
+                if current is not None and current.epoch == claim.epoch:
+                    self._claims[partition] = claim
+        self._stale = False
+        if lost:
+            self._lose(lost)
+
+    def _reread(self, claims: Mapping[int, Claim], _error: BaseException) -> None:
+        """Before retrying a commit of unknown outcome: raise :class:`CheckpointMoved` (or
+        :class:`OwnershipLost`) unless ``claims`` are still what the database holds. Every
+        claim is re-read before the next batch too."""
+        self._stale = True
+        with self.db.read() as conn:
+            self.ownership.verify(conn, self.spec.name, self.instance_id, claims)
+
+    def _retry_commit(self, action: Callable[[], T], claims: Mapping[int, Claim], what: str) -> T:
+        """Run the commit ``action`` under ``conflict-retry``; after an error of unknown
+        outcome, re-read ``claims`` before retrying (:meth:`_reread`)."""
+        try:
+            return retry_transient(
+                action,
+                self.settings.conflict_retry,
+                what=what,
+                on_retry=partial(report_retry, self.hooks, self.instance_id, what),
+                reread=partial(self._reread, claims),
+            )
+        except Exception as exc:
+            if is_ambiguous(exc):
+                self._stale = True
+            raise
+
+    def poll(self) -> int:
+        """Fetch and apply one batch of the owned partitions; return how many messages were
+        applied.
+
+        One read serves every lane: with several lanes, it fetches up to ``batch-size``
+        messages per lane and each lane's part is applied in parallel, in a transaction
+        of its own. (A read per lane would scan past the other lanes' messages.)
+        With one lane, while batches come back full (catching up), the next one is read
+        inside the apply transaction; otherwise it is read first in a short read-only
+        transaction, so an idle poller never takes the write lock. At most
+        ``executor.max-workers`` batches of the instance are applied at once (the limiter).
+        """
+        claims = self.held_claims()
+        if not claims:
+            return 0
+        started = time.perf_counter()
+        rows: Sequence[StoredRow] | None = None
+        if self.lanes > 1 or not self._catching_up:
+            with self.db.read() as conn:
+                rows = self._fetch(conn, claims, self.settings.batch_size * self.lanes)
+            if not rows:
+                return 0
+        self._catching_up = False
+        if self.lanes == 1:
+            return self._apply_limited(Batch(claims, rows), started)
+        return self._apply_lanes(
+            split_lanes(claims, rows or (), self.spec.partitions, self.lanes), started
+        )
+
+    def _apply_lanes(self, batches: Sequence[Batch], started: float) -> int:
+        """Apply the lanes' ``batches`` in parallel, each in a transaction of its own."""
+        if self._lane_pool is None:
+            self._lane_pool = ThreadPoolExecutor(
+                self.lanes - 1, thread_name_prefix=f"{threading.current_thread().name}/lane"
+            )
+        futures = [
+            self._lane_pool.submit(self._apply_limited, batch, started) for batch in batches[1:]
+        ]
+        try:
+            applied = self._apply_limited(batches[0], started)
+        finally:
+            wait(futures)  # the batch is in flight until every lane has committed
+        return applied + sum(future.result() for future in futures)
+
+    def _apply_limited(self, batch: Batch, started: float) -> int:
+        with self._limiter:
+            return self._apply(batch, started)
+
+    def _apply(self, batch: Batch, started: float) -> int:
+        """Apply ``batch`` and commit its fenced checkpoints (:meth:`Batch.checkpoint`). A
+        lost fence drops its partitions; a checkpoint found already moved (an earlier
+        commit went through unacknowledged) is taken from the database: either way
+        nothing is applied."""
+        try:
+            return self._apply_or_halt(batch, started)
+        except OwnershipLost as lost:
+            self._lose(lost.partitions)
+        except CheckpointMoved as moved:
+            self._moved(moved, batch.claims)
+        except Exception as exc:
+            if is_ambiguous(exc):  # a poison replay, a prefix or a halt of unknown outcome
+                self._stale = True
+            raise
+        return 0
+
+    def _apply_or_halt(self, batch: Batch, started: float) -> int:
+        claims = batch.claims
+        try:
+            rows = self._retry_commit(
+                lambda: self._commit(batch, immediate=False), claims, f"apply {self.spec.name}"
+            )
+        except Poison as failed:
+            # The buffered writes hide which message failed: replay it unbuffered to find out.
+            try:
+                rows = self._commit(Batch(claims, failed.batch), immediate=True)
+            except Poison as poison:
+                # Commit what came before the poison message, so that its partition's
+                # checkpoint stops right before it, then halt that partition there.
+                found = isolate(poison, partial(self._commit_prefix, claims, started))
+                self._halt(found.poison, claims)
+                return found.committed
+        if not rows:
+            return 0
+        self._applied(batch, rows, started)
+        self._catching_up = len(rows) >= self.settings.batch_size
+        return len(rows)
+
+    def _commit_prefix(
+        self, claims: Mapping[int, Claim], started: float, rows: Sequence[StoredRow]
+    ) -> None:
+        """Commit ``rows``, the messages before a poison message (see :func:`isolate`)."""
+        prefix = Batch(claims, rows)
+        self._commit(prefix, immediate=False)
+        self._applied(prefix, rows, started)
+
+    def _applied(self, batch: Batch, rows: Sequence[StoredRow], started: float) -> None:
+        """After ``rows`` of ``batch`` committed: move the local checkpoints, tell the plugins."""
+        claims = batch.claims
+        self._advance(claims, batch.checkpoint(rows))
+        self.hooks.projections_batch_applied(
+            consumer=self.spec.name,
+            partitions=sorted(claims),
+            epochs={p: c.epoch for p, c in claims.items()},
+            instance_id=self.instance_id,
+            count=len(rows),
+            last_position=rows[-1].position,
+            seconds=time.perf_counter() - started,
+        )
+
+    def _fetch(
+        self, conn: Connection, claims: Mapping[int, Claim], limit: int | None = None
+    ) -> Sequence[StoredRow]:
+        return self.store.read_batch(
+            conn,
+            self.spec.topics,
+            partitions={p: c.checkpoint for p, c in claims.items()},
+            partition_count=self.spec.partitions,
+            types=self.dispatcher.type_names,
+            limit=limit or self.settings.batch_size,
+        )
+
+    def _commit(self, batch: Batch, *, immediate: bool) -> Sequence[StoredRow]:
+        """In one transaction: read the rows unless the batch has them, apply them, commit
+        the fenced checkpoints (:meth:`Batch.checkpoint`). Returns the rows applied."""
+        claims = batch.claims
+        with self.db.transaction(consumer=self.spec.name) as conn:
+            rows = self._fetch(conn, claims) if batch.rows is None else batch.rows
+            if not rows:
+                return rows
+            positions = [row.position for row in rows]
+            ctx = HandlerContext(
+                conn,
+                lambda: self.store.envelopes(conn, positions),
+                immediate=immediate,
+                outbox=self.outbox,
+            )
+            try:
+                self.dispatcher.apply(rows, ctx, self.spec.partitions)
+                try:
+                    ctx.flush()
+                except Exception as exc:
+                    if is_transient(exc):
+                        raise
+                    last = rows[-1]
+                    raise Poison(last, last.partition_hash % self.spec.partitions, exc) from exc
+            except Poison as poison:
+                raise poison.within(rows) from poison.error
+            self.ownership.commit_checkpoint(
+                conn, self.spec.name, self.instance_id, claims, batch.checkpoint(rows)
+            )
+            return rows
+
+    def _advance(self, applied: Mapping[int, Claim], position: int) -> None:
+        with self._lock:
+            for partition, claim in applied.items():
+                current = self._claims.get(partition)
+                if (
+                    current is not None
+                    and current.epoch == claim.epoch
+                    and current.checkpoint < position
+                ):
+                    self._claims[partition] = Claim(
+                        partition=partition, epoch=claim.epoch, checkpoint=position
+                    )
+
+    def _moved(self, moved: CheckpointMoved, claims: Mapping[int, Claim]) -> None:
+        """Take the checkpoints an unacknowledged earlier commit under ``claims`` wrote: go
+        on from there (unless the partition was claimed again meanwhile)."""
+        lifecycle_event(
+            "checkpoint-moved",
+            level=logging.WARNING,
+            consumer=self.spec.name,
+            checkpoints=moved.checkpoints,
+            instance=self.instance_id,
+            reason="an earlier commit went through unacknowledged; the batch was rolled back",
+        )
+        with self._lock:
+            for partition, checkpoint in moved.checkpoints.items():
+                current = self._claims.get(partition)
+                if current is not None and current.epoch == claims[partition].epoch:
+                    self._claims[partition] = attrs.evolve(current, checkpoint=checkpoint)
+        self._catching_up = False
+
+    def _lose(self, partitions: Sequence[int]) -> None:
+        for partition in partitions:
+            lifecycle_event(
+                "lost",
+                level=logging.WARNING,
+                consumer=self.spec.name,
+                partition=partition,
+                instance=self.instance_id,
+                reason="another instance owns it now; the batch was rolled back",
+            )
+        self.drop(partitions)
+        for partition in partitions:
+            self.hooks.projections_partition_released(
+                consumer=self.spec.name, partition=partition, instance_id=self.instance_id
+            )
+
+    def _halt(self, poison: Poison, claims: Mapping[int, Claim]) -> None:
+        """Halt ``poison``'s partition at it (recorded, told to the plugins) and drop it."""
+        claim = claims[poison.partition]
+        halt_partition(self.db, self.hooks, self.spec.name, self.instance_id, claim, poison)
+        self.drop([poison.partition])

@@ -1,0 +1,331 @@
+"""Core statements on the hot path: through SQLAlchemy the first time, then straight to the driver.
+
+The first time a statement runs with a given set of parameter names (one parameter set,
+or several), it goes through ``Connection.execute`` as usual. When SQLAlchemy turned it
+into plain SQL with parameters (no Python-side defaults, RETURNING, expanding or escaped
+parameters; for a query, no result-type processing), the SQL and the way SQLAlchemy laid
+out the parameters are kept as a plan, checked against what SQLAlchemy actually sent.
+Later runs of the same statement with the same parameter names build the driver's
+parameters with a generated function and call the connection's DBAPI cursor directly:
+the per-statement work of SQLAlchemy's execution machinery is skipped.
+
+SQLAlchemy sends the statement again whenever skipping it could be noticed: outside a
+transaction, with execute, cursor-execute or error events listening, with SQL logging on,
+or with a schema translate map (:func:`sends_directly`). A tenant's table translation
+(:mod:`messaging.store.tenancy`) is the one listener that does not count: a plan is learned
+from what SQLAlchemy sent, which is already the translated SQL, and plans are kept per
+engine (per dialect object). Driver errors are raised as the
+SQLAlchemy exceptions ``Connection.execute`` would raise (so ``IntegrityError`` handling
+and transient-error retries see no difference), and a lost connection is invalidated.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NoReturn
+
+from sqlalchemy import Connection
+from sqlalchemy.engine.interfaces import ExecuteStyle
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.sql import Executable
+from sqlalchemy.sql.compiler import SQLCompiler
+
+from messaging.store.tenancy import TRANSLATES
+
+
+def sends_directly(conn: Connection) -> bool:
+    """Whether plans may skip SQLAlchemy on ``conn`` now: in a transaction, with no
+    execute, cursor-execute or error events (but a tenant's translation), no SQL logging
+    and no schema translate map."""
+    dispatch: Any = conn.dispatch
+    return (
+        conn.in_transaction()
+        and "schema_translate_map" not in conn.get_execution_options()
+        and not (
+            not all(getattr(fn, TRANSLATES, False) for fn in dispatch.before_execute)
+            or dispatch.after_execute
+            or dispatch.before_cursor_execute
+            or dispatch.after_cursor_execute
+            or conn.dialect.dispatch.handle_error
+        )
+        and not conn.engine.logger.isEnabledFor(logging.INFO)
+    )
+
+
+def execute(
+    conn: Connection,
+    statement: Executable,
+    params: Sequence[Mapping[str, Any]],
+    *,
+    direct: bool,
+) -> int:
+    """Run the write ``statement`` once per parameter set, in order, as ``conn.execute``
+    would (one executemany for several sets); return the driver's row count.
+
+    ``direct`` is :func:`sends_directly` of ``conn``, asked once for many statements.
+    """
+    many = len(params) > 1
+    key, plan = _lookup(conn, statement, params[0], many)
+    if direct and plan is not None:
+        rows = plan.rows(params)
+        if rows is not None:
+            return _send(conn, plan.sql, rows if many else rows[0], many)
+    result = conn.execute(statement, params if many else params[0])
+    if key is not None:
+        _learn(key, statement, result.context, params)
+    return result.rowcount
+
+
+def fetch(
+    conn: Connection, statement: Executable, params: Mapping[str, Any], *, direct: bool
+) -> Sequence[Any]:
+    """The rows of the query ``statement``, as ``conn.execute(statement, params).all()``
+    returns them (as plain tuples when sent directly: index them, do not name them)."""
+    key, plan = _lookup(conn, statement, params, False)
+    if direct and plan is not None:
+        rows = plan.rows([params])
+        if rows is not None:
+            return _query(conn, plan.sql, rows[0])
+    result = conn.execute(statement, params)
+    if key is not None:
+        _learn(key, statement, result.context, [params], query=True)  # before fetching rows
+    return result.all()
+
+
+# -- plans ------------------------------------------------------------------------------
+
+
+class _Plan:
+    """How SQLAlchemy sends one statement: its final SQL and each parameter set's layout."""
+
+    __slots__ = ("names", "row", "sql")
+
+    def __init__(self, sql: str, names: int, row: Callable[[Mapping[str, Any]], Any]) -> None:
+        self.sql = sql
+        self.names = names
+        self.row = row
+
+    def rows(self, params: Sequence[Mapping[str, Any]]) -> list[Any] | None:
+        """The driver's parameters for ``params``, or None unless every set has exactly the
+        names this plan was made for (and values its types accept)."""
+        try:
+            rows = list(map(self.row, params))
+        except Exception:  # a missing name, a value a type refuses: SQLAlchemy's to report
+            return None
+        # Every name of a set is used, so equal sizes mean equal name sets.
+        if sum(map(len, params)) != self.names * len(params):
+            return None
+        return rows
+
+
+_PlanKey = tuple[int, Any, frozenset[str], bool]
+_PLANS: dict[_PlanKey, tuple[Executable, _Plan | None]] = {}
+"""Plans by (statement id, dialect, parameter names, many). Each entry holds its statement
+strongly, so that statement cannot be collected and its id cannot be reused by another
+while the entry exists; a lookup also checks the entry's statement ``is`` the one asked
+about. SQLAlchemy's private attributes read below are pinned by the dependency on one
+minor version and checked by tests/unit/test_fastpath_internals.py."""
+_MAX_PLANS = 512
+
+
+def _lookup(
+    conn: Connection, statement: Executable, first: Mapping[str, Any], many: bool
+) -> tuple[_PlanKey | None, _Plan | None]:
+    """The plan of ``statement`` for these names, or the key to learn one under (if not
+    tried yet)."""
+    key = (id(statement), conn.dialect, frozenset(first), many)
+    entry = _PLANS.get(key)
+    if entry is None or entry[0] is not statement:
+        return key, None
+    return None, entry[1]
+
+
+def _learn(
+    key: _PlanKey,
+    statement: Executable,
+    context: Any,
+    params: Sequence[Mapping[str, Any]],
+    *,
+    query: bool = False,
+) -> None:
+    """Keep the plan of what SQLAlchemy just sent (None when there is none to keep)."""
+    try:
+        plan = _plan(context, params)
+        if plan is not None and query and not _plain_results(statement, context):
+            plan = None
+    except Exception:  # only ever a missed shortcut: the statement has already run
+        plan = None
+    if len(_PLANS) >= _MAX_PLANS:
+        _PLANS.clear()
+    _PLANS[key] = (statement, plan)
+
+
+def _plain_results(statement: Executable, context: Any) -> bool:
+    """Whether SQLAlchemy hands the driver's result values over unchanged."""
+    columns = getattr(statement, "selected_columns", None)
+    description = context.cursor.description
+    if columns is None or description is None or len(columns) != len(description):
+        return False
+    return all(
+        context.get_result_processor(column.type, entry[0], entry[1]) is None
+        for column, entry in zip(columns, description, strict=True)
+    )
+
+
+def _plan(context: Any, params: Sequence[Mapping[str, Any]]) -> _Plan | None:
+    """The plan of what SQLAlchemy just sent, or None unless it is plain SQL with parameters."""
+    compiled = getattr(context, "compiled", None)
+    processors = getattr(compiled, "_bind_processors", None)
+    many = len(params) > 1
+    if (
+        not isinstance(compiled, SQLCompiler)
+        or processors is None
+        or (compiled.positional and compiled.positiontup is None)
+        or context.execute_style is not (ExecuteStyle.EXECUTEMANY if many else ExecuteStyle.EXECUTE)
+        or context.statement != compiled.string
+        or compiled.insert_prefetch
+        or compiled.update_prefetch
+        or compiled.literal_execute_params
+        or compiled.post_compile_params
+        or compiled.escaped_bind_names
+        or compiled.effective_returning
+    ):
+        return None
+    binds: dict[str, Any] = {}
+    for parameter, name in compiled.bind_names.items():
+        if parameter.callable is not None or (name in binds and binds[name].key != parameter.key):
+            return None
+        binds[name] = parameter
+    names = set(params[0])
+    used: set[str] = set()
+    first = context.compiled_parameters[0]
+    sources: list[Any] = []
+    converters: list[Callable[[Any], Any] | None] = []
+    constants: dict[Any, Any] = {}
+    order = list(compiled.positiontup or ()) if compiled.positional else list(binds)
+    if not order:
+        return None  # nothing per row to save
+    for name in order:
+        bind = binds.get(name)
+        if bind is None:
+            return None
+        if bind.key in names:
+            sources.append(bind.key)
+        elif name in names:
+            sources.append(name)
+        else:
+            slot = _Constant(len(sources))
+            constants[slot] = first[name]
+            sources.append(slot)
+        used.add(sources[-1])
+        converters.append(processors.get(name))
+    if not names <= used:
+        return None  # an unused name could change what a later set means; let SQLAlchemy decide
+    row = _row_builder(sources, constants, converters)
+    if compiled.positional:
+        sent = [tuple(p) for p in context.parameters]
+    else:
+        values = row
+
+        def row(p: Mapping[str, Any]) -> Any:
+            return dict(zip(order, values(p), strict=True))
+
+        sent = list(context.parameters)
+    try:
+        if [row(p) for p in params] != sent:
+            return None
+    except Exception:
+        return None
+    return _Plan(context.statement, len(names), row)
+
+
+class _Constant:
+    """A parameter the statement itself supplies, as a key no parameter set can contain."""
+
+    __slots__ = ("index",)
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+
+def _row_builder(
+    sources: list[Any],
+    constants: dict[Any, Any],
+    converters: list[Callable[[Any], Any] | None],
+) -> Callable[[Mapping[str, Any]], tuple[Any, ...]]:
+    """A generated function from one parameter set to the tuple SQLAlchemy would send."""
+    namespace: dict[str, Any] = {}
+    items = []
+    for index, (source, convert) in enumerate(zip(sources, converters, strict=True)):
+        if isinstance(source, _Constant):
+            namespace[f"c{index}"] = constants[source]
+            value = f"c{index}"
+        else:
+            value = f"p[{source!r}]"
+        if convert is not None:
+            namespace[f"f{index}"] = convert
+            value = f"f{index}({value})"
+        items.append(value)
+    source_code = f"def row(p):\n    return ({', '.join(items)},)\n"
+    exec(compile(source_code, "<statement parameters>", "exec"), namespace)
+    row: Callable[[Mapping[str, Any]], tuple[Any, ...]] = namespace["row"]
+    return row
+
+
+# -- the driver -------------------------------------------------------------------------
+
+
+def _send(conn: Connection, sql: str, parameters: Any, many: bool) -> int:
+    """Execute plain SQL on the connection's DBAPI cursor; return its row count."""
+    cursor = conn.connection.cursor()
+    try:
+        if many:
+            cursor.executemany(sql, parameters)
+        else:
+            cursor.execute(sql, parameters)
+        count: int = cursor.rowcount
+    except BaseException as exc:
+        _raise_as_sqlalchemy(conn, exc, sql, parameters, cursor, many)
+    cursor.close()
+    return count
+
+
+def _query(conn: Connection, sql: str, parameters: Any) -> Sequence[Any]:
+    """Run a plain-SQL query on the connection's DBAPI cursor; return all its rows."""
+    cursor = conn.connection.cursor()
+    try:
+        cursor.execute(sql, parameters)
+        rows: Sequence[Any] = cursor.fetchall()
+    except BaseException as exc:
+        _raise_as_sqlalchemy(conn, exc, sql, parameters, cursor, False)
+    cursor.close()
+    return rows
+
+
+def _raise_as_sqlalchemy(
+    conn: Connection, exc: BaseException, sql: str, parameters: Any, cursor: Any, many: bool
+) -> NoReturn:
+    """Raise what ``Connection.execute`` raises for a driver error: the wrapping SQLAlchemy
+    exception, with the connection invalidated when the error means it is gone (or, for an
+    interrupt such as KeyboardInterrupt, when its state is unknown)."""
+    dbapi_error: type[Exception] = conn.dialect.loaded_dbapi.Error
+    if not isinstance(exc, dbapi_error):
+        if not isinstance(exc, Exception):
+            conn.invalidate(exc)
+        raise exc
+    driver_error: Any = exc
+    disconnect = conn.dialect.is_disconnect(driver_error, conn.connection.dbapi_connection, cursor)
+    error = DBAPIError.instance(
+        sql,
+        parameters,
+        exc,
+        dbapi_error,
+        hide_parameters=conn.engine.hide_parameters,
+        connection_invalidated=disconnect,
+        dialect=conn.dialect,
+        ismulti=many,
+    )
+    if disconnect:
+        conn.invalidate(exc)
+    raise error from exc

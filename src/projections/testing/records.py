@@ -1,0 +1,98 @@
+"""What a simulated cluster's instances did, as the framework's hooks reported it: the
+commits, claims and deadline deliveries each step caused, and the notes that make its
+scenario readable."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+import attrs
+
+from messaging import hookimpl
+
+if TYPE_CHECKING:
+    from projections.testing.cluster import SimulatedCluster
+
+__all__ = ["Claimed", "Commit", "Delivery", "Recorder"]
+
+
+@attrs.define(frozen=True)
+class Commit:
+    """One committed batch: which instance committed which partitions under which epochs."""
+
+    instance: str
+    consumer: str
+    epochs: Mapping[int, int]
+    last_position: int
+    count: int
+
+
+@attrs.define(frozen=True)
+class Claimed:
+    """One claim of a partition under a new epoch (epoch > 1: it was held before)."""
+
+    instance: str
+    consumer: str
+    partition: int
+    epoch: int
+
+
+@attrs.define(frozen=True)
+class Delivery:
+    """One committed delivery of a saga deadline: by which instance, of which deadline."""
+
+    instance: str
+    consumer: str
+    key: str
+    name: str
+    due_at: float
+
+
+class Recorder:
+    """Collects commits, and notes of what each step caused, from the framework's hooks."""
+
+    def __init__(self, cluster: SimulatedCluster) -> None:
+        self.cluster = cluster
+
+    @hookimpl
+    def projections_batch_applied(
+        self,
+        consumer: str,
+        epochs: Mapping[int, int],
+        instance_id: str,
+        count: int,
+        last_position: int,
+    ) -> None:
+        name = self.cluster.name_of(instance_id)
+        self.cluster.commits.append(Commit(name, consumer, dict(epochs), last_position, count))
+        parts = " ".join(f"p{p}/e{e}" for p, e in sorted(epochs.items()))
+        self.cluster.note(f"{name} committed {consumer} {parts}: {count} up to {last_position}")
+
+    @hookimpl
+    def projections_deadlines_delivered(
+        self, consumer: str, instance_id: str, deadlines: Sequence[tuple[str, str, float]]
+    ) -> None:
+        name = self.cluster.name_of(instance_id)
+        for key, deadline, due_at in deadlines:
+            self.cluster.deliveries.append(Delivery(name, consumer, key, deadline, due_at))
+            self.cluster.note(
+                f"{name} delivered {consumer} deadline {deadline!r} of {key!r} "
+                f"(due t=+{due_at - self.cluster.started_at:.1f}s)"
+            )
+
+    @hookimpl
+    def projections_partition_claimed(
+        self, consumer: str, partition: int, epoch: int, instance_id: str
+    ) -> None:
+        name = self.cluster.name_of(instance_id)
+        self.cluster.moves += 1
+        self.cluster.claims.append(Claimed(name, consumer, partition, epoch))
+        self.cluster.note(f"{name} claimed {consumer} p{partition}/e{epoch}")
+
+    @hookimpl
+    def projections_partition_released(
+        self, consumer: str, partition: int, instance_id: str
+    ) -> None:
+        self.cluster.moves += 1
+        self.cluster.note(f"{self.cluster.name_of(instance_id)} released {consumer} p{partition}")

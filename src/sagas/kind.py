@@ -1,0 +1,21 @@
+"""The saga kind, registered with the engine when :mod:`sagas` is imported."""
+
+from __future__ import annotations
+
+from messaging.kinds import ConsumerKind, register_kind
+from sagas import hookspecs
+from sagas.tables import saga_tables
+from sagas.worker import SagaWorker
+
+SAGA = register_kind(
+    ConsumerKind(
+        value="saga",
+        article="a saga",
+        settings_group="sagas",
+        worker=SagaWorker,
+        tables=saga_tables,
+        hookspecs=hookspecs,
+    )
+)
+"""Sagas: applied in fenced batches with their states and deadlines; never rebuilt (a
+replay would repeat the commands they sent)."""

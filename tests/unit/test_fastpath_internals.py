@@ -1,0 +1,99 @@
+"""The SQLAlchemy internals the fast path (messaging.store._fastpath) reads are where it
+expects them: if an upgrade moves one, these fail loudly instead of every statement
+silently going the slow way (or worse)."""
+
+from __future__ import annotations
+
+import gc
+import tomllib
+import weakref
+from pathlib import Path
+
+import sqlalchemy
+from sqlalchemy import Column, Integer, MetaData, String, Table, bindparam, create_engine, insert
+from sqlalchemy.engine.interfaces import ExecuteStyle
+
+from messaging.store import _fastpath
+
+COMPILED_ATTRIBUTES = (
+    "_bind_processors",
+    "positional",
+    "positiontup",
+    "bind_names",
+    "insert_prefetch",
+    "update_prefetch",
+    "literal_execute_params",
+    "post_compile_params",
+    "escaped_bind_names",
+    "effective_returning",
+    "string",
+)
+CONTEXT_ATTRIBUTES = (
+    "compiled",
+    "compiled_parameters",
+    "parameters",
+    "execute_style",
+    "statement",
+    "cursor",
+    "get_result_processor",
+)
+
+
+def _table() -> Table:
+    return Table(
+        "items",
+        MetaData(),
+        Column("id", Integer, primary_key=True, autoincrement=False),
+        Column("name", String(50)),
+    )
+
+
+def test_sqlalchemy_is_the_minor_version_pinned_in_pyproject() -> None:
+    """The pin names one minor version, the one installed (and tested here)."""
+    project = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
+    pins = [d for d in project["project"]["dependencies"] if d.startswith("sqlalchemy")]
+    major, minor = (int(n) for n in sqlalchemy.__version__.split(".")[:2])
+    assert pins == [f"sqlalchemy>={major}.{minor},<{major}.{minor + 1}"]
+
+
+def test_the_private_attributes_read_by_the_fast_path_exist() -> None:
+    table = _table()
+    engine = create_engine("sqlite://")
+    statement = insert(table).values(id=bindparam("key"), name=bindparam("label"))
+    with engine.begin() as conn:
+        table.create(conn)
+        result = conn.execute(statement, [{"key": 1, "label": "a"}, {"key": 2, "label": "b"}])
+        context = result.context
+        missing = [a for a in CONTEXT_ATTRIBUTES if not hasattr(context, a)]
+        missing += [a for a in COMPILED_ATTRIBUTES if not hasattr(context.compiled, a)]
+        assert missing == []
+        assert isinstance(context.compiled._bind_processors, dict)
+        assert context.execute_style is ExecuteStyle.EXECUTEMANY
+
+
+def test_a_plain_statement_is_learned_and_then_sent_directly() -> None:
+    table = _table()
+    engine = create_engine("sqlite://")
+    statement = insert(table).values(id=bindparam("key"), name=bindparam("label"))
+    with engine.begin() as conn:
+        table.create(conn)
+        assert _fastpath.sends_directly(conn)
+        _fastpath.execute(conn, statement, [{"key": 1, "label": "a"}], direct=True)
+        key, plan = _fastpath._lookup(conn, statement, {"key": 2, "label": "b"}, False)
+        assert key is None  # learned
+        assert plan is not None, "SQLAlchemy's execution context no longer yields a plan"
+        assert _fastpath.execute(conn, statement, [{"key": 2, "label": "b"}], direct=True) == 1
+        assert conn.exec_driver_sql("SELECT count(*) FROM items").scalar() == 2
+
+
+def test_a_cached_plan_keeps_its_statement_alive_so_its_id_is_never_reused() -> None:
+    table = _table()
+    engine = create_engine("sqlite://")
+    statement = insert(table).values(id=bindparam("key"), name=bindparam("label"))
+    alive = weakref.ref(statement)
+    with engine.begin() as conn:
+        table.create(conn)
+        _fastpath.execute(conn, statement, [{"key": 1, "label": "a"}], direct=True)
+    del statement
+    gc.collect()
+    assert alive() is not None  # held by its plan: no other statement can take its id
