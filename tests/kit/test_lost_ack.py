@@ -13,10 +13,11 @@ import pytest
 from hypothesis import strategies as st
 from sqlalchemy import Connection, select
 
-from messaging import Database, is_ambiguous, partition_of
+from messaging import Database, is_ambiguous
 from messaging.consumers import collect_specs
 from messaging.distribution.ownership import Claim, Ownership
 from messaging.runtime.worker import ConsumerWorker
+from messaging.store.store import partition_of
 from projections.examples import ledger
 from projections.testing import (
     BATTERY,

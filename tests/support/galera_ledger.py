@@ -16,7 +16,8 @@ from clusters import ledger_matches_replay
 from galera_cluster import GaleraCluster
 from sqlalchemy import func, select
 
-from messaging import Database, registry
+from messaging import Database
+from messaging.messages import registry
 from messaging.settings import ConsumerSettings
 from messaging.store.migrations import migrate
 from projections.examples import ledger
