@@ -34,20 +34,20 @@ ROOT = HERE.parent
 sys.path[:0] = [str(ROOT / "src"), str(ROOT / "tests" / "support")]
 
 from clusters import lag, start_instance, stop_instance, wait_until, write_config  # noqa: E402
-from galera_cluster import (  # type: ignore[import-not-found]  # noqa: E402
+from galera_cluster import (  # noqa: E402
     GCOMM_OFFSETS,
     SQL_OFFSETS,
     GaleraCluster,
     free_port_base,
 )
-from galera_ledger import (  # type: ignore[import-not-found]  # noqa: E402
+from galera_ledger import (  # noqa: E402
     applying,
     cluster_database,
     every_node_matches_replay,
     ledger_lines,
     message_count,
 )
-from private_mariadb import PrivateMariaDB  # type: ignore[import-not-found]  # noqa: E402
+from private_mariadb import PrivateMariaDB  # noqa: E402
 from sqlalchemy import text  # noqa: E402
 
 from messaging import Database  # noqa: E402

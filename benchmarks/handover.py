@@ -55,7 +55,7 @@ ROOT = HERE.parent
 sys.path[:0] = [str(ROOT / "src"), str(ROOT / "tests" / "support")]
 
 import yaml  # noqa: E402
-from clusters import (  # type: ignore[import-not-found]  # noqa: E402
+from clusters import (  # noqa: E402
     ledger_matches_replay,
     start_instance,
     stop_instance,

@@ -107,7 +107,7 @@ def _checkpoints(db: Database, consumer: str) -> int:
 def _claims_match_the_database(db: Database, worker: Any) -> bool:
     with db.read() as conn:
         stored = Ownership(db).owned(conn, worker.spec.name, worker.instance_id, worker.claims())
-    return stored == worker.claims()
+    return bool(stored == worker.claims())
 
 
 def test_projection_batch_whose_ack_is_lost_is_applied_once(

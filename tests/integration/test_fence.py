@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 import attrs
 import pytest
@@ -11,6 +12,8 @@ from sqlalchemy import (
     BigInteger,
     Column,
     Connection,
+    CursorResult,
+    Executable,
     MetaData,
     String,
     Table,
@@ -302,9 +305,11 @@ def test_the_fence_with_its_expected_checkpoints_goes_straight_to_the_driver(
     executed: list[object] = []
     original = Connection.execute
 
-    def counting(conn: Connection, statement: object, *args: object, **kwargs: object) -> object:
+    def counting(
+        conn: Connection, statement: Executable, *args: Any, **kwargs: Any
+    ) -> CursorResult[Any]:
         executed.append(statement)
-        return original(conn, statement, *args, **kwargs)  # type: ignore[arg-type]
+        return original(conn, statement, *args, **kwargs)
 
     monkeypatch.setattr(Connection, "execute", counting)
     for position in (4, 5):
@@ -326,11 +331,20 @@ class Recorder:
         self.applied: list[tuple[list[int], int, int]] = []
 
     @hookimpl
-    def projections_partition_released(self, consumer: str, partition: int, instance_id: str):
+    def projections_partition_released(
+        self, consumer: str, partition: int, instance_id: str
+    ) -> None:
         self.released.append((consumer, partition, instance_id))
 
     @hookimpl
-    def projections_batch_applied(self, consumer, partitions, count, last_position, seconds):
+    def projections_batch_applied(
+        self,
+        consumer: str,
+        partitions: Sequence[int],
+        count: int,
+        last_position: int,
+        seconds: float,
+    ) -> None:
         self.applied.append((list(partitions), count, last_position))
 
 

@@ -13,10 +13,11 @@ from sqlalchemy import BigInteger, Column, Integer, MetaData, String, Table, ins
 
 from messaging import Database, HandlerContext, MessageStore, Settings, handler, message
 from messaging.distribution.ownership import Ownership
+from messaging.errors import OperationError
 from messaging.settings import ConsumerSettings
 from messaging.store.clock import ManualClock
 from projections import projection
-from projections.operations import OperationError, audit_log, pause, rebuild, resume
+from projections.operations import audit_log, pause, rebuild, resume
 from projections.reports import consumers_report
 from projections.testing import SimulatedCluster
 

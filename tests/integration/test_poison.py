@@ -5,23 +5,17 @@ from __future__ import annotations
 
 import logging
 
-import attrs
 import pytest
 from clusters import consumer_worker
+from poison_item import Item
 from sqlalchemy import BigInteger, Column, MetaData, String, Table, insert, select
 
-from messaging import Database, HandlerContext, MessageStore, handler, message
+from messaging import Database, HandlerContext, MessageStore, handler
 from messaging.distribution.membership import InstanceInfo, Membership
 from messaging.distribution.ownership import Ownership
 from messaging.runtime.worker import ConsumerWorker
 from messaging.store.store import partition_of
 from projections import projection
-
-
-@message("test.poison.item")
-@attrs.define(frozen=True)
-class Item:
-    name: str
 
 
 def _setup(db: Database) -> tuple[ConsumerWorker, Table]:
@@ -72,7 +66,9 @@ def test_poison_halts_its_partition_before_it_and_others_go_on(db: Database) -> 
     poison_position = applied["other-poison"] - 1  # appended just before its twin
     halted = parts[0]
     assert halted.status == "halted" and halted.halted_position == poison_position
-    assert halted.halted_type == "test.poison.item" and "cannot handle poison" in halted.error
+    assert halted.halted_type == "test.poison.item" and "cannot handle poison" in (
+        halted.error or ""
+    )
     assert halted.checkpoint == applied["b"] + 1  # up to the message right before the poison
     assert parts[1].status == "running" and parts[1].checkpoint == applied["other-c"]
 

@@ -89,7 +89,7 @@ def test_the_first_app_runs_verbatim(
                     rows = conn.execute(text("SELECT account_id, balance FROM balances")).all()
                 except Exception:
                     return None  # not created yet
-            return dict(rows).get("acct-1") == 10 or None
+            return {account: balance for account, balance in rows}.get("acct-1") == 10 or None
 
         wait_until(balance, timeout=60, what="the deposit in the read model")
         again = subprocess.run(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import threading
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import attrs
@@ -112,11 +113,12 @@ def test_the_guard_applies_a_message_id_once(clock_db: Database) -> None:
         while cluster.poll_all():
             pass
     with clock_db.read() as conn:
-        counts = dict(
-            conn.execute(
+        counts = {
+            consumer: count
+            for consumer, count in conn.execute(
                 select(effects.c.consumer, func.count()).group_by(effects.c.consumer)
-            ).all()
-        )
+            )
+        }
         guarded = conn.execute(
             select(effects.c.item).where(effects.c.consumer == "guarded")
         ).scalars()
@@ -237,9 +239,11 @@ def test_an_id_recorded_by_a_concurrent_batch_makes_the_batch_retry(
         pass
     retried: list[BaseException] = []
     real = IdempotentDispatcher._handled
-    calls = iter([set(), None])  # the first read misses the id recorded above
+    calls: Iterator[set[str] | None] = iter([set(), None])  # the first read misses the id
 
-    def stale_then_real(self, ctx, ids):  # type: ignore[no-untyped-def]
+    def stale_then_real(
+        self: IdempotentDispatcher, ctx: HandlerContext, ids: list[str]
+    ) -> set[str]:
         first = next(calls)
         return first if first is not None else real(self, ctx, ids)
 
@@ -260,8 +264,9 @@ def test_an_id_recorded_by_a_concurrent_batch_makes_the_batch_retry(
 def test_old_handled_ids_can_be_forgotten(clock_db: Database, tmp_path: Path) -> None:
     """The guard's table only grows: an operator drops the ids handled long enough ago;
     one of those sent again is handled again, a newer one is still skipped."""
+    from messaging.errors import OperationError
     from projections.cli import main
-    from projections.operations import OperationError, audit_log, forget_processed
+    from projections.operations import audit_log, forget_processed
 
     cluster = SimulatedCluster(clock_db, [Idempotent], SETTINGS)
     cluster.join("a")
@@ -295,7 +300,8 @@ def test_old_handled_ids_can_be_forgotten(clock_db: Database, tmp_path: Path) ->
 
 
 def test_only_route_consumers_have_handled_ids_to_forget(clock_db: Database) -> None:
-    from projections.operations import OperationError, forget_processed
+    from messaging.errors import OperationError
+    from projections.operations import forget_processed
 
     cluster = SimulatedCluster(clock_db, [Counter], SETTINGS)
     cluster.join("a")

@@ -350,7 +350,8 @@ def test_a_saga_cannot_change_its_partition_count(cluster: SimulatedCluster) -> 
 
 
 def test_rebuilding_a_saga_is_refused(cluster: SimulatedCluster) -> None:
-    from projections.operations import OperationError, rebuild
+    from messaging.errors import OperationError
+    from projections.operations import rebuild
 
     cluster.join("a")
     with pytest.raises(OperationError, match="only projections can be rebuilt"):

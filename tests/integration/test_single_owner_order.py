@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from clusters import consumer_worker
+from poison_item import Item
 from sqlalchemy import BigInteger, Column, Integer, MetaData, Table, insert, select
-from test_poison import Item  # the message type of the poison tests
 
 from messaging import (
     Database,

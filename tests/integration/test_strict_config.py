@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -87,8 +88,9 @@ def test_an_override_that_fits_no_consumer_fails_the_start(db: Database, case: s
     """The error names the full key path and the closest declared name or the right section;
     the failed start leaves no instance registered."""
     section, name, expected = WRONG[case]
+    sections: dict[str, Any] = {section: _group(**{name: SINGLE})}
     with pytest.raises(ConfigError) as info:
-        _start(db, Settings(**{section: _group(**{name: SINGLE})}))
+        _start(db, Settings(**sections))
     assert expected in str(info.value)
     with db.read() as conn:
         assert conn.execute(db.schema.instances.select()).all() == []

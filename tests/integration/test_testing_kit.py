@@ -3,7 +3,9 @@ message strategies, scratch databases and the pytest plugin's database option.""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import attrs
 import pytest
@@ -126,7 +128,8 @@ def test_messages_of_builds_appends_of_one_source(batch: Append, free: Append) -
     """Every message of an append carries its source in the named field; per-field
     strategies apply to the classes having the field; a source strategy is used as is."""
     assert 1 <= len(batch.messages) <= 3 and batch.topic == "t"
-    assert all(m.account_id == batch.source for m in batch.messages)
+    messages: Sequence[Any] = batch.messages  # Deposited and Noted: both have account_id
+    assert all(m.account_id == batch.source for m in messages)
     assert all(m.text == "x" for m in batch.messages if isinstance(m, Noted))
     assert free.source == "s-1" and len(free.messages) == 1
 

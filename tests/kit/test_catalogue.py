@@ -10,7 +10,8 @@ from __future__ import annotations
 import time
 import uuid
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import ClassVar, TypeVar, cast
 
 import attrs
 import pytest
@@ -36,6 +37,8 @@ from projections.testing import BATTERY, Append, ClusterMachine, machine_setting
 from projections.testing.plugin import RunMachine
 from projections.testing.runner import run_cluster_machine
 from sagas import SagaContext, saga, start
+
+C = TypeVar("C", bound=type)
 
 SKUS = ["sku-0", "sku-1", "sku-2"]
 TOPIC = "cat-stock"
@@ -83,7 +86,7 @@ def _stocked(self: object, event: Stocked, ctx: HandlerContext) -> None:
     ctx.execute(STOCK_ITEM, {"item": event.sku})
 
 
-def _stock_projection(name: str) -> type:
+def _stock_projection(name: str) -> Callable[[C], C]:
     """A stock projection class whose ``stocked`` handler creates each item's row."""
     return projection(name, topics=TOPIC, partitions=4, tables=[stock])
 
@@ -183,7 +186,7 @@ class RandomReceiptStock:
 class StockMachine(ClusterMachine):
     """The user's test, as docs/testing.md shows it."""
 
-    consumers: Sequence[type] = (Stock,)
+    consumers: ClassVar[Sequence[type]] = (Stock,)
     initial = [Append(TOPIC, sku, [Stocked(sku)]) for sku in SKUS]
     messages = messages_of(
         Added,
@@ -222,10 +225,8 @@ class ReportedMachine(StockMachine):
         super().__init__(database_url)
 
     def actual(self, conn: Connection) -> object:
-        return {
-            sku: (WAREHOUSE.get(sku, 0), entries)
-            for sku, (_, entries) in super().actual(conn).items()
-        }  # type: ignore[attr-defined]
+        stock = cast(dict[str, tuple[int, int]], super().actual(conn))
+        return {sku: (WAREHOUSE.get(sku, 0), entries) for sku, (_, entries) in stock.items()}
 
 
 # -- a route consumer -------------------------------------------------------------------------
@@ -275,7 +276,7 @@ class Emails:
 
 
 class EmailsMachine(ClusterMachine):
-    consumers: Sequence[type] = (GuardedEmails,)
+    consumers: ClassVar[Sequence[type]] = (GuardedEmails,)
     messages = messages_of(
         SendEmail, topic=EMAILS, source="order_id", fields={"order_id": st.sampled_from(SKUS)}
     )
@@ -350,7 +351,7 @@ class ForgetfulReminders:
 
 
 class RemindersMachine(ClusterMachine):
-    consumers: Sequence[type] = (Reminders,)
+    consumers: ClassVar[Sequence[type]] = (Reminders,)
     messages = messages_of(
         Ordered,
         topic=ORDERS,
@@ -415,7 +416,7 @@ CATALOGUE = [
         only="lost acknowledgement",
     ),
 ]
-CORRECT = [
+CORRECT: list[type[ClusterMachine]] = [
     StockMachine,
     _with(StampedMachine, [StampedStock]),
     _with(StampedMachine, [ReceiptStock]),

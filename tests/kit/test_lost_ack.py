@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
+from typing import ClassVar
 
 import attrs
 import pytest
@@ -23,6 +24,7 @@ from projections.testing import (
     BATTERY,
     Append,
     BatteryFailure,
+    ClusterEvent,
     LoseAck,
     SimulatedCluster,
     open_cluster,
@@ -127,7 +129,14 @@ def test_nothing_pending_loses_nothing_and_the_next_commit_is_acknowledged(
 
 def test_the_event_replays_through_run_events(projections_database_url: str | None) -> None:
     """The same events give the same scenario and read model, run after run."""
-    events = [OPENED, LoseAck(0), DEPOSIT, LoseAck(0), DEPOSIT, LoseAck(1, committed=False)]
+    events: list[ClusterEvent] = [
+        OPENED,
+        LoseAck(0),
+        DEPOSIT,
+        LoseAck(0),
+        DEPOSIT,
+        LoseAck(1, committed=False),
+    ]
     scenarios = []
     for _ in range(2):
         with open_cluster([ledger.Balances], database_url=projections_database_url) as cluster:
@@ -146,7 +155,7 @@ def _ledger_machine() -> type:
     from projections.testing import ClusterMachine, messages_of
 
     class LostAckLedgerMachine(ClusterMachine):
-        consumers: Sequence[type] = (ledger.Balances,)
+        consumers: ClassVar[Sequence[type]] = (ledger.Balances,)
         initial = [OPENED]
         messages = messages_of(
             ledger.Deposited,

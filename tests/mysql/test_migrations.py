@@ -8,7 +8,7 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
-from sqlalchemy import Table, insert, inspect, select, text
+from sqlalchemy import Table, UniqueConstraint, insert, inspect, select, text
 from sqlalchemy.dialects import mysql
 
 from messaging import Database, SchemaError
@@ -118,14 +118,14 @@ def test_migrated_schema_matches_schema_module(fresh: Database) -> None:
                 i["name"]: (tuple(i["column_names"]), bool(i["unique"]))
                 for i in inspector.get_indexes(name)
             }
-            declared_indexes = {
+            declared_indexes: dict[object, tuple[tuple[str, ...], bool]] = {
                 i.name: (tuple(c.name for c in i.columns), bool(i.unique)) for i in table.indexes
             }
             declared_indexes.update(
                 {
                     u.name: (tuple(c.name for c in u.columns), True)
                     for u in table.constraints
-                    if u.__class__.__name__ == "UniqueConstraint"
+                    if isinstance(u, UniqueConstraint)
                 }
             )
             assert reflected_indexes == declared_indexes, name

@@ -9,10 +9,10 @@ from __future__ import annotations
 import math
 import random
 from collections import Counter
-from collections.abc import Callable, Hashable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from functools import partial
 from itertools import combinations
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 import pytest
 from hypothesis import HealthCheck, event, find, given, settings
@@ -23,6 +23,11 @@ from messaging.distribution.assignor import assign
 
 Assignor = Callable[[Iterable[Any], Iterable[str], Mapping[Any, str | None]], dict[Any, str]]
 
+Unit = tuple[str, int] | tuple[str] | str
+"""The kinds of unit the scenarios draw: partitions, whole consumers, plain names."""
+
+Case = TypeVar("Case")
+
 MEMBER_IDS = tuple("ABCDEFGHIJKL")
 CONSUMERS = ("billing", "mail", "orders", "search")
 
@@ -30,9 +35,9 @@ CONSUMERS = ("billing", "mail", "orders", "search")
 class Scenario(NamedTuple):
     """One call of the assignor: units, live members and the owners read from the database."""
 
-    units: list[Hashable]
+    units: list[Unit]
     members: list[str]
-    current: dict[Hashable, str | None]
+    current: dict[Unit, str | None]
 
 
 # --- strategies -----------------------------------------------------------------------------
@@ -49,14 +54,14 @@ named_units = st.lists(st.text(alphabet="abcdefgh", min_size=1, max_size=3), uni
 @st.composite
 def scenarios(draw: st.DrawFn, *, min_members: int = 1) -> Scenario:
     """Draw units of one kind, 1..8 live members, and owners from live, departed or None."""
-    universe: list[Hashable] = draw(st.one_of(partition_units, consumer_units, named_units))
+    universe: list[Unit] = draw(st.one_of(partition_units, consumer_units, named_units))
     members = draw(
         st.lists(st.sampled_from(MEMBER_IDS), unique=True, min_size=min_members, max_size=8)
     )
     departed = [member for member in MEMBER_IDS if member not in members][:3]
     owners = st.sampled_from([*members, *departed, None])
-    current: dict[Hashable, str | None] = {}
-    units: list[Hashable] = []
+    current: dict[Unit, str | None] = {}
+    units: list[Unit] = []
     for unit in universe:
         if draw(st.booleans()) or draw(st.booleans()):
             current[unit] = draw(owners)
@@ -69,7 +74,7 @@ def scenarios(draw: st.DrawFn, *, min_members: int = 1) -> Scenario:
 def stable_scenarios(draw: st.DrawFn, *, min_members: int = 1) -> Scenario:
     """Draw a scenario whose ``current`` is already the assignor's answer for it."""
     units, members, current = draw(scenarios(min_members=min_members))
-    stable: dict[Hashable, str | None] = dict(assign(units, members, current))
+    stable: dict[Unit, str | None] = dict(assign(units, members, current))
     return Scenario(units, members, stable)
 
 
@@ -82,7 +87,7 @@ def live_holdings(scenario: Scenario) -> dict[str, int]:
     return {member: counts[member] for member in set(scenario.members)}
 
 
-def count_moves(scenario: Scenario, after: Mapping[Hashable, str]) -> int:
+def count_moves(scenario: Scenario, after: Mapping[Unit, str]) -> int:
     """Units taken away from a live owner; placing unowned or orphaned units is free."""
     live = set(scenario.members)
     return sum(
@@ -113,7 +118,7 @@ def optimal_moves(scenario: Scenario) -> int:
 # --- property checks, reusable against any assignor -----------------------------------------
 
 
-def check_valid(assignor: Assignor, scenario: Scenario) -> dict[Hashable, str]:
+def check_valid(assignor: Assignor, scenario: Scenario) -> dict[Unit, str]:
     """Assert every unit is assigned exactly once, to a live member, and return the answer."""
     result = assignor(scenario.units, scenario.members, scenario.current)
     assert set(result) == set(scenario.units), "units added or lost"
@@ -138,11 +143,11 @@ def check_minimal_movement(assignor: Assignor, scenario: Scenario) -> None:
 
 
 def violates(
-    check: Callable[[Assignor, Scenario], object], assignor: Assignor
-) -> Callable[[Scenario], bool]:
+    check: Callable[[Assignor, Case], object], assignor: Assignor
+) -> Callable[[Case], bool]:
     """Turn a check into a predicate that is true on the scenarios where it fails."""
 
-    def predicate(scenario: Scenario) -> bool:
+    def predicate(scenario: Case) -> bool:
         try:
             check(assignor, scenario)
         except AssertionError:
@@ -244,9 +249,9 @@ class AssignorMachine(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        self.units: set[tuple[str, int]] = {("orders", p) for p in range(8)}
+        self.units: set[Unit] = {("orders", p) for p in range(8)}
         self.members: set[str] = {"A"}
-        self.owners: dict[tuple[str, int], str | None] = {}
+        self.owners: dict[Unit, str | None] = {}
         self.rebalance()
 
     def rebalance(self) -> None:
@@ -362,7 +367,7 @@ FIND_SETTINGS = settings(
 
 def test_round_robin_breaks_minimal_movement_on_a_swap() -> None:
     """Round-robin moves both units of a two-member, two-unit swap that needs no move at all."""
-    units = [("orders", 0), ("orders", 1)]
+    units: list[Unit] = [("orders", 0), ("orders", 1)]
     scenario = Scenario(units, ["A", "B"], {units[0]: "B", units[1]: "A"})
     with pytest.raises(AssertionError, match="moved 2, optimum 0"):
         check_minimal_movement(round_robin, scenario)

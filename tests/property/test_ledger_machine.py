@@ -5,6 +5,7 @@ idempotent under replay, with a shrunk scenario that replays as a regular test."
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import ClassVar
 
 import pytest
 from hypothesis import Phase, settings
@@ -23,7 +24,7 @@ ACCOUNTS = [f"acct-{n}" for n in range(2)]
 
 
 class LedgerMachine(ClusterMachine):
-    consumers = (ledger.Balances,)
+    consumers: ClassVar[Sequence[type]] = (ledger.Balances,)
     initial = [Append(ledger.TOPIC, a, [ledger.AccountOpened(a, "ada")]) for a in ACCOUNTS]
     messages = messages_of(
         ledger.Deposited,

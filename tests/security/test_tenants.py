@@ -245,7 +245,11 @@ def test_two_projection_processes_differing_only_in_tenant(
     processes = [start_instance(configs[db.tenant], f"run-{db.tenant}") for db in (north, south)]
     try:
         for db in (north, south):
-            wait_until(lambda db=db: lag(db) == 0, timeout=90, what=f"{db.tenant} to catch up")
+
+            def caught_up(db: Database = db) -> bool:
+                return lag(db) == 0
+
+            wait_until(caught_up, timeout=90, what=f"{db.tenant} to catch up")
         expected = {db.tenant: _expected_balances(db) for db in (north, south)}
         assert _balances(north) == expected["north"] != expected["south"] == _balances(south)
         before = _rows(north, ledger.balances)

@@ -79,7 +79,7 @@ def admin_process(
         env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
     )
     try:
-        assert process.stdout is not None
+        assert process.stdout is not None and process.stderr is not None
         line = process.stdout.readline()
         assert line.startswith("admin page: http://"), (line, process.stderr.read())
         yield process, line.split(": ", 1)[1].strip().removesuffix("/admin")

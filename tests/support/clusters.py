@@ -108,7 +108,7 @@ def cli(config: Path, *args: str) -> str:
     ).stdout
 
 
-def stop_instance(process: subprocess.Popen[bytes], timeout: float = 30) -> int:
+def stop_instance(process: subprocess.Popen[Any], timeout: float = 30) -> int:
     """SIGTERM a process and wait for its exit code."""
     process.send_signal(signal.SIGTERM)
     return process.wait(timeout=timeout)
@@ -145,7 +145,8 @@ def lag(db: Database, consumer: str = "ledger-balances") -> int | None:
     report = consumers_report(db, ConsumerSettings())
     for entry in report["consumers"]:
         if entry["name"] == consumer:
-            return sum(p["lag"] for p in entry["partitions"])
+            total: int = sum(p["lag"] for p in entry["partitions"])
+            return total
     return None
 
 

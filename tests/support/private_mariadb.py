@@ -59,7 +59,7 @@ class PrivateMariaDB:
         """The SQLAlchemy URL of ``database`` on this server."""
         return f"mysql+pymysql://root@127.0.0.1:{self.port}/{database}"
 
-    def _connect(self) -> pymysql.connections.Connection:  # type: ignore[type-arg]
+    def _connect(self) -> pymysql.connections.Connection:
         return pymysql.connect(host="127.0.0.1", port=self.port, user="root", connect_timeout=2)
 
     def start(self) -> None:

@@ -8,6 +8,7 @@ import gc
 import tomllib
 import weakref
 from pathlib import Path
+from typing import Any
 
 import sqlalchemy
 from sqlalchemy import Column, Integer, MetaData, String, Table, bindparam, create_engine, insert
@@ -67,7 +68,8 @@ def test_the_private_attributes_read_by_the_fast_path_exist() -> None:
         missing = [a for a in CONTEXT_ATTRIBUTES if not hasattr(context, a)]
         missing += [a for a in COMPILED_ATTRIBUTES if not hasattr(context.compiled, a)]
         assert missing == []
-        assert isinstance(context.compiled._bind_processors, dict)
+        compiled: Any = context.compiled  # an SQLCompiler: its private cache is not typed
+        assert isinstance(compiled._bind_processors, dict)
         assert context.execute_style is ExecuteStyle.EXECUTEMANY
 
 

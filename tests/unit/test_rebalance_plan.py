@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from messaging.distribution.membership import InstanceRow
 from messaging.distribution.rebalance import plan
 from messaging.settings import Distribution
@@ -89,7 +91,7 @@ def test_remainders_of_many_consumers_spread_over_the_instances() -> None:
     names = [f"c{k:02}" for k in range(10)]
     fingerprints = dict.fromkeys(names, "f")
     counts = dict.fromkeys(names, 8)
-    modes = dict.fromkeys(names, P)
+    modes: dict[str, Any] = dict.fromkeys(names, P)  # the runs: keyword arguments of member
     live = [member(x, **modes) for x in "xyz"]
     owners: dict[str, dict[int, str | None]] = {c: dict.fromkeys(range(8)) for c in names}
     plans = {me: plan(me, live, owners, counts, modes, fingerprints) for me in "xyz"}

@@ -312,12 +312,14 @@ def test_handler_with_wrong_arity_is_refused(arity: int) -> None:
     """A handler must take (self, message) or (self, message, context)."""
     if arity == 0:
 
-        def on(self) -> None:  # type: ignore[no-untyped-def]
+        def on(self: object) -> None:
             pass
 
     else:
 
-        def on(self, event: Happened, ctx: HandlerContext, extra: int) -> None:  # type: ignore[misc]
+        def on(  # type: ignore[misc]  # the two arities differ on purpose
+            self: object, event: Happened, ctx: HandlerContext, extra: int
+        ) -> None:
             pass
 
     cls = type("WrongArity", (), {"on": handler(on)})

@@ -95,7 +95,7 @@ def test_settings_are_frozen_and_keyword_only() -> None:
     with pytest.raises(attrs.exceptions.FrozenInstanceError):
         Settings().tenant = "other"  # type: ignore[misc]
     with pytest.raises(TypeError):
-        ExecutorSettings(4)  # type: ignore[misc]
+        ExecutorSettings(4)  # type: ignore[call-arg]  # keyword-only: the call must fail
 
 
 def test_design_example_file_loads(tmp_path: Path) -> None:
@@ -376,7 +376,8 @@ def _with_retry(**changes: Any) -> Settings:
 
 def _with_override(group: str, limit: int) -> Settings:
     overrides = ConsumerGroupSettings(consumers={"x": ConsumerOverride(concurrency_limit=limit)})
-    return attrs.evolve(Settings(), **{group: overrides})
+    changes: dict[str, Any] = {group: overrides}
+    return attrs.evolve(Settings(), **changes)
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 
 import attrs
-import pymysql  # type: ignore[import-untyped]
+import pymysql
 from sqlalchemy import Connection
 from sqlalchemy.exc import OperationalError
 

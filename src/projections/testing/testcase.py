@@ -6,14 +6,15 @@ from __future__ import annotations
 
 import unittest
 from functools import cache
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
+import hypothesis
 from hypothesis import HealthCheck, Phase, settings
 
 if TYPE_CHECKING:
     from projections.testing.machine import ClusterMachine
 
-__all__ = ["TestCaseProperty", "machine_settings"]
+__all__ = ["MachineCase", "TestCaseProperty", "machine_settings"]
 
 
 def machine_settings(max_examples: int = 25, steps: int = 12) -> settings:
@@ -30,20 +31,25 @@ def machine_settings(max_examples: int = 25, steps: int = 12) -> settings:
     )
 
 
+class MachineCase(unittest.TestCase):
+    """What ``Machine.TestCase`` is: a unittest case whose ``settings`` (assignable, as
+    ``Machine.TestCase.settings = machine_settings(...)``) the battery and search run with."""
+
+    settings: ClassVar[hypothesis.settings]
+
+
 class TestCaseProperty:
     """``Machine.TestCase``: a unittest case of the machine that runs its battery first."""
 
-    def __get__(
-        self, obj: ClusterMachine | None, owner: type[ClusterMachine]
-    ) -> type[unittest.TestCase]:
+    def __get__(self, obj: ClusterMachine | None, owner: type[ClusterMachine]) -> type[MachineCase]:
         return _test_case(owner if obj is None else type(obj))
 
 
 @cache
-def _test_case(machine: type[ClusterMachine]) -> type[unittest.TestCase]:
+def _test_case(machine: type[ClusterMachine]) -> type[MachineCase]:
     from projections.testing.runner import run_cluster_machine  # it runs machines: imports this
 
-    class MachineTestCase(unittest.TestCase):
+    class MachineTestCase(MachineCase):
         settings = machine_settings()
 
         def runTest(self) -> None:
