@@ -32,7 +32,6 @@ from messaging.messages import MessageRegistry
 from messaging.messages import registry as default_registry
 from messaging.overrides import check_overrides
 from messaging.runtime.declarations import (
-    STALE,
     Declared,
     declare,
     tenant_fingerprint,
@@ -44,6 +43,7 @@ from messaging.runtime.rebalancer import Rebalancer
 from messaging.runtime.retry import report_retry, retry_transient
 from messaging.runtime.worker import ConsumerWorker
 from messaging.settings import ConsumerGroupSettings, Distribution, Settings
+from messaging.states import DeclarationOutcome
 from messaging.store.database import Database
 from messaging.store.store import MessageStore
 
@@ -174,7 +174,7 @@ class Instance:
                 )
                 continue
             declared = self.retry(partial(self._declare, spec), f"declare {spec.name}")
-            if declared.outcome == STALE:
+            if declared.outcome == DeclarationOutcome.STALE:
                 self.forget(spec.name)
                 continue
             worker_class = spec.options.worker or spec.kind.worker or ConsumerWorker
