@@ -187,8 +187,16 @@ def owned_by(
     return {p: str(name) for p, (name, _) in current.items()}
 
 
-def consumer_worker(db: Database, consumer: type, *, instance_id: str, whole: bool = False) -> Any:
-    """A ConsumerWorker of one decorated consumer class, with default settings and no plugins."""
+def consumer_worker(
+    db: Database,
+    consumer: type,
+    *,
+    instance_id: str,
+    instance_name: str | None = None,
+    whole: bool = False,
+) -> Any:
+    """A ConsumerWorker of one decorated consumer class, with default settings and no plugins
+    (``instance_name`` defaults to ``instance_id``)."""
     from messaging import Settings, create_plugin_manager
     from messaging.consumers import consumer_spec
     from messaging.runtime.worker import ConsumerWorker
@@ -197,6 +205,7 @@ def consumer_worker(db: Database, consumer: type, *, instance_id: str, whole: bo
         db=db,
         spec=consumer_spec(consumer),
         instance_id=instance_id,
+        instance_name=instance_name or instance_id,
         settings=Settings().messaging.consumer,
         hooks=create_plugin_manager([], load_entrypoints=False).hook,
         registry=registry,

@@ -87,13 +87,18 @@ def tenant_fingerprint(
 
 
 def declare(
-    db: Database, spec: ConsumerSpec, distribution: Distribution, instance_id: str
+    db: Database,
+    spec: ConsumerSpec,
+    distribution: Distribution,
+    instance_id: str,
+    instance_name: str,
 ) -> Declared:
-    """Record ``spec`` for this instance (already registered as ``instance_id``): create
-    it, accept it unchanged, rebuild it under a new declaration, or report it stale."""
+    """Record ``spec`` for this instance (already registered as ``instance_id``, logged
+    as ``instance_name``): create it, accept it unchanged, rebuild it under a new
+    declaration, or report it stale."""
     create_read_models(db, spec)
     with db.transaction() as conn:
-        declared, rebuild = _record(db, conn, spec, distribution, instance_id)
+        declared, rebuild = _record(db, conn, spec, distribution, instance_id, instance_name)
     if rebuild:
         _finish_rebuild(db, spec)
     return declared
@@ -117,7 +122,7 @@ def _finish_rebuild(db: Database, spec: ConsumerSpec) -> None:
 
 
 def perform_requested_rebuild(
-    db: Database, spec: ConsumerSpec, instance_id: str, stale_timeout: float
+    db: Database, spec: ConsumerSpec, instance_id: str, stale_timeout: float, *, instance_name: str
 ) -> bool:
     """Rebuild ``spec`` if an operator asked for it (or a rebuild was left unfinished for
     longer than ``stale_timeout``), unless another instance got there first. The winner of
@@ -142,7 +147,13 @@ def perform_requested_rebuild(
         if won != 1:
             return False
         Ownership(db).reset(conn, spec.name, spec.partitions, owner=instance_id)
-    lifecycle_event("rebuild", consumer=spec.name, instance=instance_id, reason="requested")
+    lifecycle_event(
+        "rebuild",
+        consumer=spec.name,
+        instance=instance_name,
+        instance_id=instance_id,
+        reason="requested",
+    )
     _finish_rebuild(db, spec)
     return True
 
@@ -153,6 +164,7 @@ def _record(
     spec: ConsumerSpec,
     distribution: Distribution,
     instance_id: str,
+    instance_name: str,
 ) -> tuple[Declared, bool]:
     table = db.schema.consumers
     ownership = Ownership(db)
@@ -205,7 +217,8 @@ def _record(
             "declaration-mismatch",
             level=logging.WARNING,
             consumer=spec.name,
-            instance=instance_id,
+            instance=instance_name,
+            instance_id=instance_id,
             declaration=fingerprint,
             current=row.fingerprint,
             reason=f"this instance runs {which}; applying nothing until restarted",
@@ -238,7 +251,8 @@ def _record(
             "redeclared",
             level=logging.WARNING,
             consumer=spec.name,
-            instance=instance_id,
+            instance=instance_name,
+            instance_id=instance_id,
             declaration=fingerprint,
             previous=row.fingerprint,
             reason=f"new declaration; checkpoints kept ({spec.kind.article} is never rebuilt)",
@@ -250,7 +264,8 @@ def _record(
         "rebuild",
         level=logging.WARNING,
         consumer=spec.name,
-        instance=instance_id,
+        instance=instance_name,
+        instance_id=instance_id,
         declaration=fingerprint,
         previous=row.fingerprint,
         reason="rolling back: rebuild requested" if rolling_back else "new declaration",

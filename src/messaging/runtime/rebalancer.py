@@ -138,6 +138,7 @@ class Rebalancer:
                     worker.spec,
                     inst.id,
                     inst.consumer_settings.stale_instance_timeout,
+                    instance_name=inst.name,
                 )
         owners: dict[str, dict[int, str | None]] = {name: {} for name in inst.workers}
         for row in rows:
@@ -187,6 +188,7 @@ class Rebalancer:
             level=logging.WARNING,
             consumer=name,
             instance=inst.name,
+            instance_id=inst.id,
             declaration=inst.fingerprints[name],
             reason="rebuilt under another declaration; applying nothing until restarted",
         )
