@@ -9,10 +9,10 @@ from typing import Any
 
 import attrs
 import pytest
+from clusters import manual_clock_database
 
 from messaging import Database, MessageContext, MessageStore, handler, message, route_consumer
 from messaging.config import settings_from_mapping
-from messaging.store.clock import ManualClock
 from projections.testing import SimulatedCluster
 from sagas import SagaContext, saga, start
 
@@ -59,13 +59,9 @@ class JobSaga:
 
 @pytest.fixture
 def cluster(database_url: str, table_prefix: str) -> SimulatedCluster:
-    from messaging.store.migrations import migrate
-
-    db = Database(database_url, table_prefix=table_prefix, clock=ManualClock())
-    if not db.is_sqlite:
-        migrate(db)
-    db.prepare()
-    return SimulatedCluster(db, [Jobs, JobSaga], SETTINGS)
+    return SimulatedCluster(
+        manual_clock_database(database_url, table_prefix), [Jobs, JobSaga], SETTINGS
+    )
 
 
 def _stored(db: Database, topic: str) -> list[tuple[str, str, dict[str, Any]]]:

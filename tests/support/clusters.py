@@ -187,6 +187,18 @@ def owned_by(
     return {p: str(name) for p, (name, _) in current.items()}
 
 
+def manual_clock_database(database_url: str, table_prefix: str) -> Database:
+    """A prepared database (migrated on MySQL) whose clock moves only when told to."""
+    from messaging.store.clock import ManualClock
+    from messaging.store.migrations import migrate
+
+    db = Database(database_url, table_prefix=table_prefix, clock=ManualClock())
+    if not db.is_sqlite:
+        migrate(db)
+    db.prepare()
+    return db
+
+
 def consumer_worker(
     db: Database,
     consumer: type,
