@@ -70,9 +70,10 @@ from messaging.config import settings_from_mapping  # noqa: E402
 from messaging.hookspecs import hookimpl  # noqa: E402
 from messaging.messages import registry  # noqa: E402
 from messaging.settings import ConsumerSettings  # noqa: E402
+from messaging.states import OwnerState  # noqa: E402
 from messaging.store.migrations import migrate  # noqa: E402
 from projections.examples import ledger  # noqa: E402
-from projections.reports import OWNED, consumers_report  # noqa: E402
+from projections.reports import consumers_report  # noqa: E402
 
 CONSUMER = "ledger-balances"
 APP = ("projections.examples.ledger", "handover")  # the app, and this file as a probe plugin
@@ -212,7 +213,7 @@ class Cluster:
         for entry in consumers_report(self.db, self.settings)["consumers"]:
             if entry["name"] == CONSUMER:
                 return {
-                    p["partition"]: p["instance"] if p["state"] == OWNED else None
+                    p["partition"]: p["instance"] if p["state"] == OwnerState.OWNED else None
                     for p in entry["partitions"]
                 }
         return {}

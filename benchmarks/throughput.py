@@ -65,6 +65,7 @@ from projections.examples import ledger
 
 CONSUMER = "ledger-balances"
 SEEDER = "benchmark-seeder"  # declares the consumer; never owns a partition
+BENCH_INSTANCE = "throughput-bench"  # the instance the framework run registers and logs as
 PARTITIONS = 8  # Balances' partition count; the hand-written loops advance all of them
 PARTITION_LIST = ", ".join(str(p) for p in range(PARTITIONS))
 BATCH = 500
@@ -190,10 +191,10 @@ def framework_run(url: str, spec: ConsumerSpec, hooks: Any, *, table_prefix: str
     db = Database(url, tenant=TENANT, table_prefix=table_prefix)
     try:
         instance_id = uuid.uuid4().hex
-        declare(db, spec, Distribution.PARTITIONED, instance_id)
+        declare(db, spec, Distribution.PARTITIONED, instance_id, instance_name=BENCH_INSTANCE)
         membership = Membership(db)
         info = InstanceInfo(
-            id=instance_id, name="throughput-bench", host=socket.gethostname(), pid=os.getpid()
+            id=instance_id, name=BENCH_INSTANCE, host=socket.gethostname(), pid=os.getpid()
         )
         with db.transaction() as conn:
             membership.register(conn, info)
@@ -207,6 +208,7 @@ def framework_run(url: str, spec: ConsumerSpec, hooks: Any, *, table_prefix: str
             db=db,
             spec=spec,
             instance_id=instance_id,
+            instance_name=BENCH_INSTANCE,
             settings=ConsumerSettings(batch_size=BATCH),
             hooks=hooks,
             registry=registry,
@@ -457,7 +459,7 @@ def run_sqlite(count: int, profile: bool) -> None:
         db = Database(url, tenant=TENANT, table_prefix=prefix)
         db.prepare()
         seed(db, count)
-        declare(db, spec, Distribution.PARTITIONED, SEEDER)
+        declare(db, spec, Distribution.PARTITIONED, SEEDER, instance_name=SEEDER)
         expected = expected_model(db)
         db.dispose()
         with sqlite3.connect(seeded, isolation_level=None) as con:  # fold the WAL into the file
@@ -528,7 +530,7 @@ def _run_mysql(url: str, count: int) -> None:
                 conn.execute(text(f"DROP TABLE IF EXISTS {balances_name()}"))
                 for table in (t.partitions, t.consumers, t.instances):
                     conn.execute(delete(table).where(table.c.tenant == TENANT))
-            declare(db, spec, Distribution.PARTITIONED, SEEDER)
+            declare(db, spec, Distribution.PARTITIONED, SEEDER, instance_name=SEEDER)
             yield db.url
 
         measure(

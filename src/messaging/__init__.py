@@ -25,7 +25,7 @@ from messaging.hookspecs import hookimpl, hookspec
 from messaging.messages import Envelope, message
 from messaging.plugins import collect_consumers, create_plugin_manager
 from messaging.routing.consumer import route_consumer
-from messaging.runtime.context import HandlerContext
+from messaging.runtime.context import HandlerContext, MessageContext
 from messaging.runtime.instance import Instance
 from messaging.runtime.retry import is_ambiguous
 from messaging.settings import Distribution, InvalidSettings, Settings
@@ -44,6 +44,7 @@ __all__ = [
     "HandlerContext",
     "Instance",
     "InvalidSettings",
+    "MessageContext",
     "MessageStore",
     "NewMessage",
     "OperationError",

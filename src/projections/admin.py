@@ -37,11 +37,12 @@ from sqlalchemy.exc import DBAPIError
 from messaging.errors import OperationError, ProjectionsError
 from messaging.runtime.instance import Instance
 from messaging.settings import Distribution, Settings
+from messaging.states import OwnerState
 from messaging.store.database import Database
 from projections import operations
 from projections.admin_guard import AdminGuard, Refusal, require_token_off_loopback
 from projections.admin_http import BoundedHTTPServer, LimitedRequestHandler
-from projections.reports import OWNED, consumers_report, instances_report
+from projections.reports import consumers_report, instances_report
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +102,7 @@ def cluster_report(
         owned: dict[str, list[int]] = {m["id"]: [] for m in members}
         unowned: list[int] = []
         for p in parts:
-            if p["state"] == OWNED and p.get("instance_id") in owned:
+            if p["state"] == OwnerState.OWNED and p.get("instance_id") in owned:
                 owned[p["instance_id"]].append(p["partition"])
             else:
                 unowned.append(p["partition"])

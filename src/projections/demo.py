@@ -30,11 +30,12 @@ from messaging.config import settings_from_mapping
 from messaging.errors import ConfigError
 from messaging.messages import registry
 from messaging.settings import ConsumerSettings
+from messaging.states import OwnerState
 from messaging.store.database import Database, parse_database_url
 from messaging.store.store import MessageStore
 from projections.demo_console import Console, View
 from projections.examples import ledger, transfers
-from projections.reports import ORPHANED, OWNED, UNCLAIMED, consumers_report, instances_report
+from projections.reports import consumers_report, instances_report
 
 DEMO_CONFIG = """\
 messaging:
@@ -155,9 +156,9 @@ class Demo:
             written=written,
             writing=writing,
             lag=sum(p["lag"] for p in partitions) if partitions else written,
-            owned=Counter(p["instance"] for p in partitions if p["state"] == OWNED),
-            orphaned=states[ORPHANED],
-            unclaimed=states[UNCLAIMED],
+            owned=Counter(p["instance"] for p in partitions if p["state"] == OwnerState.OWNED),
+            orphaned=states[OwnerState.ORPHANED],
+            unclaimed=states[OwnerState.UNCLAIMED],
             live=frozenset(i["name"] for i in live if i["live"]),
         )
 

@@ -24,17 +24,15 @@ from typing import Any, TypeVar
 
 from sqlalchemy import Connection, delete, insert, select, update
 
-from messaging.distribution.ownership import HALTED, RUNNING
 from messaging.errors import OperationError
 from messaging.routing.consumer import ROUTE_CONSUMER
-from messaging.runtime.declarations import STATE_REBUILD_REQUESTED, STATE_REBUILDING, STATE_RUNNING
 from messaging.runtime.lifecycle import lifecycle_event
 from messaging.runtime.retry import for_command, retry_transient
 from messaging.settings import ConflictRetrySettings
+from messaging.states import ConsumerState, PartitionStatus
 from messaging.store.database import Database
 from projections.kinds import PROJECTION
 
-STATE_PAUSED = "paused"
 T = TypeVar("T")
 #: Most characters of a command's recorded reason.
 MAX_REASON_LENGTH = 200
@@ -175,11 +173,11 @@ def pause(db: Database, consumer: str, *, who: str, reason: str = "") -> None:
 
     def body(conn: Connection, command_id: str) -> None:
         state = _state(db, conn, consumer)
-        if state == STATE_PAUSED:
+        if state == ConsumerState.PAUSED:
             raise OperationError(f"consumer {consumer!r} is already paused")
-        if state != STATE_RUNNING:
+        if state != ConsumerState.RUNNING:
             raise OperationError(f"consumer {consumer!r} is {state}; it can be paused when running")
-        _set_state(db, conn, consumer, STATE_PAUSED)
+        _set_state(db, conn, consumer, ConsumerState.PAUSED)
         _fence_all(db, conn, consumer)
         _audit(db, conn, "pause", consumer, who, {"reason": reason}, command_id)
 
@@ -197,7 +195,7 @@ def resume(
 
     def body(conn: Connection, command_id: str) -> list[dict[str, Any]]:
         state = _state(db, conn, consumer)
-        if state not in (STATE_RUNNING, STATE_PAUSED):
+        if state not in (ConsumerState.RUNNING, ConsumerState.PAUSED):
             raise OperationError(f"consumer {consumer!r} is {state}; wait until it has finished")
         halted = [
             {
@@ -208,13 +206,17 @@ def resume(
             }
             for r in conn.execute(
                 select(t.c.partition_no, t.c.halted_position, t.c.halted_type, t.c.error)
-                .where(t.c.tenant == db.tenant, t.c.consumer == consumer, t.c.status == HALTED)
+                .where(
+                    t.c.tenant == db.tenant,
+                    t.c.consumer == consumer,
+                    t.c.status == PartitionStatus.HALTED,
+                )
                 .order_by(t.c.partition_no)
             )
         ]
         if skip_poison and not halted:
             raise OperationError(f"consumer {consumer!r} has no halted partition to skip past")
-        if state == STATE_RUNNING and not halted:
+        if state == ConsumerState.RUNNING and not halted:
             raise OperationError(f"consumer {consumer!r} is running and has no halted partition")
         for entry in halted:
             where = (t.c.tenant == db.tenant, t.c.consumer == consumer)
@@ -223,7 +225,7 @@ def resume(
                 update(t)
                 .where(*where, t.c.partition_no == entry["partition"])
                 .values(
-                    status=RUNNING,
+                    status=PartitionStatus.RUNNING,
                     halted_position=None,
                     halted_type=None,
                     error=None,
@@ -232,7 +234,7 @@ def resume(
                     **skipped,
                 )
             )
-        _set_state(db, conn, consumer, STATE_RUNNING)
+        _set_state(db, conn, consumer, ConsumerState.RUNNING)
         _fence_all(db, conn, consumer)
         command = "resume --skip-poison" if skip_poison else "resume"
         _audit(db, conn, command, consumer, who, {"reason": reason, "halted": halted}, command_id)
@@ -254,9 +256,9 @@ def rebuild(db: Database, consumer: str, *, who: str, reason: str = "") -> None:
                 f"consumer {consumer!r} is a {kind}: only projections can be rebuilt "
                 "(replaying a route consumer or saga would repeat its effects)"
             )
-        if state in (STATE_REBUILD_REQUESTED, STATE_REBUILDING):
+        if state in (ConsumerState.REBUILD_REQUESTED, ConsumerState.REBUILDING):
             raise OperationError(f"consumer {consumer!r} is already being rebuilt")
-        _set_state(db, conn, consumer, STATE_REBUILD_REQUESTED)
+        _set_state(db, conn, consumer, ConsumerState.REBUILD_REQUESTED)
         _fence_all(db, conn, consumer)
         _audit(db, conn, "rebuild", consumer, who, {"reason": reason, "was": state}, command_id)
 

@@ -16,13 +16,10 @@ from typing import Any
 from sqlalchemy import Connection, RowMapping, and_, case, func, select
 
 from messaging.distribution.membership import Membership
-from messaging.runtime.declarations import STATE_REBUILDING, STATE_RUNNING
 from messaging.settings import ConsumerSettings
+from messaging.states import ConsumerState, OwnerState
 from messaging.store.database import Database
 
-OWNED = "OWNED"
-ORPHANED = "ORPHANED"
-UNCLAIMED = "UNCLAIMED"
 LATE_HEARTBEATS = 2
 """A live instance is late when its last heartbeat is older than this many intervals."""
 IN_MEMORY = "in-memory"
@@ -48,7 +45,7 @@ def consumers_report(db: Database, settings: ConsumerSettings) -> dict[str, Any]
         for consumer in declared:
             topics, types = json.loads(consumer["topics"]), json.loads(consumer["types"])
             target = consumer["rebuild_target"]
-            replaying = consumer["state"] == STATE_RUNNING and target is not None
+            replaying = consumer["state"] == ConsumerState.RUNNING and target is not None
             to_replay = func.count(case((messages.c.position <= (target or 0), 1)))
             lag = (
                 select(
@@ -84,11 +81,11 @@ def consumers_report(db: Database, settings: ConsumerSettings) -> dict[str, Any]
             for row in rows:
                 owner = instances.get(row["owner"]) if row["owner"] else None
                 if row["owner"] is None:
-                    state = UNCLAIMED
+                    state = OwnerState.UNCLAIMED
                 elif owner is not None and owner.live:
-                    state = OWNED
+                    state = OwnerState.OWNED
                 else:
-                    state = ORPHANED
+                    state = OwnerState.ORPHANED
                 entry: dict[str, Any] = {
                     "partition": row["partition_no"],
                     "instance": owner.name if owner is not None else row["owner"],
@@ -116,7 +113,7 @@ def consumers_report(db: Database, settings: ConsumerSettings) -> dict[str, Any]
             }
             if remaining:
                 total = _replay_total(db, conn, consumer, topics, types)
-                entry["state"] = STATE_REBUILDING
+                entry["state"] = ConsumerState.REBUILDING
                 entry["rebuild"] = {
                     "target": target,
                     "replayed": total - remaining,

@@ -1,7 +1,14 @@
-"""What a saga handler receives: its instance's state, and ways to end, send and schedule."""
+"""What a saga handler receives: its instance's state, and ways to end, send and schedule.
+
+:class:`SagaContext` is a :class:`messaging.runtime.context.MessageContext` (the same
+``envelope``, ``connection``, ``execute``, ``send`` and ``append`` as any handler's
+context) extended with the saga's own: ``key``, ``state``, ``now``, ``end``, ``schedule``
+and ``cancel``.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from sqlalchemy import Connection
@@ -9,10 +16,10 @@ from sqlalchemy.sql import Executable
 
 from messaging.errors import ProjectionsError
 from messaging.messages import Envelope
-from messaging.runtime.context import HandlerContext
+from messaging.runtime.context import HandlerContext, MessageContext
 
 
-class SagaContext:
+class SagaContext(MessageContext):
     """One saga instance as a handler sees it, inside the batch's transaction.
 
     ``state`` is None when a :func:`sagas.start` handler is called for a new instance;
@@ -68,15 +75,23 @@ class SagaContext:
         *,
         key: str | None = None,
         message_id: str | None = None,
+        headers: Mapping[str, Any] | None = None,
     ) -> str:
         """Send a command to ``destination`` when the batch commits (see HandlerContext.send)."""
-        return self._ctx.send(destination, message, key=key, message_id=message_id)
+        return self._ctx.send(destination, message, key=key, message_id=message_id, headers=headers)
 
-    def append(self, topic: str, source: str, message: object) -> None:
+    def append(
+        self,
+        topic: str,
+        source: str,
+        message: object,
+        *,
+        headers: Mapping[str, Any] | None = None,
+    ) -> None:
         """Append an event of ``source`` to ``topic`` when the batch commits."""
-        self._ctx.append(topic, source, message)
+        self._ctx.append(topic, source, message, headers=headers)
 
-    def execute(self, statement: Executable, params: dict[str, Any] | None = None) -> None:
+    def execute(self, statement: Executable, params: Mapping[str, Any] | None = None) -> None:
         """Write to the saga's own tables in the batch's transaction (buffered)."""
         self._ctx.execute(statement, params)
 

@@ -71,6 +71,7 @@ def _worker(
         db=proxied,
         spec=spec,
         instance_id=instance_id,
+        instance_name=instance_id,
         settings=settings,
         hooks=create_plugin_manager([], load_entrypoints=False).hook,
         registry=registry,
@@ -267,7 +268,7 @@ def test_resume_skipping_poison_whose_ack_is_lost_skips_one_message(
     skips nothing more, though the partition halted again at the next poison message
     before the retry (a blind retry would skip that one too)."""
     spec = consumer_spec(fault_app.SingleSequence)
-    declare(db, spec, Distribution.PARTITIONED, "ops")
+    declare(db, spec, Distribution.PARTITIONED, "ops", instance_name="ops")
     _halt(db, spec.name, 7)
     proxy.arm(1, when=touches("audit", "resume --skip-poison"))
     proxy.on_drop = lambda: _halt(db, spec.name, 9)
@@ -286,7 +287,7 @@ def test_rebuild_whose_ack_is_lost_is_requested_once(
     """A rebuild request retried after a lost ack does not fail as 'already being rebuilt'
     nor reset again: it finds its audit entry."""
     spec = consumer_spec(fault_app.SingleSequence)
-    declare(db, spec, Distribution.PARTITIONED, "ops")
+    declare(db, spec, Distribution.PARTITIONED, "ops", instance_name="ops")
     proxy.arm(1, when=touches("audit", "rebuild"))
     operations.rebuild(proxied, spec.name, who="ops")
     assert proxy.dropped == 1

@@ -11,8 +11,9 @@ from messaging import Database, HandlerContext, OwnershipLost, handler, message
 from messaging.consumers import consumer_spec
 from messaging.distribution.membership import InstanceInfo, Membership
 from messaging.distribution.ownership import Ownership
-from messaging.runtime.declarations import CREATED, REBUILT, STALE, UNCHANGED, declare
+from messaging.runtime.declarations import declare
 from messaging.settings import Distribution
+from messaging.states import DeclarationOutcome
 from projections import operations, projection
 
 P = Distribution.PARTITIONED
@@ -55,13 +56,13 @@ def test_a_rebuild_fences_the_old_owner_and_empties_the_read_model(db: Database)
     _register(db, "old")
     _register(db, "new")
     ownership = Ownership(db)
-    assert declare(db, v1, P, "old").outcome == CREATED
+    assert declare(db, v1, P, "old", instance_name="old").outcome == DeclarationOutcome.CREATED
     with db.transaction() as conn:
         claims = ownership.claim(conn, "decl-notes", range(4), "old", Membership(db).live_ids(30))
         conn.execute(insert(table), {"text": "written under v1"})
     held = {c.partition: c for c in claims}
 
-    assert declare(db, v2, P, "new").outcome == REBUILT
+    assert declare(db, v2, P, "new", instance_name="new").outcome == DeclarationOutcome.REBUILT
 
     with pytest.raises(OwnershipLost), db.transaction() as conn:
         ownership.commit_checkpoint(conn, "decl-notes", "old", held, 99)
@@ -77,22 +78,22 @@ def test_the_declaration_one_back_is_stale_and_does_not_rebuild(db: Database) ->
     v1, _ = _spec(db, 1)
     v2, _ = _spec(db, 2)
     _register(db, "a")
-    declare(db, v1, P, "a")
-    assert declare(db, v2, P, "a").outcome == REBUILT
-    assert declare(db, v1, P, "a").outcome == STALE
-    assert declare(db, v2, P, "a").outcome == UNCHANGED
+    declare(db, v1, P, "a", instance_name="a")
+    assert declare(db, v2, P, "a", instance_name="a").outcome == DeclarationOutcome.REBUILT
+    assert declare(db, v1, P, "a", instance_name="a").outcome == DeclarationOutcome.STALE
+    assert declare(db, v2, P, "a", instance_name="a").outcome == DeclarationOutcome.UNCHANGED
 
 
 def test_an_interrupted_rebuild_is_redone(db: Database) -> None:
     """A consumer left REBUILDING (crash mid-rebuild) is rebuilt again by the next start."""
     v1, table = _spec(db, 1)
     _register(db, "a")
-    declare(db, v1, P, "a")
+    declare(db, v1, P, "a", instance_name="a")
     consumers = db.schema.consumers
     with db.transaction() as conn:
         conn.execute(insert(table), {"text": "half-rebuilt"})
         conn.execute(update(consumers).values(state="rebuilding"))
-    assert declare(db, v1, P, "a").outcome == REBUILT
+    assert declare(db, v1, P, "a", instance_name="a").outcome == DeclarationOutcome.REBUILT
     with db.read() as conn:
         assert conn.execute(select(table)).all() == []
         assert conn.execute(select(consumers.c.state)).scalar_one() == "running"
@@ -106,12 +107,12 @@ def test_an_even_older_declaration_applies_nothing_and_does_not_rebuild_back(
     v2, _ = _spec(db, 2)
     v3, _ = _spec(db, 3)
     _register(db, "a")
-    declare(db, v1, P, "a")
-    assert declare(db, v2, P, "a").outcome == REBUILT
-    assert declare(db, v3, P, "a").outcome == REBUILT
-    assert declare(db, v1, P, "a").outcome == STALE
-    assert declare(db, v2, P, "a").outcome == STALE
-    assert declare(db, v3, P, "a").outcome == UNCHANGED
+    declare(db, v1, P, "a", instance_name="a")
+    assert declare(db, v2, P, "a", instance_name="a").outcome == DeclarationOutcome.REBUILT
+    assert declare(db, v3, P, "a", instance_name="a").outcome == DeclarationOutcome.REBUILT
+    assert declare(db, v1, P, "a", instance_name="a").outcome == DeclarationOutcome.STALE
+    assert declare(db, v2, P, "a", instance_name="a").outcome == DeclarationOutcome.STALE
+    assert declare(db, v3, P, "a", instance_name="a").outcome == DeclarationOutcome.UNCHANGED
 
 
 def test_a_requested_rebuild_rolls_back_to_a_left_behind_declaration(db: Database) -> None:
@@ -120,9 +121,9 @@ def test_a_requested_rebuild_rolls_back_to_a_left_behind_declaration(db: Databas
     v1, _ = _spec(db, 1)
     v2, _ = _spec(db, 2)
     _register(db, "a")
-    declare(db, v1, P, "a")
-    assert declare(db, v2, P, "a").outcome == REBUILT
+    declare(db, v1, P, "a", instance_name="a")
+    assert declare(db, v2, P, "a", instance_name="a").outcome == DeclarationOutcome.REBUILT
     operations.rebuild(db, "decl-notes", who="test", reason="roll back")
-    assert declare(db, v1, P, "a").outcome == REBUILT
-    assert declare(db, v1, P, "a").outcome == UNCHANGED
-    assert declare(db, v2, P, "a").outcome == STALE
+    assert declare(db, v1, P, "a", instance_name="a").outcome == DeclarationOutcome.REBUILT
+    assert declare(db, v1, P, "a", instance_name="a").outcome == DeclarationOutcome.UNCHANGED
+    assert declare(db, v2, P, "a", instance_name="a").outcome == DeclarationOutcome.STALE

@@ -387,6 +387,7 @@ def _worker(db: Database, instance_id: str, table: Table, hooks: Recorder) -> Co
         db=db,
         spec=consumer_spec(_projection_class(table)),
         instance_id=instance_id,
+        instance_name=instance_id,
         settings=Settings().messaging.consumer,
         hooks=create_plugin_manager([], plugins=[hooks], load_entrypoints=False).hook,
         registry=registry,

@@ -17,6 +17,9 @@ from messaging.runtime.worker import ConsumerWorker
 from messaging.store.store import partition_of
 from projections import projection
 
+ME_ID = "4f3c9a"
+"""The worker's instance id; its name is ``me``."""
+
 
 def _setup(db: Database) -> tuple[ConsumerWorker, Table]:
     table = Table(
@@ -36,12 +39,12 @@ def _setup(db: Database) -> tuple[ConsumerWorker, Table]:
 
     with db.transaction() as conn:
         table.create(conn)
-        Membership(db).register(conn, InstanceInfo(id="me", name="me", host="h", pid=1))
+        Membership(db).register(conn, InstanceInfo(id=ME_ID, name="me", host="h", pid=1))
         Ownership(db).ensure_partitions(conn, "poison-items", 2)
         claims = Ownership(db).claim(
-            conn, "poison-items", [0, 1], "me", Membership(db).live_ids(30)
+            conn, "poison-items", [0, 1], ME_ID, Membership(db).live_ids(30)
         )
-    worker = consumer_worker(db, Items, instance_id="me")
+    worker = consumer_worker(db, Items, instance_id=ME_ID, instance_name="me")
     worker.add_claims(claims)
     return worker, table
 
@@ -86,6 +89,7 @@ def test_a_halt_carries_its_stack_trace(db: Database, caplog: pytest.LogCaptureF
     assert len(errors) == 1, [r.getMessage() for r in errors]
     [record] = errors
     assert "event=halt" in record.getMessage()
+    assert f"instance=me instance_id={ME_ID} " in record.getMessage()  # name, then id
     logged = logging.Formatter().format(record)
     assert "Traceback (most recent call last)" in logged
     assert 'raise ValueError("cannot handle poison")' in logged

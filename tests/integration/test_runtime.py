@@ -88,5 +88,10 @@ def test_claims_and_releases_are_logged_as_lifecycle_events(
     releases = [e for e in events if e["event"] == "release" and e["consumer"] == "ledger-balances"]
     assert sorted(e["partition"] for e in claims) == list(range(8))
     assert all(e["instance"] == "logged" and e["epoch"] >= 1 for e in claims)
-    assert "event=claim consumer=ledger-balances partition=0 instance=logged epoch=" in caplog.text
+    # Every line names the instance by its name, and carries its id as a field of its own.
+    assert all((e["instance"], e["instance_id"]) == ("logged", instance.id) for e in events)
+    assert (
+        "event=claim consumer=ledger-balances partition=0 instance=logged "
+        f"instance_id={instance.id} epoch="
+    ) in caplog.text
     assert sorted(e["partition"] for e in releases) == list(range(8))

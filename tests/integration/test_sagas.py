@@ -9,6 +9,7 @@ from contextlib import contextmanager
 
 import attrs
 import pytest
+from clusters import manual_clock_database
 from sqlalchemy import event, select
 
 from messaging import (
@@ -23,7 +24,6 @@ from messaging import (
 from messaging.config import settings_from_mapping
 from messaging.distribution.ownership import Ownership
 from messaging.errors import ConcurrentUpdate, RegistrationError
-from messaging.store.clock import ManualClock
 from messaging.store.store import partition_of
 from projections.testing import SimulatedCluster
 from sagas import SagaContext, SagaStore, saga, start
@@ -146,14 +146,10 @@ class Shipping:
 
 @pytest.fixture
 def cluster(database_url: str, table_prefix: str) -> SimulatedCluster:
-    from messaging.store.migrations import migrate
-
-    db = Database(database_url, table_prefix=table_prefix, clock=ManualClock())
-    if not db.is_sqlite:
-        migrate(db)
-    db.prepare()
     Shipping.handled = []
-    return SimulatedCluster(db, [OrderSaga, Shipping], SETTINGS)
+    return SimulatedCluster(
+        manual_clock_database(database_url, table_prefix), [OrderSaga, Shipping], SETTINGS
+    )
 
 
 def _append(cluster: SimulatedCluster, *events: object) -> None:

@@ -29,9 +29,10 @@ from sqlalchemy import (
 
 from messaging import Database, HandlerContext, NewMessage, RegistrationError, handler, message
 from messaging.consumers import collect_specs
-from messaging.distribution.ownership import HALTED, Ownership
+from messaging.distribution.ownership import Ownership
 from messaging.messages import registry
 from messaging.runtime.declarations import tenant_fingerprint
+from messaging.states import PartitionStatus
 from messaging.store._fastpath import sends_directly
 from messaging.store.clock import ManualClock
 from messaging.store.migrations import migrate
@@ -157,7 +158,11 @@ def _append(cluster: SimulatedCluster, command: list[tuple[str, object]]) -> Non
 
 def _halted(db: Database, consumer: str) -> list[Any]:
     with db.read() as conn:
-        return [r for r in Ownership(db).partitions(conn, [consumer]) if r.status == HALTED]
+        return [
+            r
+            for r in Ownership(db).partitions(conn, [consumer])
+            if r.status == PartitionStatus.HALTED
+        ]
 
 
 @pytest.mark.parametrize("pair", [("default", "acme"), ("north", "south")])

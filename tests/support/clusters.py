@@ -188,8 +188,28 @@ def owned_by(
     return {p: str(name) for p, (name, _) in current.items()}
 
 
-def consumer_worker(db: Database, consumer: type, *, instance_id: str, whole: bool = False) -> Any:
-    """A ConsumerWorker of one decorated consumer class, with default settings and no plugins."""
+def manual_clock_database(database_url: str, table_prefix: str) -> Database:
+    """A prepared database (migrated on MySQL) whose clock moves only when told to."""
+    from messaging.store.clock import ManualClock
+    from messaging.store.migrations import migrate
+
+    db = Database(database_url, table_prefix=table_prefix, clock=ManualClock())
+    if not db.is_sqlite:
+        migrate(db)
+    db.prepare()
+    return db
+
+
+def consumer_worker(
+    db: Database,
+    consumer: type,
+    *,
+    instance_id: str,
+    instance_name: str | None = None,
+    whole: bool = False,
+) -> Any:
+    """A ConsumerWorker of one decorated consumer class, with default settings and no plugins
+    (``instance_name`` defaults to ``instance_id``)."""
     from messaging import Settings, create_plugin_manager
     from messaging.consumers import consumer_spec
     from messaging.runtime.worker import ConsumerWorker
@@ -198,6 +218,7 @@ def consumer_worker(db: Database, consumer: type, *, instance_id: str, whole: bo
         db=db,
         spec=consumer_spec(consumer),
         instance_id=instance_id,
+        instance_name=instance_name or instance_id,
         settings=Settings().messaging.consumer,
         hooks=create_plugin_manager([], load_entrypoints=False).hook,
         registry=registry,

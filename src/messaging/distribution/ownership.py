@@ -35,14 +35,11 @@ from sqlalchemy import (
 from sqlalchemy.sql.elements import ColumnElement
 
 from messaging.errors import CheckpointMoved, OwnershipLost
+from messaging.states import ConsumerState, PartitionStatus
 from messaging.store import _fastpath
 from messaging.store.database import Database
 
-RUNNING = "running"
-CONSUMER_RUNNING = "running"
-"""The consumer state in which its partitions may be claimed."""
 _FENCE_CACHE_SIZE = 64
-HALTED = "halted"
 
 
 @attrs.define(frozen=True, kw_only=True)
@@ -100,7 +97,7 @@ class Ownership:
                         "owner": None,
                         "epoch": 0,
                         "checkpoint": 0,
-                        "status": RUNNING,
+                        "status": PartitionStatus.RUNNING,
                         "updated_at": now,
                     }
                     for p in missing
@@ -128,7 +125,7 @@ class Ownership:
                 owner=owner,
                 epoch=epoch,
                 checkpoint=0,
-                status=RUNNING,
+                status=PartitionStatus.RUNNING,
                 halted_position=None,
                 halted_type=None,
                 error=None,
@@ -163,7 +160,7 @@ class Ownership:
             .where(
                 consumers.c.tenant == self.db.tenant,
                 consumers.c.name == consumer,
-                consumers.c.state != CONSUMER_RUNNING,
+                consumers.c.state != ConsumerState.RUNNING,
             )
             .exists()
         )
@@ -172,7 +169,7 @@ class Ownership:
             .where(
                 *self._consumer(consumer),
                 t.c.partition_no.in_(wanted),
-                t.c.status == RUNNING,
+                t.c.status == PartitionStatus.RUNNING,
                 ~held_back,
                 or_(
                     t.c.owner.is_(None),
@@ -188,7 +185,7 @@ class Ownership:
                 *self._consumer(consumer),
                 t.c.partition_no.in_(wanted),
                 t.c.owner == instance_id,
-                t.c.status == RUNNING,
+                t.c.status == PartitionStatus.RUNNING,
             )
         )
         return [Claim(partition=r[0], epoch=r[1], checkpoint=r[2]) for r in rows]
@@ -226,7 +223,7 @@ class Ownership:
                 .where(
                     *self._consumer(consumer),
                     t.c.owner == instance_id,
-                    t.c.status == RUNNING,
+                    t.c.status == PartitionStatus.RUNNING,
                     # Plain binds, not an expanding IN: rendered once, not per batch.
                     tuple_(t.c.partition_no, t.c.epoch, t.c.checkpoint).in_(
                         [
@@ -287,7 +284,7 @@ class Ownership:
             select(t.c.partition_no, t.c.epoch, t.c.checkpoint).where(
                 *self._consumer(consumer),
                 t.c.owner == instance_id,
-                t.c.status == RUNNING,
+                t.c.status == PartitionStatus.RUNNING,
                 t.c.partition_no.in_(wanted),
             )
         )
@@ -352,7 +349,7 @@ class Ownership:
                 t.c.epoch == claim.epoch,
             )
             .values(
-                status=HALTED,
+                status=PartitionStatus.HALTED,
                 halted_position=position,
                 halted_type=type_name,
                 error=error,

@@ -9,6 +9,8 @@ batch applied again sends the very same ids and an idempotent receiver can tell.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
+from typing import Any
 
 from messaging.store.store import MessageStore, NewMessage
 
@@ -26,7 +28,11 @@ class Outbox:
         """The id of the ``count``-th message sent because of ``cause`` (stable across retries)."""
         return uuid.uuid5(_ID_NAMESPACE, f"{self.sender}\x1f{cause}\x1f{count}").hex
 
-    def event(self, topic: str, source: str, message: object) -> NewMessage:
+    def event(
+        self, topic: str, source: str, message: object, headers: Mapping[str, Any] | None = None
+    ) -> NewMessage:
         """``message`` as the next event of ``source`` in ``topic``."""
         type_name, payload = self.store.registry.encode(message)
-        return NewMessage(topic=topic, source=source, type=type_name, payload=payload)
+        return NewMessage(
+            topic=topic, source=source, type=type_name, payload=payload, headers=headers
+        )

@@ -8,12 +8,15 @@ its own writes.
 
 Each run is sent by :func:`messaging.store._fastpath.execute`: through SQLAlchemy the first
 time, then, when SQLAlchemy showed it is plain SQL, straight to the driver.
+
+:class:`MessageContext` is what every handler may rely on; :class:`HandlerContext`
+implements it, and :class:`sagas.SagaContext` extends it with the saga's own state.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, KeysView, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from sqlalchemy import Connection
 from sqlalchemy.sql import Executable
@@ -25,7 +28,53 @@ from messaging.store import _fastpath
 from messaging.store.store import NewMessage
 
 
-class HandlerContext:
+class MessageContext(Protocol):
+    """What every handler receives beside its message, whatever its consumer's kind: the
+    envelope, and (transactional consumers) buffered writes, sends and appends that
+    commit with the batch's checkpoint, or not at all."""
+
+    __slots__ = ()
+
+    @property
+    def envelope(self) -> Envelope:
+        """The envelope of the message being handled."""
+        ...
+
+    @property
+    def connection(self) -> Connection:
+        """The batch's connection, with every buffered write sent."""
+        ...
+
+    def execute(self, statement: Executable, params: Mapping[str, Any] | None = None) -> None:
+        """Run ``statement`` with ``params`` in the batch's transaction (buffered)."""
+        ...
+
+    def send(
+        self,
+        destination: str,
+        message: object,
+        *,
+        key: str | None = None,
+        message_id: str | None = None,
+        headers: Mapping[str, Any] | None = None,
+    ) -> str:
+        """Send ``message`` to the route consumer of ``destination`` when the batch
+        commits; return its message id."""
+        ...
+
+    def append(
+        self,
+        topic: str,
+        source: str,
+        message: object,
+        *,
+        headers: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Append ``message`` of ``source`` to ``topic`` when the batch commits."""
+        ...
+
+
+class HandlerContext(MessageContext):
     """The current message's envelope and, for transactional consumers, its transaction."""
 
     __slots__ = (
@@ -109,6 +158,7 @@ class HandlerContext:
         *,
         key: str | None = None,
         message_id: str | None = None,
+        headers: Mapping[str, Any] | None = None,
     ) -> str:
         """Send ``message`` to the route consumer of ``destination``; return its message id.
 
@@ -116,7 +166,8 @@ class HandlerContext:
         outbox). A batch applied again after a failure sends the same ids again: the id
         is derived from this consumer, the causing message and the send's order, so an
         idempotent receiver (``@route_consumer(..., idempotent=True)``) handles it once.
-        ``key`` is the partition key (by default the message id: any partition).
+        ``key`` is the partition key (by default the message id: any partition);
+        ``headers`` are stored with the message (its ``message-id`` header wins).
         """
         outbox = self._require_outbox()
         cause = self.cause if self.cause is not None else str(self.position)
@@ -124,13 +175,23 @@ class HandlerContext:
         if message_id is None:
             message_id = outbox.derived_id(cause, count)
         self._outgoing.append(
-            outbox.store.outgoing(destination, message, key=key, message_id=message_id)
+            outbox.store.outgoing(
+                destination, message, key=key, message_id=message_id, headers=headers
+            )
         )
         return message_id
 
-    def append(self, topic: str, source: str, message: object) -> None:
-        """Append ``message`` of ``source`` to ``topic`` when the batch commits (an outbox)."""
-        self._outgoing.append(self._require_outbox().event(topic, source, message))
+    def append(
+        self,
+        topic: str,
+        source: str,
+        message: object,
+        *,
+        headers: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Append ``message`` of ``source`` to ``topic`` when the batch commits (an outbox),
+        with ``headers`` if given."""
+        self._outgoing.append(self._require_outbox().event(topic, source, message, headers))
 
     def _require_outbox(self) -> Outbox:
         if self._outbox is None or self._conn is None:

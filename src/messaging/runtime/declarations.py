@@ -25,32 +25,18 @@ from sqlalchemy import Connection, and_, insert, inspect, or_, select, update
 from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 
 from messaging.consumers import ConsumerSpec
-from messaging.distribution.ownership import CONSUMER_RUNNING, Ownership
+from messaging.distribution.ownership import Ownership
 from messaging.errors import RegistrationError
 from messaging.messages import MessageRegistry
 from messaging.messages import registry as default_registry
 from messaging.runtime.lifecycle import lifecycle_event
 from messaging.settings import Distribution
+from messaging.states import ConsumerState, DeclarationOutcome
 from messaging.store.database import Database
 from messaging.store.store import MessageStore
 from messaging.store.table_registry import register
 
 log = logging.getLogger("messaging.runtime.declarations")
-
-STATE_RUNNING = CONSUMER_RUNNING
-STATE_REBUILDING = "rebuilding"
-STATE_REBUILD_REQUESTED = "rebuild-requested"
-"""An operator asked for a rebuild; the first instance running the consumer performs it."""
-
-CREATED = "created"
-UNCHANGED = "unchanged"
-REBUILT = "rebuilt"
-REDECLARED = "redeclared"
-"""A consumer of a kind never rebuilt, under a new declaration: it goes on from its
-checkpoints."""
-STALE = "stale"
-"""This instance runs a declaration the consumer has left behind (the one back or older):
-it must apply nothing of it."""
 
 
 @attrs.define(frozen=True, kw_only=True)
@@ -58,7 +44,7 @@ class Declared:
     """What :func:`declare` found: the consumer is new, unchanged, rebuilt, or stale here."""
 
     consumer: str
-    outcome: str
+    outcome: DeclarationOutcome
     fingerprint: str
 
 
@@ -101,13 +87,18 @@ def tenant_fingerprint(
 
 
 def declare(
-    db: Database, spec: ConsumerSpec, distribution: Distribution, instance_id: str
+    db: Database,
+    spec: ConsumerSpec,
+    distribution: Distribution,
+    instance_id: str,
+    instance_name: str,
 ) -> Declared:
-    """Record ``spec`` for this instance (already registered as ``instance_id``): create
-    it, accept it unchanged, rebuild it under a new declaration, or report it stale."""
+    """Record ``spec`` for this instance (already registered as ``instance_id``, logged
+    as ``instance_name``): create it, accept it unchanged, rebuild it under a new
+    declaration, or report it stale."""
     create_read_models(db, spec)
     with db.transaction() as conn:
-        declared, rebuild = _record(db, conn, spec, distribution, instance_id)
+        declared, rebuild = _record(db, conn, spec, distribution, instance_id, instance_name)
     if rebuild:
         _finish_rebuild(db, spec)
     return declared
@@ -123,7 +114,7 @@ def _finish_rebuild(db: Database, spec: ConsumerSpec) -> None:
         conn.execute(
             update(table)
             .where(table.c.tenant == db.tenant, table.c.name == spec.name)
-            .values(state=STATE_RUNNING, rebuild_target=target, updated_at=db.clock.now())
+            .values(state=ConsumerState.RUNNING, rebuild_target=target, updated_at=db.clock.now())
         )
     lifecycle_event(
         "rebuilt", consumer=spec.name, position=target, reason="replaying from the start"
@@ -131,7 +122,7 @@ def _finish_rebuild(db: Database, spec: ConsumerSpec) -> None:
 
 
 def perform_requested_rebuild(
-    db: Database, spec: ConsumerSpec, instance_id: str, stale_timeout: float
+    db: Database, spec: ConsumerSpec, instance_id: str, stale_timeout: float, *, instance_name: str
 ) -> bool:
     """Rebuild ``spec`` if an operator asked for it (or a rebuild was left unfinished for
     longer than ``stale_timeout``), unless another instance got there first. The winner of
@@ -144,19 +135,25 @@ def perform_requested_rebuild(
                 table.c.tenant == db.tenant,
                 table.c.name == spec.name,
                 or_(
-                    table.c.state == STATE_REBUILD_REQUESTED,
+                    table.c.state == ConsumerState.REBUILD_REQUESTED,
                     and_(
-                        table.c.state == STATE_REBUILDING,
+                        table.c.state == ConsumerState.REBUILDING,
                         table.c.updated_at < db.clock.now() - stale_timeout,
                     ),
                 ),
             )
-            .values(state=STATE_REBUILDING, updated_at=db.clock.now())
+            .values(state=ConsumerState.REBUILDING, updated_at=db.clock.now())
         ).rowcount
         if won != 1:
             return False
         Ownership(db).reset(conn, spec.name, spec.partitions, owner=instance_id)
-    lifecycle_event("rebuild", consumer=spec.name, instance=instance_id, reason="requested")
+    lifecycle_event(
+        "rebuild",
+        consumer=spec.name,
+        instance=instance_name,
+        instance_id=instance_id,
+        reason="requested",
+    )
     _finish_rebuild(db, spec)
     return True
 
@@ -167,6 +164,7 @@ def _record(
     spec: ConsumerSpec,
     distribution: Distribution,
     instance_id: str,
+    instance_name: str,
 ) -> tuple[Declared, bool]:
     table = db.schema.consumers
     ownership = Ownership(db)
@@ -179,7 +177,7 @@ def _record(
         "topics": json.dumps(sorted(spec.topics)),
         "types": json.dumps(spec.type_names()),
         "fingerprint": fingerprint,
-        "state": STATE_RUNNING,
+        "state": ConsumerState.RUNNING,
         "updated_at": db.clock.now(),
     }
     current = select(
@@ -198,14 +196,18 @@ def _record(
             row = conn.execute(current.with_for_update()).one()
         else:
             ownership.ensure_partitions(conn, spec.name, spec.partitions)
-            return Declared(consumer=spec.name, outcome=CREATED, fingerprint=fingerprint), False
-    if row.fingerprint == fingerprint and row.state != STATE_REBUILDING:
+            return Declared(
+                consumer=spec.name, outcome=DeclarationOutcome.CREATED, fingerprint=fingerprint
+            ), False
+    if row.fingerprint == fingerprint and row.state != ConsumerState.REBUILDING:
         conn.execute(update(table).where(*where).values(distribution=distribution.value))
         ownership.ensure_partitions(conn, spec.name, spec.partitions)
-        return Declared(consumer=spec.name, outcome=UNCHANGED, fingerprint=fingerprint), False
+        return Declared(
+            consumer=spec.name, outcome=DeclarationOutcome.UNCHANGED, fingerprint=fingerprint
+        ), False
     retired: list[str] = json.loads(row.retired_fingerprints or "[]")
     rolling_back = fingerprint in retired and row.fingerprint != fingerprint
-    if rolling_back and row.state != STATE_REBUILD_REQUESTED:
+    if rolling_back and row.state != ConsumerState.REBUILD_REQUESTED:
         which = (
             "the previous declaration"
             if row.previous_fingerprint == fingerprint
@@ -215,12 +217,15 @@ def _record(
             "declaration-mismatch",
             level=logging.WARNING,
             consumer=spec.name,
-            instance=instance_id,
+            instance=instance_name,
+            instance_id=instance_id,
             declaration=fingerprint,
             current=row.fingerprint,
             reason=f"this instance runs {which}; applying nothing until restarted",
         )
-        return Declared(consumer=spec.name, outcome=STALE, fingerprint=fingerprint), False
+        return Declared(
+            consumer=spec.name, outcome=DeclarationOutcome.STALE, fingerprint=fingerprint
+        ), False
     previous = row.previous_fingerprint if row.fingerprint == fingerprint else row.fingerprint
     if row.fingerprint != fingerprint:
         retired = [f for f in retired if f != fingerprint] + [row.fingerprint]
@@ -246,17 +251,21 @@ def _record(
             "redeclared",
             level=logging.WARNING,
             consumer=spec.name,
-            instance=instance_id,
+            instance=instance_name,
+            instance_id=instance_id,
             declaration=fingerprint,
             previous=row.fingerprint,
             reason=f"new declaration; checkpoints kept ({spec.kind.article} is never rebuilt)",
         )
-        return Declared(consumer=spec.name, outcome=REDECLARED, fingerprint=fingerprint), False
+        return Declared(
+            consumer=spec.name, outcome=DeclarationOutcome.REDECLARED, fingerprint=fingerprint
+        ), False
     lifecycle_event(
         "rebuild",
         level=logging.WARNING,
         consumer=spec.name,
-        instance=instance_id,
+        instance=instance_name,
+        instance_id=instance_id,
         declaration=fingerprint,
         previous=row.fingerprint,
         reason="rolling back: rebuild requested" if rolling_back else "new declaration",
@@ -265,13 +274,15 @@ def _record(
         update(table)
         .where(*where)
         .values(
-            **{**values, "state": STATE_REBUILDING},
+            **{**values, "state": ConsumerState.REBUILDING},
             previous_fingerprint=previous,
             retired_fingerprints=json.dumps(retired),
         )
     )
     ownership.reset(conn, spec.name, spec.partitions, owner=instance_id)
-    return Declared(consumer=spec.name, outcome=REBUILT, fingerprint=fingerprint), True
+    return Declared(
+        consumer=spec.name, outcome=DeclarationOutcome.REBUILT, fingerprint=fingerprint
+    ), True
 
 
 def current_declarations(

@@ -23,13 +23,12 @@ from messaging.runtime.failures import last_frames
 from messaging.runtime.poison import Poison
 from messaging.runtime.worker import Worker
 from messaging.settings import ConsumerSettings
+from messaging.states import CopyState
 from messaging.store.database import Database
 
 log = logging.getLogger(__name__)
 
 __all__ = ["InMemoryConsumer", "InMemoryOperationError", "InMemoryWorker"]
-
-RUNNING, PAUSED, HALTED = "running", "paused", "halted"
 
 
 class InMemoryOperationError(OperationError):
@@ -135,7 +134,13 @@ class InMemoryConsumer(InMemoryWorker):
     @property
     def state(self) -> str:
         """``halted`` (at a poison message), ``paused`` or ``running``."""
-        return HALTED if self.halted is not None else PAUSED if self.paused else RUNNING
+        return (
+            CopyState.HALTED
+            if self.halted is not None
+            else CopyState.PAUSED
+            if self.paused
+            else CopyState.RUNNING
+        )
 
     def snapshot(self) -> dict[str, Any]:
         """What the reports show: state, position (last applied), topics and handled types,

@@ -32,8 +32,6 @@ from messaging.messages import MessageRegistry
 from messaging.messages import registry as default_registry
 from messaging.overrides import check_overrides
 from messaging.runtime.declarations import (
-    STALE,
-    Declared,
     declare,
     tenant_fingerprint,
 )
@@ -44,6 +42,7 @@ from messaging.runtime.rebalancer import Rebalancer
 from messaging.runtime.retry import report_retry, retry_transient
 from messaging.runtime.worker import ConsumerWorker
 from messaging.settings import ConsumerGroupSettings, Distribution, Settings
+from messaging.states import DeclarationOutcome
 from messaging.store.database import Database
 from messaging.store.store import MessageStore
 
@@ -173,8 +172,9 @@ class Instance:
                     registry=self.registry,
                 )
                 continue
-            declared = self.retry(partial(self._declare, spec), f"declare {spec.name}")
-            if declared.outcome == STALE:
+            distribution = self.distributions[spec.name]
+            declaring = partial(declare, self.db, spec, distribution, self.id, self.name)
+            if self.retry(declaring, f"declare {spec.name}").outcome == DeclarationOutcome.STALE:
                 self.forget(spec.name)
                 continue
             worker_class = spec.options.worker or spec.kind.worker or ConsumerWorker
@@ -182,10 +182,11 @@ class Instance:
                 db=self.db,
                 spec=spec,
                 instance_id=self.id,
+                instance_name=self.name,
                 settings=self.consumer_settings,
                 hooks=self.hooks,
                 registry=self.registry,
-                whole=self.distributions[spec.name] is Distribution.SINGLE_OWNER,
+                whole=distribution is Distribution.SINGLE_OWNER,
                 lanes=self._lanes(spec),
                 limiter=self._limiter,
             )
@@ -223,9 +224,6 @@ class Instance:
         limit = self._group(spec).concurrency_limit_for(spec.name)
         workers = self.consumer_settings.executor.max_workers
         return min(workers, limit) if limit is not None else workers
-
-    def _declare(self, spec: ConsumerSpec) -> Declared:
-        return declare(self.db, spec, self.distributions[spec.name], self.id)
 
     def _register(self) -> None:
         """Insert this instance's row, refusing a name a live instance already has. A holder
@@ -288,6 +286,7 @@ class Instance:
             consumer=consumer,
             partition=partition,
             instance=self.name,
+            instance_id=self.id,
             epoch=epoch,
         )
         if epoch is not None:

@@ -2,8 +2,9 @@
 
 Claims, releases, lost partitions, halts, operator commands, rebuilds and declaration
 mismatches are logged on the ``messaging.runtime.lifecycle`` logger as
-``event=claim consumer=ledger partition=3 instance=host:42 epoch=7``; the same fields
-are on the record as ``record.lifecycle`` (a dict), for JSON log handlers.
+``event=claim consumer=ledger partition=3 instance=host:42 instance_id=9c1e… epoch=7``
+(``instance`` is always the instance's name, ``instance_id`` its id); the same fields are
+on the record as ``record.lifecycle`` (a dict), for JSON log handlers.
 """
 
 from __future__ import annotations

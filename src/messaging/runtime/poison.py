@@ -75,9 +75,11 @@ def halt_partition(
     instance_id: str,
     claim: Claim,
     poison: Poison,
+    instance_name: str,
 ) -> bool:
     """Record the halt of ``claim``'s partition at ``poison`` (fenced by the claim), log
-    it and tell the plugins; False when the fence no longer held (nothing halted)."""
+    it (as instance ``instance_name``) and tell the plugins; False when the fence no longer
+    held (nothing halted)."""
     row, partition, error = poison.row, poison.partition, poison.error
     hooks.projections_message_failed(
         consumer=consumer,
@@ -106,7 +108,8 @@ def halt_partition(
             exc_info=error,
             consumer=consumer,
             partition=partition,
-            instance=instance_id,
+            instance=instance_name,
+            instance_id=instance_id,
             epoch=claim.epoch,
             position=row.position,
             type=row.type,

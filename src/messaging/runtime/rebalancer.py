@@ -21,12 +21,11 @@ from messaging.distribution.ownership import PartitionRow
 from messaging.distribution.pulse import PULSE_INTERVAL, Pulse, read_pulse
 from messaging.distribution.rebalance import plan
 from messaging.runtime.declarations import (
-    STATE_REBUILD_REQUESTED,
-    STATE_REBUILDING,
     current_declarations,
     perform_requested_rebuild,
 )
 from messaging.runtime.lifecycle import lifecycle_event
+from messaging.states import ConsumerState
 
 if TYPE_CHECKING:
     from messaging.runtime.instance import Instance
@@ -132,13 +131,14 @@ class Rebalancer:
             self._retire(name)
         for name, worker in list(inst.workers.items()):
             state = declared[name][1]
-            if state in (STATE_REBUILD_REQUESTED, STATE_REBUILDING):
+            if state in (ConsumerState.REBUILD_REQUESTED, ConsumerState.REBUILDING):
                 worker.drop_after_batch(sorted(worker.claims()))
                 perform_requested_rebuild(
                     inst.db,
                     worker.spec,
                     inst.id,
                     inst.consumer_settings.stale_instance_timeout,
+                    instance_name=inst.name,
                 )
         owners: dict[str, dict[int, str | None]] = {name: {} for name in inst.workers}
         for row in rows:
@@ -188,6 +188,7 @@ class Rebalancer:
             level=logging.WARNING,
             consumer=name,
             instance=inst.name,
+            instance_id=inst.id,
             declaration=inst.fingerprints[name],
             reason="rebuilt under another declaration; applying nothing until restarted",
         )

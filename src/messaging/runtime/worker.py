@@ -115,6 +115,7 @@ class ConsumerWorker(Worker):
         db: Database,
         spec: ConsumerSpec,
         instance_id: str,
+        instance_name: str,
         settings: ConsumerSettings,
         hooks: pluggy.HookRelay,
         registry: MessageRegistry,
@@ -130,6 +131,8 @@ class ConsumerWorker(Worker):
             hooks=hooks,
             registry=registry,
         )
+        self.instance_name = instance_name
+        """The instance's name, as log lines show it (``instance_id`` is its unique id)."""
         self.whole = whole
         """Single-owner mode: apply only while holding every partition (global order)."""
         self.lanes = 1 if whole else max(1, min(lanes, spec.partitions))
@@ -408,7 +411,8 @@ class ConsumerWorker(Worker):
             level=logging.WARNING,
             consumer=self.spec.name,
             checkpoints=moved.checkpoints,
-            instance=self.instance_id,
+            instance=self.instance_name,
+            instance_id=self.instance_id,
             reason="an earlier commit went through unacknowledged; the batch was rolled back",
         )
         with self._lock:
@@ -425,7 +429,8 @@ class ConsumerWorker(Worker):
                 level=logging.WARNING,
                 consumer=self.spec.name,
                 partition=partition,
-                instance=self.instance_id,
+                instance=self.instance_name,
+                instance_id=self.instance_id,
                 reason="another instance owns it now; the batch was rolled back",
             )
         self.drop(partitions)
@@ -437,5 +442,7 @@ class ConsumerWorker(Worker):
     def _halt(self, poison: Poison, claims: Mapping[int, Claim]) -> None:
         """Halt ``poison``'s partition at it (recorded, told to the plugins) and drop it."""
         claim = claims[poison.partition]
-        halt_partition(self.db, self.hooks, self.spec.name, self.instance_id, claim, poison)
+        halt_partition(
+            self.db, self.hooks, self.spec.name, self.instance_id, claim, poison, self.instance_name
+        )
         self.drop([poison.partition])

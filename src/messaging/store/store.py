@@ -162,18 +162,24 @@ class MessageStore:
         over every partition); messages with one key are handled in order. Give
         ``message_id`` to make a retried send recognisable to an idempotent receiver.
         """
+        message_id = message_id or uuid.uuid4().hex
         outgoing = self.outgoing(
-            destination, message, key=key, message_id=message_id or uuid.uuid4().hex
+            destination, message, key=key, message_id=message_id, headers=headers
         )
-        if headers:
-            outgoing = attrs.evolve(outgoing, headers={**headers, **(outgoing.headers or {})})
         self.append_encoded(conn, [outgoing])
-        return str((outgoing.headers or {})[MESSAGE_ID_HEADER])
+        return message_id
 
     def outgoing(
-        self, destination: str, message: object, *, key: str | None, message_id: str
+        self,
+        destination: str,
+        message: object,
+        *,
+        key: str | None,
+        message_id: str,
+        headers: Mapping[str, Any] | None = None,
     ) -> NewMessage:
-        """``message`` encoded for ``destination``: its source is the partition key."""
+        """``message`` encoded for ``destination``: its source is the partition key; its
+        headers are ``headers`` and ``message-id`` (which wins over one in ``headers``)."""
         check_id("message id", message_id)
         type_name, payload = self.registry.encode(message)
         return NewMessage(
@@ -181,7 +187,7 @@ class MessageStore:
             source=key if key is not None else message_id,
             type=type_name,
             payload=payload,
-            headers={MESSAGE_ID_HEADER: message_id},
+            headers={**(headers or {}), MESSAGE_ID_HEADER: message_id},
         )
 
     def append_encoded(

@@ -23,7 +23,8 @@ from hypothesis.strategies import SearchStrategy
 from sqlalchemy import Connection, select
 
 from messaging import Distribution, Settings
-from messaging.distribution.ownership import HALTED, Ownership
+from messaging.distribution.ownership import Ownership
+from messaging.states import PartitionStatus
 from messaging.store.store import partition_of
 from projections.testing.battery import BATTERY, Scenario
 from projections.testing.cluster import SimulatedCluster, open_cluster
@@ -309,7 +310,7 @@ class ClusterMachine(RuleBasedStateMachine):
         halted = [
             f"{r.consumer} p{r.partition} at position {r.halted_position}: {r.error}"
             for r in rows
-            if r.status == HALTED
+            if r.status == PartitionStatus.HALTED
         ]
         assert not halted, f"halted after settling: {halted}"
         committed, handled = self._committed(), self._handled()
