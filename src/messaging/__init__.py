@@ -27,9 +27,9 @@ from messaging.plugins import collect_consumers, create_plugin_manager
 from messaging.routing.consumer import route_consumer
 from messaging.runtime.context import HandlerContext, MessageContext
 from messaging.runtime.instance import Instance
-from messaging.runtime.retry import is_ambiguous
 from messaging.settings import Distribution, InvalidSettings, Settings
 from messaging.store.database import Database
+from messaging.store.retry import is_ambiguous
 from messaging.store.store import MessageStore, NewMessage
 from messaging.store.tenancy import UntranslatableStatement
 

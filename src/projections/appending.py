@@ -25,9 +25,9 @@ from sqlalchemy import Connection, func, select
 
 from messaging.errors import ProjectionsError, VersionConflict
 from messaging.messages import MESSAGE_ID_HEADER, MessageRegistry
-from messaging.runtime.retry import for_command, is_ambiguous, retry_transient
 from messaging.settings import ConflictRetrySettings
 from messaging.store.database import Database
+from messaging.store.retry import for_command, is_ambiguous, retry_transient
 from messaging.store.store import MessageStore, NewMessage
 
 _REQUIRED = ("topic", "source", "type", "payload")

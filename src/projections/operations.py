@@ -8,7 +8,7 @@ never one a client claims; ``reason`` is at most :data:`MAX_REASON_LENGTH` chara
 
 A command applied twice is harmless: each call carries a command id, recorded with its
 audit entry in the same transaction. When the acknowledgement of its commit is lost
-(:func:`~messaging.runtime.retry.is_ambiguous`), the retry first looks the id up: if the entry
+(:func:`~messaging.store.retry.is_ambiguous`), the retry first looks the id up: if the entry
 is there, the command took effect and is not applied again (a ``resume --skip-poison``
 skips one message, never two; a rebuild resets once), and its recorded result is returned.
 """
@@ -27,10 +27,10 @@ from sqlalchemy import Connection, delete, insert, select, update
 from messaging.errors import OperationError
 from messaging.routing.consumer import ROUTE_CONSUMER
 from messaging.runtime.lifecycle import lifecycle_event
-from messaging.runtime.retry import for_command, retry_transient
 from messaging.settings import ConflictRetrySettings
 from messaging.states import ConsumerState, PartitionStatus
 from messaging.store.database import Database
+from messaging.store.retry import for_command, retry_transient
 from projections.kinds import PROJECTION
 
 T = TypeVar("T")

@@ -30,9 +30,9 @@ from messaging.messages import Envelope, MessageRegistry
 from messaging.runtime.context import HandlerContext
 from messaging.runtime.dispatch import Dispatcher
 from messaging.runtime.poison import Poison
-from messaging.runtime.retry import is_transient
 from messaging.runtime.worker import ConsumerWorker
 from messaging.store.database import Database
+from messaging.store.retry import is_transient
 from messaging.store.store import StoredRow, check_id, partition_of
 from sagas.context import SagaContext
 from sagas.options import saga_options, starts_saga

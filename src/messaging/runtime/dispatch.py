@@ -9,8 +9,8 @@ from messaging.consumers import ConsumerSpec
 from messaging.messages import MessageRegistry
 from messaging.runtime.context import HandlerContext
 from messaging.runtime.poison import Poison
-from messaging.runtime.retry import is_transient
 from messaging.store.database import Database
+from messaging.store.retry import is_transient
 from messaging.store.store import StoredRow
 
 Handler = tuple[Callable[[Any, int | None], Any], Callable[[Any, HandlerContext], Any]]

@@ -39,11 +39,11 @@ from messaging.runtime.in_memory import InMemoryConsumer
 from messaging.runtime.lifecycle import lifecycle_event
 from messaging.runtime.outage import Outage
 from messaging.runtime.rebalancer import Rebalancer
-from messaging.runtime.retry import report_retry, retry_transient
 from messaging.runtime.worker import ConsumerWorker
 from messaging.settings import ConsumerGroupSettings, Distribution, Settings
 from messaging.states import DeclarationOutcome
 from messaging.store.database import Database
+from messaging.store.retry import report_retry, retry_transient
 from messaging.store.store import MessageStore
 
 log = logging.getLogger("messaging.runtime.instance")

@@ -33,9 +33,9 @@ from messaging.runtime.dispatch import Dispatcher
 from messaging.runtime.lifecycle import lifecycle_event
 from messaging.runtime.outage import Outage
 from messaging.runtime.poison import Poison, halt_partition, isolate
-from messaging.runtime.retry import is_ambiguous, is_transient, report_retry, retry_transient
 from messaging.settings import ConsumerSettings
 from messaging.store.database import Database
+from messaging.store.retry import is_ambiguous, is_transient, report_retry, retry_transient
 from messaging.store.store import MessageStore, StoredRow
 
 log = logging.getLogger("messaging.runtime.worker")

@@ -171,9 +171,9 @@ class Database:
     def prepare(self) -> None:
         """Make the schema ready: created on SQLite, checked on MySQL. Each step is
         idempotent, so a transient error (a lost connection, a Galera node leaving) retries."""
-        from messaging.runtime.retry import retry_transient
         from messaging.settings import ConflictRetrySettings
         from messaging.store.migrations import check_schema, create_sqlite_schema
+        from messaging.store.retry import retry_transient
 
         def attempt() -> None:
             if self.is_sqlite:

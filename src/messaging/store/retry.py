@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     import pluggy
 
 T = TypeVar("T")
-log = logging.getLogger("messaging.runtime.retry")
+log = logging.getLogger("messaging.store.retry")
 
 _MYSQL_LOCKS = {1205: "lock-wait-timeout", 1213: "deadlock"}
 _MYSQL_LOST = {
