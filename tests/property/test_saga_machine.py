@@ -115,3 +115,21 @@ def test_a_deadline_never_delivered_is_caught(monkeypatch: pytest.MonkeyPatch) -
             machine.settle()
     finally:
         machine.teardown()
+
+
+def test_a_deadline_scheduled_again_after_its_delivery_is_a_new_deadline() -> None:
+    """A timer set again, with no delay, after its deadline was delivered is delivered
+    once more: that is a second deadline, not the first delivered twice (CI once reported
+    it as a duplicate when both had the same due time on the manual clock)."""
+    machine = TimersMachine()
+    try:
+        for _ in range(2):  # no time passes between the two but what polling takes
+            machine.append(Append("sim-timers", "timer-0", [TimerSet("timer-0", 0.0)]))
+            machine.poll()  # the saga schedules its deadline for now
+            machine.poll()  # delivered
+        due = [d.due_at for d in machine.cluster.deliveries]
+        assert len(due) == 2 and due[0] < due[1], due
+        machine.deadlines_delivered_at_most_once()
+        machine.every_firing_is_a_committed_delivery()
+    finally:
+        machine.teardown()

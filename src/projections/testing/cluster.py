@@ -87,6 +87,11 @@ class _DiesAtCommit(Ownership):
         raise _ProcessDied
 
 
+POLL_TAKES = 1e-6
+"""Seconds of the manual clock each poll of an instance takes: no two polls share a "now",
+so a saga deadline scheduled again after its delivery never has the due time it had."""
+
+
 class SimulatedCluster:
     """Instances of ``consumers`` sharing ``db`` (whose clock must be a ManualClock)."""
 
@@ -204,6 +209,7 @@ class SimulatedCluster:
         instance, db = self.running[name], self._databases[name]
         db.lose_next_outcome(committed=committed)
         self._lost = 0
+        self.clock.advance(POLL_TAKES)
         try:
             for worker in instance.workers.values():
                 try:
@@ -359,6 +365,7 @@ class SimulatedCluster:
         return sum(self._poll(instance) for instance in self.running.values())
 
     def _poll(self, instance: Instance) -> int:
+        self.clock.advance(POLL_TAKES)
         workers: list[ConsumerWorker] = list(instance.workers.values())
         return sum(worker.poll() for worker in workers)
 
