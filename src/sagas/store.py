@@ -15,20 +15,25 @@ from typing import Any
 import attrs
 from sqlalchemy import (
     Connection,
-    Delete,
+    Executable,
     Select,
-    Update,
     bindparam,
+    case,
     delete,
     func,
     insert,
+    literal_column,
+    or_,
     select,
+    tuple_,
     update,
 )
+from sqlalchemy.dialects import mysql
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.sql.elements import ColumnElement
 
 from messaging.errors import ConcurrentUpdate
+from messaging.store import _fastpath
 from messaging.store.database import Database
 
 _KEY_CHUNK = 500
@@ -57,31 +62,87 @@ class Deadline:
 
 
 class SagaStore:
-    """Reads and writes the saga and deadline rows of one saga consumer."""
+    """Reads and writes the saga and deadline rows of one saga consumer.
+
+    Every write of a batch is one statement for all its rows (a multi-row ``INSERT`` or
+    upsert, a ``DELETE`` of a list of keys), whatever the batch's size: one round trip
+    each on MySQL. Values are bound, times included (the batch's database time, read
+    once), so PyMySQL sends an ``executemany`` of an ``INSERT`` as one multi-row statement.
+    """
 
     def __init__(self, db: Database, saga: str) -> None:
         self.db = db
         self.saga = saga
         self._sagas = db.schema.sagas
         self._deadlines = db.schema.deadlines
-        # The statements run for many rows at once are built once and executed with a list
-        # of parameters: building a statement costs more than running it for one row.
-        d = self._deadlines
-        self._take: Delete = delete(d).where(
-            *self._of_saga(d),
-            d.c.saga_key == bindparam("b_key"),
-            d.c.name == bindparam("b_name"),
-            d.c.due_at == bindparam("b_due_at"),
-        )
-        self._unschedule: Delete = delete(d).where(
-            *self._of_saga(d),
-            d.c.saga_key == bindparam("b_key"),
-            d.c.name == bindparam("b_name"),
-        )
-        self._update: tuple[ColumnElement[float], Update] | None = None
+        # Statements run for many rows at once are built once and executed with a list of
+        # parameters: building a statement costs more than running it for one row.
+        t = self._sagas
+        self._insert_sagas = insert(t)
+        self._insert_deadlines = insert(self._deadlines)
+        self._update, self._updated_per_row = self._update_statement()
+        # Rows per statement that lists them: on SQLite at most 750 parameters, within any
+        # version's limit; on MySQL a whole batch (default 500) in one round trip.
+        self._chunk = 250 if db.is_sqlite else 2_000
 
     def _of_saga(self, table: Any) -> list[ColumnElement[bool]]:
         return [table.c.tenant == self.db.tenant, table.c.saga == self.saga]
+
+    def _update_statement(self) -> tuple[Executable, int]:
+        """The statement that moves stored instances on from the version read, and the row
+        count each row that it updates adds.
+
+        On MySQL a multi-row ``INSERT ... ON DUPLICATE KEY UPDATE`` whose assignments apply
+        only where the stored version is the one read (each such row counts 2; a row whose
+        version moved counts 0 or 1, one deleted meanwhile is inserted and counts 1): one
+        statement, one round trip. Elsewhere an ``UPDATE ... WHERE version = read`` per row
+        (SQLite runs in the process: no round trips to save)."""
+        t = self._sagas
+        if self.db.is_sqlite:
+            return (
+                update(t)
+                .where(
+                    *self._of_saga(t),
+                    t.c.saga_key == bindparam("b_key"),
+                    t.c.version == bindparam("b_next") - 1,
+                )
+                .values(
+                    version=bindparam("b_next"),
+                    state=bindparam("b_state"),
+                    ended=bindparam("b_ended"),
+                    updated_at=bindparam("b_now"),
+                )
+            ), 1
+        upsert = mysql.insert(t).values(
+            tenant=bindparam("b_tenant"),
+            saga=bindparam("b_saga"),
+            saga_key=bindparam("b_key"),
+            version=bindparam("b_next"),
+            state=bindparam("b_state"),
+            ended=bindparam("b_ended"),
+            started_at=bindparam("b_now"),
+            updated_at=bindparam("b_now"),
+        )
+        new = upsert.inserted
+        # No bind outside VALUES (PyMySQL formats only those in a multi-row statement);
+        # MySQL assigns left to right, each seeing the ones before: version goes last.
+        read = t.c.version == new.version - literal_column("1")
+        return upsert.on_duplicate_key_update(
+            [
+                (column.name, case((read, new[column.name]), else_=column))
+                for column in (t.c.state, t.c.ended, t.c.updated_at, t.c.version)
+            ]
+        ), 2
+
+    @staticmethod
+    def _send(conn: Connection, statement: Executable, params: list[dict[str, Any]]) -> int:
+        """Run ``statement`` for every parameter set (straight to the driver once learnt);
+        return the row count."""
+        return _fastpath.execute(conn, statement, params, direct=_fastpath.sends_directly(conn))
+
+    def now(self, conn: Connection) -> float:
+        """The database's time (the clock's), in seconds since the epoch."""
+        return float(conn.execute(select(self.db.clock.now())).scalar_one())
 
     # -- state -------------------------------------------------------------------------
 
@@ -100,106 +161,111 @@ class SagaStore:
                 found[key] = SagaRow(key=key, version=version, state=state, ended=bool(ended))
         return found
 
-    def save(self, conn: Connection, changes: Sequence[tuple[SagaRow, str, bool]]) -> None:
-        """Store each ``(row, state, ended)``: the first version of a new instance, or the
-        next version of a stored one. ConcurrentUpdate if any was started or moved on
-        concurrently (the caller's transaction then rolls back whole, so the statements
-        are batched, one for the new instances and one for the stored ones)."""
-        t = self._sagas
-        now = self.db.clock.now()
+    def save(
+        self, conn: Connection, changes: Sequence[tuple[SagaRow, str, bool]], now: float
+    ) -> None:
+        """Store each ``(row, state, ended)`` as changed at ``now``: the first version of a
+        new instance, or the next version of a stored one. ConcurrentUpdate if any was
+        started or moved on concurrently (the caller's transaction then rolls back whole,
+        so the statements are batched: one for the new instances, one for the stored)."""
         new = [(row, state, ended) for row, state, ended in changes if row.version is None]
         stored = [(row, state, ended) for row, state, ended in changes if row.version is not None]
+        tenant, saga = self.db.tenant, self.saga
         if new:
             try:
-                conn.execute(
-                    insert(t).values(
-                        tenant=self.db.tenant,
-                        saga=self.saga,
-                        started_at=now,
-                        updated_at=now,
-                    ),
+                self._send(
+                    conn,
+                    self._insert_sagas,
                     [
-                        {"saga_key": row.key, "version": 1, "state": state, "ended": ended}
+                        {
+                            "tenant": tenant,
+                            "saga": saga,
+                            "saga_key": row.key,
+                            "version": 1,
+                            "state": state,
+                            "ended": ended,
+                            "started_at": now,
+                            "updated_at": now,
+                        }
                         for row, state, ended in new
                     ],
                 )
             except IntegrityError as exc:
                 keys = ", ".join(row.key for row, _, _ in new[:5])
                 raise ConcurrentUpdate(
-                    f"saga {self.saga}: one of {keys}{'...' if len(new) > 5 else ''} "
+                    f"saga {saga}: one of {keys}{'...' if len(new) > 5 else ''} "
                     "was started concurrently"
                 ) from exc
         if not stored:
             return
-        if self._update is None or self._update[0] is not now:
-            # Rebuilt only if the clock gives another expression (a manual clock's literal).
-            self._update = (
-                now,
-                update(t)
-                .where(
-                    *self._of_saga(t),
-                    t.c.saga_key == bindparam("b_key"),
-                    t.c.version == bindparam("b_read"),
-                )
-                .values(
-                    version=bindparam("b_next"),
-                    state=bindparam("b_state"),
-                    ended=bindparam("b_ended"),
-                    updated_at=now,
-                ),
-            )
-        updated = conn.execute(
-            self._update[1],
-            [
-                {
-                    "b_key": row.key,
-                    "b_read": row.version,
-                    "b_next": row.version + 1,  # type: ignore[operator]
-                    "b_state": state,
-                    "b_ended": ended,
-                }
-                for row, state, ended in stored
-            ],
-        ).rowcount
-        if updated != len(stored):
+        params = [
+            {
+                "b_key": row.key,
+                "b_next": row.version + 1,  # type: ignore[operator]
+                "b_state": state,
+                "b_ended": ended,
+                "b_now": now,
+            }
+            for row, state, ended in stored
+        ]
+        if not self.db.is_sqlite:
+            for p in params:
+                p["b_tenant"], p["b_saga"] = tenant, saga
+        counted = self._send(conn, self._update, params)
+        updated = counted // self._updated_per_row
+        if counted != len(stored) * self._updated_per_row:
             versions = ", ".join(f"{row.key} v{row.version}" for row, _, _ in stored[:5])
             raise ConcurrentUpdate(
-                f"saga {self.saga}: {len(stored) - updated} of {len(stored)} instances changed "
+                f"saga {saga}: {len(stored) - updated} of {len(stored)} instances changed "
                 f"concurrently (read {versions}{'...' if len(stored) > 5 else ''})"
             )
 
     # -- deadlines ---------------------------------------------------------------------
 
-    def schedule(self, conn: Connection, deadlines: Sequence[Deadline]) -> None:
-        """Store ``deadlines``, each replacing one of the same name for the same saga
-        instance (two batched statements, however many there are)."""
+    def schedule(self, conn: Connection, deadlines: Sequence[Deadline], now: float) -> None:
+        """Store ``deadlines`` as scheduled at ``now``; each replaces one of the same name for
+        the same saga instance (two statements, however many there are)."""
         if not deadlines:
             return
-        conn.execute(self._unschedule, [{"b_key": d.key, "b_name": d.name} for d in deadlines])
-        conn.execute(
-            insert(self._deadlines).values(
-                tenant=self.db.tenant, saga=self.saga, scheduled_at=self.db.clock.now()
-            ),
+        self.unschedule(conn, pairs=[(d.key, d.name) for d in deadlines])
+        tenant, saga = self.db.tenant, self.saga
+        self._send(
+            conn,
+            self._insert_deadlines,
             [
                 {
+                    "tenant": tenant,
+                    "saga": saga,
                     "saga_key": d.key,
                     "name": d.name,
                     "partition_no": d.partition,
                     "due_at": d.due_at,
                     "type": d.type,
                     "payload": d.payload,
+                    "scheduled_at": now,
                 }
                 for d in deadlines
             ],
         )
 
-    def cancel(self, conn: Connection, key: str, names: Sequence[str] | None = None) -> None:
-        """Remove the deadlines ``names`` of saga instance ``key`` (all of them when None)."""
+    def unschedule(
+        self,
+        conn: Connection,
+        keys: Sequence[str] = (),
+        pairs: Sequence[tuple[str, str]] = (),
+    ) -> None:
+        """Remove every deadline of the saga instances ``keys`` and those named by
+        ``(key, name)`` ``pairs`` (one statement per chunk of them)."""
         d = self._deadlines
-        where = [*self._of_saga(d), d.c.saga_key == key]
-        if names is not None:
-            where.append(d.c.name.in_(list(names)))
-        conn.execute(delete(d).where(*where))
+        size = self._chunk
+        for start in range(0, max(len(keys), len(pairs)), size):
+            some_keys, some_pairs = keys[start : start + size], pairs[start : start + size]
+            matches = []
+            if some_keys:
+                matches.append(d.c.saga_key.in_(some_keys))
+            if some_pairs:
+                matches.append(tuple_(d.c.saga_key, d.c.name).in_(some_pairs))
+            conn.execute(delete(d).where(*self._of_saga(d), or_(*matches)))
 
     def _due(self, partitions: Sequence[int], until: float | None) -> list[ColumnElement[bool]]:
         """Deadlines of ``partitions`` due now (and by ``until``, when given)."""
@@ -264,14 +330,23 @@ class SagaStore:
         return None if found is None else max(0.0, float(found))
 
     def take(self, conn: Connection, deadlines: Sequence[Deadline]) -> None:
-        """Delete deadlines being delivered (one batched statement); ConcurrentUpdate if any
-        changed since read (the caller's transaction then rolls back whole)."""
-        if not deadlines:
-            return
-        deleted = conn.execute(
-            self._take,
-            [{"b_key": d.key, "b_name": d.name, "b_due_at": d.due_at} for d in deadlines],
-        ).rowcount
+        """Delete deadlines being delivered (one statement per chunk of them, each naming
+        the rows by key, name and due time); ConcurrentUpdate if any is gone or changed
+        since read: the rows deleted must be exactly as many as asked for (the caller's
+        transaction then rolls back whole)."""
+        d = self._deadlines
+        deleted = 0
+        for start in range(0, len(deadlines), self._chunk):
+            chunk = deadlines[start : start + self._chunk]
+            deleted += conn.execute(
+                delete(d).where(
+                    *self._of_saga(d),
+                    d.c.saga_key.in_({x.key for x in chunk}),  # a range of the primary key
+                    tuple_(d.c.saga_key, d.c.name, d.c.due_at).in_(
+                        [(x.key, x.name, x.due_at) for x in chunk]
+                    ),
+                )
+            ).rowcount
         if deleted != len(deadlines):
             names = ", ".join(f"{d.key}/{d.name}" for d in deadlines[:5])
             raise ConcurrentUpdate(

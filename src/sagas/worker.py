@@ -21,7 +21,6 @@ from typing import Any, TypeVar
 
 import attrs
 import cattrs.preconf.json
-from sqlalchemy import select
 
 from messaging.consumers import ConsumerSpec
 from messaging.distribution.ownership import Claim
@@ -127,8 +126,7 @@ class _Batch:
     def now(self) -> float:
         """The database's time, read once per batch."""
         if self._now is None:
-            clock = self.dispatcher.db.clock
-            self._now = float(self.ctx.connection.execute(select(clock.now())).scalar_one())
+            self._now = self.dispatcher.store.now(self.ctx.connection)
         return self._now
 
     def load(self, keys: Any) -> None:
@@ -191,24 +189,36 @@ class _Batch:
         return encoded
 
     def write(self) -> None:
-        """Store every changed instance with its deadlines (ConcurrentUpdate if one moved on)."""
-        store, conn = self.dispatcher.store, self.ctx.connection
+        """Store every changed instance with its deadlines (ConcurrentUpdate if one moved
+        on): one statement per kind of change, whatever the number of instances."""
+        store, conn, now = self.dispatcher.store, self.ctx.connection, self.now
         store.save(
             conn,
             [
                 (self.rows[key], self.encoded[key][0], instance.ended)
                 for key, instance in self.instances.items()
             ],
+            now,
         )
-        scheduled = []
-        for key, instance in self.instances.items():
-            if instance.ended:
-                store.cancel(conn, key)
-                continue
-            if instance.cancelled:
-                store.cancel(conn, key, sorted(instance.cancelled))
-            scheduled.extend(self.encoded[key][1])
-        store.schedule(conn, scheduled)
+        ended = [key for key, instance in self.instances.items() if instance.ended]
+        cancelled = [
+            (key, name)
+            for key, instance in self.instances.items()
+            if not instance.ended
+            for name in sorted(instance.cancelled)
+        ]
+        if ended or cancelled:
+            store.unschedule(conn, ended, cancelled)
+        store.schedule(
+            conn,
+            [
+                deadline
+                for key, instance in self.instances.items()
+                if not instance.ended
+                for deadline in self.encoded[key][1]
+            ],
+            now,
+        )
 
 
 def _no_envelopes() -> dict[int, Envelope]:
