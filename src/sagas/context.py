@@ -1,7 +1,7 @@
 """What a saga handler receives: its instance's state, and ways to end, send and schedule.
 
 :class:`SagaContext` is a :class:`messaging.runtime.context.MessageContext` (the same
-``envelope``, ``connection``, ``execute``, ``send`` and ``append`` as any handler's
+``envelope``, ``connection``, ``execute``, ``upsert``, ``send`` and ``append`` as any handler's
 context) extended with the saga's own: ``key``, ``state``, ``now``, ``end``, ``schedule``
 and ``cancel``.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from sqlalchemy import Connection
+from sqlalchemy import Connection, Table
 from sqlalchemy.sql import Executable
 
 from messaging.errors import ProjectionsError
@@ -94,6 +94,18 @@ class SagaContext(MessageContext):
     def execute(self, statement: Executable, params: Mapping[str, Any] | None = None) -> None:
         """Write to the saga's own tables in the batch's transaction (buffered)."""
         self._ctx.execute(statement, params)
+
+    def upsert(
+        self,
+        table: Table,
+        key: Mapping[str, Any],
+        *,
+        set: Mapping[str, Any] | None = None,
+        add: Mapping[str, Any] | None = None,
+        insert: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Insert or change a row of the saga's own tables (see HandlerContext.upsert)."""
+        self._ctx.upsert(table, key, set=set, add=add, insert=insert)
 
     @property
     def connection(self) -> Connection:

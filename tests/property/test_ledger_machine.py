@@ -65,7 +65,7 @@ class CachedBalances:
 
     @handler
     def opened(self, event: ledger.AccountOpened, ctx: HandlerContext) -> None:
-        ctx.execute(ledger.OPEN_ACCOUNT, {"account": event.account_id, "owner_name": event.owner})
+        ledger.Balances().opened(event, ctx)
 
     @handler
     def deposited(self, event: ledger.Deposited, ctx: HandlerContext) -> None:

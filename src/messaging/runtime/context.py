@@ -6,6 +6,10 @@ read-model writes of a batch cost a few round trips, not one per message. Readin
 :attr:`HandlerContext.connection` sends the buffer first, so a handler always reads
 its own writes.
 
+:meth:`HandlerContext.upsert` inserts or changes a row by its primary key; a batch's
+upserts of one row are folded into one and each table's go as one multi-row statement
+(:mod:`messaging.runtime.upserts`): the fast way to keep counters and totals.
+
 Each run is sent by :func:`messaging.store._fastpath.execute`: through SQLAlchemy the first
 time, then, when SQLAlchemy showed it is plain SQL, straight to the driver.
 
@@ -18,12 +22,13 @@ from __future__ import annotations
 from collections.abc import Callable, KeysView, Mapping
 from typing import Any, Protocol
 
-from sqlalchemy import Connection
+from sqlalchemy import Connection, Table
 from sqlalchemy.sql import Executable
 
 from messaging.errors import ProjectionsError
 from messaging.messages import Envelope
 from messaging.routing.outbox import Outbox
+from messaging.runtime import upserts
 from messaging.store import _fastpath
 from messaging.store.store import NewMessage
 
@@ -47,6 +52,20 @@ class MessageContext(Protocol):
 
     def execute(self, statement: Executable, params: Mapping[str, Any] | None = None) -> None:
         """Run ``statement`` with ``params`` in the batch's transaction (buffered)."""
+        ...
+
+    def upsert(
+        self,
+        table: Table,
+        key: Mapping[str, Any],
+        *,
+        set: Mapping[str, Any] | None = None,
+        add: Mapping[str, Any] | None = None,
+        insert: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Insert the row of ``table`` whose primary key is ``key``, or change it if it
+        exists, in the batch's transaction (buffered, folded per row, one statement per
+        batch; see :meth:`HandlerContext.upsert`)."""
         ...
 
     def send(
@@ -88,6 +107,7 @@ class HandlerContext(MessageContext):
         "_runs",
         "_sent",
         "_statement",
+        "_upserts",
         "cause",
         "immediate",
         "position",
@@ -111,6 +131,7 @@ class HandlerContext(MessageContext):
         self._statement: Executable | None = None
         self._params: list[Mapping[str, Any]] = []
         self._keys: KeysView[str] | None = None
+        self._upserts: list[upserts.Upsert] | None = None
         self.immediate = immediate
         """Send every write at once (used to find which message a failing batch broke on)."""
         self.position = 0
@@ -135,6 +156,8 @@ class HandlerContext(MessageContext):
         """Run ``statement`` with ``params`` in the batch's transaction (buffered)."""
         if params is None:
             params = {}
+        if self._upserts is not None:
+            self._end_upserts()
         # One executemany per run of the same statement with the same parameter names: a
         # set with other names may mean other SQL (defaults, omitted columns).
         if statement is not self._statement or params.keys() != self._keys:
@@ -148,6 +171,41 @@ class HandlerContext(MessageContext):
             self._params = []
             self._keys = params.keys()
         self._params.append(params)
+        if self.immediate:
+            self._flush_writes()
+
+    def upsert(
+        self,
+        table: Table,
+        key: Mapping[str, Any],
+        *,
+        set: Mapping[str, Any] | None = None,
+        add: Mapping[str, Any] | None = None,
+        insert: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Insert the row of ``table`` whose primary key is ``key``, or change it if it
+        exists: ``set`` columns take their values, ``add`` columns are incremented (a new
+        row starts from the amount), ``insert`` columns are written only into a new row
+        (e.g. the NOT NULL columns the other handlers of a table never set). A column is
+        named once; the result is what running the upserts one by one gives.
+
+        Buffered like :meth:`execute`: the batch's upserts of one row are folded into one
+        (integer amounts; others are written one after the other) and each table's are
+        sent as one multi-row statement per shape (``INSERT … ON DUPLICATE KEY UPDATE`` on
+        MySQL/MariaDB, ``INSERT … ON CONFLICT DO UPDATE`` on SQLite). Writes of other
+        statements before and after keep their order. Key values are compared as Python
+        compares them: under a case-insensitive collation, spell a row's key one way.
+        """
+        if self._conn is None:
+            raise ProjectionsError("this consumer is not transactional: it has no database writes")
+        pending = self._upserts
+        if pending is None:
+            if self._statement is not None:
+                self._runs.append((self._statement, self._params))
+                self._statement = None
+                self._params = []
+            pending = self._upserts = []
+        pending.append((table, key, set, add, insert))
         if self.immediate:
             self._flush_writes()
 
@@ -215,7 +273,14 @@ class HandlerContext(MessageContext):
             assert self._outbox is not None and self._conn is not None
             self._outbox.store.append_encoded(self._conn, outgoing)
 
+    def _end_upserts(self) -> None:
+        pending, self._upserts = self._upserts, None
+        assert pending is not None and self._conn is not None
+        self._runs.extend(upserts.runs(pending, self._conn.dialect))
+
     def _flush_writes(self) -> None:
+        if self._upserts is not None:
+            self._end_upserts()
         if self._statement is not None:
             self._runs.append((self._statement, self._params))
             self._statement = None
