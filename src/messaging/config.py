@@ -1,6 +1,8 @@
 """Load :class:`~messaging.settings.Settings` from YAML, failing at start with the key's path.
 
-YAML keys are the settings' field names in kebab-case. Every problem found while
+YAML keys are the settings' field names in kebab-case, and the sections of the
+registered consumer kinds (:func:`messaging.settings.consumer_sections`: a kind's section
+is known once the package defining the kind is imported). Every problem found while
 structuring (unknown key, bad duration, wrong type, unknown enum value) becomes one
 line ``<reason> @ <dotted.kebab.path>``; the start-up rules of
 :func:`messaging.settings.validate` run as the settings are built.
@@ -8,6 +10,7 @@ line ``<reason> @ <dotted.kebab.path>``; the start-up rules of
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -24,8 +27,15 @@ from cattrs.errors import (
 )
 from cattrs.gen import make_dict_structure_fn, make_mapping_structure_fn, override
 
-from messaging.errors import ConfigError
-from messaging.settings import ConsumerOverride, Distribution, InvalidSettings, Settings
+from messaging.errors import ConfigError, RegistrationError
+from messaging.settings import (
+    ConsumerGroupSettings,
+    ConsumerOverride,
+    Distribution,
+    InvalidSettings,
+    Settings,
+    consumer_sections,
+)
 
 __all__ = [
     "ADMIN_TOKEN_ENV",
@@ -69,12 +79,32 @@ def settings_from_mapping(data: Mapping[str, Any]) -> Settings:
     """
     if not isinstance(data, Mapping):
         raise ConfigError(f"{_HEADER}\n  expected a mapping, got {_kind(data)} @ (top level)")
+    sections = tuple(consumer_sections())
     try:
-        settings = _converter.structure(data, Settings)
+        shaped: Any = _converter.structure(data, _file_shape(sections))
     except (ClassValidationError, IterableValidationError) as exc:
         lines = _error_lines(exc, ())
         raise ConfigError(_HEADER + "\n" + "\n".join(f"  {line}" for line in lines)) from None
-    return settings
+    groups = {section: getattr(shaped, section) for section in sections if section in data}
+    own = attrs.asdict(shaped, recurse=False)
+    for section in sections:
+        del own[section]
+    return Settings(**own, consumer_groups=groups)
+
+
+@functools.cache
+def _file_shape(sections: tuple[str, ...]) -> type:
+    """The keys of a settings file: those of :class:`Settings` (but ``consumer_groups``)
+    and one :class:`ConsumerGroupSettings` per section of the registered consumer kinds."""
+    own = {a.name: a for a in attrs.fields(attrs.resolve_types(Settings))}
+    del own["consumer_groups"]
+    taken = [section for section in sections if section in own]
+    if taken:
+        raise RegistrationError(f"consumer kind sections {taken} are names of settings")
+    fields = {name: attrs.field(type=a.type, default=a.default) for name, a in own.items()}
+    for section in sections:
+        fields[section] = attrs.field(type=ConsumerGroupSettings, factory=ConsumerGroupSettings)
+    return attrs.make_class("SettingsFile", fields, frozen=True, kw_only=True)
 
 
 def load_settings(

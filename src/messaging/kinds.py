@@ -11,6 +11,7 @@ a kind's name.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from types import ModuleType
 from typing import Any
@@ -31,8 +32,12 @@ class ConsumerKind:
     article: str
     """How a message names one of them (``"a route consumer"``)."""
     settings_group: str
-    """The settings section (a :class:`~messaging.settings.Settings` attribute) it is
-    configured under."""
+    """The settings section it is configured under: a top-level key of the file, and a
+    key of :attr:`Settings.consumer_groups <messaging.settings.Settings.consumer_groups>`
+    (kinds may share one)."""
+    no_concurrency_limit: str = ""
+    """Why its consumers take no ``concurrency-limit`` (a configured one is refused with
+    this reason); empty: they take one."""
     worker: Callable[..., Any] | None = None
     """The worker class that applies it (a ``ConsumerWorker`` subclass); None: the plain one."""
     transactional: bool = True
@@ -52,11 +57,17 @@ class ConsumerKind:
 
 
 _KINDS: dict[str, ConsumerKind] = {}
+_SECTION = re.compile(r"[a-z][a-z0-9]*")
 
 
 def register_kind(kind: ConsumerKind) -> ConsumerKind:
     """Make ``kind`` known to the engine (again registering an equal kind changes nothing;
     another kind under a taken name is a :class:`RegistrationError`)."""
+    if _SECTION.fullmatch(kind.settings_group) is None:
+        raise RegistrationError(
+            f"consumer kind {kind.value!r}: settings_group {kind.settings_group!r} must be a "
+            "lower-case word (it is a top-level key of the settings file)"
+        )
     existing = _KINDS.get(kind.value)
     if existing is not None and existing != kind:
         raise RegistrationError(f"consumer kind {kind.value!r} is registered already")

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 from messaging.consumers import ConsumerSpec
 from messaging.errors import ConfigError
-from messaging.settings import CONSUMER_GROUPS, Settings
+from messaging.settings import Settings
 
 __all__ = ["check_overrides"]
 
@@ -27,9 +27,8 @@ def check_overrides(settings: Settings, specs: Sequence[ConsumerSpec]) -> None:
     """
     by_name = {spec.name: spec for spec in specs}
     problems: list[str] = []
-    for section in CONSUMER_GROUPS:
-        overrides = getattr(settings, section).consumers
-        for name, override in overrides.items():
+    for section, group in sorted(settings.consumer_groups.items()):
+        for name, override in group.consumers.items():
             key = f"{section}.consumers.{name}"
             spec = by_name.get(name)
             if spec is None:

@@ -17,6 +17,7 @@ from decimal import Decimal
 import attrs
 
 from messaging.errors import ConfigError
+from messaging.kinds import registered_kinds
 
 __all__ = [
     "AdminSettings",
@@ -29,6 +30,7 @@ __all__ = [
     "InvalidSettings",
     "MessagingSettings",
     "Settings",
+    "consumer_sections",
     "format_duration",
     "validate",
 ]
@@ -114,7 +116,7 @@ class ConsumerOverride:
 
 @attrs.frozen(kw_only=True)
 class ConsumerGroupSettings:
-    """Settings of one kind of consumer (projections, routing or sagas).
+    """The settings section of a kind of consumer (its ``ConsumerKind.settings_group``).
 
     :ivar distribution: Default distribution mode of every consumer in the group.
     :ivar consumers: Overrides by consumer name.
@@ -152,8 +154,10 @@ class AdminSettings:
     allowed_hosts: tuple[str, ...] = ()
 
 
-CONSUMER_GROUPS = ("projections", "routing", "sagas")
-"""The settings sections of the consumer kinds (the ``settings_group`` a kind names)."""
+def consumer_sections() -> list[str]:
+    """The settings sections of the registered consumer kinds (their ``settings_group``),
+    sorted: the top-level keys a file may use besides those of :class:`Settings`."""
+    return sorted({kind.settings_group for kind in registered_kinds()})
 
 
 @attrs.frozen(kw_only=True)
@@ -165,32 +169,30 @@ class Settings:
         read models are the tenant's own tables (``<tenant>__<name>`` unless ``default``).
     :ivar table_prefix: Prefix of every table name (``table-prefix``).
     :ivar messaging: Settings shared by every consumer.
-    :ivar projections: Projection consumers.
-    :ivar routing: Route consumers.
-    :ivar sagas: Sagas.
     :ivar plugins: Modules to load as plugins beside the application's (e.g. telemetry).
     :ivar admin: Access to the admin server.
+    :ivar consumer_groups: The configured sections of the consumer kinds, by section name
+        (``projections``, ``routing``, ``sagas``, ... as the registered kinds name them;
+        top-level keys in a file). :meth:`group` gives the defaults of one not configured.
     """
 
     database: str = "sqlite:///projections.db"
     tenant: str = "default"
     table_prefix: str = "prj_"
     messaging: MessagingSettings = attrs.field(factory=MessagingSettings)
-    projections: ConsumerGroupSettings = attrs.field(factory=ConsumerGroupSettings)
-    routing: ConsumerGroupSettings = attrs.field(factory=ConsumerGroupSettings)
-    sagas: ConsumerGroupSettings = attrs.field(factory=ConsumerGroupSettings)
     plugins: tuple[str, ...] = ()
     admin: AdminSettings = attrs.field(factory=AdminSettings)
+    consumer_groups: dict[str, ConsumerGroupSettings] = attrs.field(factory=dict)
 
     def __attrs_post_init__(self) -> None:
         """Settings built in code obey the same start-up rules as a YAML file."""
         validate(self)
 
+    def group(self, section: str) -> ConsumerGroupSettings:
+        """The settings of the consumer kinds configured under ``section``."""
+        return self.consumer_groups.get(section) or ConsumerGroupSettings()
 
-_NO_CONCURRENCY_LIMIT = {
-    "routing": "route consumers have no concurrency limit (only projections do)",
-    "sagas": "a saga is applied in one lane per instance (only projections have a limit)",
-}
+
 #: The shortest admin token accepted: shorter ones are guessable.
 MIN_ADMIN_TOKEN_LENGTH = 16
 _ADMIN_TOKEN = re.compile(r"[\x21-\x7e]+")  # printable ASCII without spaces: one header value
@@ -293,17 +295,7 @@ def _problems(settings: Settings) -> list[str]:
     if retry.max_retries < 0:
         problems.append(f"{p}conflict-retry.max-retries ({retry.max_retries}) must be 0 or more")
 
-    for group_key in CONSUMER_GROUPS:
-        group: ConsumerGroupSettings = getattr(settings, group_key)
-        for name, override in group.consumers.items():
-            limit = override.concurrency_limit
-            key = f"{group_key}.consumers.{name}.concurrency-limit"
-            if limit is not None and group_key in _NO_CONCURRENCY_LIMIT:
-                problems.append(
-                    f"{key} ({limit}) is not supported: {_NO_CONCURRENCY_LIMIT[group_key]}"
-                )
-            elif limit is not None and limit < 1:
-                problems.append(f"{key} ({limit}) must be 1 or more")
+    problems += _group_problems(settings)
 
     if not settings.database.strip():
         problems.append("database must not be empty")
@@ -315,6 +307,30 @@ def _problems(settings: Settings) -> list[str]:
             "by at most 20 letters, digits or underscores"
         )
     return problems + _admin_problems(settings.admin)
+
+
+def _group_problems(settings: Settings) -> list[str]:
+    problems: list[str] = []
+    sections = consumer_sections()
+    no_limit = {
+        kind.settings_group: kind.no_concurrency_limit
+        for kind in registered_kinds()
+        if kind.no_concurrency_limit
+    }
+    for section, group in sorted(settings.consumer_groups.items()):
+        if section not in sections:
+            problems.append(
+                f"{section}: no consumer kind is configured under this section "
+                f"(sections: {', '.join(sections)})"
+            )
+        for name, override in group.consumers.items():
+            limit = override.concurrency_limit
+            key = f"{section}.consumers.{name}.concurrency-limit"
+            if limit is not None and section in no_limit:
+                problems.append(f"{key} ({limit}) is not supported: {no_limit[section]}")
+            elif limit is not None and limit < 1:
+                problems.append(f"{key} ({limit}) must be 1 or more")
+    return problems
 
 
 def _admin_problems(admin: AdminSettings) -> list[str]:

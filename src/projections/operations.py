@@ -110,7 +110,6 @@ class _Recorded(Exception):
 
 def _once(
     db: Database,
-    consumer: str,
     command: str,
     body: Callable[[Connection, str], T],
     recorded: Callable[[dict[str, Any]], T],
@@ -119,22 +118,15 @@ def _once(
     on transient errors; after one of unknown outcome, first look for the audit entry:
     found, the command is not applied again and ``recorded(its detail)`` is returned."""
     command_id = uuid.uuid4().hex
-    a = db.schema.audit
 
     def attempt() -> T:
         with db.transaction() as conn:
             return body(conn, command_id)
 
     def reread(_error: BaseException) -> None:
-        with db.read() as conn:
-            for detail in conn.execute(
-                select(a.c.detail).where(
-                    a.c.tenant == db.tenant,
-                    a.c.consumer == consumer,
-                    a.c.detail.like(f"%{command_id}%"),
-                )
-            ).scalars():
-                raise _Recorded(json.loads(detail))
+        detail = recorded_detail(db, command_id)
+        if detail is not None:
+            raise _Recorded(detail)
 
     try:
         return retry_transient(
@@ -142,6 +134,17 @@ def _once(
         )
     except _Recorded as found:
         return recorded(found.detail)
+
+
+def recorded_detail(db: Database, command_id: str) -> dict[str, Any] | None:
+    """The detail of the audit entry of command ``command_id``, or None when there is none
+    (an equality lookup on the indexed ``command_id`` column)."""
+    a = db.schema.audit
+    with db.read() as conn:
+        detail = conn.execute(
+            select(a.c.detail).where(a.c.tenant == db.tenant, a.c.command_id == command_id)
+        ).scalar_one_or_none()
+    return None if detail is None else dict(json.loads(detail))
 
 
 def _audit(
@@ -154,7 +157,6 @@ def _audit(
     command_id: str,
 ) -> None:
     lifecycle_event(command.replace(" --", "-"), consumer=consumer, who=who, **detail)
-    detail = {**detail, "command_id": command_id}
     conn.execute(
         insert(db.schema.audit).values(
             tenant=db.tenant,
@@ -163,6 +165,7 @@ def _audit(
             command=command,
             consumer=consumer,
             detail=json.dumps(detail, sort_keys=True),
+            command_id=command_id,
         )
     )
 
@@ -181,7 +184,7 @@ def pause(db: Database, consumer: str, *, who: str, reason: str = "") -> None:
         _fence_all(db, conn, consumer)
         _audit(db, conn, "pause", consumer, who, {"reason": reason}, command_id)
 
-    _once(db, consumer, "pause", body, lambda _detail: None)
+    _once(db, "pause", body, lambda _detail: None)
 
 
 def resume(
@@ -240,7 +243,7 @@ def resume(
         _audit(db, conn, command, consumer, who, {"reason": reason, "halted": halted}, command_id)
         return halted
 
-    return _once(db, consumer, "resume", body, lambda detail: list(detail["halted"]))
+    return _once(db, "resume", body, lambda detail: list(detail["halted"]))
 
 
 def rebuild(db: Database, consumer: str, *, who: str, reason: str = "") -> None:
@@ -262,7 +265,7 @@ def rebuild(db: Database, consumer: str, *, who: str, reason: str = "") -> None:
         _fence_all(db, conn, consumer)
         _audit(db, conn, "rebuild", consumer, who, {"reason": reason, "was": state}, command_id)
 
-    _once(db, consumer, "rebuild", body, lambda _detail: None)
+    _once(db, "rebuild", body, lambda _detail: None)
 
 
 def forget_processed(
@@ -294,25 +297,30 @@ def forget_processed(
         _audit(db, conn, "forget-processed", consumer, who, detail, command_id)
         return int(forgotten)
 
-    return _once(db, consumer, "forget-processed", body, lambda detail: int(detail["forgotten"]))
+    return _once(db, "forget-processed", body, lambda detail: int(detail["forgotten"]))
 
 
 def audit_log(db: Database, consumer: str | None = None) -> list[dict[str, Any]]:
-    """Recorded operator commands, oldest first."""
+    """Recorded operator commands, oldest first, each with its ``command_id`` (entries
+    written before schema V9 keep it inside their detail: it is taken from there)."""
     a = db.schema.audit
-    query = select(a.c.at, a.c.who, a.c.command, a.c.consumer, a.c.detail).where(
+    query = select(a.c.at, a.c.who, a.c.command, a.c.consumer, a.c.detail, a.c.command_id).where(
         a.c.tenant == db.tenant
     )
     if consumer is not None:
         query = query.where(a.c.consumer == consumer)
+    entries = []
     with db.read() as conn:
-        return [
-            {
-                "at": r.at,
-                "who": r.who,
-                "command": r.command,
-                "consumer": r.consumer,
-                "detail": json.loads(r.detail or "{}"),
-            }
-            for r in conn.execute(query.order_by(a.c.id))
-        ]
+        for r in conn.execute(query.order_by(a.c.id)):
+            detail = json.loads(r.detail or "{}")
+            entries.append(
+                {
+                    "at": r.at,
+                    "who": r.who,
+                    "command": r.command,
+                    "consumer": r.consumer,
+                    "detail": detail,
+                    "command_id": r.command_id or detail.pop("command_id", None),
+                }
+            )
+    return entries

@@ -12,6 +12,8 @@ SAGA = register_kind(
         value="saga",
         article="a saga",
         settings_group="sagas",
+        no_concurrency_limit="a saga is applied in one lane per instance (only projections "
+        "have a limit)",
         worker=SagaWorker,
         tables=saga_tables,
         hookspecs=hookspecs,

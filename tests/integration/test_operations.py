@@ -17,7 +17,7 @@ from messaging.errors import OperationError
 from messaging.settings import ConsumerSettings
 from messaging.store.clock import ManualClock
 from projections import projection
-from projections.operations import audit_log, pause, rebuild, resume
+from projections.operations import audit_log, pause, rebuild, recorded_detail, resume
 from projections.reports import consumers_report
 from projections.testing import SimulatedCluster
 
@@ -172,3 +172,33 @@ def test_unknown_consumers_and_invalid_transitions_are_refused(cluster: Simulate
     with pytest.raises(OperationError, match="no halted partition to skip"):
         resume(db, "ops-notes", who="x", skip_poison=True)
     assert audit_log(db) == []
+
+
+def test_a_retried_command_finds_its_entry_by_the_indexed_command_id_column(db: Database) -> None:
+    """The retry's lookup reads the ``command_id`` column (an id only inside an entry's detail,
+    as written before schema V9, is not searched), by an equality the index answers; the
+    audit log shows both kinds of entry with their id."""
+    a = db.schema.audit
+    entry = {"tenant": db.tenant, "at": 0.0, "who": "ops", "command": "pause", "consumer": "c"}
+    with db.transaction() as conn:
+        conn.execute(
+            insert(a),
+            [
+                {**entry, "detail": json.dumps({"command_id": "old-id"}), "command_id": None},
+                {**entry, "detail": json.dumps({"reason": "r"}), "command_id": "new-id"},
+            ],
+        )
+    assert recorded_detail(db, "new-id") == {"reason": "r"}
+    assert recorded_detail(db, "old-id") is None
+    assert [(e["command_id"], e["detail"]) for e in audit_log(db, "c")] == [
+        ("old-id", {}),
+        ("new-id", {"reason": "r"}),
+    ]
+    lookup = select(a.c.detail).where(a.c.tenant == db.tenant, a.c.command_id == "new-id")
+    sql = str(lookup.compile(db.engine, compile_kwargs={"literal_binds": True}))
+    with db.read() as conn:
+        if db.is_sqlite:
+            plan = [str(row[-1]) for row in conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {sql}")]
+        else:
+            plan = [str(row.key) for row in conn.exec_driver_sql(f"EXPLAIN {sql}")]
+    assert any(f"{db.schema.prefix}ix_audit_command" in step for step in plan), plan

@@ -5,7 +5,6 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -88,9 +87,8 @@ def test_an_override_that_fits_no_consumer_fails_the_start(db: Database, case: s
     """The error names the full key path and the closest declared name or the right section;
     the failed start leaves no instance registered."""
     section, name, expected = WRONG[case]
-    sections: dict[str, Any] = {section: _group(**{name: SINGLE})}
     with pytest.raises(ConfigError) as info:
-        _start(db, Settings(**sections))
+        _start(db, Settings(consumer_groups={section: _group(**{name: SINGLE})}))
     assert expected in str(info.value)
     with db.read() as conn:
         assert conn.execute(db.schema.instances.select()).all() == []
@@ -101,11 +99,13 @@ def test_overrides_of_declared_consumers_start(db: Database) -> None:
     _start(
         db,
         Settings(
-            projections=_group(
-                **{"ledger-balances": ConsumerOverride(concurrency_limit=2, distribution=None)}
-            ),
-            routing=_group(**{"ledger-accounts": SINGLE}),
-            sagas=_group(**{"ledger-transfers": SINGLE}),
+            consumer_groups={
+                "projections": _group(
+                    **{"ledger-balances": ConsumerOverride(concurrency_limit=2, distribution=None)}
+                ),
+                "routing": _group(**{"ledger-accounts": SINGLE}),
+                "sagas": _group(**{"ledger-transfers": SINGLE}),
+            }
         ),
     )
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import textwrap
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -12,8 +12,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from messaging import kinds
 from messaging.config import load_settings, parse_duration, settings_from_mapping
-from messaging.errors import ConfigError
+from messaging.errors import ConfigError, RegistrationError
 from messaging.settings import (
     ConflictRetrySettings,
     ConsumerGroupSettings,
@@ -84,8 +85,10 @@ def test_defaults_match_the_design() -> None:
     assert (c.batch_size, c.idle_poll_interval) == (500, 0.2)
     assert c.executor == ExecutorSettings(max_workers=8)
     assert c.conflict_retry == ConflictRetrySettings(max_retries=5, max_delay=1.0)
-    for group in (s.projections, s.routing, s.sagas):
-        assert group == ConsumerGroupSettings(distribution=Distribution.PARTITIONED, consumers={})
+    for section in ("projections", "routing", "sagas"):
+        assert s.group(section) == ConsumerGroupSettings(
+            distribution=Distribution.PARTITIONED, consumers={}
+        )
     assert settings_from_mapping({}) == s
     validate(s)
 
@@ -116,17 +119,19 @@ def test_design_example_file_loads(tmp_path: Path) -> None:
                 conflict_retry=ConflictRetrySettings(max_retries=5, max_delay=1.0),
             )
         ),
-        projections=ConsumerGroupSettings(
-            distribution=Distribution.PARTITIONED,
-            consumers={
-                "ledger-totals": ConsumerOverride(
-                    distribution=Distribution.SINGLE_OWNER, concurrency_limit=1
-                )
-            },
-        ),
-        routing=ConsumerGroupSettings(
-            consumers={"audit": ConsumerOverride(distribution=Distribution.SINGLE_OWNER)}
-        ),
+        consumer_groups={
+            "projections": ConsumerGroupSettings(
+                distribution=Distribution.PARTITIONED,
+                consumers={
+                    "ledger-totals": ConsumerOverride(
+                        distribution=Distribution.SINGLE_OWNER, concurrency_limit=1
+                    )
+                },
+            ),
+            "routing": ConsumerGroupSettings(
+                consumers={"audit": ConsumerOverride(distribution=Distribution.SINGLE_OWNER)}
+            ),
+        },
     )
 
 
@@ -153,7 +158,7 @@ def test_non_default_values_are_read(tmp_path: Path) -> None:
     assert s.messaging.consumer.stale_instance_timeout == 60.0
     assert s.messaging.consumer.batch_size == 50
     assert s.messaging.consumer.executor.max_workers == 2
-    assert s.sagas.distribution is Distribution.SINGLE_OWNER
+    assert s.group("sagas").distribution is Distribution.SINGLE_OWNER
 
 
 def test_empty_file_gives_defaults(tmp_path: Path) -> None:
@@ -376,8 +381,7 @@ def _with_retry(**changes: Any) -> Settings:
 
 def _with_override(group: str, limit: int) -> Settings:
     overrides = ConsumerGroupSettings(consumers={"x": ConsumerOverride(concurrency_limit=limit)})
-    changes: dict[str, Any] = {group: overrides}
-    return attrs.evolve(Settings(), **changes)
+    return Settings(consumer_groups={group: overrides})
 
 
 @pytest.mark.parametrize(
@@ -681,12 +685,13 @@ def test_concurrency_limit_for_returns_override_or_none() -> None:
 def test_overrides_from_the_design_example(tmp_path: Path) -> None:
     """The example file's overrides are visible through the lookup methods."""
     s = load_settings(_write(tmp_path, FULL_EXAMPLE), environ={})
-    assert s.projections.distribution_for("ledger-totals") is Distribution.SINGLE_OWNER
-    assert s.projections.concurrency_limit_for("ledger-totals") == 1
-    assert s.projections.distribution_for("other") is Distribution.PARTITIONED
-    assert s.routing.distribution_for("audit") is Distribution.SINGLE_OWNER
-    assert s.routing.concurrency_limit_for("audit") is None
-    assert s.sagas.distribution_for("anything") is Distribution.PARTITIONED
+    projections, routing = s.group("projections"), s.group("routing")
+    assert projections.distribution_for("ledger-totals") is Distribution.SINGLE_OWNER
+    assert projections.concurrency_limit_for("ledger-totals") == 1
+    assert projections.distribution_for("other") is Distribution.PARTITIONED
+    assert routing.distribution_for("audit") is Distribution.SINGLE_OWNER
+    assert routing.concurrency_limit_for("audit") is None
+    assert s.group("sagas").distribution_for("anything") is Distribution.PARTITIONED
 
 
 def test_plugins_are_a_list_of_module_names() -> None:
@@ -734,3 +739,60 @@ def test_bad_admin_settings_name_their_key_and_never_the_token(tmp_path: Path) -
     assert settings_from_mapping(
         {"admin": {"allowed-hosts": ["admin.example.com", "proxy:8443", "[::1]:9000"]}}
     ).admin.allowed_hosts == ("admin.example.com", "proxy:8443", "[::1]:9000")
+
+
+# --- the sections of the consumer kinds --------------------------------------------------
+
+
+@pytest.fixture
+def auditors(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """A consumer kind of the test's own, registered for the test only."""
+    monkeypatch.setattr(kinds, "_KINDS", dict(kinds._KINDS))
+    kinds.register_kind(
+        kinds.ConsumerKind(
+            value="auditor",
+            article="an auditor",
+            settings_group="audits",
+            no_concurrency_limit="auditors run in one lane",
+        )
+    )
+    yield
+
+
+def test_a_kind_brings_its_section_to_the_file(auditors: None) -> None:
+    """A registered kind's section is a top-level key, checked like the built-in ones."""
+    s = settings_from_mapping({"audits": {"distribution": "single-owner"}})
+    assert s.group("audits").distribution is Distribution.SINGLE_OWNER
+    assert s.consumer_groups == {"audits": s.group("audits")}
+    assert _problem_lines(_config_error({"audits": {"distribution": "one"}})) == [
+        "invalid value 'one', expected one of partitioned, single-owner @ audits.distribution"
+    ]
+    limited = {"audits": {"consumers": {"x": {"concurrency-limit": 2}}}}
+    assert _problem_lines(_config_error(limited)) == [
+        "audits.consumers.x.concurrency-limit (2) is not supported: auditors run in one lane"
+    ]
+
+
+def test_a_section_no_kind_registered_is_unknown() -> None:
+    """Without its kind a section is an unknown key in a file, and refused in code."""
+    assert _problem_lines(_config_error({"audits": {}})) == ["unknown key 'audits' @ (top level)"]
+    with pytest.raises(ConfigError) as info:
+        Settings(consumer_groups={"projection": ConsumerGroupSettings()})
+    assert _problem_lines(str(info.value)) == [
+        "projection: no consumer kind is configured under this section "
+        "(sections: projections, routing, sagas)"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("section", "error"),
+    [("audit_log", "must be a lower-case word"), ("tenant", "are names of settings")],
+)
+def test_a_kind_section_must_be_a_free_top_level_key(
+    monkeypatch: pytest.MonkeyPatch, section: str, error: str
+) -> None:
+    """A section that could not be a key of its own in the file is refused."""
+    monkeypatch.setattr(kinds, "_KINDS", dict(kinds._KINDS))
+    with pytest.raises(RegistrationError, match=error):
+        kinds.register_kind(kinds.ConsumerKind(value="k", article="a k", settings_group=section))
+        settings_from_mapping({})

@@ -37,6 +37,7 @@ ROUTE_CONSUMER = register_kind(
         value="route-consumer",
         article="a route consumer",
         settings_group="routing",
+        no_concurrency_limit="route consumers have no concurrency limit (only projections do)",
         records_handled_ids=True,
     )
 )

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+from typing import Any
 
 import attrs
 from sqlalchemy import Connection, and_, insert, inspect, or_, select, update
@@ -188,6 +189,21 @@ def _record(
         table.c.partitions,
     ).where(*where)
     row = conn.execute(current.with_for_update()).first()
+
+    def outcome(found: DeclarationOutcome, event: str = "", **fields: Any) -> Declared:
+        """The declaration ``found``; a WARNING lifecycle ``event`` with ``fields`` if named."""
+        if event:
+            lifecycle_event(
+                event,
+                level=logging.WARNING,
+                consumer=spec.name,
+                instance=instance_name,
+                instance_id=instance_id,
+                declaration=fingerprint,
+                **fields,
+            )
+        return Declared(consumer=spec.name, outcome=found, fingerprint=fingerprint)
+
     if row is None:
         try:
             with conn.begin_nested():
@@ -196,15 +212,11 @@ def _record(
             row = conn.execute(current.with_for_update()).one()
         else:
             ownership.ensure_partitions(conn, spec.name, spec.partitions)
-            return Declared(
-                consumer=spec.name, outcome=DeclarationOutcome.CREATED, fingerprint=fingerprint
-            ), False
+            return outcome(DeclarationOutcome.CREATED), False
     if row.fingerprint == fingerprint and row.state != ConsumerState.REBUILDING:
         conn.execute(update(table).where(*where).values(distribution=distribution.value))
         ownership.ensure_partitions(conn, spec.name, spec.partitions)
-        return Declared(
-            consumer=spec.name, outcome=DeclarationOutcome.UNCHANGED, fingerprint=fingerprint
-        ), False
+        return outcome(DeclarationOutcome.UNCHANGED), False
     retired: list[str] = json.loads(row.retired_fingerprints or "[]")
     rolling_back = fingerprint in retired and row.fingerprint != fingerprint
     if rolling_back and row.state != ConsumerState.REBUILD_REQUESTED:
@@ -213,18 +225,11 @@ def _record(
             if row.previous_fingerprint == fingerprint
             else "a declaration older than the previous one"
         )
-        lifecycle_event(
+        return outcome(
+            DeclarationOutcome.STALE,
             "declaration-mismatch",
-            level=logging.WARNING,
-            consumer=spec.name,
-            instance=instance_name,
-            instance_id=instance_id,
-            declaration=fingerprint,
             current=row.fingerprint,
             reason=f"this instance runs {which}; applying nothing until restarted",
-        )
-        return Declared(
-            consumer=spec.name, outcome=DeclarationOutcome.STALE, fingerprint=fingerprint
         ), False
     previous = row.previous_fingerprint if row.fingerprint == fingerprint else row.fingerprint
     if row.fingerprint != fingerprint:
@@ -247,29 +252,12 @@ def _record(
             )
         )
         ownership.ensure_partitions(conn, spec.name, spec.partitions)
-        lifecycle_event(
+        return outcome(
+            DeclarationOutcome.REDECLARED,
             "redeclared",
-            level=logging.WARNING,
-            consumer=spec.name,
-            instance=instance_name,
-            instance_id=instance_id,
-            declaration=fingerprint,
             previous=row.fingerprint,
             reason=f"new declaration; checkpoints kept ({spec.kind.article} is never rebuilt)",
-        )
-        return Declared(
-            consumer=spec.name, outcome=DeclarationOutcome.REDECLARED, fingerprint=fingerprint
         ), False
-    lifecycle_event(
-        "rebuild",
-        level=logging.WARNING,
-        consumer=spec.name,
-        instance=instance_name,
-        instance_id=instance_id,
-        declaration=fingerprint,
-        previous=row.fingerprint,
-        reason="rolling back: rebuild requested" if rolling_back else "new declaration",
-    )
     conn.execute(
         update(table)
         .where(*where)
@@ -280,8 +268,11 @@ def _record(
         )
     )
     ownership.reset(conn, spec.name, spec.partitions, owner=instance_id)
-    return Declared(
-        consumer=spec.name, outcome=DeclarationOutcome.REBUILT, fingerprint=fingerprint
+    return outcome(
+        DeclarationOutcome.REBUILT,
+        "rebuild",
+        previous=row.fingerprint,
+        reason="rolling back: rebuild requested" if rolling_back else "new declaration",
     ), True
 
 

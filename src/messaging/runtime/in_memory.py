@@ -13,18 +13,13 @@ import threading
 import traceback
 from typing import Any
 
-import pluggy
-
-from messaging.consumers import ConsumerSpec
 from messaging.errors import OperationError
-from messaging.messages import Envelope, MessageRegistry
+from messaging.messages import Envelope
 from messaging.runtime.context import HandlerContext
 from messaging.runtime.failures import last_frames
 from messaging.runtime.poison import Poison
 from messaging.runtime.worker import Worker
-from messaging.settings import ConsumerSettings
 from messaging.states import CopyState
-from messaging.store.database import Database
 
 log = logging.getLogger(__name__)
 
@@ -36,32 +31,18 @@ class InMemoryOperationError(OperationError):
 
 
 class InMemoryWorker(Worker):
-    """Applies an in-memory consumer whole, from the start of its topics, in this process."""
+    """Applies an in-memory consumer whole, from the start of its topics, in this process.
 
-    def __init__(
-        self,
-        *,
-        db: Database,
-        spec: ConsumerSpec,
-        instance_id: str,
-        settings: ConsumerSettings,
-        hooks: pluggy.HookRelay,
-        registry: MessageRegistry,
-    ) -> None:
-        super().__init__(
-            db=db,
-            spec=spec,
-            instance_id=instance_id,
-            settings=settings,
-            hooks=hooks,
-            registry=registry,
-        )
-        self.position = 0
-        self.halted: str | None = None
-        self.trace: str | None = None
-        """Where the handler failed (the last frames of its traceback), while halted."""
-        self.halted_message: dict[str, Any] | None = None
-        """The poison message's position, type and error, while halted."""
+    It starts with the state below (class defaults, replaced per copy as it runs)."""
+
+    position: int = 0
+    """The position of the last message applied."""
+    halted: str | None = None
+    """Why the copy stopped (position, type and error of the poison message), while halted."""
+    trace: str | None = None
+    """Where the handler failed (the last frames of its traceback), while halted."""
+    halted_message: dict[str, Any] | None = None
+    """The poison message's position, type and error, while halted."""
 
     @property
     def target(self) -> Any:
@@ -120,11 +101,13 @@ class InMemoryConsumer(InMemoryWorker):
     A command waits for the batch in flight; the copies on other instances are untouched.
     """
 
+    paused: bool = False
+    """Whether an operator paused this copy."""
+
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self._registry = kwargs["registry"]
-        self.paused = False
         self._lock = threading.Lock()
+        """Held by a poll and by a command: a command waits for the batch in flight."""
 
     def poll(self) -> int:
         """Apply the next batch unless paused; see :meth:`InMemoryWorker.poll`."""
@@ -185,7 +168,7 @@ class InMemoryConsumer(InMemoryWorker):
         """Start over: a new consumer object replays from the start of its topics (a
         paused copy stays paused)."""
         with self._lock:
-            self.dispatcher = self.dispatcher_class(self.spec, self._registry, self.db)
+            self.dispatcher = self.dispatcher_class(self.spec, self.store.registry, self.db)
             self.position = 0
             self.halted = self.trace = self.halted_message = None
             return {}

@@ -115,8 +115,7 @@ class Instance:
         """Where this instance's admin endpoints answer, if it serves them (published)."""
 
     def _group(self, spec: ConsumerSpec) -> ConsumerGroupSettings:
-        group: ConsumerGroupSettings = getattr(self.settings, spec.kind.settings_group)
-        return group
+        return self.settings.group(spec.kind.settings_group)
 
     def distribution(self, spec: ConsumerSpec) -> Distribution:
         """The configured distribution of a consumer."""

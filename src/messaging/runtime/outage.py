@@ -15,7 +15,7 @@ from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 
 from messaging.store.nodes import NOT_PRIMARY
 
-__all__ = ["Outage", "is_unreachable"]
+__all__ = ["Failing", "Outage", "is_unreachable"]
 
 log = logging.getLogger("messaging.runtime.outage")
 
@@ -48,6 +48,11 @@ def is_unreachable(exc: BaseException) -> bool:
     return isinstance(exc, InterfaceError) or any(f in text for f in _SQLITE_UNREACHABLE)
 
 
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc.orig if isinstance(exc, DBAPIError) else exc).splitlines()
+    return lines[0] if lines else ""
+
+
 class Outage:
     """The reachability of the database as one loop (or several sharing it) sees it.
 
@@ -75,13 +80,12 @@ class Outage:
         with self._lock:
             if self._since is None:
                 self._since = time.monotonic()
-                first = str(exc.orig if isinstance(exc, DBAPIError) else exc).splitlines()
                 log.warning(
                     "%s: %s unreachable (%s: %s); retrying quietly until it is back",
                     self.who,
                     self.what,
                     type(exc).__name__,
-                    first[0] if first else "",
+                    _first_line(exc),
                 )
         return True
 
@@ -94,3 +98,34 @@ class Outage:
         if since is not None:  # another thread may have logged it meanwhile
             lasted = time.monotonic() - since
             log.info("%s: %s reachable again after %.1f s", self.who, self.what, lasted)
+
+
+class Failing:
+    """A job of one loop that may fail again and again, logged by its edges like an
+    :class:`Outage`: one WARNING with the first error (no traceback) and what happens
+    meanwhile, one INFO when the job works again."""
+
+    def __init__(self, who: str, job: str, meanwhile: str) -> None:
+        self.who = who
+        self.job = job
+        self.meanwhile = meanwhile
+        self._failing = False
+
+    def failed(self, exc: BaseException) -> None:
+        """Record a failure; the first of a row is logged."""
+        if not self._failing:
+            self._failing = True
+            log.warning(
+                "%s: %s failed (%s: %s); %s",
+                self.who,
+                self.job,
+                type(exc).__name__,
+                _first_line(exc),
+                self.meanwhile,
+            )
+
+    def succeeded(self) -> None:
+        """Record a success; logs once that the job works again, if it failed."""
+        if self._failing:
+            self._failing = False
+            log.info("%s: %s works again", self.who, self.job)

@@ -25,6 +25,7 @@ from messaging.runtime.declarations import (
     perform_requested_rebuild,
 )
 from messaging.runtime.lifecycle import lifecycle_event
+from messaging.runtime.outage import Failing
 from messaging.states import ConsumerState
 
 if TYPE_CHECKING:
@@ -55,6 +56,9 @@ class Rebalancer:
         self._awaited: dict[str, int] = {}
         """Partitions of each consumer assigned here but still held by live peers."""
         self._awaiting_since: float | None = None
+        self._pulse_failing = Failing(
+            f"instance {instance.name}", "reading the pulse", "rebalancing at the regular interval"
+        )
 
     def rebalance(self) -> None:
         """Compute the target from the database rows; release what moved away, claim the rest.
@@ -213,13 +217,18 @@ class Rebalancer:
     def _changed(self) -> bool:
         """Whether the pulse moved since the last round read it (see
         :mod:`messaging.distribution.pulse`); a failed look is no change (the regular round
-        comes anyway)."""
+        comes anyway), logged once: as the instance's outage if the database is unreachable,
+        else at WARNING until a look succeeds."""
         inst = self.instance
         try:
             with inst.db.read() as conn:
-                return read_pulse(inst.db, conn, sorted(inst.workers)) != self._pulse
-        except Exception:
+                changed = read_pulse(inst.db, conn, sorted(inst.workers)) != self._pulse
+        except Exception as exc:
+            if not inst.outage.failed(exc):
+                self._pulse_failing.failed(exc)
             return False
+        self._pulse_failing.succeeded()
+        return changed
 
     def _wait_for_round(self, stop: threading.Event, started: float) -> bool:
         """Wait until the next round is due, or the pulse moved; False once stopped."""

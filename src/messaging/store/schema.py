@@ -24,7 +24,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects import mysql
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 9
 """The newest schema migration this code expects."""
 
 LONG_TEXT = Text().with_variant(mysql.LONGTEXT(), "mysql", "mariadb")
@@ -130,7 +130,9 @@ class Schema:
             Column("command", String(32), nullable=False),
             Column("consumer", String(200), nullable=False),
             Column("detail", LONG_TEXT, nullable=True),
+            Column("command_id", String(32), nullable=True),  # V9
             Index(f"{prefix}ix_audit_consumer", "tenant", "consumer", "id"),
+            Index(f"{prefix}ix_audit_command", "tenant", "command_id"),
         )
         self.instances = Table(
             f"{prefix}instances",

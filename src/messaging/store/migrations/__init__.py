@@ -1,8 +1,9 @@
 """Versioned schema migrations: SQL files for MySQL, ``create_all`` for embedded SQLite.
 
 MySQL files are named ``V<version>__<description>.sql`` and use ``{prefix}`` for the
-table prefix. ``projections db migrate`` applies the missing ones in order; an
-instance refuses to start on a schema that is behind and names what is missing.
+table prefix; versions start at 1 and increase, possibly skipping a number. ``projections
+db migrate`` applies the missing ones in order; an instance refuses to start on a schema
+that is behind and names what is missing.
 """
 
 from __future__ import annotations
@@ -54,8 +55,8 @@ def available_migrations() -> list[Migration]:
             found.append(Migration(int(match[1]), match[2], entry.read_text(encoding="utf-8")))
     found.sort(key=lambda m: m.version)
     versions = [m.version for m in found]
-    if versions != list(range(1, len(found) + 1)) or versions[-1] != SCHEMA_VERSION:
-        raise SchemaError(f"migration files {versions} do not run 1..{SCHEMA_VERSION}")
+    if versions[:1] != [1] or len(set(versions)) < len(versions) or versions[-1] != SCHEMA_VERSION:
+        raise SchemaError(f"migration files {versions} do not run from 1 to {SCHEMA_VERSION}")
     return found
 
 
@@ -95,11 +96,11 @@ def check_schema(db: Database) -> None:
     """Refuse a MySQL schema that is behind or ahead of this code, naming the difference."""
     with db.read() as conn:
         applied = applied_versions(conn, db)
-    _check_versions(applied, [m.label for m in available_migrations()])
+    _check_versions(applied, available_migrations())
 
 
-def _check_versions(applied: set[int], labels: list[str]) -> None:
-    missing = [label for version, label in enumerate(labels, 1) if version not in applied]
+def _check_versions(applied: set[int], shipped: list[Migration]) -> None:
+    missing = [m.label for m in shipped if m.version not in applied]
     if missing:
         raise SchemaError(
             f"database schema is behind: missing migration {', '.join(missing)}; "
@@ -115,7 +116,7 @@ def _check_versions(applied: set[int], labels: list[str]) -> None:
 
 def create_sqlite_schema(db: Database) -> None:
     """Create every table on SQLite and record the schema version (idempotent). A file
-    made by an older version gets the columns added since (they are all nullable)."""
+    made by an older version gets the columns (all nullable) and indexes added since."""
     table = db.schema.migrations
     db.schema.extend()  # the tables of consumer kinds registered since it was built
     with db.transaction() as conn:
@@ -125,7 +126,7 @@ def create_sqlite_schema(db: Database) -> None:
         if newer:
             _check_versions(applied, [])
         if SCHEMA_VERSION not in applied:
-            _add_missing_columns(conn, db)
+            _add_missing_columns_and_indexes(conn, db)
             conn.execute(
                 insert(table).values(
                     version=SCHEMA_VERSION, name="create_all", applied_at=db.clock.now()
@@ -133,7 +134,7 @@ def create_sqlite_schema(db: Database) -> None:
             )
 
 
-def _add_missing_columns(conn: Connection, db: Database) -> None:
+def _add_missing_columns_and_indexes(conn: Connection, db: Database) -> None:
     inspector = inspect(conn)
     for table in db.schema.metadata.sorted_tables:
         present = {column["name"] for column in inspector.get_columns(table.name)}
@@ -143,3 +144,5 @@ def _add_missing_columns(conn: Connection, db: Database) -> None:
                 conn.exec_driver_sql(
                     f'ALTER TABLE "{table.name}" ADD COLUMN "{column.name}" {kind}'
                 )
+        for index in table.indexes:
+            index.create(conn, checkfirst=True)
