@@ -21,7 +21,7 @@ from messaging.messages import Envelope, MessageRegistry
 from messaging.runtime.context import HandlerContext
 from messaging.runtime.failures import last_frames
 from messaging.runtime.poison import Poison
-from messaging.runtime.worker import Worker
+from messaging.runtime.polling import Worker
 from messaging.settings import ConsumerSettings
 from messaging.states import CopyState
 from messaging.store.database import Database

@@ -24,7 +24,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects import mysql
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 """The newest schema migration this code expects."""
 
 LONG_TEXT = Text().with_variant(mysql.LONGTEXT(), "mysql", "mariadb")
@@ -64,6 +64,14 @@ class Schema:
             Column("tenant", String(64), primary_key=True),
             Column("last_position", BigInteger, nullable=False),
         )
+        self.generations = Table(
+            f"{prefix}generations",
+            m,
+            Column("tenant", String(64), primary_key=True),
+            Column("generation", BigInteger, nullable=False),
+        )
+        """V7: bumped by every change of membership or ownership (see
+        :mod:`messaging.distribution.pulse`)."""
         self.messages = Table(
             f"{prefix}messages",
             m,

@@ -40,6 +40,7 @@ from messaging.messages import MESSAGE_ID_HEADER, Envelope, MessageRegistry
 from messaging.messages import registry as default_registry
 from messaging.store import _fastpath
 from messaging.store.database import Database
+from messaging.store.wakeup import APPENDED
 
 _QUERY_CACHE_SIZE = 64
 
@@ -264,6 +265,7 @@ class MessageStore:
 
     def _reserve_positions(self, conn: Connection, count: int) -> int:
         """Reserve ``count`` positions under the tenant's row lock; return the first one."""
+        conn.info[APPENDED] = True  # Database.transaction wakes this host's instances
         p = self._positions
         where = p.c.tenant == self.db.tenant
         updated = conn.execute(
