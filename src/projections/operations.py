@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 
 from sqlalchemy import Connection, delete, insert, select, update
 
+from messaging.distribution.pulse import bump_generation
 from messaging.errors import OperationError
 from messaging.routing.consumer import ROUTE_CONSUMER
 from messaging.runtime.lifecycle import lifecycle_event
@@ -98,6 +99,7 @@ def _fence_all(db: Database, conn: Connection, consumer: str, **values: Any) -> 
         .where(t.c.tenant == db.tenant, t.c.consumer == consumer)
         .values(owner=None, epoch=t.c.epoch + 1, updated_at=db.clock.now(), **values)
     )
+    bump_generation(db, conn)  # every instance plans again at its next pulse
 
 
 class _Recorded(Exception):

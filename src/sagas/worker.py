@@ -230,6 +230,7 @@ class SagaWorker(ConsumerWorker):
 
     dispatcher_class = SagaDispatcher
     dispatcher: SagaDispatcher
+    timed = True  # deadlines fall due with time: polled every idle-poll-interval
 
     def __init__(self, **options: Any) -> None:
         # One lane: a batch is applied in position order in one transaction, so messages of

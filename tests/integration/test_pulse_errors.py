@@ -27,20 +27,20 @@ def test_a_failing_pulse_is_logged_once_without_traceback_then_its_recovery(
     error for two failed looks; once the schema exists, one INFO."""
     db = Database(f"sqlite:///{tmp_path}/pulse.db")
     try:
-        rebalancer = _instance(db).rebalancer
+        pulser = _instance(db).pulser
         with caplog.at_level(logging.INFO):
-            assert not rebalancer._changed()
-            assert not rebalancer._changed()
+            assert not pulser.look()
+            assert not pulser.look()
             (warning,) = _warnings(caplog)
             expected = "reading the pulse failed (OperationalError: no such table"
             assert expected in warning.getMessage()
             assert warning.exc_info is None
             db.prepare()
             caplog.clear()
-            rebalancer._changed()
-            rebalancer._changed()
+            pulser.look()
+            pulser.look()
         assert [r.getMessage() for r in caplog.records] == [
-            f"instance {rebalancer.instance.name}: reading the pulse works again"
+            f"instance {pulser.instance.name}: reading the pulse works again"
         ]
     finally:
         db.dispose()
@@ -54,8 +54,8 @@ def test_an_unreachable_database_while_looking_is_the_instance_outage(
     try:
         instance = _instance(db)
         with caplog.at_level(logging.INFO):
-            assert not instance.rebalancer._changed()
-            assert not instance.rebalancer._changed()
+            assert not instance.pulser.look()
+            assert not instance.pulser.look()
         (warning,) = _warnings(caplog)
         assert "database unreachable" in warning.getMessage()
         assert instance.outage.down

@@ -5,6 +5,7 @@ partitions get no messages does not rescan the stream at every idle poll."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from functools import partial
 from typing import Any
 
 import attrs
@@ -138,6 +139,10 @@ def worker(db: Database, counter: ReadCounter) -> Iterator[ConsumerWorker]:
         instance.stop()
 
 
+def _reads_at_least(counter: ReadCounter, reads: int) -> bool:
+    return counter.reads >= reads
+
+
 def _append(db: Database, sources: list[str], rounds: int) -> int:
     store = MessageStore(db)
     with db.transaction() as conn:
@@ -171,7 +176,9 @@ def test_lanes_share_one_read_and_idle_lanes_do_not_rescan(
     total += _append(db, by_lane[0][:4], 50)  # one lane busy, three without messages
     _wait_applied(db, total)
     busy = (counter.examined, counter.returned, counter.reads)
-    wait_until(lambda: counter.reads >= busy[2] + 20, timeout=30, what="20 idle reads")
+    for n in range(1, 21):  # an idle worker waits for news: wake it as its pulse would
+        worker.wake()
+        wait_until(partial(_reads_at_least, counter, busy[2] + n), timeout=30, what="idle reads")
     idle = counter.examined - busy[0]
     assert busy[1] == total
     assert busy[0] <= 1.1 * busy[1], f"reads examined {busy[0]} rows to return {busy[1]}"

@@ -268,3 +268,37 @@ def test_broken_variants_are_caught(variant: str, monkeypatch: pytest.MonkeyPatc
 
 ProtocolMachine.TestCase.settings = machine_settings(max_examples=60, steps=40)
 TestProtocol = ProtocolMachine.TestCase
+
+
+def test_a_pulse_hands_over_at_once_and_a_lost_change_only_delays() -> None:
+    """A clean stop bumps the generation: the survivor's next pulse runs a round and owns
+    everything with no time passing. When that change is lost to it (a stale read, a lost
+    bump) it owns nothing more until its next regular round, which then catches up; the
+    machine's invariants hold throughout."""
+    for lose in (False, True):
+        machine = ProtocolMachine()
+        cluster = machine.cluster
+        try:
+            cluster.join("i0")
+            cluster.join("i1")
+            machine.settle()
+            for n in range(6):
+                machine.append(Append("sim", "abcd"[n % 4], [Event(n)]))
+            cluster.stop("i1")
+            before = cluster.clock.value
+            assert cluster.pulse("i0", lose_change=lose) is not lose
+            owners = set(cluster.owners().values())
+            assert owners == ({None, "i0"} if lose else {"i0"}), owners
+            assert not cluster.pulse("i0"), "an unchanged generation asked for a round"
+            _check(machine)
+            if lose:
+                cluster.tick()
+                assert set(cluster.owners().values()) == {"i0"}
+            assert (
+                cluster.clock.value - before
+                <= cluster.settings.messaging.consumer.rebalance_interval
+            )
+            machine.settle()
+            _check(machine)
+        finally:
+            machine.teardown()

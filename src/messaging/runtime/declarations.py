@@ -27,6 +27,7 @@ from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 
 from messaging.consumers import ConsumerSpec
 from messaging.distribution.ownership import Ownership
+from messaging.distribution.pulse import bump_generation
 from messaging.errors import RegistrationError
 from messaging.messages import MessageRegistry
 from messaging.messages import registry as default_registry
@@ -100,6 +101,7 @@ def declare(
     create_read_models(db, spec)
     with db.transaction() as conn:
         declared, rebuild = _record(db, conn, spec, distribution, instance_id, instance_name)
+        bump_generation(db, conn)  # a new consumer, declaration or distribution: plan again
     if rebuild:
         _finish_rebuild(db, spec)
     return declared
@@ -117,6 +119,7 @@ def _finish_rebuild(db: Database, spec: ConsumerSpec) -> None:
             .where(table.c.tenant == db.tenant, table.c.name == spec.name)
             .values(state=ConsumerState.RUNNING, rebuild_target=target, updated_at=db.clock.now())
         )
+        bump_generation(db, conn)  # running again: the others may claim their share
     lifecycle_event(
         "rebuilt", consumer=spec.name, position=target, reason="replaying from the start"
     )
@@ -148,6 +151,7 @@ def perform_requested_rebuild(
         if won != 1:
             return False
         Ownership(db).reset(conn, spec.name, spec.partitions, owner=instance_id)
+        bump_generation(db, conn)
     lifecycle_event(
         "rebuild",
         consumer=spec.name,

@@ -18,7 +18,7 @@ from messaging.messages import Envelope
 from messaging.runtime.context import HandlerContext
 from messaging.runtime.failures import last_frames
 from messaging.runtime.poison import Poison
-from messaging.runtime.worker import Worker
+from messaging.runtime.polling import Worker
 from messaging.states import CopyState
 
 log = logging.getLogger(__name__)

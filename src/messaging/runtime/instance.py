@@ -27,6 +27,7 @@ from sqlalchemy import Connection
 from messaging.consumers import ConsumerSpec
 from messaging.distribution.membership import InstanceInfo, Membership
 from messaging.distribution.ownership import Ownership
+from messaging.distribution.pulse import bump_generation
 from messaging.errors import ProjectionsError
 from messaging.messages import MessageRegistry
 from messaging.messages import registry as default_registry
@@ -37,7 +38,8 @@ from messaging.runtime.declarations import (
 )
 from messaging.runtime.in_memory import InMemoryConsumer
 from messaging.runtime.lifecycle import lifecycle_event
-from messaging.runtime.outage import Outage
+from messaging.runtime.outage import Outage, run_every
+from messaging.runtime.pulser import Pulser
 from messaging.runtime.rebalancer import Rebalancer
 from messaging.runtime.worker import ConsumerWorker
 from messaging.settings import ConsumerGroupSettings, Distribution, Settings
@@ -111,6 +113,8 @@ class Instance:
         self.heartbeat_outage = Outage(f"instance {self.name} heartbeat")
         self.rebalancer = Rebalancer(self)
         """Claims and releases this instance's share (the rebalance rounds)."""
+        self.pulser = Pulser(self)
+        """Tells the workers and the rounds when there is something to look at."""
         self.admin_url: str | None = None
         """Where this instance's admin endpoints answer, if it serves them (published)."""
 
@@ -209,6 +213,10 @@ class Instance:
             return
         self._spawn("heartbeat", self._heartbeat_loop, self._stop_heartbeat)
         self._spawn("rebalance", self.rebalancer.loop, self._stop_rebalance)
+        for worker in [*self.workers.values(), *self.in_memory.values()]:
+            worker.pulsed = True
+        self.pulser.listen()
+        self._spawn("pulse", self.pulser.loop, self._stop_workers)
         for name, worker in self.workers.items():
             self._spawn(f"apply:{name}", worker.run, self._stop_workers)
         for name, memory in self.in_memory.items():
@@ -250,6 +258,7 @@ class Instance:
                     f"(pid {other.pid} on {other.host}); choose another with --instance-name"
                 )
             self.membership.register(conn, self.info)
+            bump_generation(self.db, conn)
 
     def retry(self, action: Callable[[], T], what: str) -> T:
         return retry_transient(
@@ -306,11 +315,15 @@ class Instance:
         its row was removed; now and then, remove rows of instances long dead."""
         started = time.perf_counter()
         with self.db.transaction() as conn:
-            if not self.membership.heartbeat(conn, self.id, stopping=self.stop_requested.is_set()):
+            stopping = self.stop_requested.is_set()
+            joined = not self.membership.heartbeat(conn, self.id, stopping=stopping)
+            if joined:
                 log.warning("instance %s: row was removed; registering again", self.name)
                 self.membership.register(conn, self.info)
             if self.in_memory:
                 self._publish_in_memory(conn)
+            if stopping or joined:  # the others plan without (or with) this instance now
+                bump_generation(self.db, conn)
         self.hooks.projections_heartbeat(instance_id=self.id, seconds=time.perf_counter() - started)
         self.membership.remove_stale_when_due(self.consumer_settings.stale_instance_timeout)
 
@@ -351,37 +364,10 @@ class Instance:
 
     def _heartbeat_loop(self, stop: threading.Event) -> None:
         heartbeat = partial(self.retry, self.heartbeat, "heartbeat")
-        self._every(
-            self.consumer_settings.heartbeat_interval,
-            heartbeat,
-            "heartbeat",
-            stop,
-            self.heartbeat_outage,
+        interval = self.consumer_settings.heartbeat_interval
+        run_every(
+            interval, heartbeat, f"instance {self.name}: heartbeat", stop, self.heartbeat_outage
         )
-
-    def _every(
-        self,
-        interval: float,
-        action: Callable[[], None],
-        what: str,
-        stop: threading.Event,
-        outage: Outage,
-    ) -> None:
-        """Run ``action`` every ``interval`` seconds, counted from each round's start, so a
-        slow round (a lock wait, a batch in flight) does not push the next one back. An
-        unreachable database is logged by ``outage``, once per outage."""
-        due = time.monotonic() + interval
-        while not stop.wait(max(0.0, due - time.monotonic())):
-            due = max(due + interval, time.monotonic())
-            try:
-                action()
-            except Exception as exc:
-                if not outage.failed(exc):
-                    log.exception(
-                        "instance %s: %s failed; trying again next round", self.name, what
-                    )
-            else:
-                outage.succeeded()
 
     # -- stop --------------------------------------------------------------------------
 
@@ -397,6 +383,7 @@ class Instance:
         self._started = False
         self.stop_requested.set()
         self._stop_rebalance.set()  # claim nothing more while draining
+        self.rebalancer.request_round()  # wakes its loop, which sees the stop
         if self._registered:
             self.hooks.projections_instance_stopping(instance_id=self.id, name=self.name)
             try:
@@ -404,6 +391,9 @@ class Instance:
             except Exception:
                 log.exception("instance %s: could not announce its stop", self.name)
         self._stop_workers.set()
+        self.pulser.wake()
+        for worker in [*self.workers.values(), *self.in_memory.values()]:
+            worker.wake()
         deadline = time.monotonic() + self.consumer_settings.graceful_shutdown_timeout
         for thread in self._threads:
             if thread.name != "heartbeat":
@@ -422,6 +412,7 @@ class Instance:
             with self.db.transaction() as conn:
                 released = self.ownership.release_all(conn, self.id)
                 self.membership.deregister(conn, self.id)
+                bump_generation(self.db, conn)
             return released
 
         for consumer, partition in self.retry(leave, "release and deregister"):

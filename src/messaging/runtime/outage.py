@@ -10,12 +10,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 
 from messaging.store.nodes import NOT_PRIMARY
 
-__all__ = ["Failing", "Outage", "is_unreachable"]
+__all__ = ["Failing", "Outage", "is_unreachable", "run_every"]
 
 log = logging.getLogger("messaging.runtime.outage")
 
@@ -129,3 +130,22 @@ class Failing:
         if self._failing:
             self._failing = False
             log.info("%s: %s works again", self.who, self.job)
+
+
+def run_every(
+    interval: float, action: Callable[[], None], what: str, stop: threading.Event, outage: Outage
+) -> None:
+    """Run ``action`` every ``interval`` seconds until ``stop`` is set, counted from each
+    round's start, so a slow round (a lock wait, a batch in flight) does not push the next
+    one back. An unreachable database is logged by ``outage``, once per outage; any other
+    error with its traceback (``what`` names the loop)."""
+    due = time.monotonic() + interval
+    while not stop.wait(max(0.0, due - time.monotonic())):
+        due = max(due + interval, time.monotonic())
+        try:
+            action()
+        except Exception as exc:
+            if not outage.failed(exc):
+                log.exception("%s failed; trying again next round", what)
+        else:
+            outage.succeeded()

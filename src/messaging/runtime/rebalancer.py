@@ -1,9 +1,10 @@
 """The rebalance rounds of one instance: read the members, partitions and declarations,
 plan this instance's share, release what moved away, claim the rest.
 
-Rounds run every ``rebalance-interval``, sooner when a peer turns stale or is stopping,
-and as soon as the cheap pulse (:mod:`messaging.distribution.pulse`) shows that
-something moved.
+Rounds run every ``rebalance-interval`` (the safety net), right after a peer turns
+stale, and at once when the instance's pulse (:mod:`messaging.runtime.pulser`) sees the
+tenant's generation move: a join, a leave, a release, a stopping flag, a pause, a resume
+or a rebuild.
 """
 
 from __future__ import annotations
@@ -18,14 +19,13 @@ import attrs
 
 from messaging.distribution.membership import InstanceRow
 from messaging.distribution.ownership import PartitionRow
-from messaging.distribution.pulse import PULSE_INTERVAL, Pulse, read_pulse
+from messaging.distribution.pulse import bump_generation, read_generation
 from messaging.distribution.rebalance import plan
 from messaging.runtime.declarations import (
     current_declarations,
     perform_requested_rebuild,
 )
 from messaging.runtime.lifecycle import lifecycle_event
-from messaging.runtime.outage import Failing
 from messaging.states import ConsumerState
 
 if TYPE_CHECKING:
@@ -52,13 +52,12 @@ class Rebalancer:
         self.instance = instance
         self._next_round_in = instance.consumer_settings.rebalance_interval
         self._waiting: dict[str, str | None] = {}
-        self._pulse: Pulse = ()
+        self.generation: int | None = None
+        """The tenant's generation as the last round read it, before its rows."""
+        self._requested = threading.Event()
         self._awaited: dict[str, int] = {}
         """Partitions of each consumer assigned here but still held by live peers."""
         self._awaiting_since: float | None = None
-        self._pulse_failing = Failing(
-            f"instance {instance.name}", "reading the pulse", "rebalancing at the regular interval"
-        )
 
     def rebalance(self) -> None:
         """Compute the target from the database rows; release what moved away, claim the rest.
@@ -70,10 +69,11 @@ class Rebalancer:
         inst = self.instance
         started = time.perf_counter()
         timeout = inst.consumer_settings.stale_instance_timeout
+        self._requested.clear()
         with inst.db.read() as conn:
-            # The pulse first: at READ COMMITTED each statement sees the latest commits, so
-            # a change landing after the rows below were read must differ from this pulse.
-            self._pulse = read_pulse(inst.db, conn, sorted(inst.workers))
+            # The generation first: at READ COMMITTED each statement sees the latest commits,
+            # so a change landing after the rows below were read bumps it past this value.
+            self.generation = read_generation(inst.db, conn)
             members = inst.membership.instances(conn, timeout)
             live = [i for i in members if i.live and not i.stopping]
             rows = inst.ownership.partitions(conn, sorted(inst.workers))
@@ -111,7 +111,7 @@ class Rebalancer:
             return
         self._awaiting_since = time.monotonic()
         interval = inst.consumer_settings.rebalance_interval
-        usually = 2 * min(PULSE_INTERVAL, interval)
+        usually = min(1.0, interval)
         log.info(
             "instance %s: waiting for %s held by live instances: they hand them over at "
             "their next rebalance round, usually within %g s, at most %g s (two "
@@ -165,6 +165,7 @@ class Rebalancer:
                 worker.drop_after_batch(sorted(target.release))
                 with inst.db.transaction() as conn:
                     inst.ownership.release(conn, name, inst.id, target.release)
+                    bump_generation(inst.db, conn)
                 for partition in sorted(target.release):
                     inst.partition_event(name, partition, None)
                 released += len(target.release)
@@ -214,32 +215,14 @@ class Rebalancer:
         expiring = [m.expires_in + _EXPIRY_MARGIN for m in peers if not m.stopping]
         return max(0.0, min([soonest, *expiring]))
 
-    def _changed(self) -> bool:
-        """Whether the pulse moved since the last round read it (see
-        :mod:`messaging.distribution.pulse`); a failed look is no change (the regular round
-        comes anyway), logged once: as the instance's outage if the database is unreachable,
-        else at WARNING until a look succeeds."""
-        inst = self.instance
-        try:
-            with inst.db.read() as conn:
-                changed = read_pulse(inst.db, conn, sorted(inst.workers)) != self._pulse
-        except Exception as exc:
-            if not inst.outage.failed(exc):
-                self._pulse_failing.failed(exc)
-            return False
-        self._pulse_failing.succeeded()
-        return changed
+    def request_round(self) -> None:
+        """Run a round now (the pulse saw the generation move), or wake the loop to stop."""
+        self._requested.set()
 
     def _wait_for_round(self, stop: threading.Event, started: float) -> bool:
-        """Wait until the next round is due, or the pulse moved; False once stopped."""
-        inst = self.instance
-        look = min(PULSE_INTERVAL, inst.consumer_settings.rebalance_interval)
-        while True:
-            due = started + self._next_round_in - time.monotonic()
-            if stop.wait(max(0.0, min(due, look))):
-                return False
-            if due <= look or self._changed():
-                return True
+        """Wait until the next round is due or one is asked for; False once stopped."""
+        self._requested.wait(max(0.0, started + self._next_round_in - time.monotonic()))
+        return not stop.is_set()
 
     def loop(self, stop: threading.Event) -> None:
         inst = self.instance

@@ -26,84 +26,18 @@ from messaging.consumers import ConsumerSpec
 from messaging.distribution.ownership import Claim, Ownership
 from messaging.errors import CheckpointMoved, OwnershipLost
 from messaging.messages import MessageRegistry
-from messaging.routing.outbox import Outbox
 from messaging.runtime.batch import Batch, split_lanes
 from messaging.runtime.context import HandlerContext
-from messaging.runtime.dispatch import Dispatcher
 from messaging.runtime.lifecycle import lifecycle_event
-from messaging.runtime.outage import Outage
 from messaging.runtime.poison import Poison, halt_partition, isolate
+from messaging.runtime.polling import Worker
 from messaging.settings import ConsumerSettings
 from messaging.store.database import Database
 from messaging.store.retry import is_ambiguous, is_transient, report_retry, retry_transient
-from messaging.store.store import MessageStore, StoredRow
+from messaging.store.store import StoredRow
 
 log = logging.getLogger("messaging.runtime.worker")
 T = TypeVar("T")
-
-
-class Worker:
-    """What both workers share: the consumer, its dispatcher, and the polling loop."""
-
-    dispatcher_class: type[Dispatcher] = Dispatcher
-    """Decodes and handles a batch; kinds of consumers with more to do bring their own."""
-
-    def __init__(
-        self,
-        *,
-        db: Database,
-        spec: ConsumerSpec,
-        instance_id: str,
-        settings: ConsumerSettings,
-        hooks: pluggy.HookRelay,
-        registry: MessageRegistry,
-    ) -> None:
-        self.db = db
-        self.spec = spec
-        self.instance_id = instance_id
-        self.settings = settings
-        self.hooks = hooks
-        self.store = MessageStore(db, registry)
-        self.outbox = Outbox(self.store, spec.name)
-        self.dispatcher = self.dispatcher_class(spec, registry, db)
-        self.outage = Outage(f"consumer {spec.name}")
-        """Logs an unreachable database once; the instance shares one among its workers."""
-
-    def poll(self) -> int:
-        """Apply one batch; return how many messages were applied."""
-        raise NotImplementedError
-
-    def run(self, stop: threading.Event) -> None:
-        """Poll until ``stop`` is set."""
-        self._loop(stop, self.poll)
-
-    def idle_wait(self) -> float:
-        """Seconds to wait after a poll that applied nothing: ``idle-poll-interval``."""
-        return self.settings.idle_poll_interval
-
-    def _loop(self, stop: threading.Event, poll: Callable[[], int]) -> None:
-        """Call ``poll`` until ``stop`` is set; wait ``idle-poll-interval`` after an empty
-        poll and ``conflict-retry.max-delay`` after a failed one."""
-        while not stop.is_set():
-            try:
-                applied = poll()
-            except Exception as exc:
-                if self.outage.failed(exc):
-                    pass  # an unreachable database: logged once per outage
-                elif is_transient(exc):  # a lock conflict, retries spent
-                    log.warning(
-                        "consumer %s: poll failed, retrying after a pause: %s", self.spec.name, exc
-                    )
-                else:
-                    log.exception(
-                        "consumer %s: poll failed; retrying after a pause", self.spec.name
-                    )
-                applied = 0
-                stop.wait(self.settings.conflict_retry.max_delay)
-            else:
-                self.outage.succeeded()
-            if applied == 0:
-                stop.wait(self.idle_wait())
 
 
 class ConsumerWorker(Worker):
@@ -155,6 +89,7 @@ class ConsumerWorker(Worker):
         with self._lock:
             for claim in claims:
                 self._claims[claim.partition] = claim
+        self.wake()  # new partitions may have messages the pulse never announced here
 
     def drop(self, partitions: Sequence[int]) -> None:
         """Stop applying these partitions (released or lost)."""

@@ -9,6 +9,7 @@ MySQL sessions run at READ COMMITTED so pollers never sit on an old snapshot.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -23,6 +24,7 @@ from messaging.store.clock import Clock, DatabaseClock
 from messaging.store.nodes import Failover, join_hosts, split_hosts
 from messaging.store.schema import Schema
 from messaging.store.tenancy import CONSUMER_OPTION, ReadModels
+from messaging.store.wakeup import APPENDED, WakeUps
 
 SQLITE_BUSY_TIMEOUT = 30.0
 """Seconds a SQLite connection waits for another process's write lock, unless the URL
@@ -144,6 +146,16 @@ class Database:
         """This tenant's physical read-model tables; statements on :attr:`engine` naming a
         declared table are sent to this tenant's copy (see :mod:`messaging.store.tenancy`)."""
         self.read_models.install(self.engine)
+        self.wakeups = WakeUps(self._identity(table_prefix))
+        """Same-host wake-ups: a commit that appended wakes the instances here at once."""
+
+    def _identity(self, prefix: str) -> str:
+        """The same string in every process on this host that shares these messages."""
+        first = parse_database_url(split_hosts(self.url)[0])
+        place = os.path.realpath(first.database or "") if self.is_sqlite else first.database
+        return (
+            f"{first.get_backend_name()}|{first.host}|{first.port}|{place}|{self.tenant}|{prefix}"
+        )
 
     def read_model(self, table: Table) -> Table:
         """This tenant's physical table for the declared read-model ``table``: the table
@@ -152,13 +164,23 @@ class Database:
 
     @contextmanager
     def transaction(self, *, consumer: str | None = None) -> Iterator[Connection]:
-        """A write transaction: committed on success, rolled back on any exception.
+        """A write transaction: committed on success, rolled back on any exception; after
+        a commit that appended messages, the instances on this host are woken.
         ``consumer``: the batch of that consumer, in which SQL text is refused for a
         tenant whose tables are renamed (it could not be sent to them)."""
-        with self.engine.begin() as connection:
-            if consumer is not None and self.read_models.renames:
-                connection.execution_options(**{CONSUMER_OPTION: consumer})
-            yield connection
+        info = None
+        try:
+            with self.engine.begin() as connection:
+                info = connection.info
+                if consumer is not None and self.read_models.renames:
+                    connection.execution_options(**{CONSUMER_OPTION: consumer})
+                yield connection
+        except BaseException:
+            if info is not None:
+                info.pop(APPENDED, None)
+            raise
+        if info is not None and info.pop(APPENDED, None):
+            self.wakeups.notify()
 
     @contextmanager
     def read(self) -> Iterator[Connection]:
@@ -185,18 +207,23 @@ class Database:
         retry_transient(attempt, ConflictRetrySettings(), what="prepare")
 
     def ensure_tenant(self) -> None:
-        """Create this tenant's position counter if it does not exist yet."""
-        positions = self.schema.positions
+        """Create this tenant's position counter and generation (see
+        :mod:`messaging.distribution.pulse`) if they do not exist yet."""
+        counters = (
+            (self.schema.positions, "last_position"),
+            (self.schema.generations, "generation"),
+        )
         with self.transaction() as conn:
-            exists = conn.execute(
-                select(positions.c.tenant).where(positions.c.tenant == self.tenant)
-            ).first()
-            if exists is None:
-                try:
-                    with conn.begin_nested():
-                        conn.execute(insert(positions).values(tenant=self.tenant, last_position=0))
-                except IntegrityError:
-                    pass  # another process created it first
+            for table, column in counters:
+                exists = conn.execute(
+                    select(table.c.tenant).where(table.c.tenant == self.tenant)
+                ).first()
+                if exists is None:
+                    try:
+                        with conn.begin_nested():
+                            conn.execute(insert(table).values(tenant=self.tenant, **{column: 0}))
+                    except IntegrityError:
+                        pass  # another process created it first
 
     def dispose(self) -> None:
         """Close every pooled connection."""

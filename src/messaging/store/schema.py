@@ -64,6 +64,14 @@ class Schema:
             Column("tenant", String(64), primary_key=True),
             Column("last_position", BigInteger, nullable=False),
         )
+        self.generations = Table(
+            f"{prefix}generations",
+            m,
+            Column("tenant", String(64), primary_key=True),
+            Column("generation", BigInteger, nullable=False),
+        )
+        """V7: bumped by every change of membership or ownership (see
+        :mod:`messaging.distribution.pulse`)."""
         self.messages = Table(
             f"{prefix}messages",
             m,

@@ -40,6 +40,7 @@ from messaging.messages import MESSAGE_ID_HEADER, Envelope, MessageRegistry
 from messaging.messages import registry as default_registry
 from messaging.store import _fastpath
 from messaging.store.database import Database
+from messaging.store.wakeup import APPENDED
 
 _QUERY_CACHE_SIZE = 64
 
@@ -267,6 +268,7 @@ class MessageStore:
 
     def _reserve_positions(self, conn: Connection, count: int) -> int:
         """Reserve ``count`` positions under the tenant's row lock; return the first one."""
+        conn.info[APPENDED] = True  # Database.transaction wakes this host's instances
         p = self._positions
         where = p.c.tenant == self.db.tenant
         updated = conn.execute(
@@ -423,10 +425,8 @@ class MessageStore:
         # topic's first message however far the checkpoint is (benchmarks/reads.py): name
         # an index whose range starts at the checkpoint in position order (several
         # topics: the primary key, tenant and position).
-        index = self._topic_index if len(topics) == 1 else "PRIMARY"
-        return query.with_hint(m, f"FORCE INDEX ({index})", "mysql").with_hint(
-            m, f"FORCE INDEX ({index})", "mariadb"
-        )
+        hint = f"FORCE INDEX ({self._topic_index if len(topics) == 1 else 'PRIMARY'})"
+        return query.with_hint(m, hint, "mysql").with_hint(m, hint, "mariadb")
 
     def recorded_at(self, conn: Connection, position: int) -> float | None:
         """When the message at ``position`` was appended (database time), if it exists."""

@@ -272,6 +272,19 @@ class SimulatedCluster:
         self._record(f"wake({name!r})", f"applied {applied} as a zombie")
         return applied
 
+    def pulse(self, name: str, *, lose_change: bool = False) -> bool:
+        """Instance ``name`` reads its pulse and runs a round at once if the generation moved;
+        returns whether it did. ``lose_change``: the change is lost to it (as a stale read or
+        a lost bump would): it takes the generation as seen and waits for its next round."""
+        instance = self.running[name]
+        due = instance.pulser.beat()
+        if lose_change:
+            instance.rebalancer.generation = instance.pulser.last.generation  # type: ignore[union-attr]
+        elif due:
+            instance.rebalance()
+        self._record(f"pulse({name!r}{', lose_change=True' if lose_change else ''})")
+        return due and not lose_change
+
     # -- time, messages and work -----------------------------------------------------------
 
     def tick(self, seconds: float | None = None) -> None:

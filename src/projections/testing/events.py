@@ -113,6 +113,17 @@ class PauseAndWake(_OnInstance):
 
 
 @attrs.define(frozen=True)
+class Pulse(_OnInstance):
+    """A running instance reads its pulse: a round at once if the generation moved, unless
+    ``lose_change`` (the change is lost to it until its next regular round)."""
+
+    lose_change: bool = False
+
+    def act(self, cluster: SimulatedCluster, name: str) -> None:
+        cluster.pulse(name, lose_change=self.lose_change)
+
+
+@attrs.define(frozen=True)
 class Tick:
     """``times`` rebalance intervals pass; running instances heartbeat and rebalance."""
 
@@ -144,7 +155,9 @@ class Append:
         cluster.append(self.topic, self.source, self.messages)
 
 
-ClusterEvent = Join | Stop | Crash | Pause | Wake | LoseAck | PauseAndWake | Tick | Poll | Append
+ClusterEvent = (
+    Join | Stop | Crash | Pause | Wake | LoseAck | PauseAndWake | Pulse | Tick | Poll | Append
+)
 """Any one event."""
 
 

@@ -37,6 +37,7 @@ from projections.testing.events import (
     Pause,
     PauseAndWake,
     Poll,
+    Pulse,
     Stop,
     Tick,
     Wake,
@@ -215,6 +216,12 @@ class ClusterMachine(RuleBasedStateMachine):
     @rule(times=ticks())
     def tick(self, times: int) -> None:
         Tick(times).apply(self.cluster)
+
+    @precondition(lambda self: self.cluster.running)
+    @rule(pick=picks(), lose_change=st.booleans())
+    def pulse(self, pick: int, lose_change: bool) -> None:
+        """A running instance reads its pulse; a change lost to it only delays its round."""
+        Pulse(pick, lose_change).apply(self.cluster)
 
     @precondition(lambda self: self.cluster.running)
     @rule()

@@ -19,6 +19,7 @@ from projections.testing.events import (
     Pause,
     PauseAndWake,
     Poll,
+    Pulse,
     Stop,
     Tick,
     Wake,
@@ -92,8 +93,8 @@ def messages_of(
 
 
 def cluster_events(messages: SearchStrategy[Append]) -> SearchStrategy[ClusterEvent]:
-    """Any event: join, stop, crash, pause, wake, lose-ack, pause-and-wake, tick, poll, or an
-    append from ``messages`` (see :func:`messages_of`)."""
+    """Any event: join, stop, crash, pause, wake, lose-ack, pause-and-wake, pulse, tick, poll,
+    or an append from ``messages`` (see :func:`messages_of`)."""
     return st.one_of(
         st.just(Join()),
         st.builds(Stop, picks()),
@@ -102,6 +103,7 @@ def cluster_events(messages: SearchStrategy[Append]) -> SearchStrategy[ClusterEv
         st.builds(Wake, picks()),
         st.builds(LoseAck, picks(), st.booleans()),
         st.builds(PauseAndWake, picks(), pauses()),
+        st.builds(Pulse, picks(), st.booleans()),
         st.builds(Tick, ticks()),
         st.just(Poll()),
         messages,
