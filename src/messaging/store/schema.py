@@ -24,7 +24,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects import mysql
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 8
 """The newest schema migration this code expects."""
 
 LONG_TEXT = Text().with_variant(mysql.LONGTEXT(), "mysql", "mariadb")
@@ -145,6 +145,7 @@ class Schema:
             Column("stopping", Boolean, nullable=False),
             Column("runs", LONG_TEXT, nullable=False),
             Column("in_memory", LONG_TEXT, nullable=True),  # V6
+            Column("sessions", LONG_TEXT, nullable=True),  # V8: its MySQL sessions (JSON)
             PrimaryKeyConstraint("tenant", "id"),
             Index(f"{prefix}ix_instances_heartbeat", "tenant", "heartbeat_at"),
         )
