@@ -19,6 +19,7 @@ from sqlalchemy import Connection, Select, case, delete, insert, select, update
 from sqlalchemy.exc import DBAPIError
 
 from messaging.store.database import Database
+from messaging.store.sessions import Session, parse_sessions
 
 log = logging.getLogger("messaging.distribution.membership")
 
@@ -63,6 +64,8 @@ class InstanceRow:
     runs: Mapping[str, Mapping[str, Any]]
     expires_in: float = 0.0
     """Seconds until it counts as stale unless it heartbeats again (database clock)."""
+    sessions: tuple[Session, ...] = ()
+    """Its MySQL sessions, as of its last heartbeat."""
 
 
 class Membership:
@@ -72,6 +75,11 @@ class Membership:
         self.db = db
         self.table = db.schema.instances
         self._next_purge = 0.0  # time.monotonic() of the next due purge
+
+    def _sessions(self) -> dict[str, str]:
+        """This process's MySQL sessions, for its row (nothing on SQLite)."""
+        sessions = self.db.sessions
+        return {} if sessions is None else {"sessions": sessions.recorded()}
 
     def register(self, conn: Connection, info: InstanceInfo) -> None:
         """Insert this instance's row, stamped now (its first heartbeat)."""
@@ -87,16 +95,18 @@ class Membership:
                 heartbeat_at=now,
                 stopping=False,
                 runs=json.dumps(info.runs, sort_keys=True),
+                **self._sessions(),
             )
         )
 
     def heartbeat(self, conn: Connection, instance_id: str, *, stopping: bool = False) -> bool:
-        """Stamp the heartbeat; False if the row is gone (removed as stale)."""
+        """Stamp the heartbeat (and record this process's sessions); False if the row is
+        gone (removed as stale)."""
         t = self.table
         result = conn.execute(
             update(t)
             .where(t.c.tenant == self.db.tenant, t.c.id == instance_id)
-            .values(heartbeat_at=self.db.clock.now(), stopping=stopping)
+            .values(heartbeat_at=self.db.clock.now(), stopping=stopping, **self._sessions())
         )
         return result.rowcount == 1
 
@@ -199,6 +209,7 @@ class Membership:
                 live.label("live"),
                 t.c.runs,
                 (t.c.heartbeat_at + stale_timeout - now).label("expires_in"),
+                t.c.sessions,
             )
             .where(t.c.tenant == self.db.tenant)
             .order_by(t.c.name, t.c.id)
@@ -215,6 +226,7 @@ class Membership:
                 live=bool(r.live),
                 runs=json.loads(r.runs),
                 expires_in=float(r.expires_in),
+                sessions=parse_sessions(r.sessions),
             )
             for r in rows
         ]

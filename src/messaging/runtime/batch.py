@@ -31,10 +31,12 @@ class Batch:
 def split_lanes(
     claims: Mapping[int, Claim], rows: Sequence[StoredRow], partitions: int, lanes: int
 ) -> list[Batch]:
-    """``rows`` (non-empty) split by lane (partition ``p`` is in lane ``p % lanes``), each
+    """``rows`` split by lane (partition ``p`` is in lane ``p % lanes``), each
     lane's batch committing its checkpoints at the read's last position. The partitions
     of lanes without messages go with the first lane that has some, so that the next
-    read starts after them too."""
+    read starts after them too. No rows, no batches."""
+    if not rows:
+        return []
     by_lane: dict[int, list[StoredRow]] = {}
     for row in rows:
         by_lane.setdefault(row.partition_hash % partitions % lanes, []).append(row)

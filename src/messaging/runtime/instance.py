@@ -44,7 +44,7 @@ from messaging.runtime.rebalancer import Rebalancer
 from messaging.runtime.worker import ConsumerWorker
 from messaging.settings import ConsumerGroupSettings, Distribution, Settings
 from messaging.states import DeclarationOutcome
-from messaging.store.database import Database
+from messaging.store.database import Database, lock_wait_bound
 from messaging.store.retry import report_retry, retry_transient
 from messaging.store.store import MessageStore
 
@@ -89,6 +89,7 @@ class Instance:
         self.registry = registry
         self.id = uuid.uuid4().hex
         self.name = name or default_instance_name()
+        db.bound_lock_waits(lock_wait_bound(self.consumer_settings.stale_instance_timeout))
         self.membership = Membership(db)
         self.ownership = Ownership(db)
         self.store = MessageStore(db, registry)

@@ -13,6 +13,7 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
+from functools import partial
 from typing import TYPE_CHECKING
 
 import attrs
@@ -58,11 +59,14 @@ class Rebalancer:
         self._awaited: dict[str, int] = {}
         """Partitions of each consumer assigned here but still held by live peers."""
         self._awaiting_since: float | None = None
+        self._members: dict[str, InstanceRow] = {}
+        """The instances as the last round read them, by id."""
 
     def rebalance(self) -> None:
         """Compute the target from the database rows; release what moved away, claim the rest.
 
-        Released partitions are dropped only after the batch in flight commits. Partitions
+        A partition assigned elsewhere is released at once, or right after the batch in
+        flight that applies it ended: a slow batch holds nothing else. Partitions
         assigned here are claimed when unowned or owned by a non-live instance; one still
         held by a live instance is claimed on a later round, after that instance let go.
         """
@@ -75,6 +79,7 @@ class Rebalancer:
             # so a change landing after the rows below were read bumps it past this value.
             self.generation = read_generation(inst.db, conn)
             members = inst.membership.instances(conn, timeout)
+            self._members = {m.id: m for m in members}
             live = [i for i in members if i.live and not i.stopping]
             rows = inst.ownership.partitions(conn, sorted(inst.workers))
             declared = current_declarations(inst.db, conn, sorted(inst.workers))
@@ -136,7 +141,7 @@ class Rebalancer:
         for name, worker in list(inst.workers.items()):
             state = declared[name][1]
             if state in (ConsumerState.REBUILD_REQUESTED, ConsumerState.REBUILDING):
-                worker.drop_after_batch(sorted(worker.claims()))
+                worker.holdings.hand_over(sorted(worker.claims()))  # the reset fences the rest
                 perform_requested_rebuild(
                     inst.db,
                     worker.spec,
@@ -162,20 +167,17 @@ class Rebalancer:
             if lost:
                 worker.drop(lost)
             if target.release:
-                worker.drop_after_batch(sorted(target.release))
-                with inst.db.transaction() as conn:
-                    inst.ownership.release(conn, name, inst.id, target.release)
-                    bump_generation(inst.db, conn)
-                for partition in sorted(target.release):
-                    inst.partition_event(name, partition, None)
+                # Released now, or right after the batch in flight that applies them commits.
+                worker.holdings.hand_over(sorted(target.release), partial(self._release, name))
                 released += len(target.release)
             if target.waiting_for and target.waiting_for != self._waiting.get(name):
                 log.warning("consumer %s: applying nothing here: %s", name, target.waiting_for)
             self._waiting[name] = target.waiting_for
-            wanted = sorted(target.target - set(worker.claims()))
+            wanted = sorted(target.target - set(worker.claims()) - worker.holdings.leaving())
             self._awaited[name] = 0
             if not wanted:
                 continue
+            self._end_sessions({owners[name].get(p) for p in wanted})
             with inst.db.transaction() as conn:
                 claims = inst.ownership.claim(conn, name, wanted, inst.id, live_ids)
             worker.add_claims(claims)
@@ -198,8 +200,42 @@ class Rebalancer:
             reason="rebuilt under another declaration; applying nothing until restarted",
         )
         worker = inst.workers.pop(name)
-        worker.drop_after_batch(sorted(worker.claims()))
+        worker.holdings.hand_over(sorted(worker.claims()))
         inst.forget(name)
+
+    def _end_sessions(self, owners: set[str | None]) -> None:
+        """Before taking partitions from ``owners``: end the MySQL sessions of those that
+        are stale, so that the row locks of a batch they froze in go at once and its
+        commit fails (:meth:`messaging.store.sessions.Sessions.end`)."""
+        inst = self.instance
+        if inst.db.sessions is None:
+            return
+        for owner in owners:
+            member = self._members.get(owner or "")
+            if member is None or member.live or not member.sessions:
+                continue
+            ended = inst.db.sessions.end(member.sessions, member.name)
+            if ended:
+                log.warning(
+                    "instance %s: ended %d database session(s) of stale instance %s: its "
+                    "locks are gone and its late commits fail",
+                    inst.name,
+                    ended,
+                    member.name,
+                )
+
+    def _release(self, name: str, partitions: Sequence[int]) -> None:
+        """Give up ``partitions`` of ``name``, handed over by its worker."""
+        inst = self.instance
+
+        def release() -> None:
+            with inst.db.transaction() as conn:
+                inst.ownership.release(conn, name, inst.id, partitions)
+                bump_generation(inst.db, conn)
+
+        inst.retry(release, f"release {name}")
+        for partition in partitions:
+            inst.partition_event(name, partition, None)
 
     def _next_round(self, members: Sequence[InstanceRow]) -> float:
         """How soon the next rebalance is worth running: at the regular interval, but right

@@ -13,7 +13,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor, wait
 from contextlib import AbstractContextManager, nullcontext
 from functools import partial
 from typing import Any, TypeVar
@@ -28,12 +27,19 @@ from messaging.errors import CheckpointMoved, OwnershipLost
 from messaging.messages import MessageRegistry
 from messaging.runtime.batch import Batch, split_lanes
 from messaging.runtime.context import HandlerContext
+from messaging.runtime.holdings import Holdings
+from messaging.runtime.lanes import Lanes
 from messaging.runtime.lifecycle import lifecycle_event
 from messaging.runtime.poison import Poison, halt_partition, isolate
 from messaging.runtime.polling import Worker
 from messaging.settings import ConsumerSettings
 from messaging.store.database import Database
-from messaging.store.retry import is_ambiguous, is_transient, report_retry, retry_transient
+from messaging.store.retry import (
+    is_ambiguous,
+    is_transient,
+    report_batch_retry,
+    retry_transient,
+)
 from messaging.store.store import StoredRow
 
 log = logging.getLogger("messaging.runtime.worker")
@@ -73,14 +79,14 @@ class ConsumerWorker(Worker):
         """Parts of a batch applied at once: partition ``p`` belongs to lane ``p % lanes``."""
         self._limiter = limiter if limiter is not None else nullcontext()
         self.ownership = Ownership(db)
-        self._claims: dict[int, Claim] = {}
-        self._lock = threading.Lock()
-        self._batch_in_flight = threading.Lock()
+        self.holdings = Holdings(spec.name)
+        """The claims, the batches in flight, and the handovers waiting for them."""
+        self._claims, self._lock = self.holdings.claims, self.holdings.lock
         self._catching_up = False
         self._stale = False
         """An error of unknown outcome happened: re-read the claims before applying more."""
-        self._lane_pool: ThreadPoolExecutor | None = None
-        """Applies the lanes after the first of each batch (the polling thread applies it)."""
+        self._lanes = Lanes(self.lanes)
+        self._stop = threading.Event()  # the apply loop's, once it runs
 
     # -- ownership, changed by the rebalance loop ----------------------------------------
 
@@ -102,25 +108,15 @@ class ConsumerWorker(Worker):
         with self._lock:
             return dict(self._claims)
 
-    def drop_after_batch(self, partitions: Sequence[int]) -> None:
-        """Stop applying ``partitions`` once the batches in flight (if any) have committed."""
-        with self._batch_in_flight:
-            self.drop(partitions)
-
     # -- applying ------------------------------------------------------------------------
 
     def run(self, stop: threading.Event) -> None:
         """Poll until ``stop`` is set."""
+        self._stop = stop
         try:
-            self._loop(stop, self._poll_in_flight)
+            self._loop(stop, self.poll)
         finally:
-            if self._lane_pool is not None:
-                self._lane_pool.shutdown()
-                self._lane_pool = None
-
-    def _poll_in_flight(self) -> int:
-        with self._batch_in_flight:  # a release waits for this batch to commit
-            return self.poll()
+            self._lanes.shutdown()
 
     def held_claims(self) -> dict[int, Claim]:
         """The claims to apply now: none in single-owner mode until every partition is
@@ -136,7 +132,7 @@ class ConsumerWorker(Worker):
         """After an error of unknown outcome: take every claim's epoch and checkpoint from
         the database (our commit may have gone through unacknowledged); drop partitions no
         longer held under the same epoch."""
-        claims = self.claims()
+        claims = self.holdings.idle()  # a lane's batch in flight settles its own claims
         with self.db.read() as conn:
             held = self.ownership.owned(conn, self.spec.name, self.instance_id, claims)
         lost = [p for p, c in claims.items() if p not in held or held[p].epoch != c.epoch]
@@ -165,7 +161,7 @@ class ConsumerWorker(Worker):
                 action,
                 self.settings.conflict_retry,
                 what=what,
-                on_retry=partial(report_retry, self.hooks, self.instance_id, what),
+                on_retry=partial(report_batch_retry, self.hooks, self.instance_id, what, claims),
                 reread=partial(self._reread, claims),
             )
         except Exception as exc:
@@ -177,45 +173,56 @@ class ConsumerWorker(Worker):
         """Fetch and apply one batch of the owned partitions; return how many messages were
         applied.
 
-        One read serves every lane: with several lanes, it fetches up to ``batch-size``
-        messages per lane and each lane's part is applied in parallel, in a transaction
-        of its own. (A read per lane would scan past the other lanes' messages.)
         With one lane, while batches come back full (catching up), the next one is read
         inside the apply transaction; otherwise it is read first in a short read-only
-        transaction, so an idle poller never takes the write lock. At most
-        ``executor.max-workers`` batches of the instance are applied at once (the limiter).
+        transaction, so an idle poller never takes the write lock (several lanes:
+        :meth:`_poll_lanes`). The instance applies ``executor.max-workers`` batches at most.
         """
-        claims = self.held_claims()
-        if not claims:
-            return 0
-        started = time.perf_counter()
-        rows: Sequence[StoredRow] | None = None
-        if self.lanes > 1 or not self._catching_up:
-            with self.db.read() as conn:
-                rows = self._fetch(conn, claims, self.settings.batch_size * self.lanes)
-            if not rows:
-                return 0
-        self._catching_up = False
-        if self.lanes == 1:
-            return self._apply_limited(Batch(claims, rows), started)
-        return self._apply_lanes(
-            split_lanes(claims, rows or (), self.spec.partitions, self.lanes), started
-        )
-
-    def _apply_lanes(self, batches: Sequence[Batch], started: float) -> int:
-        """Apply the lanes' ``batches`` in parallel, each in a transaction of its own."""
-        if self._lane_pool is None:
-            self._lane_pool = ThreadPoolExecutor(
-                self.lanes - 1, thread_name_prefix=f"{threading.current_thread().name}/lane"
-            )
-        futures = [
-            self._lane_pool.submit(self._apply_limited, batch, started) for batch in batches[1:]
-        ]
+        if self.lanes > 1:
+            return self._poll_lanes()
+        claims = self.holdings.take(self.held_claims())
         try:
-            applied = self._apply_limited(batches[0], started)
+            if not claims:
+                return 0
+            started = time.perf_counter()
+            rows: Sequence[StoredRow] | None = None
+            if not self._catching_up:
+                with self.db.read() as conn:
+                    rows = self._fetch(conn, claims)
+                if not rows:
+                    return 0
+            self._catching_up = False
+            return self._apply_limited(Batch(claims, rows), started)
         finally:
-            wait(futures)  # the batch is in flight until every lane has committed
-        return applied + sum(future.result() for future in futures)
+            self.holdings.finish(claims)
+
+    def _poll_lanes(self) -> int:
+        """One read (``batch-size`` per lane) for the lanes no batch applies, their parts
+        applied in parallel; returns what the batches that ended applied. A busy lane does
+        not hold the others (:class:`Lanes`): the free lanes are read again meanwhile."""
+        idle = self.settings.idle_poll_interval
+        while True:
+            claims = self.holdings.take(self.held_claims())
+            started = time.perf_counter()
+            rows: Sequence[StoredRow] = ()
+            try:  # (the read's commit may fail after the rows came)
+                if claims:
+                    limit = self.settings.batch_size * len({p % self.lanes for p in claims})
+                    with self.db.read() as conn:
+                        rows = self._fetch(conn, claims, limit)
+            except BaseException:
+                self.holdings.finish(claims)
+                raise
+            if not rows:
+                self.holdings.finish(claims)
+            for batch in split_lanes(claims, rows, self.spec.partitions, self.lanes):
+                apply = partial(self._apply_limited, batch, started)
+                self._lanes.submit(apply, partial(self.holdings.finish, batch.claims))
+            if not self._lanes.running():
+                return 0
+            ended = self._lanes.wait(idle)
+            if ended is not None or self._stop.is_set():
+                return ended or 0
 
     def _apply_limited(self, batch: Batch, started: float) -> int:
         with self._limiter:

@@ -4,11 +4,14 @@ SQLite (file, WAL) is the embedded default; MySQL/MariaDB through PyMySQL is the
 production backend. Write transactions on SQLite begin ``IMMEDIATE`` so that a
 transaction that reads and then writes waits for the busy timeout instead of
 failing at once with ``SQLITE_BUSY`` when another process wrote in between.
-MySQL sessions run at READ COMMITTED so pollers never sit on an old snapshot.
+MySQL sessions run at READ COMMITTED so pollers never sit on an old snapshot. An
+instance bounds its connections' lock waits (:meth:`Database.bound_lock_waits`), and on
+MySQL its sessions are tracked (:mod:`messaging.store.sessions`).
 """
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -23,6 +26,7 @@ from messaging.errors import ConfigError
 from messaging.store.clock import Clock, DatabaseClock
 from messaging.store.nodes import Failover, join_hosts, split_hosts
 from messaging.store.schema import Schema
+from messaging.store.sessions import Sessions
 from messaging.store.tenancy import CONSUMER_OPTION, ReadModels
 from messaging.store.wakeup import APPENDED, WakeUps
 
@@ -31,6 +35,16 @@ SQLITE_BUSY_TIMEOUT = 30.0
 says otherwise (``sqlite:///app.db?timeout=5``)."""
 
 _READ_ONLY = "projections_read_only"
+_LOCK_WAIT = "projections_lock_wait"
+LOCK_WAIT_FRACTION = 4
+"""An instance's lock waits give up after stale-instance-timeout / this (at least 1 s)."""
+
+
+def lock_wait_bound(stale_instance_timeout: float) -> float:
+    """Seconds an instance's transaction waits for a row lock (MySQL) or the write lock
+    (SQLite) before failing, well below ``stale-instance-timeout``: a frozen holder cannot
+    hold its waiters longer, and the wait is retried (and logged) like any lock conflict."""
+    return max(1.0, stale_instance_timeout / LOCK_WAIT_FRACTION)
 
 
 def parse_database_url(url: str) -> URL:
@@ -115,6 +129,9 @@ def _mysql_engine(url: str, pool: bool) -> Engine:
         isolation_level="READ COMMITTED",
         pool_reset_on_return=None,
         pool_recycle=3600,
+        # Keep what the lanes use open rather than reconnecting per batch: the instance
+        # row records its sessions at each heartbeat (see messaging.store.sessions).
+        pool_size=16,
         connect_args={"charset": "utf8mb4"},
         **({} if pool else {"poolclass": NullPool}),
     )
@@ -148,6 +165,10 @@ class Database:
         self.read_models.install(self.engine)
         self.wakeups = WakeUps(self._identity(table_prefix))
         """Same-host wake-ups: a commit that appended wakes the instances here at once."""
+        self.sessions = None if self.is_sqlite else Sessions(self.engine)
+        """This process's MySQL sessions (None on SQLite)."""
+        self.lock_wait: float | None = None
+        """Seconds a lock wait lasts at most, once :meth:`bound_lock_waits` set it."""
 
     def _identity(self, prefix: str) -> str:
         """The same string in every process on this host that shares these messages."""
@@ -156,6 +177,25 @@ class Database:
         return (
             f"{first.get_backend_name()}|{first.host}|{first.port}|{place}|{self.tenant}|{prefix}"
         )
+
+    def bound_lock_waits(self, seconds: float) -> None:
+        """Make every connection give up waiting for a lock after ``seconds``:
+        ``innodb_lock_wait_timeout`` on MySQL (whole seconds, rounded up), the busy
+        timeout on SQLite. Set on each connection when it is next checked out."""
+        if self.lock_wait is None:
+            event.listen(self.engine, "checkout", self._bound_lock_wait)
+        self.lock_wait = seconds
+
+    def _bound_lock_wait(self, dbapi_connection: Any, record: Any, _proxy: Any) -> None:
+        if record.info.get(_LOCK_WAIT) == self.lock_wait or self.lock_wait is None:
+            return
+        cursor = dbapi_connection.cursor()
+        if self.is_sqlite:
+            cursor.execute(f"PRAGMA busy_timeout = {int(self.lock_wait * 1000)}")
+        else:
+            cursor.execute(f"SET SESSION innodb_lock_wait_timeout = {math.ceil(self.lock_wait)}")
+        cursor.close()
+        record.info[_LOCK_WAIT] = self.lock_wait
 
     def read_model(self, table: Table) -> Table:
         """This tenant's physical table for the declared read-model ``table``: the table

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, TypeVar
 
 import attrs
@@ -33,6 +33,7 @@ _MYSQL_LOST = {
     2006,  # server has gone away
     2013,  # lost connection during query
     0,  # PyMySQL: the connection was already closed
+    1927,  # MariaDB: the connection was killed (by the instance taking over from this one)
     *NOT_PRIMARY,  # Galera: the node left the primary component (a COMMIT's fate is its)
 }
 _MYSQL_TRANSIENT = {
@@ -99,7 +100,10 @@ def lock_conflict(exc: BaseException) -> str | None:
 
 
 def report_retry(
-    hooks: pluggy.HookRelay, instance_id: str, what: str, error: BaseException
+    hooks: pluggy.HookRelay,
+    instance_id: str,
+    what: str,
+    error: BaseException,
 ) -> None:
     """Tell the plugins that ``what`` on ``instance_id`` retries after ``error``: always
     ``projections_retrying``, and ``projections_lock_contention`` for a lock conflict."""
@@ -107,6 +111,27 @@ def report_retry(
     kind = lock_conflict(error)
     if kind is not None:
         hooks.projections_lock_contention(what=what, instance_id=instance_id, kind=kind)
+
+
+def report_batch_retry(
+    hooks: pluggy.HookRelay,
+    instance_id: str,
+    what: str,
+    partitions: Iterable[int],
+    error: BaseException,
+) -> None:
+    """:func:`report_retry` for a batch of ``partitions``; a lock wait that ran out is
+    logged at WARNING: a transaction holds rows the batch needs (a slow batch, or an
+    instance frozen inside its transaction)."""
+    report_retry(hooks, instance_id, what, error)
+    if lock_conflict(error) in ("lock-wait-timeout", "busy"):
+        log.warning(
+            "%s: partitions %s gave up waiting for a lock another transaction holds "
+            "(a slow or frozen instance?); retrying: %s",
+            what,
+            sorted(partitions),
+            getattr(error, "orig", error),
+        )
 
 
 def backoff_delays(settings: ConflictRetrySettings) -> list[float]:

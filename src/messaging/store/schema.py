@@ -155,6 +155,7 @@ class Schema:
             Column("stopping", Boolean, nullable=False),
             Column("runs", LONG_TEXT, nullable=False),
             Column("in_memory", LONG_TEXT, nullable=True),  # V6
+            Column("sessions", LONG_TEXT, nullable=True),  # V8: its MySQL sessions (JSON)
             PrimaryKeyConstraint("tenant", "id"),
             Index(f"{prefix}ix_instances_heartbeat", "tenant", "heartbeat_at"),
         )
