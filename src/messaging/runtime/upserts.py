@@ -19,7 +19,7 @@ if any, must not be what an upsert conflicts on.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from sqlalchemy import Table, literal_column
@@ -29,15 +29,6 @@ from sqlalchemy.sql import Executable
 
 from messaging.errors import ProjectionsError
 
-Upsert = tuple[
-    Table,
-    Mapping[str, Any],
-    Mapping[str, Any] | None,
-    Mapping[str, Any] | None,
-    Mapping[str, Any] | None,
-]
-"""One upsert as a handler asked for it: (table, key, set, add, insert)."""
-
 Shape = tuple[frozenset[str], frozenset[str], frozenset[str]]
 """The columns an upserted row sets, adds to, and writes only when new (besides its key)."""
 
@@ -46,14 +37,17 @@ _MAX_STATEMENTS = 256
 
 
 _Row = list[Any]
-"""One row's pending upsert, as a list (the hot path builds one per new row):
+"""One row's pending upsert, as a list (the hot path builds one per new row, and keeps as
+few objects alive as it can: the garbage collector's passes cost in proportion to them):
 
 - ``[0]`` values: the columns it changes, each with what a new row gets, which is also
   what an existing row is set to or (the columns in ``[1]``) incremented by: one
-  statement can say no more. Its own dict.
-- ``[1]`` adds: the columns of ``[0]`` added to (the handler's keys until a fold changes them).
+  statement can say no more. Its own dict, or, while it ``is`` ``[1]``, the handler's
+  ``add`` (copied before the first fold changes it).
+- ``[1]`` adds: the columns of ``[0]`` added to (the handler's ``add`` until a fold
+  changes them).
 - ``[2]`` inserts: what only a new row gets (the handler's mapping).
-- ``[3]`` key (the handler's mapping).
+- ``[3]`` identity: the key's value (a tuple of them for a composite key).
 - ``[4]`` generation: sent after every row of the generations before (rows of its key
   that it could not be folded into).
 
@@ -67,6 +61,7 @@ def _new_row(
     set_: Mapping[str, Any] | None,
     add: Mapping[str, Any] | None,
     insert: Mapping[str, Any] | None,
+    identity: Any,
     generation: int,
 ) -> _Row:
     """One upsert as a row; ProjectionsError when it sets or adds to a key column, or names
@@ -76,13 +71,22 @@ def _new_row(
         raise ProjectionsError(f"upsert into {table.name!r}: a column both in set and add")
     if not values.keys().isdisjoint(key):
         raise ProjectionsError(f"upsert into {table.name!r}: a key column in set or add")
-    return [values, add.keys() if add else (), insert or {}, key, generation]
+    return [values, add or (), insert or _NOTHING, identity, generation]
 
 
-def _fold_into(row: _Row, set_: Mapping[str, Any] | None, add: Mapping[str, Any] | None) -> bool:
-    """Apply a later upsert of the same row to ``row``; False (nothing changed) when the
-    result would differ from applying both in turn (or when :func:`_new_row` would refuse
-    the upsert). Its ``insert`` values never matter: the row exists by then."""
+_NOTHING: Mapping[str, Any] = {}
+
+
+def _fold_into(
+    row: _Row,
+    set_: Mapping[str, Any] | None,
+    add: Mapping[str, Any] | None,
+    primary: tuple[str, ...],
+) -> bool:
+    """Apply a later upsert of the same row to ``row`` (whose ``values`` are its own);
+    False (nothing changed) when the result would differ from applying both in turn (or
+    when :func:`_new_row` would refuse the upsert). Its ``insert`` values never matter:
+    the row exists by then."""
     values: dict[str, Any] = row[0]
     if add:
         for column, amount in add.items():
@@ -95,7 +99,7 @@ def _fold_into(row: _Row, set_: Mapping[str, Any] | None, add: Mapping[str, Any]
                     return False  # a new row would start from a default (or a key column)
         if set_ and not set_.keys().isdisjoint(add):
             return False
-    if set_ and not set_.keys().isdisjoint(row[3]):
+    if set_ and not set_.keys().isdisjoint(primary):
         return False
     adds = row[1] = set(row[1])
     if add:
@@ -111,73 +115,114 @@ def _fold_into(row: _Row, set_: Mapping[str, Any] | None, add: Mapping[str, Any]
     return True
 
 
-def runs(
-    upserts: Sequence[Upsert], dialect: Dialect
-) -> Iterator[tuple[Executable, list[Mapping[str, Any]]]]:
-    """The statements that write ``upserts`` (given in message order, with no other write
-    between them), each with its parameter sets: per table in the order first upserted,
-    per generation, one statement per shape."""
-    # Rows are grouped by the order their columns come in first (cheap), then by shape.
-    by_order: dict[tuple[Table, int, Any, Any, Any], list[Mapping[str, Any]]] = {}
-    for table, (values, adds, inserts, key, generation) in _fold(upserts):
-        order = (table, generation, tuple(values), tuple(adds), tuple(inserts))
-        params = by_order.get(order)
-        if params is None:
-            params = by_order[order] = []
-        params.append({**inserts, **values, **key})
-    by_shape: dict[Table, dict[tuple[int, Shape], list[Mapping[str, Any]]]] = {}
-    for (table, generation, changed, added, inserted), params in by_order.items():
-        adds = frozenset(added)
-        shape = (frozenset(changed) - adds, adds, frozenset(inserted) - frozenset(changed))
-        by_shape.setdefault(table, {}).setdefault((generation, shape), []).extend(params)
-    for table, groups in by_shape.items():
-        for (_, shape), params in sorted(groups.items(), key=lambda item: item[0][0]):
-            yield statement(table, dialect, shape), params
+class _Pending:
+    """One table's pending rows."""
+
+    __slots__ = ("column", "latest", "primary", "rows")
+
+    def __init__(self, table: Table) -> None:
+        self.primary = primary_key(table)
+        self.column = self.primary[0] if len(self.primary) == 1 else None
+        """The one primary-key column (None: a composite key)."""
+        self.latest: dict[Any, _Row] = {}
+        """The latest row of each key value."""
+        self.rows: list[_Row] = []
+        """Every row, in the order created."""
 
 
-def _fold(upserts: Sequence[Upsert]) -> list[tuple[Table, _Row]]:
-    """``upserts`` folded per row, as rows in the order created."""
-    rows: list[tuple[Table, _Row]] = []
-    tables: dict[Table, tuple[tuple[str, ...], dict[Any, _Row]]] = {}
-    current: Table | None = None
-    primary: tuple[str, ...] = ()
-    latest: dict[Any, _Row] = {}
-    for table, key, set_, add, insert in upserts:
-        if table is not current:
-            entry = tables.get(table)
-            if entry is None:
-                entry = tables[table] = (primary_key(table), {})
-            current = table
-            primary, latest = entry
+class Folded:
+    """A batch's upserts so far, each folded into the pending row of its key as it comes
+    (in message order, with no other write between them): :meth:`add` is the hot path of
+    a read model's handlers, :meth:`runs` what is sent."""
+
+    __slots__ = ("_current", "_table", "_tables")
+
+    def __init__(self) -> None:
+        self._tables: dict[Table, _Pending] = {}
+        """Per table, in the order first upserted."""
+        self._table: Table | None = None
+        self._current: _Pending | None = None
+        """The pending rows of ``_table``, the table last upserted into."""
+
+    def add(
+        self,
+        table: Table,
+        key: Mapping[str, Any],
+        set_: Mapping[str, Any] | None,
+        add: Mapping[str, Any] | None,
+        insert: Mapping[str, Any] | None,
+    ) -> None:
+        """Fold one upsert into the row of its key, or start a row (ProjectionsError for an
+        upsert :func:`_new_row` refuses, or a ``key`` that is not the primary key)."""
+        pending = self._current
+        if table is not self._table or pending is None:
+            pending = self._tables.get(table)
+            if pending is None:
+                pending = self._tables[table] = _Pending(table)
+            self._table, self._current = table, pending
+        column = pending.column
         try:
-            identity = key[primary[0]] if len(primary) == 1 else tuple(key[c] for c in primary)
+            if column is not None and len(key) == 1:
+                identity = key[column]
+            else:
+                if len(key) != len(pending.primary):
+                    raise KeyError(key)
+                identity = tuple([key[c] for c in pending.primary])
         except KeyError:
-            raise _wrong_key(table, key, primary) from None
-        if len(key) != len(primary):
-            raise _wrong_key(table, key, primary)
+            raise _wrong_key(table, key, pending.primary) from None
+        latest = pending.latest
         row = latest.get(identity)
-        if row is not None:
-            if set_ is None and add and type(row[1]) is set:
-                # The common case, inline: integers added to integers of a row folded before.
-                values = row[0]
-                for column, amount in add.items():
-                    current_value = values.get(column)
-                    if type(current_value) is not int or type(amount) is not int:
+        if row is None:
+            if set_ is None and add is not None and add.keys().isdisjoint(key):
+                # The common case, inline: a new row only added to.
+                row = latest[identity] = [add, add, insert or _NOTHING, identity, 0]
+                pending.rows.append(row)
+                return
+        else:
+            values = row[0]
+            if values is row[1]:  # the handler's: copied before it changes
+                values = row[0] = dict(values)
+            if set_ is None and add:
+                # The common case, inline: integers added to integers already pending.
+                for name, amount in add.items():
+                    current = values.get(name)
+                    if type(current) is not int or type(amount) is not int:
                         break
-                    values[column] = current_value + amount
+                    values[name] = current + amount
                 else:
-                    continue
+                    return
                 for undo, amount in add.items():  # undo up to the column that is not
-                    if undo == column:
+                    if undo == name:
                         break
                     values[undo] -= amount
-            if _fold_into(row, set_, add):
-                continue
+            if _fold_into(row, set_, add, pending.primary):
+                return
         row = latest[identity] = _new_row(
-            table, key, set_, add, insert, 0 if row is None else row[4] + 1
+            table, key, set_, add, insert, identity, 0 if row is None else row[4] + 1
         )
-        rows.append((table, row))
-    return rows
+        pending.rows.append(row)
+
+    def runs(self, dialect: Dialect) -> Iterator[tuple[Executable, list[Mapping[str, Any]]]]:
+        """The statements that write the pending rows, each with its parameter sets: per
+        table in the order first upserted, per generation, one statement per shape."""
+        for table, pending in self._tables.items():
+            # Rows are grouped by the order their columns come in first (cheap), then by shape.
+            by_order: dict[tuple[int, Any, Any, Any], list[Mapping[str, Any]]] = {}
+            column, primary = pending.column, pending.primary
+            for values, adds, inserts, identity, generation in pending.rows:
+                order = (generation, tuple(values), tuple(adds), tuple(inserts))
+                params = by_order.get(order)
+                if params is None:
+                    params = by_order[order] = []
+                key = {column: identity} if column else dict(zip(primary, identity, strict=True))
+                params.append({**inserts, **values, **key})
+            by_shape: dict[tuple[int, Shape], list[Mapping[str, Any]]] = {}
+            for (generation, changed, added, inserted), params in by_order.items():
+                adds = frozenset(added)
+                shape = (frozenset(changed) - adds, adds, frozenset(inserted) - frozenset(changed))
+                by_shape.setdefault((generation, shape), []).extend(params)
+            for (_, shape), params in sorted(by_shape.items(), key=lambda item: item[0][0]):
+                yield statement(table, dialect, shape), params
 
 
 def primary_key(table: Table) -> tuple[str, ...]:
