@@ -441,7 +441,8 @@ def profile_framework(run: Callable[[], float]) -> None:
     profiler.disable()
     out = io.StringIO()
     stats = pstats.Stats(profiler, stream=out)
-    stats.sort_stats("tottime").print_stats(15)
+    stats.sort_stats("tottime").print_stats(25)
+    stats.sort_stats("cumtime").print_stats(45)
     print(
         f"\nprofile of one framework run on SQLite ({rate:,.0f} msg/s under cProfile):",
         file=sys.stderr,

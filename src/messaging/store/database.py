@@ -114,6 +114,7 @@ def _mysql_engine(url: str, pool: bool) -> Engine:
         pool_reset_on_return=None,
         pool_recycle=3600,
         connect_args={"charset": "utf8mb4"},
+        paramstyle="format",
         **({} if pool else {"poolclass": NullPool}),
     )
     if nodes:
