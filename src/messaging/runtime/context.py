@@ -127,7 +127,7 @@ class HandlerContext(MessageContext):
         self._sent: dict[str, int] = {}
         self.cause: str | None = None
         """What the messages sent now are caused by, for their ids; None: the current position."""
-        self._runs: list[tuple[Executable, list[Mapping[str, Any]]]] = []
+        self._runs: list[tuple[Executable, list[Mapping[str, Any]]] | upserts.Writes] = []
         self._statement: Executable | None = None
         self._params: list[Mapping[str, Any]] = []
         self._keys: KeysView[str] | None = None
@@ -291,5 +291,8 @@ class HandlerContext(MessageContext):
         if runs:
             assert self._conn is not None
             direct = _fastpath.sends_directly(self._conn)
-            for statement, params in runs:
-                _fastpath.execute(self._conn, statement, params, direct=direct)
+            for run in runs:
+                if len(run) == 2:
+                    _fastpath.execute(self._conn, *run, direct=direct)
+                else:
+                    _fastpath.execute_rows(self._conn, *run, direct=direct)

@@ -19,7 +19,7 @@ if any, must not be what an upsert conflicts on.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from sqlalchemy import Table, literal_column
@@ -32,8 +32,16 @@ from messaging.errors import ProjectionsError
 Shape = tuple[frozenset[str], frozenset[str], frozenset[str]]
 """The columns an upserted row sets, adds to, and writes only when new (besides its key)."""
 
-_STATEMENTS: dict[tuple[Table, str, Shape], Executable] = {}
-_MAX_STATEMENTS = 256
+Writes = tuple[Executable, tuple[str, ...], list[tuple[Any, ...]]]
+"""A statement, the names of its parameters and each row's values of them, in that order."""
+
+_Writer = tuple[
+    Executable,
+    tuple[str, ...],
+    Callable[[Mapping[str, Any], Mapping[str, Any], Any], tuple[Any, ...]],
+]
+_WRITERS: dict[tuple[Table, str, Shape], _Writer] = {}
+_MAX_WRITERS = 256
 
 
 _Row = list[Any]
@@ -42,10 +50,9 @@ few objects alive as it can: the garbage collector's passes cost in proportion t
 
 - ``[0]`` values: the columns it changes, each with what a new row gets, which is also
   what an existing row is set to or (the columns in ``[1]``) incremented by: one
-  statement can say no more. Its own dict, or, while it ``is`` ``[1]``, the handler's
-  ``add`` (copied before the first fold changes it).
-- ``[1]`` adds: the columns of ``[0]`` added to (the handler's ``add`` until a fold
-  changes them).
+  statement can say no more. Its own dict.
+- ``[1]`` adds: the columns of ``[0]`` added to: ``[0]`` itself when all of them are (a
+  row only added to), else the handler's ``add`` until a fold changes them.
 - ``[2]`` inserts: what only a new row gets (the handler's mapping).
 - ``[3]`` identity: the key's value (a tuple of them for a composite key).
 - ``[4]`` generation: sent after every row of the generations before (rows of its key
@@ -71,7 +78,8 @@ def _new_row(
         raise ProjectionsError(f"upsert into {table.name!r}: a column both in set and add")
     if not values.keys().isdisjoint(key):
         raise ProjectionsError(f"upsert into {table.name!r}: a key column in set or add")
-    return [values, add or (), insert or _NOTHING, identity, generation]
+    adds = (add or ()) if set_ else values
+    return [values, adds, insert or _NOTHING, identity, generation]
 
 
 _NOTHING: Mapping[str, Any] = {}
@@ -83,10 +91,9 @@ def _fold_into(
     add: Mapping[str, Any] | None,
     primary: tuple[str, ...],
 ) -> bool:
-    """Apply a later upsert of the same row to ``row`` (whose ``values`` are its own);
-    False (nothing changed) when the result would differ from applying both in turn (or
-    when :func:`_new_row` would refuse the upsert). Its ``insert`` values never matter:
-    the row exists by then."""
+    """Apply a later upsert of the same row to ``row``; False (nothing changed) when the
+    result would differ from applying both in turn (or when :func:`_new_row` would refuse
+    the upsert). Its ``insert`` values never matter: the row exists by then."""
     values: dict[str, Any] = row[0]
     if add:
         for column, amount in add.items():
@@ -129,6 +136,13 @@ class _Pending:
         self.rows: list[_Row] = []
         """Every row, in the order created."""
 
+    def identity(self, key: Mapping[str, Any]) -> Any:
+        """The value (a tuple of them for a composite key) ``key`` names its row by;
+        KeyError unless it names exactly the primary key's columns."""
+        if len(key) != len(self.primary):
+            raise KeyError(key)
+        return key[self.primary[0]] if self.column else tuple([key[c] for c in self.primary])
+
 
 class Folded:
     """A batch's upserts so far, each folded into the pending row of its key as it comes
@@ -137,12 +151,13 @@ class Folded:
 
     __slots__ = ("_current", "_table", "_tables")
 
+    _current: _Pending
+    """The pending rows of ``_table``, the table last upserted into."""
+
     def __init__(self) -> None:
         self._tables: dict[Table, _Pending] = {}
         """Per table, in the order first upserted."""
         self._table: Table | None = None
-        self._current: _Pending | None = None
-        """The pending rows of ``_table``, the table last upserted into."""
 
     def add(
         self,
@@ -154,36 +169,23 @@ class Folded:
     ) -> None:
         """Fold one upsert into the row of its key, or start a row (ProjectionsError for an
         upsert :func:`_new_row` refuses, or a ``key`` that is not the primary key)."""
-        pending = self._current
-        if table is not self._table or pending is None:
-            pending = self._tables.get(table)
-            if pending is None:
-                pending = self._tables[table] = _Pending(table)
-            self._table, self._current = table, pending
+        pending = self._current if table is self._table else self._switch(table)
         column = pending.column
         try:
-            if column is not None and len(key) == 1:
-                identity = key[column]
-            else:
-                if len(key) != len(pending.primary):
-                    raise KeyError(key)
-                identity = tuple([key[c] for c in pending.primary])
+            identity = key[column] if column and len(key) == 1 else pending.identity(key)
         except KeyError:
             raise _wrong_key(table, key, pending.primary) from None
         latest = pending.latest
         row = latest.get(identity)
-        if row is None:
-            if set_ is None and add is not None and add.keys().isdisjoint(key):
-                # The common case, inline: a new row only added to.
-                row = latest[identity] = [add, add, insert or _NOTHING, identity, 0]
-                pending.rows.append(row)
-                return
-        else:
-            values = row[0]
-            if values is row[1]:  # the handler's: copied before it changes
-                values = row[0] = dict(values)
-            if set_ is None and add:
-                # The common case, inline: integers added to integers already pending.
+        if set_ is None and add:  # the common cases, inline
+            if row is None:
+                if column and column not in add:  # a new row, only added to
+                    values = dict(add)
+                    row = latest[identity] = [values, values, insert or _NOTHING, identity, 0]
+                    pending.rows.append(row)
+                    return
+            else:  # integers added to integers already pending
+                values = row[0]
                 for name, amount in add.items():
                     current = values.get(name)
                     if type(current) is not int or type(amount) is not int:
@@ -195,34 +197,51 @@ class Folded:
                     if undo == name:
                         break
                     values[undo] -= amount
-            if _fold_into(row, set_, add, pending.primary):
-                return
+        if row is not None and _fold_into(row, set_, add, pending.primary):
+            return
         row = latest[identity] = _new_row(
             table, key, set_, add, insert, identity, 0 if row is None else row[4] + 1
         )
         pending.rows.append(row)
 
-    def runs(self, dialect: Dialect) -> Iterator[tuple[Executable, list[Mapping[str, Any]]]]:
-        """The statements that write the pending rows, each with its parameter sets: per
-        table in the order first upserted, per generation, one statement per shape."""
+    def _switch(self, table: Table) -> _Pending:
+        pending = self._tables.get(table)
+        if pending is None:
+            pending = self._tables[table] = _Pending(table)
+        self._table, self._current = table, pending
+        return pending
+
+    def runs(self, dialect: Dialect) -> Iterator[Writes]:
+        """The statements that write the pending rows, each with its parameter names and
+        rows: per table in the order first upserted, per generation, one per shape."""
         for table, pending in self._tables.items():
-            # Rows are grouped by the order their columns come in first (cheap), then by shape.
-            by_order: dict[tuple[int, Any, Any, Any], list[Mapping[str, Any]]] = {}
-            column, primary = pending.column, pending.primary
-            for values, adds, inserts, identity, generation in pending.rows:
-                order = (generation, tuple(values), tuple(adds), tuple(inserts))
-                params = by_order.get(order)
-                if params is None:
-                    params = by_order[order] = []
-                key = {column: identity} if column else dict(zip(primary, identity, strict=True))
-                params.append({**inserts, **values, **key})
-            by_shape: dict[tuple[int, Shape], list[Mapping[str, Any]]] = {}
-            for (generation, changed, added, inserted), params in by_order.items():
+            # Rows are grouped by the order their columns come in first (cheap), then by
+            # shape; a row only added to, like the row before it, joins its group at once.
+            by_order: dict[tuple[int, Any, Any, Any], list[_Row]] = {}
+            group: list[_Row] = []
+            like: tuple[Any, Mapping[str, Any], int] | None = None
+            for row in pending.rows:
+                values, adds, inserts, _, generation = row
+                if not (
+                    like is not None
+                    and adds is values
+                    and inserts is like[1]
+                    and generation == like[2]
+                    and values.keys() == like[0]
+                ):
+                    changed = tuple(values)
+                    added = changed if adds is values else tuple(adds)
+                    group = by_order.setdefault((generation, changed, added, tuple(inserts)), [])
+                    like = (values.keys(), inserts, generation) if adds is values else None
+                group.append(row)
+            by_shape: dict[tuple[int, Shape], list[_Row]] = {}
+            for (generation, changed, added, inserted), rows in by_order.items():
                 adds = frozenset(added)
                 shape = (frozenset(changed) - adds, adds, frozenset(inserted) - frozenset(changed))
-                by_shape.setdefault((generation, shape), []).extend(params)
-            for (_, shape), params in sorted(by_shape.items(), key=lambda item: item[0][0]):
-                yield statement(table, dialect, shape), params
+                by_shape.setdefault((generation, shape), []).extend(rows)
+            for (_, shape), rows in sorted(by_shape.items(), key=lambda item: item[0][0]):
+                built, names, values_of = _writer(table, dialect, shape)
+                yield built, names, [values_of(row[0], row[2], row[3]) for row in rows]
 
 
 def primary_key(table: Table) -> tuple[str, ...]:
@@ -239,20 +258,41 @@ def _wrong_key(table: Table, key: Mapping[str, Any], primary: tuple[str, ...]) -
     )
 
 
-def statement(table: Table, dialect: Dialect, shape: Shape) -> Executable:
+def _writer(table: Table, dialect: Dialect, shape: Shape) -> _Writer:
     """The upsert of rows of ``shape`` into ``table`` for ``dialect``, built once (so the
-    driver fast path learns it once): ``ON CONFLICT`` on SQLite, ``ON DUPLICATE KEY UPDATE``
-    with ``VALUES()`` on MySQL/MariaDB."""
+    driver fast path learns it once), its parameter names (in the table's column order)
+    and a generated function from a row's values, inserts and identity to its values of
+    them."""
     cache_key = (table, dialect.name, shape)
-    built = _STATEMENTS.get(cache_key)
-    if built is not None:
-        return built
+    writer = _WRITERS.get(cache_key)
+    if writer is None:
+        sets, adds, inserts = shape
+        primary = primary_key(table)
+        wanted = sets | adds | inserts | set(primary)
+        names = tuple(column.key for column in table.columns if column.key in wanted)
+        sources = {c: f"v[{c!r}]" for c in sets | adds}
+        sources.update({c: f"i[{c!r}]" for c in inserts})
+        sources.update({c: f"k[{i}]" if len(primary) > 1 else "k" for i, c in enumerate(primary)})
+        source = f"def values_of(v, i, k):\n    return ({', '.join(sources[n] for n in names)},)\n"
+        namespace: dict[str, Any] = {}
+        exec(compile(source, f"<upsert rows {table.name}>", "exec"), namespace)
+        writer = (statement(table, dialect, shape), names, namespace["values_of"])
+        if len(_WRITERS) >= _MAX_WRITERS:
+            _WRITERS.clear()
+        _WRITERS[cache_key] = writer
+    return writer
+
+
+def statement(table: Table, dialect: Dialect, shape: Shape) -> Executable:
+    """The upsert of rows of ``shape`` into ``table`` for ``dialect``: ``ON CONFLICT`` on
+    SQLite, ``ON DUPLICATE KEY UPDATE`` with ``VALUES()`` on MySQL/MariaDB."""
     sets, adds, inserts = shape
     missing = sorted(column for column in sets | adds | inserts if column not in table.c)
     if missing:
         raise ProjectionsError(f"upsert into {table.name!r}: no column {missing[0]!r}")
     changed = sorted((column, column in adds) for column in sets | adds)
     primary = primary_key(table)
+    built: Executable
     if dialect.name == "sqlite":
         lite = sqlite.insert(table)
         excluded = lite.excluded
@@ -275,7 +315,4 @@ def statement(table: Table, dialect: Dialect, shape: Shape) -> Executable:
         )
     else:
         raise ProjectionsError(f"upsert is not supported on {dialect.name}")
-    if len(_STATEMENTS) >= _MAX_STATEMENTS:
-        _STATEMENTS.clear()
-    _STATEMENTS[cache_key] = built
     return built
