@@ -35,14 +35,6 @@ Shape = tuple[frozenset[str], frozenset[str], frozenset[str]]
 Writes = tuple[Executable, tuple[str, ...], list[tuple[Any, ...]]]
 """A statement, the names of its parameters and each row's values of them, in that order."""
 
-_Writer = tuple[
-    Executable,
-    tuple[str, ...],
-    Callable[[Mapping[str, Any], Mapping[str, Any], Any], tuple[Any, ...]],
-]
-_WRITERS: dict[tuple[Table, str, Shape], _Writer] = {}
-_MAX_WRITERS = 256
-
 
 _Row = list[Any]
 """One row's pending upsert, as a list (the hot path builds one per new row, and keeps as
@@ -60,6 +52,15 @@ few objects alive as it can: the garbage collector's passes cost in proportion t
 
 Like the parameters given to ``execute``, a handler's mappings must not change after the call.
 """
+
+
+_Writer = tuple[
+    Executable,
+    tuple[str, ...],
+    Callable[[list[_Row]], list[tuple[Any, ...]]],
+]
+_WRITERS: dict[tuple[Table, str, Shape], _Writer] = {}
+_MAX_WRITERS = 256
 
 
 def _new_row(
@@ -241,7 +242,7 @@ class Folded:
                 by_shape.setdefault((generation, shape), []).extend(rows)
             for (_, shape), rows in sorted(by_shape.items(), key=lambda item: item[0][0]):
                 built, names, values_of = _writer(table, dialect, shape)
-                yield built, names, [values_of(row[0], row[2], row[3]) for row in rows]
+                yield built, names, values_of(rows)
 
 
 def primary_key(table: Table) -> tuple[str, ...]:
@@ -261,8 +262,7 @@ def _wrong_key(table: Table, key: Mapping[str, Any], primary: tuple[str, ...]) -
 def _writer(table: Table, dialect: Dialect, shape: Shape) -> _Writer:
     """The upsert of rows of ``shape`` into ``table`` for ``dialect``, built once (so the
     driver fast path learns it once), its parameter names (in the table's column order)
-    and a generated function from a row's values, inserts and identity to its values of
-    them."""
+    and a generated function from rows to their values of them."""
     cache_key = (table, dialect.name, shape)
     writer = _WRITERS.get(cache_key)
     if writer is None:
@@ -273,7 +273,10 @@ def _writer(table: Table, dialect: Dialect, shape: Shape) -> _Writer:
         sources = {c: f"v[{c!r}]" for c in sets | adds}
         sources.update({c: f"i[{c!r}]" for c in inserts})
         sources.update({c: f"k[{i}]" if len(primary) > 1 else "k" for i, c in enumerate(primary)})
-        source = f"def values_of(v, i, k):\n    return ({', '.join(sources[n] for n in names)},)\n"
+        source = (
+            "def values_of(rows):\n"
+            f"    return [({', '.join(sources[n] for n in names)},) for v, _, i, k, _ in rows]\n"
+        )
         namespace: dict[str, Any] = {}
         exec(compile(source, f"<upsert rows {table.name}>", "exec"), namespace)
         writer = (statement(table, dialect, shape), names, namespace["values_of"])
