@@ -55,11 +55,9 @@ def partition_of(key: str, partitions: int) -> int:
 
 
 StoredRow = tuple[int, str, int, str]
-"""A stored message as a consumer applies it (:meth:`MessageStore.read_batch`): a plain
-tuple (the driver's own, on the hot path: no object per message beside it), indexed by
-:data:`POSITION`, :data:`TYPE` (the stored type name), :data:`PARTITION_HASH` (the hash
-of its key; its partition is this modulo the consumer's partition count) and
-:data:`PAYLOAD`."""
+"""A stored message as a consumer applies it (:meth:`MessageStore.read_batch`), a plain
+tuple indexed by :data:`POSITION`, :data:`TYPE` (the stored type name),
+:data:`PARTITION_HASH` (its partition is this modulo the partition count), :data:`PAYLOAD`."""
 POSITION: Final = 0
 TYPE: Final = 1
 PARTITION_HASH: Final = 2
@@ -318,12 +316,9 @@ class MessageStore:
         types: Sequence[str] | None = None,
         limit: int = 500,
     ) -> list[StoredRow]:
-        """What :meth:`read` selects, as ``(position, type, partition_hash, payload)`` rows:
-        all a consumer needs to apply a batch. :meth:`envelopes` gives the rest on demand.
-
-        Plain tuples (:data:`StoredRow`): the driver's own on the hot path (see
-        :mod:`messaging.store._fastpath`), copied from SQLAlchemy's rows otherwise.
-        """
+        """What :meth:`read` selects, as :data:`StoredRow` tuples: all a consumer needs to
+        apply a batch (:meth:`envelopes` gives the rest on demand). On the hot path they are
+        the driver's own (:mod:`messaging.store._fastpath`): no object per message beside."""
         query = self._query(
             self._batch_columns, topics, after, partitions, partition_count, types, limit
         )
