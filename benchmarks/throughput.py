@@ -15,7 +15,8 @@ withdrawals, transfer pairs), then applies it three times with each of:
 - the **mirror loop**, for reference: the framework's own shape by hand (one ``UPDATE``
   per message).
 
-Each run starts from a fresh copy of the seeded data, and every run's read model and
+Each run starts from a fresh copy of the seeded data (timed after a garbage collection,
+so that no loop pays for the setup before it), and every run's read model and
 checkpoints are compared with a sequential ``ledger.replay`` of all messages; any
 difference fails the benchmark. Prints the median rate of each and, per backend,
 ``ratio framework/best hand-written: X.XX`` (MySQL first when given, SQLite last).
