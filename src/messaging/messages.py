@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from types import MemberDescriptorType
 from typing import Any, TypeVar
 
 import attrs
@@ -97,10 +98,11 @@ class _Decoder:
 
     The quick path accepts exactly what the strict path accepts and builds the same
     object; whenever it has any doubt it defers to the strict path, which raises the
-    detailed :class:`DecodeError`.
+    detailed :class:`DecodeError`. For a flat class (:func:`_flat_decoder`) the whole
+    quick path is one generated function, :attr:`decode`.
     """
 
-    __slots__ = ("cls", "name", "quick", "strict")
+    __slots__ = ("cls", "decode", "name", "quick", "strict")
 
     def __init__(
         self,
@@ -113,16 +115,23 @@ class _Decoder:
         self.cls = cls
         self.name = name
         self.strict = strict
-        self.quick = _flat_structure(cls) or (lambda data: quick(data, cls))
+        self.quick = quick
+        self.decode: Callable[[str | bytes, int | None], Any] = (
+            _flat_decoder(cls, self.decode_strictly) or self._decode
+        )
 
-    def decode(self, payload: str | bytes, position: int | None = None) -> Any:
+    def _decode(self, payload: str | bytes, position: int | None = None) -> Any:
         if type(payload) is str:
             try:
                 data, end = _scan_json(payload, 0)
                 if end == len(payload) and type(data) is dict:
-                    return self.quick(data)
+                    return self.quick(data, self.cls)
             except Exception:
                 pass  # decoded again below, with the error it deserves
+        return self.decode_strictly(payload, position)
+
+    def decode_strictly(self, payload: str | bytes, position: int | None = None) -> Any:
+        """The strict path: the message, or DecodeError naming what is wrong."""
         try:
             data = json.loads(payload)
             if not isinstance(data, dict):
@@ -143,10 +152,12 @@ _EXACT_CHECKS = {
 }
 
 
-def _flat_structure(cls: type) -> Callable[[dict[str, Any]], Any] | None:
-    """For a class whose fields are all required str/int/float/bool, a generated function
-    that checks a payload's keys and exact types inline and builds the object, or hands
-    anything else to the strict path by raising. None for other classes."""
+def _flat_decoder(
+    cls: type, strictly: Callable[[str | bytes, int | None], Any]
+) -> Callable[[str | bytes, int | None], Any] | None:
+    """For a class whose fields are all required str/int/float/bool, a generated decode
+    function: it scans a str payload, checks its keys and exact types inline and builds
+    the object, or hands the payload to ``strictly``. None for other classes."""
     attrs.resolve_types(cls)
     fields = attrs.fields(cls)
     hints: dict[str, Any] = {f.name: f.type for f in fields}
@@ -159,23 +170,65 @@ def _flat_structure(cls: type) -> Callable[[dict[str, Any]], Any] | None:
     checks = " and ".join(
         _EXACT_CHECKS[hints[f.name]].format(v=v) for f, v in zip(fields, names, strict=True)
     )
-    arguments = ", ".join(
-        f"{f.alias}=float({v})" if hints[f.name] is float else f"{f.alias}={v}"
-        for f, v in zip(fields, names, strict=True)
-    )
+    values = [
+        f"float({v})" if hints[f.name] is float else v for f, v in zip(fields, names, strict=True)
+    ]
+    namespace: dict[str, Any] = {"cls": cls, "scan": _scan_json, "strictly": strictly}
+    slots = _slot_setters(cls, fields)
+    if slots is None:
+        arguments = ", ".join(f"{f.alias}={v}" for f, v in zip(fields, values, strict=True))
+        build = f"return cls({arguments})"
+    else:
+        namespace["new"] = object.__new__
+        namespace.update({f"set{i}": setter for i, setter in enumerate(slots)})
+        build = "; ".join(
+            ["m = new(cls)", *(f"set{i}(m, {v})" for i, v in enumerate(values)), "return m"]
+        )
+    size = len(fields)
     source = (
-        "def structure(data):\n"
-        f"    if len(data) != {len(fields)}:\n"
-        "        raise ValueError('unexpected keys')\n"
-        f"    {', '.join(names)}, = {', '.join(f'data[{f.name!r}]' for f in fields)},\n"
-        f"    if not ({checks}):\n"
-        "        raise TypeError('unexpected types')\n"
-        f"    return cls({arguments})\n"
+        "def decode(payload, position=None):\n"
+        "    if type(payload) is str:\n"
+        "        try:\n"
+        "            data, end = scan(payload, 0)\n"
+        f"            if end == len(payload) and type(data) is dict and len(data) == {size}:\n"
+        f"                {', '.join(names)}, = {', '.join(f'data[{f.name!r}]' for f in fields)},\n"
+        f"                if {checks}:\n"
+        f"                    {build}\n"
+        "        except Exception:\n"
+        "            pass\n"
+        "    return strictly(payload, position)\n"
     )
-    namespace: dict[str, Any] = {"cls": cls}
-    exec(compile(source, f"<message structure {cls.__qualname__}>", "exec"), namespace)
-    structure: Callable[[dict[str, Any]], Any] = namespace["structure"]
-    return structure
+    exec(compile(source, f"<message decoder {cls.__qualname__}>", "exec"), namespace)
+    decode: Callable[[str | bytes, int | None], Any] = namespace["decode"]
+    return decode
+
+
+def _slot_setters(
+    cls: type, fields: Sequence[attrs.Attribute[Any]]
+) -> list[Callable[[Any, Any], None]] | None:
+    """The slot setters that build an instance of ``cls`` exactly as its ``__init__`` would,
+    or None unless that ``__init__`` only stores its arguments: generated by attrs (per
+    ``attrs.inspect``, attrs 25.4 and later), slotted, no cached hash, and no validator,
+    converter or pre/post-init hook to run."""
+    inspect = getattr(attrs, "inspect", None)
+    if inspect is None:
+        return None
+    props = inspect(cls)
+    if (
+        not props.added_init
+        or not props.is_slotted
+        or props.is_exception
+        or hasattr(cls, "__attrs_pre_init__")
+        or hasattr(cls, "__attrs_post_init__")
+        or any(f.validator is not None or f.converter is not None for f in fields)
+    ):
+        return None
+    slots = {name for base in cls.__mro__ for name in base.__dict__.get("__slots__", ())}
+    if slots - {"__weakref__"} != {f.name for f in fields}:
+        return None  # a slot its __init__ fills that is not a field (a cached hash)
+    slot_fields = [getattr(cls, f.name, None) for f in fields]
+    setters = [s.__set__ for s in slot_fields if isinstance(s, MemberDescriptorType)]
+    return setters if len(setters) == len(fields) else None
 
 
 def _strict_converter() -> cattrs.Converter:

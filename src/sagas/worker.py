@@ -32,7 +32,15 @@ from messaging.runtime.poison import Poison
 from messaging.runtime.worker import ConsumerWorker
 from messaging.store.database import Database
 from messaging.store.retry import is_transient
-from messaging.store.store import StoredRow, check_id, partition_of
+from messaging.store.store import (
+    PARTITION_HASH,
+    PAYLOAD,
+    POSITION,
+    TYPE,
+    StoredRow,
+    check_id,
+    partition_of,
+)
 from sagas.context import SagaContext
 from sagas.options import saga_options, starts_saga
 from sagas.store import Deadline, SagaRow, SagaStore
@@ -75,17 +83,17 @@ class SagaDispatcher(Dispatcher):
         try:
             messages = []
             for row in rows:
-                messages.append(self.handlers[row.type][0](row.payload, row.position))
+                messages.append(self.handlers[row[TYPE]][0](row[PAYLOAD], row[POSITION]))
             batch = _Batch(self, ctx)
             batch.load(self.key_of(m) for m in messages)
             for row, message in zip(rows, messages, strict=True):
-                ctx.position = row.position
-                batch.handle(self.key_of(message), message, row.type)
+                ctx.position = row[POSITION]
+                batch.handle(self.key_of(message), message, row[TYPE])
             batch.write()
         except Exception as exc:
             if is_transient(exc) or row is None:
                 raise
-            raise Poison(row, row.partition_hash % partition_count, exc) from exc
+            raise Poison(row, row[PARTITION_HASH] % partition_count, exc) from exc
 
     def deliver(self, deadlines: Sequence[Deadline], ctx: HandlerContext) -> float:
         """Take ``deadlines`` off the table and apply them; return the database's time."""
@@ -358,9 +366,7 @@ class SagaWorker(ConsumerWorker):
                     f"deadline {deadline.name!r} of saga instance {deadline.key!r}: {exc}"
                 )
                 claim = held[deadline.partition]
-                row = StoredRow(
-                    claim.checkpoint, deadline.type, deadline.partition, deadline.payload
-                )
+                row = (claim.checkpoint, deadline.type, deadline.partition, deadline.payload)
                 self._halt(Poison(row, deadline.partition, failure), held)
                 continue
             delivered.extend(done)

@@ -85,6 +85,45 @@ def test_once_learned_a_write_skips_sqlalchemy_with_the_same_effect(
     assert [tuple(r) for r in rows] == [(1, "a"), (2, "b"), (3, "c"), (4, "d"), (5, "e"), (6, "f")]
 
 
+def test_rows_given_as_tuples_reach_the_driver_as_they_are_once_learned(
+    db: Database, items: Table, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """execute_rows learns through SQLAlchemy once, then hands tuples in the plan's order to
+    the driver; tuples in another order, or for a statement whose values SQLAlchemy converts
+    (a DateTime on SQLite), go as the mappings they stand for: the same rows either way."""
+    add = insert(items)
+    counter = _Counter(monkeypatch)
+    seen = datetime(2024, 5, 6, 7, 8, 9)
+    mapped: list[int] = []  # parameter sets the plans built from mappings
+    as_mappings = _fastpath._Plan.rows
+
+    def counted(plan: Any, params: Any) -> Any:
+        mapped.append(len(params))
+        return as_mappings(plan, params)
+
+    monkeypatch.setattr(_fastpath._Plan, "rows", counted)
+
+    def write(names: tuple[str, ...], rows: list[tuple[Any, ...]]) -> int:
+        return _fastpath.execute_rows(conn, add, names, rows, direct=_fastpath.sends_directly(conn))
+
+    with db.transaction() as conn:
+        assert write(("id", "name"), [(1, "a"), (2, "b")]) == 2
+        assert counter.calls == 1
+        assert write(("id", "name"), [(3, "c"), (4, "d")]) == 2
+        assert mapped == []
+        assert write(("name", "id"), [("e", 5), ("f", 6)]) == 2
+        assert mapped == [2]
+        assert write(("id", "name", "seen"), [(7, "g", seen), (8, "h", seen)]) == 2
+        assert write(("id", "name", "seen"), [(9, "i", seen), (10, "j", seen)]) == 2
+        assert counter.calls == 2
+    with db.read() as conn:
+        rows = conn.execute(select(items).order_by(items.c.id)).all()
+    assert [tuple(r) for r in rows] == [
+        *((n, name, None) for n, name in enumerate("abcdef", start=1)),
+        *((n, name, seen) for n, name in enumerate("ghij", start=7)),
+    ]
+
+
 def test_row_count_of_a_direct_update_is_the_rows_matched(db: Database, items: Table) -> None:
     """An update that matches a row counts it, also when it leaves the row unchanged."""
     rename = update(items).where(items.c.id == bindparam("key")).values(name=bindparam("label"))

@@ -237,3 +237,64 @@ def test_collections_keep_their_types_and_refuse_strings() -> None:
         with pytest.raises(DecodeError) as raised:
             registry.decode("test.msg.collections", payload, 3)
         assert raised.value.position == 3
+
+
+# -- the quick decoder of flat classes ------------------------------------------------------
+
+_built: list[str] = []
+
+
+def _upper(text: str) -> str:
+    return text.upper()
+
+
+@message("test.msg.checked")
+@attrs.define(frozen=True)
+class Checked:
+    """Flat, but its __init__ does more than store: it validates and converts."""
+
+    name: str = attrs.field(converter=_upper)
+    count: int = attrs.field(validator=attrs.validators.gt(0))
+
+
+@message("test.msg.hooked")
+@attrs.define(frozen=True)
+class Hooked:
+    name: str
+
+    def __attrs_post_init__(self) -> None:
+        _built.append(self.name)
+
+
+@message("test.msg.pre-hooked")
+@attrs.define(frozen=True)
+class PreHooked:
+    name: str
+
+    def __attrs_pre_init__(self) -> None:
+        _built.append("pre")
+
+
+@message("test.msg.cached-hash")
+@attrs.frozen(cache_hash=True)
+class CachedHash:
+    name: str
+    ratio: float
+
+
+def test_flat_messages_decode_as_their_init_builds_them() -> None:
+    """The generated decoder of a flat class builds what its __init__ builds: validators,
+    converters and post-init hooks run, a cached hash works, an int is a float field's
+    float; a plain frozen class gets an equal instance."""
+    assert registry.decode("test.msg.simple", '{"name":"n","count":2}') == Simple("n", 2)
+    assert registry.decode("test.msg.checked", '{"name":"n","count":2}') == Checked("N", 2)
+    with pytest.raises(DecodeError) as raised:
+        registry.decode("test.msg.checked", '{"name":"n","count":0}', 11)
+    assert raised.value.position == 11
+    _built.clear()
+    assert registry.decode("test.msg.hooked", '{"name":"h"}') == Hooked("h")
+    assert registry.decode("test.msg.pre-hooked", '{"name":"p"}') == PreHooked("p")
+    assert _built == ["h", "h", "pre", "pre"]  # the decoded one, then the one compared with
+    decoded = registry.decode("test.msg.cached-hash", '{"name":"c","ratio":2}')
+    assert hash(decoded) == hash(CachedHash("c", 2.0))
+    assert type(decoded.ratio) is float

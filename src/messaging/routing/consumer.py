@@ -26,7 +26,7 @@ from messaging.kinds import ConsumerKind, register_kind
 from messaging.runtime.context import HandlerContext
 from messaging.runtime.dispatch import Dispatcher
 from messaging.runtime.worker import ConsumerWorker
-from messaging.store.store import StoredRow
+from messaging.store.store import POSITION, StoredRow
 
 C = TypeVar("C", bound=type)
 
@@ -89,17 +89,17 @@ class IdempotentDispatcher(Dispatcher):
 
     def apply(self, rows: Sequence[StoredRow], ctx: HandlerContext, partition_count: int) -> None:
         envelopes = ctx.envelopes
-        ids = {row.position: envelopes[row.position].message_id for row in rows}
+        ids = {row[POSITION]: envelopes[row[POSITION]].message_id for row in rows}
         seen = self._handled(ctx, [i for i in ids.values() if i is not None])
         fresh = []
         records: list[dict[str, Any]] = []
         for row in rows:
-            message_id = ids[row.position]
+            message_id = ids[row[POSITION]]
             if message_id is not None:
                 if message_id in seen:
                     continue
                 seen.add(message_id)
-                records.append({"message": message_id, "at_position": row.position})
+                records.append({"message": message_id, "at_position": row[POSITION]})
             fresh.append(row)
         super().apply(fresh, ctx, partition_count)
         if records:

@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 import attrs
 
 from messaging.distribution.ownership import Claim
-from messaging.store.store import StoredRow
+from messaging.store.store import PARTITION_HASH, POSITION, StoredRow
 
 
 @attrs.frozen
@@ -25,7 +25,7 @@ class Batch:
 
     def checkpoint(self, applied: Sequence[StoredRow]) -> int:
         """Where the claims' checkpoints go once ``applied`` (non-empty) committed."""
-        return max(applied[-1].position, self.through)
+        return max(applied[-1][POSITION], self.through)
 
 
 def split_lanes(
@@ -39,9 +39,9 @@ def split_lanes(
         return []
     by_lane: dict[int, list[StoredRow]] = {}
     for row in rows:
-        by_lane.setdefault(row.partition_hash % partitions % lanes, []).append(row)
+        by_lane.setdefault(row[PARTITION_HASH] % partitions % lanes, []).append(row)
     first = min(by_lane)
-    through = rows[-1].position
+    through = rows[-1][POSITION]
     return [
         Batch(
             {

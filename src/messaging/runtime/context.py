@@ -127,11 +127,11 @@ class HandlerContext(MessageContext):
         self._sent: dict[str, int] = {}
         self.cause: str | None = None
         """What the messages sent now are caused by, for their ids; None: the current position."""
-        self._runs: list[tuple[Executable, list[Mapping[str, Any]]]] = []
+        self._runs: list[tuple[Executable, list[Mapping[str, Any]]] | upserts.Writes] = []
         self._statement: Executable | None = None
         self._params: list[Mapping[str, Any]] = []
         self._keys: KeysView[str] | None = None
-        self._upserts: list[upserts.Upsert] | None = None
+        self._upserts: upserts.Folded | None = None
         self.immediate = immediate
         """Send every write at once (used to find which message a failing batch broke on)."""
         self.position = 0
@@ -196,16 +196,18 @@ class HandlerContext(MessageContext):
         statements before and after keep their order. Key values are compared as Python
         compares them: under a case-insensitive collation, spell a row's key one way.
         """
-        if self._conn is None:
-            raise ProjectionsError("this consumer is not transactional: it has no database writes")
         pending = self._upserts
         if pending is None:
+            if self._conn is None:
+                raise ProjectionsError(
+                    "this consumer is not transactional: it has no database writes"
+                )
             if self._statement is not None:
                 self._runs.append((self._statement, self._params))
                 self._statement = None
                 self._params = []
-            pending = self._upserts = []
-        pending.append((table, key, set, add, insert))
+            pending = self._upserts = upserts.Folded()
+        pending.add(table, key, set, add, insert)
         if self.immediate:
             self._flush_writes()
 
@@ -276,7 +278,7 @@ class HandlerContext(MessageContext):
     def _end_upserts(self) -> None:
         pending, self._upserts = self._upserts, None
         assert pending is not None and self._conn is not None
-        self._runs.extend(upserts.runs(pending, self._conn.dialect))
+        self._runs.extend(pending.runs(self._conn.dialect))
 
     def _flush_writes(self) -> None:
         if self._upserts is not None:
@@ -289,5 +291,8 @@ class HandlerContext(MessageContext):
         if runs:
             assert self._conn is not None
             direct = _fastpath.sends_directly(self._conn)
-            for statement, params in runs:
-                _fastpath.execute(self._conn, statement, params, direct=direct)
+            for run in runs:
+                if len(run) == 2:
+                    _fastpath.execute(self._conn, *run, direct=direct)
+                else:
+                    _fastpath.execute_rows(self._conn, *run, direct=direct)

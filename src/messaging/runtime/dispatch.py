@@ -11,7 +11,7 @@ from messaging.runtime.context import HandlerContext
 from messaging.runtime.poison import Poison
 from messaging.store.database import Database
 from messaging.store.retry import is_transient
-from messaging.store.store import StoredRow
+from messaging.store.store import PARTITION_HASH, StoredRow
 
 Handler = tuple[Callable[[Any, int | None], Any], Callable[[Any, HandlerContext], Any]]
 """(decode, handle) of one message type."""
@@ -55,4 +55,4 @@ class Dispatcher:
         except Exception as exc:
             if is_transient(exc) or row is None:
                 raise
-            raise Poison(row, row.partition_hash % partition_count, exc) from exc
+            raise Poison(row, row[PARTITION_HASH] % partition_count, exc) from exc

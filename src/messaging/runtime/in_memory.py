@@ -20,6 +20,7 @@ from messaging.runtime.failures import last_frames
 from messaging.runtime.poison import Poison
 from messaging.runtime.polling import Worker
 from messaging.states import CopyState
+from messaging.store.store import POSITION, TYPE
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +67,7 @@ class InMemoryWorker(Worker):
 
         def load_envelopes() -> dict[int, Envelope]:
             with self.db.read() as conn:
-                return self.store.envelopes(conn, [row.position for row in rows])
+                return self.store.envelopes(conn, [row[POSITION] for row in rows])
 
         ctx = HandlerContext(None, load_envelopes)
         for index, row in enumerate(rows):
@@ -75,11 +76,11 @@ class InMemoryWorker(Worker):
             except Poison as poison:
                 self._halt(poison)
                 return index
-            self.position = row.position
+            self.position = row[POSITION]
         return len(rows)
 
     def _halt(self, poison: Poison) -> None:
-        position, type_name = poison.row.position, poison.row.type
+        position, type_name = poison.row[POSITION], poison.row[TYPE]
         detail = "".join(traceback.format_exception_only(poison.error)).strip()
         self.halted = f"halted at position {position} ({type_name}): {detail}"
         self.trace = last_frames(poison.error)

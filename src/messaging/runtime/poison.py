@@ -19,7 +19,7 @@ from messaging.distribution.ownership import Claim, Ownership
 from messaging.runtime.failures import last_frames
 from messaging.runtime.lifecycle import lifecycle_event
 from messaging.store.database import Database
-from messaging.store.store import StoredRow
+from messaging.store.store import POSITION, TYPE, StoredRow
 
 
 class Poison(Exception):
@@ -57,8 +57,8 @@ def isolate(poison: Poison, commit: Callable[[Sequence[StoredRow]], None]) -> Is
     """Commit the messages of ``poison``'s batch before it with ``commit``. Should those
     fail as a whole (a write at the end of the prefix), the poison moves to the message
     the failure names, until a prefix commits or none is left."""
-    positions = [row.position for row in poison.batch]
-    while index := positions.index(poison.row.position):
+    positions = [row[POSITION] for row in poison.batch]
+    while index := positions.index(poison.row[POSITION]):
         try:
             commit(poison.batch[:index])
         except Poison as earlier:
@@ -84,8 +84,8 @@ def halt_partition(
     hooks.projections_message_failed(
         consumer=consumer,
         partition=partition,
-        position=row.position,
-        type_name=row.type,
+        position=row[POSITION],
+        type_name=row[TYPE],
         error=error,
         instance_id=instance_id,
     )
@@ -96,8 +96,8 @@ def halt_partition(
             consumer,
             claim,
             instance_id,
-            position=row.position,
-            type_name=row.type,
+            position=row[POSITION],
+            type_name=row[TYPE],
             error=detail,
             trace=last_frames(error),
         )
@@ -111,15 +111,15 @@ def halt_partition(
             instance=instance_name,
             instance_id=instance_id,
             epoch=claim.epoch,
-            position=row.position,
-            type=row.type,
+            position=row[POSITION],
+            type=row[TYPE],
             error=detail,
         )
         hooks.projections_partition_halted(
             consumer=consumer,
             partition=partition,
-            position=row.position,
-            type_name=row.type,
+            position=row[POSITION],
+            type_name=row[TYPE],
             error=detail,
             instance_id=instance_id,
         )

@@ -19,7 +19,7 @@ if any, must not be what an upsert conflicts on.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from sqlalchemy import Table, literal_column
@@ -29,36 +29,38 @@ from sqlalchemy.sql import Executable
 
 from messaging.errors import ProjectionsError
 
-Upsert = tuple[
-    Table,
-    Mapping[str, Any],
-    Mapping[str, Any] | None,
-    Mapping[str, Any] | None,
-    Mapping[str, Any] | None,
-]
-"""One upsert as a handler asked for it: (table, key, set, add, insert)."""
-
 Shape = tuple[frozenset[str], frozenset[str], frozenset[str]]
 """The columns an upserted row sets, adds to, and writes only when new (besides its key)."""
 
-_STATEMENTS: dict[tuple[Table, str, Shape], Executable] = {}
-_MAX_STATEMENTS = 256
+Writes = tuple[Executable, tuple[str, ...], list[tuple[Any, ...]]]
+"""A statement, the names of its parameters and each row's values of them, in that order."""
 
 
 _Row = list[Any]
-"""One row's pending upsert, as a list (the hot path builds one per new row):
+"""One row's pending upsert, as a list (the hot path builds one per new row, and keeps as
+few objects alive as it can: the garbage collector's passes cost in proportion to them):
 
 - ``[0]`` values: the columns it changes, each with what a new row gets, which is also
   what an existing row is set to or (the columns in ``[1]``) incremented by: one
   statement can say no more. Its own dict.
-- ``[1]`` adds: the columns of ``[0]`` added to (the handler's keys until a fold changes them).
+- ``[1]`` adds: the columns of ``[0]`` added to: ``[0]`` itself when all of them are (a
+  row only added to), else the handler's ``add`` until a fold changes them.
 - ``[2]`` inserts: what only a new row gets (the handler's mapping).
-- ``[3]`` key (the handler's mapping).
+- ``[3]`` identity: the key's value (a tuple of them for a composite key).
 - ``[4]`` generation: sent after every row of the generations before (rows of its key
   that it could not be folded into).
 
 Like the parameters given to ``execute``, a handler's mappings must not change after the call.
 """
+
+
+_Writer = tuple[
+    Executable,
+    tuple[str, ...],
+    Callable[[list[_Row]], list[tuple[Any, ...]]],
+]
+_WRITERS: dict[tuple[Table, str, Shape], _Writer] = {}
+_MAX_WRITERS = 256
 
 
 def _new_row(
@@ -67,6 +69,7 @@ def _new_row(
     set_: Mapping[str, Any] | None,
     add: Mapping[str, Any] | None,
     insert: Mapping[str, Any] | None,
+    identity: Any,
     generation: int,
 ) -> _Row:
     """One upsert as a row; ProjectionsError when it sets or adds to a key column, or names
@@ -76,10 +79,19 @@ def _new_row(
         raise ProjectionsError(f"upsert into {table.name!r}: a column both in set and add")
     if not values.keys().isdisjoint(key):
         raise ProjectionsError(f"upsert into {table.name!r}: a key column in set or add")
-    return [values, add.keys() if add else (), insert or {}, key, generation]
+    adds = (add or ()) if set_ else values
+    return [values, adds, insert or _NOTHING, identity, generation]
 
 
-def _fold_into(row: _Row, set_: Mapping[str, Any] | None, add: Mapping[str, Any] | None) -> bool:
+_NOTHING: Mapping[str, Any] = {}
+
+
+def _fold_into(
+    row: _Row,
+    set_: Mapping[str, Any] | None,
+    add: Mapping[str, Any] | None,
+    primary: tuple[str, ...],
+) -> bool:
     """Apply a later upsert of the same row to ``row``; False (nothing changed) when the
     result would differ from applying both in turn (or when :func:`_new_row` would refuse
     the upsert). Its ``insert`` values never matter: the row exists by then."""
@@ -95,7 +107,7 @@ def _fold_into(row: _Row, set_: Mapping[str, Any] | None, add: Mapping[str, Any]
                     return False  # a new row would start from a default (or a key column)
         if set_ and not set_.keys().isdisjoint(add):
             return False
-    if set_ and not set_.keys().isdisjoint(row[3]):
+    if set_ and not set_.keys().isdisjoint(primary):
         return False
     adds = row[1] = set(row[1])
     if add:
@@ -111,73 +123,126 @@ def _fold_into(row: _Row, set_: Mapping[str, Any] | None, add: Mapping[str, Any]
     return True
 
 
-def runs(
-    upserts: Sequence[Upsert], dialect: Dialect
-) -> Iterator[tuple[Executable, list[Mapping[str, Any]]]]:
-    """The statements that write ``upserts`` (given in message order, with no other write
-    between them), each with its parameter sets: per table in the order first upserted,
-    per generation, one statement per shape."""
-    # Rows are grouped by the order their columns come in first (cheap), then by shape.
-    by_order: dict[tuple[Table, int, Any, Any, Any], list[Mapping[str, Any]]] = {}
-    for table, (values, adds, inserts, key, generation) in _fold(upserts):
-        order = (table, generation, tuple(values), tuple(adds), tuple(inserts))
-        params = by_order.get(order)
-        if params is None:
-            params = by_order[order] = []
-        params.append({**inserts, **values, **key})
-    by_shape: dict[Table, dict[tuple[int, Shape], list[Mapping[str, Any]]]] = {}
-    for (table, generation, changed, added, inserted), params in by_order.items():
-        adds = frozenset(added)
-        shape = (frozenset(changed) - adds, adds, frozenset(inserted) - frozenset(changed))
-        by_shape.setdefault(table, {}).setdefault((generation, shape), []).extend(params)
-    for table, groups in by_shape.items():
-        for (_, shape), params in sorted(groups.items(), key=lambda item: item[0][0]):
-            yield statement(table, dialect, shape), params
+class _Pending:
+    """One table's pending rows."""
+
+    __slots__ = ("column", "latest", "primary", "rows")
+
+    def __init__(self, table: Table) -> None:
+        self.primary = primary_key(table)
+        self.column = self.primary[0] if len(self.primary) == 1 else None
+        """The one primary-key column (None: a composite key)."""
+        self.latest: dict[Any, _Row] = {}
+        """The latest row of each key value."""
+        self.rows: list[_Row] = []
+        """Every row, in the order created."""
+
+    def identity(self, key: Mapping[str, Any]) -> Any:
+        """The value (a tuple of them for a composite key) ``key`` names its row by;
+        KeyError unless it names exactly the primary key's columns."""
+        if len(key) != len(self.primary):
+            raise KeyError(key)
+        return key[self.primary[0]] if self.column else tuple([key[c] for c in self.primary])
 
 
-def _fold(upserts: Sequence[Upsert]) -> list[tuple[Table, _Row]]:
-    """``upserts`` folded per row, as rows in the order created."""
-    rows: list[tuple[Table, _Row]] = []
-    tables: dict[Table, tuple[tuple[str, ...], dict[Any, _Row]]] = {}
-    current: Table | None = None
-    primary: tuple[str, ...] = ()
-    latest: dict[Any, _Row] = {}
-    for table, key, set_, add, insert in upserts:
-        if table is not current:
-            entry = tables.get(table)
-            if entry is None:
-                entry = tables[table] = (primary_key(table), {})
-            current = table
-            primary, latest = entry
+class Folded:
+    """A batch's upserts so far, each folded into the pending row of its key as it comes
+    (in message order, with no other write between them): :meth:`add` is the hot path of
+    a read model's handlers, :meth:`runs` what is sent."""
+
+    __slots__ = ("_current", "_table", "_tables")
+
+    _current: _Pending
+    """The pending rows of ``_table``, the table last upserted into."""
+
+    def __init__(self) -> None:
+        self._tables: dict[Table, _Pending] = {}
+        """Per table, in the order first upserted."""
+        self._table: Table | None = None
+
+    def add(
+        self,
+        table: Table,
+        key: Mapping[str, Any],
+        set_: Mapping[str, Any] | None,
+        add: Mapping[str, Any] | None,
+        insert: Mapping[str, Any] | None,
+    ) -> None:
+        """Fold one upsert into the row of its key, or start a row (ProjectionsError for an
+        upsert :func:`_new_row` refuses, or a ``key`` that is not the primary key)."""
+        pending = self._current if table is self._table else self._switch(table)
+        column = pending.column
         try:
-            identity = key[primary[0]] if len(primary) == 1 else tuple(key[c] for c in primary)
+            identity = key[column] if column and len(key) == 1 else pending.identity(key)
         except KeyError:
-            raise _wrong_key(table, key, primary) from None
-        if len(key) != len(primary):
-            raise _wrong_key(table, key, primary)
+            raise _wrong_key(table, key, pending.primary) from None
+        latest = pending.latest
         row = latest.get(identity)
-        if row is not None:
-            if set_ is None and add and type(row[1]) is set:
-                # The common case, inline: integers added to integers of a row folded before.
+        if set_ is None and add:  # the common cases, inline
+            if row is None:
+                if column and column not in add:  # a new row, only added to
+                    values = dict(add)
+                    row = latest[identity] = [values, values, insert or _NOTHING, identity, 0]
+                    pending.rows.append(row)
+                    return
+            else:  # integers added to integers already pending
                 values = row[0]
-                for column, amount in add.items():
-                    current_value = values.get(column)
-                    if type(current_value) is not int or type(amount) is not int:
+                for name, amount in add.items():
+                    current = values.get(name)
+                    if type(current) is not int or type(amount) is not int:
                         break
-                    values[column] = current_value + amount
+                    values[name] = current + amount
                 else:
-                    continue
+                    return
                 for undo, amount in add.items():  # undo up to the column that is not
-                    if undo == column:
+                    if undo == name:
                         break
                     values[undo] -= amount
-            if _fold_into(row, set_, add):
-                continue
+        if row is not None and _fold_into(row, set_, add, pending.primary):
+            return
         row = latest[identity] = _new_row(
-            table, key, set_, add, insert, 0 if row is None else row[4] + 1
+            table, key, set_, add, insert, identity, 0 if row is None else row[4] + 1
         )
-        rows.append((table, row))
-    return rows
+        pending.rows.append(row)
+
+    def _switch(self, table: Table) -> _Pending:
+        pending = self._tables.get(table)
+        if pending is None:
+            pending = self._tables[table] = _Pending(table)
+        self._table, self._current = table, pending
+        return pending
+
+    def runs(self, dialect: Dialect) -> Iterator[Writes]:
+        """The statements that write the pending rows, each with its parameter names and
+        rows: per table in the order first upserted, per generation, one per shape."""
+        for table, pending in self._tables.items():
+            # Rows are grouped by the order their columns come in first (cheap), then by
+            # shape; a row only added to, like the row before it, joins its group at once.
+            by_order: dict[tuple[int, Any, Any, Any], list[_Row]] = {}
+            group: list[_Row] = []
+            like: tuple[Any, Mapping[str, Any], int] | None = None
+            for row in pending.rows:
+                values, adds, inserts, _, generation = row
+                if not (
+                    like is not None
+                    and adds is values
+                    and inserts is like[1]
+                    and generation == like[2]
+                    and values.keys() == like[0]
+                ):
+                    changed = tuple(values)
+                    added = changed if adds is values else tuple(adds)
+                    group = by_order.setdefault((generation, changed, added, tuple(inserts)), [])
+                    like = (values.keys(), inserts, generation) if adds is values else None
+                group.append(row)
+            by_shape: dict[tuple[int, Shape], list[_Row]] = {}
+            for (generation, changed, added, inserted), rows in by_order.items():
+                adds = frozenset(added)
+                shape = (frozenset(changed) - adds, adds, frozenset(inserted) - frozenset(changed))
+                by_shape.setdefault((generation, shape), []).extend(rows)
+            for (_, shape), rows in sorted(by_shape.items(), key=lambda item: item[0][0]):
+                built, names, values_of = _writer(table, dialect, shape)
+                yield built, names, values_of(rows)
 
 
 def primary_key(table: Table) -> tuple[str, ...]:
@@ -194,20 +259,43 @@ def _wrong_key(table: Table, key: Mapping[str, Any], primary: tuple[str, ...]) -
     )
 
 
-def statement(table: Table, dialect: Dialect, shape: Shape) -> Executable:
+def _writer(table: Table, dialect: Dialect, shape: Shape) -> _Writer:
     """The upsert of rows of ``shape`` into ``table`` for ``dialect``, built once (so the
-    driver fast path learns it once): ``ON CONFLICT`` on SQLite, ``ON DUPLICATE KEY UPDATE``
-    with ``VALUES()`` on MySQL/MariaDB."""
+    driver fast path learns it once), its parameter names (in the table's column order)
+    and a generated function from rows to their values of them."""
     cache_key = (table, dialect.name, shape)
-    built = _STATEMENTS.get(cache_key)
-    if built is not None:
-        return built
+    writer = _WRITERS.get(cache_key)
+    if writer is None:
+        sets, adds, inserts = shape
+        primary = primary_key(table)
+        wanted = sets | adds | inserts | set(primary)
+        names = tuple(column.key for column in table.columns if column.key in wanted)
+        sources = {c: f"v[{c!r}]" for c in sets | adds}
+        sources.update({c: f"i[{c!r}]" for c in inserts})
+        sources.update({c: f"k[{i}]" if len(primary) > 1 else "k" for i, c in enumerate(primary)})
+        source = (
+            "def values_of(rows):\n"
+            f"    return [({', '.join(sources[n] for n in names)},) for v, _, i, k, _ in rows]\n"
+        )
+        namespace: dict[str, Any] = {}
+        exec(compile(source, f"<upsert rows {table.name}>", "exec"), namespace)
+        writer = (statement(table, dialect, shape), names, namespace["values_of"])
+        if len(_WRITERS) >= _MAX_WRITERS:
+            _WRITERS.clear()
+        _WRITERS[cache_key] = writer
+    return writer
+
+
+def statement(table: Table, dialect: Dialect, shape: Shape) -> Executable:
+    """The upsert of rows of ``shape`` into ``table`` for ``dialect``: ``ON CONFLICT`` on
+    SQLite, ``ON DUPLICATE KEY UPDATE`` with ``VALUES()`` on MySQL/MariaDB."""
     sets, adds, inserts = shape
     missing = sorted(column for column in sets | adds | inserts if column not in table.c)
     if missing:
         raise ProjectionsError(f"upsert into {table.name!r}: no column {missing[0]!r}")
     changed = sorted((column, column in adds) for column in sets | adds)
     primary = primary_key(table)
+    built: Executable
     if dialect.name == "sqlite":
         lite = sqlite.insert(table)
         excluded = lite.excluded
@@ -230,7 +318,4 @@ def statement(table: Table, dialect: Dialect, shape: Shape) -> Executable:
         )
     else:
         raise ProjectionsError(f"upsert is not supported on {dialect.name}")
-    if len(_STATEMENTS) >= _MAX_STATEMENTS:
-        _STATEMENTS.clear()
-    _STATEMENTS[cache_key] = built
     return built

@@ -40,7 +40,7 @@ from messaging.store.retry import (
     report_batch_retry,
     retry_transient,
 )
-from messaging.store.store import StoredRow
+from messaging.store.store import PARTITION_HASH, POSITION, StoredRow
 
 log = logging.getLogger("messaging.runtime.worker")
 T = TypeVar("T")
@@ -285,7 +285,7 @@ class ConsumerWorker(Worker):
             epochs={p: c.epoch for p, c in claims.items()},
             instance_id=self.instance_id,
             count=len(rows),
-            last_position=rows[-1].position,
+            last_position=rows[-1][POSITION],
             seconds=time.perf_counter() - started,
         )
 
@@ -309,10 +309,9 @@ class ConsumerWorker(Worker):
             rows = self._fetch(conn, claims) if batch.rows is None else batch.rows
             if not rows:
                 return rows
-            positions = [row.position for row in rows]
             ctx = HandlerContext(
                 conn,
-                lambda: self.store.envelopes(conn, positions),
+                lambda: self.store.envelopes(conn, [row[POSITION] for row in rows]),
                 immediate=immediate,
                 outbox=self.outbox,
             )
@@ -324,7 +323,7 @@ class ConsumerWorker(Worker):
                     if is_transient(exc):
                         raise
                     last = rows[-1]
-                    raise Poison(last, last.partition_hash % self.spec.partitions, exc) from exc
+                    raise Poison(last, last[PARTITION_HASH] % self.spec.partitions, exc) from exc
             except Poison as poison:
                 raise poison.within(rows) from poison.error
             self.ownership.commit_checkpoint(

@@ -8,6 +8,9 @@ out the parameters are kept as a plan, checked against what SQLAlchemy actually 
 Later runs of the same statement with the same parameter names build the driver's
 parameters with a generated function and call the connection's DBAPI cursor directly:
 the per-statement work of SQLAlchemy's execution machinery is skipped.
+:func:`execute_rows` takes each parameter set as a tuple of values of named parameters:
+when those are, in that order, what the plan sends, the tuples go to the driver as they
+are (the batched upserts of :mod:`messaging.runtime.upserts`).
 
 SQLAlchemy sends the statement again whenever skipping it could be noticed: outside a
 transaction, with execute, cursor-execute or error events listening, with SQL logging on,
@@ -77,6 +80,28 @@ def execute(
     return result.rowcount
 
 
+def execute_rows(
+    conn: Connection,
+    statement: Executable,
+    names: tuple[str, ...],
+    rows: Sequence[tuple[Any, ...]],
+    *,
+    direct: bool,
+) -> int:
+    """:func:`execute` with each parameter set given as the tuple of its values of ``names``:
+    handed to the driver as they are when its plan sends exactly those values in that
+    order (no constants, no conversions), else as the mappings they stand for."""
+    many = len(rows) > 1
+    entry = _PLANS.get((id(statement), conn.dialect, frozenset(names), many))
+    if direct and entry is not None and entry[0] is statement:
+        plan = entry[1]
+        if plan is not None and plan.order == names:
+            return _send(conn, plan.sql, rows if many else rows[0], many)
+    return execute(
+        conn, statement, [dict(zip(names, row, strict=True)) for row in rows], direct=direct
+    )
+
+
 def fetch(
     conn: Connection, statement: Executable, params: Mapping[str, Any], *, direct: bool
 ) -> Sequence[Any]:
@@ -99,12 +124,21 @@ def fetch(
 class _Plan:
     """How SQLAlchemy sends one statement: its final SQL and each parameter set's layout."""
 
-    __slots__ = ("names", "row", "sql")
+    __slots__ = ("names", "order", "row", "sql")
 
-    def __init__(self, sql: str, names: int, row: Callable[[Mapping[str, Any]], Any]) -> None:
+    def __init__(
+        self,
+        sql: str,
+        names: int,
+        row: Callable[[Mapping[str, Any]], Any],
+        order: tuple[str, ...] | None = None,
+    ) -> None:
         self.sql = sql
         self.names = names
         self.row = row
+        self.order = order
+        """The names whose values, in this order, are the driver's parameters as they are
+        (positional, no constants, no conversions); None otherwise."""
 
     def rows(self, params: Sequence[Mapping[str, Any]]) -> list[Any] | None:
         """The driver's parameters for ``params``, or None unless every set has exactly the
@@ -223,8 +257,11 @@ def _plan(context: Any, params: Sequence[Mapping[str, Any]]) -> _Plan | None:
     if not names <= used:
         return None  # an unused name could change what a later set means; let SQLAlchemy decide
     row = _row_builder(sources, constants, converters)
+    plain: tuple[str, ...] | None = None
     if compiled.positional:
         sent = [tuple(p) for p in context.parameters]
+        if not constants and not any(converters):
+            plain = tuple(sources)
     else:
         values = row
 
@@ -237,7 +274,7 @@ def _plan(context: Any, params: Sequence[Mapping[str, Any]]) -> _Plan | None:
             return None
     except Exception:
         return None
-    return _Plan(context.statement, len(names), row)
+    return _Plan(context.statement, len(names), row, plain)
 
 
 class _Constant:

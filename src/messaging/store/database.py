@@ -133,6 +133,7 @@ def _mysql_engine(url: str, pool: bool) -> Engine:
         # row records its sessions at each heartbeat (see messaging.store.sessions).
         pool_size=16,
         connect_args={"charset": "utf8mb4"},
+        paramstyle="format",
         **({} if pool else {"poolclass": NullPool}),
     )
     if nodes:

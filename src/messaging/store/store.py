@@ -17,7 +17,7 @@ import json
 import uuid
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any, Final
 
 import attrs
 from sqlalchemy import (
@@ -55,15 +55,14 @@ def partition_of(key: str, partitions: int) -> int:
     return partition_hash(key) % partitions
 
 
-class StoredRow(NamedTuple):
-    """A stored message as a consumer applies it (:meth:`MessageStore.read_batch`)."""
-
-    position: int
-    type: str
-    """The stored type name."""
-    partition_hash: int
-    """The hash of its key; its partition is this modulo the consumer's partition count."""
-    payload: str
+StoredRow = tuple[int, str, int, str]
+"""A stored message as a consumer applies it (:meth:`MessageStore.read_batch`), a plain
+tuple indexed by :data:`POSITION`, :data:`TYPE` (the stored type name),
+:data:`PARTITION_HASH` (its partition is this modulo the partition count), :data:`PAYLOAD`."""
+POSITION: Final = 0
+TYPE: Final = 1
+PARTITION_HASH: Final = 2
+PAYLOAD: Final = 3
 
 
 @attrs.define(frozen=True, kw_only=True)
@@ -319,19 +318,18 @@ class MessageStore:
         types: Sequence[str] | None = None,
         limit: int = 500,
     ) -> list[StoredRow]:
-        """What :meth:`read` selects, as ``(position, type, partition_hash, payload)`` rows:
-        all a consumer needs to apply a batch. :meth:`envelopes` gives the rest on demand.
-
-        Named tuples (:class:`StoredRow`), built from the driver's tuples on the hot path
-        (see :mod:`messaging.store._fastpath`).
-        """
+        """What :meth:`read` selects, as :data:`StoredRow` tuples: all a consumer needs to
+        apply a batch (:meth:`envelopes` gives the rest on demand). On the hot path they are
+        the driver's own (:mod:`messaging.store._fastpath`): no object per message beside."""
         query = self._query(
             self._batch_columns, topics, after, partitions, partition_count, types, limit
         )
         if query is None:
             return []
         rows = _fastpath.fetch(conn, *query, direct=_fastpath.sends_directly(conn))
-        return list(map(StoredRow._make, rows))
+        if rows and type(rows[0]) is not tuple:  # SQLAlchemy's rows, the first time
+            return [tuple(row) for row in rows]
+        return rows if type(rows) is list else list(rows)
 
     def envelopes(self, conn: Connection, positions: Sequence[int]) -> dict[int, Envelope]:
         """The envelopes of the messages at ``positions``, by position (one query)."""
