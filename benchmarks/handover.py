@@ -14,11 +14,22 @@ is counted:
 - clean stop: the leaver's release → the last claim of those partitions by the others;
 - crash: the SIGKILL → the last claim of the victim's partitions by the survivors.
 
+Then the same consumer runs single-owner (``distribution: single-owner``) on two
+instance processes, the elected owner and a standby, under the same traffic: per
+repetition the owner stops cleanly and a new standby starts, then per crash the owner is
+SIGKILLed and a new standby starts. Each takeover is timed until the standby owns the
+whole consumer and its read model moves again:
+
+- single-owner clean stop: the owner's release → the standby's first batch applied after
+  it claimed the last partition;
+- single-owner crash: the SIGKILL → the same.
+
 Each prints its median and max beside the reference's bound for the config (join ≤ 2 x
 rebalance-interval + one batch, clean stop ≤ rebalance-interval after the release,
-crash ≤ stale-instance-timeout + rebalance-interval) and beside this framework's goal
-(join ≤ 1 s + one batch after the joiner registered, clean stop ≤ 1 s after the release,
-crash ≤ stale-instance-timeout + 1 s), marking a row over its goal. ``--defaults`` runs
+crash ≤ stale-instance-timeout + rebalance-interval; a single-owner standby "within the
+same times") and beside this framework's goal (join ≤ 1 s + one batch after the joiner
+registered, clean stop ≤ 1 s after the release, crash ≤ stale-instance-timeout + 1 s;
+the same for a single-owner standby), marking a row over its goal. ``--defaults`` runs
 them at the default settings (rebalance 10 s, stale 30 s, heartbeat 5 s, idle-poll
 200 ms, batch 100) and nothing else: a few minutes per backend (each crash waits for
 the stale timeout); otherwise sub-second test intervals are used.
@@ -99,6 +110,11 @@ FAST = """\
     idle-poll-interval: {idle}
     conflict-retry: {{max-retries: 5, max-delay: 100ms}}
 """
+SINGLE_OWNER = """\
+projections:
+  consumers:
+    ledger-balances: {distribution: single-owner}
+"""
 HANDOVER_BATCH = 100
 THROUGHPUT_BATCH = 500
 TRAFFIC_RATE = 200.0
@@ -153,15 +169,22 @@ class Cluster:
     """Instance processes on one database, and the events their probes record."""
 
     def __init__(
-        self, db: Database, tmp: Path, batch: int, idle: str | None = "50ms", app: str = APP[0]
+        self,
+        db: Database,
+        tmp: Path,
+        batch: int,
+        idle: str | None = "50ms",
+        app: str = APP[0],
+        extra: str = "",
     ) -> None:
         """``idle``: the sub-second test intervals with this idle-poll-interval; None: the
-        default settings."""
+        default settings. ``extra``: more of the configuration (YAML, top level)."""
         self.db = db
         self.app = app
         text_ = CONFIG.format(url=db.url, prefix=db.schema.prefix, batch=batch)
         if idle is not None:
             text_ += FAST.format(idle=idle)
+        text_ += extra
         self.config = tmp / f"config-{uuid.uuid4().hex[:6]}.yaml"
         self.config.write_text(text_, encoding="utf-8")
         loaded = yaml.safe_load(text_)
@@ -379,6 +402,70 @@ def _crash(cluster: Cluster, victim: str, survivors: list[str]) -> float:
     return _last_claims(cluster, held, killed) - killed
 
 
+def measure_single_owner(
+    db: Database, tmp: Path, args: argparse.Namespace
+) -> dict[str, list[float]]:
+    """The consumer single-owner on two instances: ``args.repetitions`` clean stops, then
+    ``args.crashes`` crashes of its owner, a new standby starting after each; seconds per
+    kind (and every batch's duration)."""
+    idle = None if args.defaults else "50ms"
+    cluster = Cluster(db, tmp, HANDOVER_BATCH, idle=idle, extra=SINGLE_OWNER)
+    times: dict[str, list[float]] = {"single-owner clean stop": [], "single-owner crash": []}
+    try:
+        with Traffic(db, args.traffic):
+            members = [cluster.start(), cluster.start()]
+            for crash in [False] * args.repetitions + [True] * args.crashes:
+                owner = _elected(cluster, members)
+                standby = next(n for n in members if n != owner)
+                kind = "single-owner crash" if crash else "single-owner clean stop"
+                times[kind].append(_single_owner_takeover(cluster, owner, standby, crash))
+                members = [standby, cluster.start()]
+                cluster.instance_id(members[1])  # registered: the next standby
+        wait_until(lambda: _lag(db) == 0, timeout=60, what="the single owner to catch up")
+    finally:
+        cluster.stop_all()
+    _verify(db, "single-owner handover")
+    times["batch"] = [e["seconds"] for e in cluster.events("applied")]
+    return times
+
+
+def _elected(cluster: Cluster, members: Sequence[str]) -> str:
+    """Wait until one of ``members`` owns every partition; its name."""
+
+    def sole_owner() -> str | None:
+        holders = set(cluster.owners().values())
+        return next(iter(holders)) if len(holders) == 1 and holders <= set(members) else None
+
+    found: str = wait_until(sole_owner, timeout=60, what=f"one of {list(members)} to own all")
+    return found
+
+
+def _single_owner_takeover(cluster: Cluster, owner: str, standby: str, crash: bool) -> float:
+    """Stop (or SIGKILL) ``owner``; seconds from its release (or the SIGKILL) until
+    ``standby`` applied a batch after claiming the last partition."""
+    owner_id, standby_id = cluster.instance_id(owner), cluster.instance_id(standby)
+    partitions = sorted(cluster.owners())
+    _off_beat(cluster)
+    asked = time.time()
+    if crash:
+        since = cluster.kill(owner)
+    else:
+        cluster.stop(owner)
+        released = [e["t"] for e in cluster.events("released", asked) if e["instance"] == owner_id]
+        if len(released) != len(partitions):
+            raise BenchmarkFailure(f"{owner} released {len(released)} of {len(partitions)}")
+        since = max(released)
+    _elected(cluster, [standby])
+    claimed = _last_claims(cluster, partitions, asked, by=standby_id)
+    pid = cluster.processes[standby].pid
+    applied: list[float] = wait_until(
+        lambda: [e["t"] for e in cluster.events("applied", claimed) if e["pid"] == pid],
+        timeout=30,
+        what=f"{standby} to apply a batch after taking over",
+    )
+    return max(0.0, min(applied) - since)
+
+
 def report_handovers(
     label: str, settings: ConsumerSettings, times: dict[str, list[float]], rate: float
 ) -> int:
@@ -391,6 +478,8 @@ def report_handovers(
         "clean stop": (rebalance, "rebalance", 1.0, "1 s"),
         "crash": (stale + rebalance, "stale + rebalance", stale + 1.0, "stale + 1 s"),
     }
+    rows["single-owner clean stop"] = rows["clean stop"]  # "within the same times"
+    rows["single-owner crash"] = rows["crash"]
     print(
         f"handover, {label}: rebalance-interval {rebalance:g}s, stale-instance-timeout "
         f"{stale:g}s, heartbeat-interval {settings.heartbeat_interval:g}s, idle-poll-interval "
@@ -398,8 +487,10 @@ def report_handovers(
         f"{batch:.3f}s); {rate:g} msg/s of traffic (read model verified)"
     )
     print("  join: the joiner's start (registered) -> its last claim; clean stop: the release")
-    print("  -> the last claim of those partitions; crash: the SIGKILL -> the last claim")
-    print(f"  {'':<11} {'n':>2} {'median':>7} {'max':>7}   {'reference bound':<28} goal")
+    print("  -> the last claim of those partitions; crash: the SIGKILL -> the last claim;")
+    print("  single-owner: the owner's release or SIGKILL -> the standby's first batch applied")
+    print("  after its last claim")
+    print(f"  {'':<23} {'n':>2} {'median':>7} {'max':>7}   {'reference bound':<28} goal")
     over = 0
     for kind, (bound, why, goal, goal_why) in rows.items():
         values = times[kind]
@@ -409,7 +500,7 @@ def report_handovers(
         mark = "  OVER THE GOAL" if worst > goal else ""
         over += worst > goal
         print(
-            f"  {kind:<11} {len(values):>2} {median:>6.2f}s {worst:>6.2f}s   "
+            f"  {kind:<23} {len(values):>2} {median:>6.2f}s {worst:>6.2f}s   "
             f"{bound:>6.2f}s {why:<20} {goal:>6.2f}s {goal_why}{mark}"
         )
     return over
@@ -554,7 +645,10 @@ def run_backend(label: str, open_db: Any, tmp: Path, args: argparse.Namespace) -
     """Run the handovers (and, unless ``--defaults``, the throughput); rows over their goal."""
     with open_db("handover.db") as db:
         settings, times = measure_handovers(db, tmp, args)
-        over = report_handovers(label, settings, times, args.traffic)
+    with open_db("single-owner.db") as db:
+        single = measure_single_owner(db, tmp, args)
+        times.update({**single, "batch": times["batch"] + single["batch"]})
+    over = report_handovers(label, settings, times, args.traffic)
     if not args.defaults:
         with open_db("throughput.db") as db:
             report_throughput(label, db, tmp, args.messages, args.runs)

@@ -11,11 +11,13 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import tally_app
 import yaml
 from clusters import SUPPORT, stop_instance, wait_until
+from sqlalchemy import MetaData
 from tally_cluster import TallyCluster
 
 from messaging import Database
@@ -34,17 +36,33 @@ SLOW_ROUNDS = {
 """The default rebalance-interval: only the pulse can make things move sooner than it."""
 
 
+@pytest.fixture
+def read_model_metadata() -> list[MetaData]:
+    """The tally's table, dropped around each MySQL test: the tests count its rows."""
+    return [tally_app.metadata]
+
+
 class Instances:
     """`projections run tally_app` processes logging at INFO, each to a file of its own."""
 
-    def __init__(self, db: Database, folder: Path, consumer: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        db: Database,
+        folder: Path,
+        consumer: dict[str, str] | None = None,
+        projections: dict[str, Any] | None = None,
+    ) -> None:
+        """``consumer``: the consumer settings (default :data:`SLOW_ROUNDS`);
+        ``projections``: the configuration's ``projections`` section, if any."""
         self.db, self.folder = db, folder
         self.config = folder / "slow.yaml"
-        settings = {
+        settings: dict[str, Any] = {
             "database": db.url,
             "table-prefix": db.schema.prefix,
             "messaging": {"consumer": SLOW_ROUNDS if consumer is None else consumer},
         }
+        if projections is not None:
+            settings["projections"] = projections
         self.config.write_text(yaml.safe_dump(settings), encoding="utf-8")
         self.processes: list[subprocess.Popen[bytes]] = []
         self.names: list[str] = []
@@ -186,6 +204,35 @@ def test_at_the_default_settings_a_join_and_a_clean_stop_take_about_a_second(
         assert process.wait(timeout=30) == 0
         assert joined < 1.5, f"the join took {joined:.2f} s after the registration"
         assert taken < 1.5, f"the takeover took {taken:.2f} s after the release"
+    finally:
+        for process in instances.processes:
+            if process.poll() is None:
+                assert stop_instance(process) == 0
+
+
+def test_at_the_default_settings_a_single_owner_standby_takes_over_within_a_second(
+    db: Database, tmp_path: Path
+) -> None:
+    """Every setting at its default, the tally single-owner on two instances: when the
+    elected owner stops cleanly, the standby owns every partition and applies what was
+    appended at the release within about a second of it (the reference: 10 s)."""
+    single_owner = {"consumers": {tally_app.CONSUMER: {"distribution": "single-owner"}}}
+    instances = Instances(db, tmp_path, consumer={}, projections=single_owner)
+    tally = TallyCluster(db, tmp_path)
+    try:
+        instances.start("a")
+        wait_until(lambda: instances.owned() == {"a": 4}, timeout=60, what="a owning the tally")
+        instances.start("b")
+        wait_until(lambda: "b" in instances.registered(), timeout=60, what="b registered")
+        instances.processes[0].send_signal(signal.SIGTERM)
+        wait_until(lambda: "a" not in instances.registered(), timeout=30, what="a's release")
+        released = time.monotonic()
+        tally.append(10)
+        tally.wait_applied_by(1, "the standby applying the tally")
+        taken = time.monotonic() - released
+        assert instances.owned() == {"b": 4}
+        assert instances.processes[0].wait(timeout=30) == 0
+        assert taken < 1.5, f"the standby applied {taken:.2f} s after the release"
     finally:
         for process in instances.processes:
             if process.poll() is None:
