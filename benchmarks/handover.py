@@ -39,8 +39,10 @@ claim their partitions and idle; then a burst of messages (30,000 by default, th
 traffic every time on accounts of its own) is appended in one transaction. The clock
 runs from its commit, when every message becomes visible at once, until the probes'
 ``projections_batch_applied`` events add up to the burst: neither process start-up nor
-claim timing is counted. The median of several bursts per worker count is printed, and
-``ratio 2 workers / 1 worker: X.XX`` per backend.
+claim timing is counted. The median of several bursts per worker count is printed, with
+the cores the workers and a database server on this host kept busy meanwhile (from
+``/proc``: where one worker and the server already fill the machine's cores, a second
+worker has nothing to scale on), and ``ratio 2 workers / 1 worker: X.XX`` per backend.
 
 Every phase ends by checking the read model against a sequential replay. On MySQL
 everything runs in a scratch database (or, if it cannot be created, under a unique
@@ -523,30 +525,64 @@ def burst(count: int, prefix: str) -> list[NewMessage]:
     return messages
 
 
-def measure_throughput(db: Database, tmp: Path, workers: int, count: int, runs: int) -> list[float]:
+def measure_throughput(
+    db: Database, tmp: Path, workers: int, count: int, runs: int
+) -> tuple[list[float], tuple[float, float]]:
     """Rates (msg/s) of ``workers`` idle processes applying ``runs`` bursts of ``count``
     messages, each appended in one transaction: timed from its commit until the probes
-    have reported every message applied."""
+    have reported every message applied. Also the cores the workers and a database server
+    on this host kept busy over the bursts (see :func:`_cpu_seconds`)."""
     cluster = Cluster(db, tmp, THROUGHPUT_BATCH, idle="10ms")
     store = MessageStore(db, registry)
     rates = []
+    busy = [0.0, 0.0]
     try:
         names = [cluster.start() for _ in range(workers)]
         cluster.wait_balanced(names)  # declared, every partition claimed, nothing to apply
+        pids = [cluster.processes[name].pid for name in names]
+        server = _server_pids(db)
+        wall = 0.0
         for run in range(runs):
             messages = burst(count, f"w{workers}r{run}")
             before = time.time()
             with db.transaction() as conn:
                 store.append_encoded(conn, messages)
             committed = time.time()
+            cpu = (_cpu_seconds(pids), _cpu_seconds(server))
             events = _applied(cluster, before, len(messages))
             if len({e["pid"] for e in events}) != workers:
                 raise BenchmarkFailure(f"not all of the {workers} workers applied messages")
-            rates.append(len(messages) / (max(e["t"] for e in events) - committed))
+            done = max(e["t"] for e in events)
+            rates.append(len(messages) / (done - committed))
+            busy[0] += _cpu_seconds(pids) - cpu[0]
+            busy[1] += _cpu_seconds(server) - cpu[1]
+            wall += time.time() - committed
     finally:
         cluster.stop_all()
     _verify(db, f"throughput with {workers} worker(s)")
-    return rates
+    return rates, (busy[0] / wall, busy[1] / wall)
+
+
+def _server_pids(db: Database) -> list[int]:
+    """The database server's processes on this host: mariadbd/mysqld for MySQL, none for
+    SQLite (it runs inside the workers)."""
+    if db.is_sqlite:
+        return []
+    found = subprocess.run(["pidof", "mariadbd", "mysqld"], capture_output=True, text=True)
+    return [int(pid) for pid in found.stdout.split()]
+
+
+def _cpu_seconds(pids: Sequence[int]) -> float:
+    """User + system CPU seconds of ``pids`` and their threads so far (``/proc``)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / ticks
 
 
 def _applied(cluster: Cluster, since: float, count: int) -> list[dict[str, Any]]:
@@ -568,11 +604,12 @@ def report_throughput(label: str, db: Database, tmp: Path, count: int, runs: int
     )
     medians = {}
     for workers in (1, 2):
-        rates = measure_throughput(db, tmp, workers, count, runs)
+        rates, (workers_busy, server_busy) = measure_throughput(db, tmp, workers, count, runs)
         medians[workers] = statistics.median(rates)
         print(
             f"  {workers} worker{'s' if workers > 1 else ' '}: {medians[workers]:>9,.0f} msg/s  "
-            f"runs {', '.join(f'{r:,.0f}' for r in rates)}",
+            f"runs {', '.join(f'{r:,.0f}' for r in rates)}; cores busy: workers "
+            f"{workers_busy:.2f}, database server {server_busy:.2f} (of {os.cpu_count()})",
             flush=True,
         )
     print(f"ratio 2 workers / 1 worker: {medians[2] / medians[1]:.2f}", flush=True)
