@@ -381,7 +381,7 @@ def test_due_deadlines_are_found_through_the_index(cluster: SimulatedCluster) ->
         )
         if not db.is_sqlite:
             conn.exec_driver_sql(f"ANALYZE TABLE {db.schema.deadlines.name}")
-    query = saga_store.due_query([0, 2, 3], 50)
+    query = saga_store.due_query({0: 17, 2: 17, 3: 17})
     compiled = query.compile(db.engine, compile_kwargs={"literal_binds": True})
     with db.read() as conn:
         if db.is_sqlite:
