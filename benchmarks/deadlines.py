@@ -21,7 +21,8 @@ rebalance round (partitions claimed, loops not yet started) and stops at the hoo
 that brings the delivered count to N. The baseline, in the same run on the same rows,
 is the best hand-written ``sqlite3`` (resp. PyMySQL) loop (:class:`HandWritten`): per
 batch of the same size (500), one transaction that reads the due rows by the same
-``(tenant, saga, partition_no, due_at)`` index and their sagas' states, deletes the
+``(tenant, saga, partition_no, due_at)`` index, a range per partition, and their sagas'
+states, deletes the
 deadlines in one statement, writes the states from the version read in one statement
 (a multi-row upsert on MySQL), inserts the sent commands as one multi-row ``INSERT``,
 updates the partitions' rows guarded by epoch and checkpoint, and commits; every row
@@ -416,8 +417,9 @@ def lateness_run(
 
 class HandWritten:
     """The best delivery loop a person writes with a DB-API connection. Per batch, one
-    transaction: one range read of the due deadlines (by the ``(tenant, saga,
-    partition_no, due_at)`` index) and one of their sagas' states; one ``DELETE`` of them
+    transaction: one read of the due deadlines, each partition's earliest as a range of
+    the ``(tenant, saga, partition_no, due_at)`` index (``UNION ALL``, as the framework
+    reads them), and one of their sagas' states; one ``DELETE`` of them
     all (row count checked); the states written from the version read in one statement
     (row count checked); the commands' positions reserved on the tenant's counter and
     the commands inserted as one multi-row ``INSERT``; a guarded checkpoint update of the

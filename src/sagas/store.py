@@ -34,7 +34,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects import mysql
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.sql.elements import ColumnElement
+from sqlalchemy.sql.elements import BindParameter, ColumnElement
 from sqlalchemy.types import NullType
 
 from messaging.errors import ConcurrentUpdate
@@ -91,6 +91,7 @@ class SagaStore:
         self._chunk = 250 if db.is_sqlite else 2_000
         self._due_statements: dict[tuple[int, bool], CompoundSelect | Select[Any]] = {}
         self._listings: dict[tuple[str, int], Executable] = {}
+        self._now_bound = isinstance(db.clock.now(), BindParameter)
 
     def _of_saga(self, table: Any) -> list[ColumnElement[bool]]:
         return [table.c.tenant == self.db.tenant, table.c.saga == self.saga]
@@ -306,7 +307,9 @@ class SagaStore:
                 matches.append(tuple_(d.c.saga_key, d.c.name).in_(some_pairs))
             conn.execute(delete(d).where(*self._of_saga(d), or_(*matches)))
 
-    def _due(self, partitions: Sequence[Any], until: Any) -> list[ColumnElement[bool]]:
+    def _due(
+        self, partitions: Sequence[Any], until: Any, now: Any = None
+    ) -> list[ColumnElement[bool]]:
         """Deadlines of ``partitions`` due now (and by ``until``, when given)."""
         d = self._deadlines
         where = [
@@ -314,7 +317,7 @@ class SagaStore:
             d.c.partition_no == partitions[0]
             if len(partitions) == 1
             else d.c.partition_no.in_(list(partitions)),
-            d.c.due_at <= self.db.clock.now(),
+            d.c.due_at <= (self.db.clock.now() if now is None else now),
         ]
         if until is not None:
             where.append(d.c.due_at <= until)
@@ -329,12 +332,14 @@ class SagaStore:
         if shape not in self._due_statements:
             d = self._deadlines
             cut = bindparam("until", type_=d.c.due_at.type) if until else None
+            # a clock whose now is a value (a manual one) has it bound per read
+            now = bindparam("now", type_=d.c.due_at.type) if self._now_bound else None
             # due_at as the driver gives it (float() below): no result processing
             due_at = type_coerce(d.c.due_at, NullType())
             columns = (d.c.saga_key, d.c.name, d.c.partition_no, due_at, d.c.type, d.c.payload)
             parts = [
                 select(*columns)
-                .where(*self._due([bindparam(f"p{i}", type_=d.c.partition_no.type)], cut))
+                .where(*self._due([bindparam(f"p{i}", type_=d.c.partition_no.type)], cut, now))
                 .order_by(d.c.due_at)
                 .limit(bindparam(f"q{i}", type_=Integer()))
                 for i in range(count)
@@ -347,9 +352,10 @@ class SagaStore:
                 self._due_statements[shape] = union_all(*parts)
         return self._due_statements[shape]
 
-    @staticmethod
-    def _due_params(quotas: Mapping[int, int], until: float | None) -> dict[str, Any]:
+    def _due_params(self, quotas: Mapping[int, int], until: float | None) -> dict[str, Any]:
         params: dict[str, Any] = {} if until is None else {"until": until}
+        if self._now_bound:
+            params["now"] = self.db.clock.now().value  # a manual clock's bound value
         for i, (partition, quota) in enumerate(quotas.items()):
             params[f"p{i}"], params[f"q{i}"] = partition, quota
         return params
