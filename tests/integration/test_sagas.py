@@ -4,7 +4,7 @@ commands sent through the outbox, deadlines scheduled, cancelled and delivered o
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -356,7 +356,7 @@ def test_rebuilding_a_saga_is_refused(cluster: SimulatedCluster) -> None:
         rebuild(cluster.db, "test-orders", who="test")
 
 
-def _store_deadlines(cluster: SimulatedCluster, dues: dict[int, list[float]]) -> None:
+def _store_deadlines(cluster: SimulatedCluster, dues: Mapping[int, Sequence[float]]) -> None:
     """Deadlines of saga ``test-orders``: per partition, one per offset from the clock."""
     db = cluster.db
     with db.transaction() as conn:
@@ -393,8 +393,8 @@ def test_due_deadlines_are_read_per_partition_in_index_order(cluster: SimulatedC
     compiled = query.compile(db.engine, compile_kwargs={"literal_binds": True})
     with db.read() as conn:
         if db.is_sqlite:
-            rows = conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {compiled}")
-            plan = " ".join(str(r[-1]) for r in rows)
+            steps = conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {compiled}")
+            plan = " ".join(str(r[-1]) for r in steps)
         else:
             rows = conn.exec_driver_sql(f"EXPLAIN {compiled}").mappings()
             plan = " ".join(f"{r['key']} {r['Extra']}" for r in rows if r["key"])
