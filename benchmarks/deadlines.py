@@ -21,7 +21,8 @@ rebalance round (partitions claimed, loops not yet started) and stops at the hoo
 that brings the delivered count to N. The baseline, in the same run on the same rows,
 is the best hand-written ``sqlite3`` (resp. PyMySQL) loop (:class:`HandWritten`): per
 batch of the same size (500), one transaction that reads the due rows by the same
-``(tenant, saga, partition_no, due_at)`` index and their sagas' states, deletes the
+``(tenant, saga, partition_no, due_at)`` index, a range per partition, and their sagas'
+states, deletes the
 deadlines in one statement, writes the states from the version read in one statement
 (a multi-row upsert on MySQL), inserts the sent commands as one multi-row ``INSERT``,
 updates the partitions' rows guarded by epoch and checkpoint, and commits; every row
@@ -416,8 +417,9 @@ def lateness_run(
 
 class HandWritten:
     """The best delivery loop a person writes with a DB-API connection. Per batch, one
-    transaction: one range read of the due deadlines (by the ``(tenant, saga,
-    partition_no, due_at)`` index) and one of their sagas' states; one ``DELETE`` of them
+    transaction: one read of the due deadlines, each partition's earliest as a range of
+    the ``(tenant, saga, partition_no, due_at)`` index (``UNION ALL``, as the framework
+    reads them), and one of their sagas' states; one ``DELETE`` of them
     all (row count checked); the states written from the version read in one statement
     (row count checked); the commands' positions reserved on the tenant's counter and
     the commands inserted as one multi-row ``INSERT``; a guarded checkpoint update of the
@@ -426,15 +428,23 @@ class HandWritten:
 
     placeholder = "?"
     now_sql = ""
+    part = "SELECT * FROM ({})"
+    """One partition's part of the ``UNION ALL`` (MySQL streams parenthesized parts; SQLite
+    takes a part with its own ``LIMIT`` only as a subquery)."""
 
     def __init__(self, prefix: str) -> None:
         p, q = prefix, self.placeholder
         self.prefix = prefix
-        partitions = ", ".join(str(i) for i in range(PARTITIONS))
-        self.select_due = (
-            f"SELECT saga_key, name, partition_no, due_at, type, payload FROM {p}deadlines "
-            f"WHERE tenant = {q} AND saga = {q} AND partition_no IN ({partitions}) "
-            f"AND due_at <= {self.now_sql} ORDER BY due_at LIMIT {q}"
+        # Each partition's earliest due rows, an even share of the batch each, as one range
+        # of the index read in order per partition: no sort of the whole overdue backlog.
+        share = -(-BATCH // PARTITIONS)
+        self.select_due = " UNION ALL ".join(
+            self.part.format(
+                f"SELECT saga_key, name, partition_no, due_at, type, payload FROM {p}deadlines "
+                f"WHERE tenant = '{TENANT}' AND saga = '{SAGA}' AND partition_no = {partition} "
+                f"AND due_at <= {self.now_sql} ORDER BY due_at LIMIT {share}"
+            )
+            for partition in range(PARTITIONS)
         )
         self.select_states = (
             f"SELECT saga_key, version, state FROM {p}sagas "
@@ -484,8 +494,8 @@ class HandWritten:
         loads, dumps, crc32 = json.loads, json.dumps, zlib.crc32
         while True:
             self.begin(cur)
-            cur.execute(self.select_due, (TENANT, SAGA, BATCH))
-            due = cur.fetchall()
+            cur.execute(self.select_due)
+            due = sorted(cur.fetchall(), key=lambda row: row[3])[:BATCH]
             if not due:
                 self.commit(cur)
                 return delivered
@@ -581,6 +591,7 @@ class SqliteHandWritten(HandWritten):
 
 class MysqlHandWritten(HandWritten):
     placeholder = "%s"
+    part = "({})"
     now_sql = "UNIX_TIMESTAMP(NOW(6))"
 
     def begin(self, cur: Any) -> None:

@@ -9,13 +9,15 @@ due ones are found through the ``(tenant, saga, partition, due_at)`` index.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
 from sqlalchemy import (
+    CompoundSelect,
     Connection,
     Executable,
+    Integer,
     Select,
     bindparam,
     case,
@@ -26,11 +28,14 @@ from sqlalchemy import (
     or_,
     select,
     tuple_,
+    type_coerce,
+    union_all,
     update,
 )
 from sqlalchemy.dialects import mysql
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.sql.elements import ColumnElement
+from sqlalchemy.sql.elements import BindParameter, ColumnElement
+from sqlalchemy.types import NullType
 
 from messaging.errors import ConcurrentUpdate
 from messaging.store import _fastpath
@@ -84,6 +89,9 @@ class SagaStore:
         # Rows per statement that lists them: on SQLite at most 750 parameters, within any
         # version's limit; on MySQL a whole batch (default 500) in one round trip.
         self._chunk = 250 if db.is_sqlite else 2_000
+        self._due_statements: dict[tuple[int, bool], CompoundSelect | Select[Any]] = {}
+        self._listings: dict[tuple[str, int], Executable] = {}
+        self._now_bound = isinstance(db.clock.now(), BindParameter)
 
     def _of_saga(self, table: Any) -> list[ColumnElement[bool]]:
         return [table.c.tenant == self.db.tenant, table.c.saga == self.saga]
@@ -146,18 +154,50 @@ class SagaStore:
 
     # -- state -------------------------------------------------------------------------
 
+    def _listing(self, kind: str, size: int) -> Executable:
+        """The statement ``kind`` (``load`` or ``take``) for ``size`` keys or deadlines, built
+        once per size with a plain parameter per value (``k<i>``, ``n<i>``, ``d<i>``), so it
+        goes straight to the driver once learnt (an expanding ``IN`` never does)."""
+        statement = self._listings.get((kind, size))
+        if statement is None:
+            t, d = self._sagas, self._deadlines
+            keys = [bindparam(f"k{i}", type_=t.c.saga_key.type) for i in range(size)]
+            if kind == "load":  # ``ended`` as stored: no result processing, bool() below
+                statement = select(
+                    t.c.saga_key, t.c.version, t.c.state, type_coerce(t.c.ended, Integer)
+                ).where(*self._of_saga(t), t.c.saga_key.in_(keys))
+            else:
+                rows = [
+                    tuple_(keys[i], bindparam(f"n{i}"), bindparam(f"d{i}", type_=d.c.due_at.type))
+                    for i in range(size)
+                ]
+                statement = delete(d).where(
+                    *self._of_saga(d),
+                    d.c.saga_key.in_(keys),  # a range of the primary key
+                    tuple_(d.c.saga_key, d.c.name, d.c.due_at).in_(rows),
+                )
+            self._listings[(kind, size)] = statement
+        return statement
+
+    @staticmethod
+    def _padded(values: Sequence[Any]) -> list[Any]:
+        """``values`` padded to the next power of two by repeating the last (a repeated
+        value changes no ``IN``): a few statement sizes serve every batch."""
+        size = 1 << (len(values) - 1).bit_length()
+        return [*values, *[values[-1]] * (size - len(values))]
+
     def load(self, conn: Connection, keys: Iterable[str]) -> dict[str, SagaRow]:
         """The stored rows of ``keys`` (absent keys are not in the result)."""
-        t = self._sagas
         wanted = sorted(set(keys))
         found: dict[str, SagaRow] = {}
+        direct = _fastpath.sends_directly(conn)
         for start in range(0, len(wanted), _KEY_CHUNK):
-            rows = conn.execute(
-                select(t.c.saga_key, t.c.version, t.c.state, t.c.ended).where(
-                    *self._of_saga(t), t.c.saga_key.in_(wanted[start : start + _KEY_CHUNK])
-                )
-            )
-            for key, version, state, ended in rows:
+            chunk = self._padded(wanted[start : start + _KEY_CHUNK])
+            params = {f"k{i}": key for i, key in enumerate(chunk)}
+            statement = self._listing("load", len(chunk))
+            for key, version, state, ended in _fastpath.fetch(
+                conn, statement, params, direct=direct
+            ):
                 found[key] = SagaRow(key=key, version=version, state=state, ended=bool(ended))
         return found
 
@@ -267,41 +307,93 @@ class SagaStore:
                 matches.append(tuple_(d.c.saga_key, d.c.name).in_(some_pairs))
             conn.execute(delete(d).where(*self._of_saga(d), or_(*matches)))
 
-    def _due(self, partitions: Sequence[int], until: float | None) -> list[ColumnElement[bool]]:
+    def _due(
+        self, partitions: Sequence[Any], until: Any, now: Any = None
+    ) -> list[ColumnElement[bool]]:
         """Deadlines of ``partitions`` due now (and by ``until``, when given)."""
         d = self._deadlines
         where = [
             *self._of_saga(d),
-            d.c.partition_no.in_(list(partitions)),
-            d.c.due_at <= self.db.clock.now(),
+            d.c.partition_no == partitions[0]
+            if len(partitions) == 1
+            else d.c.partition_no.in_(list(partitions)),
+            d.c.due_at <= (self.db.clock.now() if now is None else now),
         ]
         if until is not None:
             where.append(d.c.due_at <= until)
         return where
 
+    def _due_statement(self, count: int, until: bool) -> CompoundSelect | Select[Any]:
+        """The query of :meth:`due` for ``count`` partitions, built once: ``UNION ALL`` of one
+        range of the ``(tenant, saga, partition, due_at)`` index per partition, read in
+        order up to its quota (parameters ``p<i>``, ``q<i>`` and ``until``). Never a sort of
+        the whole overdue backlog, as one ``ORDER BY due_at`` over several partitions is."""
+        shape = (count, until)
+        if shape not in self._due_statements:
+            d = self._deadlines
+            cut = bindparam("until", type_=d.c.due_at.type) if until else None
+            # a clock whose now is a value (a manual one) has it bound per read
+            now = bindparam("now", type_=d.c.due_at.type) if self._now_bound else None
+            # due_at as the driver gives it (float() below): no result processing
+            due_at = type_coerce(d.c.due_at, NullType())
+            columns = (d.c.saga_key, d.c.name, d.c.partition_no, due_at, d.c.type, d.c.payload)
+            parts = [
+                select(*columns)
+                .where(*self._due([bindparam(f"p{i}", type_=d.c.partition_no.type)], cut, now))
+                .order_by(d.c.due_at)
+                .limit(bindparam(f"q{i}", type_=Integer()))
+                for i in range(count)
+            ]
+            if count == 1:
+                self._due_statements[shape] = parts[0]
+            elif self.db.is_sqlite:  # no parenthesized parts there: each a subquery
+                self._due_statements[shape] = union_all(*(q.subquery().select() for q in parts))
+            else:  # parenthesized: MySQL streams them, no temporary tables
+                self._due_statements[shape] = union_all(*parts)
+        return self._due_statements[shape]
+
+    def _due_params(self, quotas: Mapping[int, int], until: float | None) -> dict[str, Any]:
+        params: dict[str, Any] = {} if until is None else {"until": until}
+        if self._now_bound:
+            params["now"] = self.db.clock.now().value  # a manual clock's bound value
+        for i, (partition, quota) in enumerate(quotas.items()):
+            params[f"p{i}"], params[f"q{i}"] = partition, quota
+        return params
+
     def due_query(
-        self, partitions: Sequence[int], limit: int, until: float | None = None
-    ) -> Select[Any]:
-        """The query of :meth:`due`: a range of the ``(tenant, saga, partition, due_at)``
-        index per partition, never a scan of the table."""
-        d = self._deadlines
-        return (
-            select(d.c.saga_key, d.c.name, d.c.partition_no, d.c.due_at, d.c.type, d.c.payload)
-            .where(*self._due(partitions, until))
-            .order_by(d.c.due_at)
-            .limit(limit)
-        )
+        self, quotas: Mapping[int, int], until: float | None = None
+    ) -> CompoundSelect | Select[Any]:
+        """The query :meth:`due` sends for these quotas (partition → at most how many)."""
+        statement = self._due_statement(len(quotas), until is not None)
+        return statement.params(self._due_params(quotas, until))
 
     def due(
         self, conn: Connection, partitions: Sequence[int], limit: int, until: float | None = None
     ) -> list[Deadline]:
-        """The deadlines of ``partitions`` due now (and by ``until``), earliest first, at
-        most ``limit``."""
-        rows = conn.execute(self.due_query(partitions, limit, until))
-        return [
-            Deadline(key=k, name=n, partition=p, due_at=float(due), type=t, payload=payload)
-            for k, n, p, due, t, payload in rows
-        ]
+        """Deadlines of ``partitions`` due now (and by ``until``), at most ``limit``, earliest
+        first: of each partition its earliest ones (so of each saga instance, in due order),
+        of the partitions in the same read an even share each; a share a partition leaves
+        unused goes to those that filled theirs, in at most two more reads."""
+        quotas = dict.fromkeys(partitions, max(1, -(-limit // max(1, len(partitions)))))
+        found: dict[int, list[Deadline]] = {}
+        direct = _fastpath.sends_directly(conn)
+        for _ in range(3):
+            read: dict[int, list[Deadline]] = {p: [] for p in quotas}
+            statement = self._due_statement(len(quotas), until is not None)
+            params = self._due_params(quotas, until)
+            for k, n, p, due, t, payload in _fastpath.fetch(conn, statement, params, direct=direct):
+                read[p].append(
+                    Deadline(key=k, name=n, partition=p, due_at=float(due), type=t, payload=payload)
+                )
+            found.update(read)
+            left = limit - sum(map(len, found.values()))
+            full = [p for p in quotas if len(read[p]) == quotas[p]]
+            if left <= 0 or not full:
+                break
+            more = -(-left // len(full))
+            quotas = {p: quotas[p] + more for p in full}
+        every = sorted((d for rows in found.values() for d in rows), key=lambda d: d.due_at)
+        return every[:limit]  # a prefix in due order: still each partition's earliest
 
     def any_due(
         self, conn: Connection, partitions: Sequence[int], until: float | None = None
@@ -334,19 +426,15 @@ class SagaStore:
         the rows by key, name and due time); ConcurrentUpdate if any is gone or changed
         since read: the rows deleted must be exactly as many as asked for (the caller's
         transaction then rolls back whole)."""
-        d = self._deadlines
         deleted = 0
+        direct = _fastpath.sends_directly(conn)
         for start in range(0, len(deadlines), self._chunk):
-            chunk = deadlines[start : start + self._chunk]
-            deleted += conn.execute(
-                delete(d).where(
-                    *self._of_saga(d),
-                    d.c.saga_key.in_({x.key for x in chunk}),  # a range of the primary key
-                    tuple_(d.c.saga_key, d.c.name, d.c.due_at).in_(
-                        [(x.key, x.name, x.due_at) for x in chunk]
-                    ),
-                )
-            ).rowcount
+            chunk = self._padded(deadlines[start : start + self._chunk])
+            params: dict[str, Any] = {}
+            for i, x in enumerate(chunk):
+                params[f"k{i}"], params[f"n{i}"], params[f"d{i}"] = x.key, x.name, x.due_at
+            statement = self._listing("take", len(chunk))
+            deleted += _fastpath.execute(conn, statement, [params], direct=direct)
         if deleted != len(deadlines):
             names = ", ".join(f"{d.key}/{d.name}" for d in deadlines[:5])
             raise ConcurrentUpdate(

@@ -247,6 +247,8 @@ class SagaWorker(ConsumerWorker):
         super().__init__(**{**options, "lanes": 1})
         self._wake_at: float | None = None
         """When the next deadline falls due (monotonic), if before the next idle poll."""
+        self._more_due = False
+        """Whether the last delivery was a full batch (so more are likely due)."""
 
     def idle_wait(self) -> float:
         """Until the next deadline falls due, if that comes before ``idle-poll-interval``:
@@ -277,19 +279,21 @@ class SagaWorker(ConsumerWorker):
             return 0
         dispatcher = self.dispatcher
         until = None
-        with self.db.read() as conn:  # an idle poll never takes the write lock
-            if behind_backlog:
-                applied_through = max(c.checkpoint for c in claims.values())
-                until = self.store.recorded_at(conn, applied_through)
-                if until is None:
+        more, self._more_due = self._more_due, False
+        if behind_backlog or not more:  # after a full batch, the delivery's own read tells
+            with self.db.read() as conn:  # an idle poll never takes the write lock
+                if behind_backlog:
+                    applied_through = max(c.checkpoint for c in claims.values())
+                    until = self.store.recorded_at(conn, applied_through)
+                    if until is None:
+                        return 0
+                if not dispatcher.store.any_due(conn, sorted(claims), until):
+                    if until is None:
+                        wait = dispatcher.store.next_due_in(
+                            conn, sorted(claims), self.settings.idle_poll_interval
+                        )
+                        self._wake_at = None if wait is None else time.monotonic() + wait
                     return 0
-            if not dispatcher.store.any_due(conn, sorted(claims), until):
-                if until is None:
-                    wait = dispatcher.store.next_due_in(
-                        conn, sorted(claims), self.settings.idle_poll_interval
-                    )
-                    self._wake_at = None if wait is None else time.monotonic() + wait
-                return 0
         with self._limiter:
             try:
                 delivered, now = self._retried(lambda: self._deliver(claims, until), claims)
@@ -303,6 +307,7 @@ class SagaWorker(ConsumerWorker):
                 if is_transient(exc):
                     raise
                 delivered, now = self._deliver_one_by_one(claims, until)
+        self._more_due = len(delivered) >= self.settings.batch_size
         if delivered:
             self.hooks.projections_deadlines_delivered(
                 consumer=self.spec.name,

@@ -4,7 +4,7 @@ commands sent through the outbox, deadlines scheduled, cancelled and delivered o
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -356,43 +356,72 @@ def test_rebuilding_a_saga_is_refused(cluster: SimulatedCluster) -> None:
         rebuild(cluster.db, "test-orders", who="test")
 
 
-def test_due_deadlines_are_found_through_the_index(cluster: SimulatedCluster) -> None:
-    """The query plan of the due-deadline lookup uses the (tenant, saga, partition, due_at)
-    index on both backends."""
+def _store_deadlines(cluster: SimulatedCluster, dues: Mapping[int, Sequence[float]]) -> None:
+    """Deadlines of saga ``test-orders``: per partition, one per offset from the clock."""
     db = cluster.db
-    saga_store = SagaStore(db, "test-orders")
-    with db.transaction() as conn:  # many pending, few due: a plan worth choosing
+    with db.transaction() as conn:
         conn.execute(
             db.schema.deadlines.insert(),
             [
                 {
                     "tenant": db.tenant,
                     "saga": "test-orders",
-                    "saga_key": f"k{i}",
+                    "saga_key": f"p{partition}-{i}",
                     "name": "PaymentOverdue",
-                    "partition_no": i % 4,
-                    "due_at": cluster.clock.value + (i if i % 100 else -1),
+                    "partition_no": partition,
+                    "due_at": cluster.clock.value + offset,
                     "type": "test-saga.payment-overdue",
                     "payload": "{}",
                     "scheduled_at": 0.0,
                 }
-                for i in range(3000)
+                for partition, offsets in dues.items()
+                for i, offset in enumerate(offsets)
             ],
         )
         if not db.is_sqlite:
             conn.exec_driver_sql(f"ANALYZE TABLE {db.schema.deadlines.name}")
-    query = saga_store.due_query([0, 2, 3], 50)
+
+
+def test_due_deadlines_are_read_per_partition_in_index_order(cluster: SimulatedCluster) -> None:
+    """The due-deadline lookup reads each partition as a range of the (tenant, saga,
+    partition, due_at) index in due order, on both backends: no sort of the overdue
+    backlog (MySQL's filesort, SQLite's temporary B-tree), however many are overdue."""
+    db = cluster.db
+    # many pending, few due: a plan worth choosing
+    _store_deadlines(cluster, {p: [i if i % 100 else -1 for i in range(750)] for p in range(4)})
+    query = SagaStore(db, "test-orders").due_query({0: 17, 2: 17, 3: 17})
     compiled = query.compile(db.engine, compile_kwargs={"literal_binds": True})
     with db.read() as conn:
         if db.is_sqlite:
-            plan = " ".join(
-                str(r[-1]) for r in conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {compiled}")
-            )
+            steps = conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {compiled}")
+            plan = " ".join(str(r[-1]) for r in steps)
         else:
-            plan = " ".join(
-                str(r._mapping["key"]) for r in conn.exec_driver_sql(f"EXPLAIN {compiled}")
-            )
-    assert "ix_deadlines_due" in plan, plan
+            rows = conn.exec_driver_sql(f"EXPLAIN {compiled}").mappings()
+            plan = " ".join(f"{r['key']} {r['Extra']}" for r in rows if r["key"])
+    assert plan.count("ix_deadlines_due") == 3, plan
+    assert "filesort" not in plan and "TEMP B-TREE" not in plan, plan
+
+
+def test_a_batch_of_due_deadlines_is_each_partitions_earliest_and_full(
+    cluster: SimulatedCluster,
+) -> None:
+    """Partitions with few due deadlines leave their share to the others: the batch is
+    still full, and of each partition it holds the earliest due ones."""
+    offsets = {0: [-100 + i for i in range(90)], 1: [-50, -40, -30], 2: [], 3: [5, 6]}
+    _store_deadlines(cluster, offsets)
+    store = SagaStore(cluster.db, "test-orders")
+    with cluster.db.read() as conn:
+        batch = store.due(conn, range(4), 40)
+        everything = store.due(conn, range(4), 1000)
+    assert len(batch) == 40
+    assert [d.due_at for d in batch] == sorted(d.due_at for d in batch)
+    taken = {
+        p: sorted(d.due_at - cluster.clock.value for d in batch if d.partition == p)
+        for p in range(4)
+    }
+    assert taken[1] == [-50, -40, -30] and not taken[2] and not taken[3]
+    assert taken[0] == pytest.approx(offsets[0][:37])
+    assert len(everything) == 93  # partition 3's are not due
 
 
 def test_a_deadline_without_a_handler_halts_at_the_message_that_scheduled_it(

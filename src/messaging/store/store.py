@@ -205,14 +205,13 @@ class MessageStore:
         expected_versions = expected_versions or {}
         # Reserve first: holding the tenant's counter row, no other append can change a
         # source's version until we commit, so the versions read below are current.
-        first = self._reserve_positions(conn, len(messages))
+        first, now = self._reserve_positions(conn, len(messages))
         versions = self._current_versions(conn, {(m.topic, m.source) for m in messages})
         for key, expected in expected_versions.items():
             if expected is not None and versions.get(key, 0) != expected:
                 raise VersionConflict(
                     topic=key[0], source=key[1], expected=expected, actual=versions.get(key, 0)
                 )
-        now = conn.execute(select(self.db.clock.now())).scalar_one()
         rows = []
         for offset, message in enumerate(messages):
             key = (message.topic, message.source)
@@ -265,8 +264,9 @@ class MessageStore:
                 found.update({(topic, source): version for source, version in result})
         return found
 
-    def _reserve_positions(self, conn: Connection, count: int) -> int:
-        """Reserve ``count`` positions under the tenant's row lock; return the first one."""
+    def _reserve_positions(self, conn: Connection, count: int) -> tuple[int, Any]:
+        """Reserve ``count`` positions under the tenant's row lock; return the first one and
+        the database's time (read in the same round trip)."""
         conn.info[APPENDED] = True  # Database.transaction wakes this host's instances
         p = self._positions
         where = p.c.tenant == self.db.tenant
@@ -277,8 +277,8 @@ class MessageStore:
             raise SchemaError(
                 f"no position counter for tenant {self.db.tenant!r}; call Database.prepare() first"
             )
-        last: int = conn.execute(select(p.c.last_position).where(where)).scalar_one()
-        return last - count + 1
+        last, now = conn.execute(select(p.c.last_position, self.db.clock.now()).where(where)).one()
+        return last - count + 1, now
 
     # -- reading -----------------------------------------------------------------------
 
