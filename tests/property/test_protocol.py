@@ -31,6 +31,7 @@ from sqlalchemy import (
 
 from messaging import HandlerContext, handler, message
 from messaging.distribution.membership import Membership
+from messaging.store.store import POSITION
 from projections import projection
 from projections.testing import (
     Append,
@@ -165,7 +166,7 @@ def _checkpoint_outside_the_transaction(self, batch, *, immediate):  # type: ign
         rows = self._fetch(conn, batch.claims) if batch.rows is None else batch.rows
         if not rows:
             return rows
-        positions = [row.position for row in rows]
+        positions = [row[POSITION] for row in rows]
         ctx = HandlerContext(conn, lambda: self.store.envelopes(conn, positions))
         self.dispatcher.apply(rows, ctx, self.spec.partitions)
         ctx.flush()

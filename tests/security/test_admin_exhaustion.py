@@ -114,8 +114,8 @@ def _answered_busy(sockets: list[socket.socket], *, expected: int) -> int:
 def test_a_trickled_request_is_cut_at_its_deadline(target: LiveAdmin) -> None:
     """A byte every half second never completes a request: the connection is closed when
     the request's deadline passes, not kept alive by each byte."""
+    started = time.monotonic()  # before the connection: the server's deadline starts later
     with socket.create_connection(("127.0.0.1", target.port), timeout=10) as sock:
-        started = time.monotonic()
         closed = False
         for byte in b"GET /admin/consumers HTTP/1.1\r\nX-Slow: " + b"a" * 100:
             try:
