@@ -19,6 +19,7 @@ from sqlalchemy import Connection, Select, case, delete, insert, select, update
 from sqlalchemy.exc import DBAPIError
 
 from messaging.store.database import Database
+from messaging.store.retry import is_unreachable
 from messaging.store.sessions import Session, parse_sessions
 
 log = logging.getLogger("messaging.distribution.membership")
@@ -169,7 +170,8 @@ class Membership:
     def remove_stale_when_due(self, stale_timeout: float) -> int:
         """:meth:`remove_stale` in its own transaction, at most once every
         :data:`STALE_ROW_PURGE_INTERVAL` seconds per :class:`Membership`; return how many rows
-        went. A database error is logged and not raised: the next due round tries again."""
+        went. A database error is logged and not raised (the next due round tries again),
+        except an unreachable database, which is the caller's outage to log."""
         now = time.monotonic()
         if now < self._next_purge:
             return 0
@@ -178,6 +180,8 @@ class Membership:
             with self.db.transaction() as conn:
                 removed = self.remove_stale(conn, stale_timeout)
         except DBAPIError as exc:
+            if is_unreachable(exc):
+                raise  # the caller's outage: logged once, however many loops see it
             log.warning("removing stale instance rows failed; trying again later: %s", exc.orig)
             return 0
         if removed:

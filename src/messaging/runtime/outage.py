@@ -12,41 +12,13 @@ import threading
 import time
 from collections.abc import Callable
 
-from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+from sqlalchemy.exc import DBAPIError
 
-from messaging.store.nodes import NOT_PRIMARY
+from messaging.store.retry import is_unreachable
 
 __all__ = ["Failing", "Outage", "is_unreachable", "run_every"]
 
 log = logging.getLogger("messaging.runtime.outage")
-
-_MYSQL_UNREACHABLE = {
-    1040,  # too many connections
-    1053,  # server shutdown in progress
-    1927,  # connection was killed
-    2002,  # can't connect through the socket
-    2003,  # can't connect to the server
-    2006,  # server has gone away
-    2013,  # lost connection during query
-    2055,  # lost connection at some stage
-    *NOT_PRIMARY,  # a Galera node out of the primary component
-}
-_SQLITE_UNREACHABLE = ("unable to open database file", "disk i/o error")
-
-
-def is_unreachable(exc: BaseException) -> bool:
-    """Whether ``exc`` says the database cannot be reached (rather than that a statement
-    or a handler is wrong): a refused or lost connection, a server shutting down, a
-    SQLite file that cannot be opened."""
-    if isinstance(exc, DBAPIError) and exc.connection_invalidated:
-        return True
-    if not isinstance(exc, OperationalError | InterfaceError):
-        return False
-    args = getattr(exc.orig, "args", ())
-    if args and isinstance(args[0], int):
-        return args[0] in _MYSQL_UNREACHABLE
-    text = str(exc.orig).lower()
-    return isinstance(exc, InterfaceError) or any(f in text for f in _SQLITE_UNREACHABLE)
 
 
 def _first_line(exc: BaseException) -> str:

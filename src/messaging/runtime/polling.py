@@ -100,7 +100,10 @@ class Worker:
                     )
                 stop.wait(self.settings.conflict_retry.max_delay)
                 continue  # a failed poll learned nothing: poll again
-            self.outage.succeeded()
+            # Only a poll that applied proves the database is back: one of nothing may not
+            # have reached it (no claims, or all busy in other lanes); the pulse beats soon.
+            if applied:
+                self.outage.succeeded()
             if applied == 0 and not stop.is_set():
                 self._idle(stop)
 

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, TypeVar
 
 import attrs
-from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 
 from messaging.errors import ConcurrentUpdate
 from messaging.settings import ConflictRetrySettings
@@ -132,6 +132,35 @@ def report_batch_retry(
             sorted(partitions),
             getattr(error, "orig", error),
         )
+
+
+_MYSQL_UNREACHABLE = {
+    1040,  # too many connections
+    1053,  # server shutdown in progress
+    1927,  # connection was killed
+    2002,  # can't connect through the socket
+    2003,  # can't connect to the server
+    2006,  # server has gone away
+    2013,  # lost connection during query
+    2055,  # lost connection at some stage
+    *NOT_PRIMARY,  # a Galera node out of the primary component
+}
+_SQLITE_UNREACHABLE = ("unable to open database file", "disk i/o error")
+
+
+def is_unreachable(exc: BaseException) -> bool:
+    """Whether ``exc`` says the database cannot be reached (rather than that a statement
+    or a handler is wrong): a refused or lost connection, a server shutting down, a
+    SQLite file that cannot be opened."""
+    if isinstance(exc, DBAPIError) and exc.connection_invalidated:
+        return True
+    if not isinstance(exc, OperationalError | InterfaceError):
+        return False
+    args = getattr(exc.orig, "args", ())
+    if args and isinstance(args[0], int):
+        return args[0] in _MYSQL_UNREACHABLE
+    text = str(exc.orig).lower()
+    return isinstance(exc, InterfaceError) or any(f in text for f in _SQLITE_UNREACHABLE)
 
 
 def backoff_delays(settings: ConflictRetrySettings) -> list[float]:
