@@ -26,7 +26,7 @@ from sqlalchemy import (
     Table,
 )
 
-from messaging import HandlerContext, MessageContext, handler, message
+from messaging import HandlerContext, handler, message
 from projections import in_memory_projection, projection
 
 TOPIC = "ledger"
@@ -110,19 +110,11 @@ NO_OWNER = {"owner": ""}
 example's traffic, but the column is NOT NULL)."""
 
 
-def _change(ctx: MessageContext, account: str, delta: int) -> None:
-    """Add ``delta`` to the account's balance and count the entry: folded per account within
-    a batch, one multi-row upsert per batch."""
-    ctx.upsert(
-        balances, {"account_id": account}, add={"balance": delta, "entries": 1}, insert=NO_OWNER
-    )
-
-
 @projection("ledger-balances", topics=TOPIC, partitions=8, tables=[balances])
 class Balances:
     """Each account's balance and number of entries, in the ``ledger_balances`` table.
 
-    Every handler upserts the account's row: a batch's changes to one account are folded
+    Every handler upserts the account's row itself: a batch's changes to one account are folded
     into one row, and all of them are sent as one multi-row statement per batch instead of
     one round trip per message.
     """
@@ -137,31 +129,66 @@ class Balances:
 
     @handler
     def deposited(self, event: Deposited, ctx: HandlerContext) -> None:
-        _change(ctx, event.account_id, event.amount)
+        ctx.upsert(
+            balances,
+            {"account_id": event.account_id},
+            add={"balance": event.amount, "entries": 1},
+            insert=NO_OWNER,
+        )
 
     @handler
     def withdrawn(self, event: Withdrawn, ctx: HandlerContext) -> None:
-        _change(ctx, event.account_id, -event.amount)
+        ctx.upsert(
+            balances,
+            {"account_id": event.account_id},
+            add={"balance": -event.amount, "entries": 1},
+            insert=NO_OWNER,
+        )
 
     @handler
     def sent(self, event: TransferSent, ctx: HandlerContext) -> None:
-        _change(ctx, event.account_id, -event.amount)
+        ctx.upsert(
+            balances,
+            {"account_id": event.account_id},
+            add={"balance": -event.amount, "entries": 1},
+            insert=NO_OWNER,
+        )
 
     @handler
     def received(self, event: TransferReceived, ctx: HandlerContext) -> None:
-        _change(ctx, event.account_id, event.amount)
+        ctx.upsert(
+            balances,
+            {"account_id": event.account_id},
+            add={"balance": event.amount, "entries": 1},
+            insert=NO_OWNER,
+        )
 
     @handler
     def debited(self, event: TransferDebited, ctx: HandlerContext) -> None:
-        _change(ctx, event.account_id, -event.amount)
+        ctx.upsert(
+            balances,
+            {"account_id": event.account_id},
+            add={"balance": -event.amount, "entries": 1},
+            insert=NO_OWNER,
+        )
 
     @handler
     def credited(self, event: TransferCredited, ctx: HandlerContext) -> None:
-        _change(ctx, event.account_id, event.amount)
+        ctx.upsert(
+            balances,
+            {"account_id": event.account_id},
+            add={"balance": event.amount, "entries": 1},
+            insert=NO_OWNER,
+        )
 
     @handler
     def refunded(self, event: TransferRefunded, ctx: HandlerContext) -> None:
-        _change(ctx, event.account_id, event.amount)
+        ctx.upsert(
+            balances,
+            {"account_id": event.account_id},
+            add={"balance": event.amount, "entries": 1},
+            insert=NO_OWNER,
+        )
 
 
 @in_memory_projection("ledger-activity", topics=TOPIC)
