@@ -14,6 +14,9 @@ from cattrs.cols import is_any_set, is_sequence
 
 from messaging.errors import DecodeError, RegistrationError
 
+_dumps = json.JSONEncoder(separators=(",", ":")).encode
+"""``json.dumps(value, separators=(",", ":"))`` without building an encoder per call."""
+
 T = TypeVar("T")
 
 _TYPE_ATTRIBUTE = "__message_type__"
@@ -73,7 +76,7 @@ class MessageRegistry:
     def encode(self, message: object) -> tuple[str, str]:
         """Return ``(type name, JSON payload)`` for a registered message instance."""
         name = self.type_name(type(message))
-        return name, json.dumps(self._converter.unstructure(message), separators=(",", ":"))
+        return name, _dumps(self._converter.unstructure(message))
 
     def decode(self, type_name: str, payload: str | bytes, position: int | None = None) -> Any:
         """Turn a stored payload back into its message; DecodeError names position and type."""

@@ -194,9 +194,8 @@ class SagaStore:
         for start in range(0, len(wanted), _KEY_CHUNK):
             chunk = self._padded(wanted[start : start + _KEY_CHUNK])
             params = {f"k{i}": key for i, key in enumerate(chunk)}
-            statement = self._listing("load", len(chunk))
             for key, version, state, ended in _fastpath.fetch(
-                conn, statement, params, direct=direct
+                conn, self._listing("load", len(chunk)), params, direct=direct
             ):
                 found[key] = SagaRow(key=key, version=version, state=state, ended=bool(ended))
         return found
@@ -336,9 +335,10 @@ class SagaStore:
             now = bindparam("now", type_=d.c.due_at.type) if self._now_bound else None
             # due_at as the driver gives it (float() below): no result processing
             due_at = type_coerce(d.c.due_at, NullType())
+            clock = now if now is not None else type_coerce(self.db.clock.now(), NullType())
             columns = (d.c.saga_key, d.c.name, d.c.partition_no, due_at, d.c.type, d.c.payload)
             parts = [
-                select(*columns)
+                select(*columns, clock)
                 .where(*self._due([bindparam(f"p{i}", type_=d.c.partition_no.type)], cut, now))
                 .order_by(d.c.due_at)
                 .limit(bindparam(f"q{i}", type_=Integer()))
@@ -369,19 +369,21 @@ class SagaStore:
 
     def due(
         self, conn: Connection, partitions: Sequence[int], limit: int, until: float | None = None
-    ) -> list[Deadline]:
+    ) -> tuple[list[Deadline], float]:
         """Deadlines of ``partitions`` due now (and by ``until``), at most ``limit``, earliest
         first: of each partition its earliest ones (so of each saga instance, in due order),
         of the partitions in the same read an even share each; a share a partition leaves
-        unused goes to those that filled theirs, in at most two more reads."""
+        unused goes to those that filled theirs, in at most two more reads; and the time of
+        the first read that found any (the database's; 0.0 if none did)."""
         quotas = dict.fromkeys(partitions, max(1, -(-limit // max(1, len(partitions)))))
         found: dict[int, list[Deadline]] = {}
-        direct = _fastpath.sends_directly(conn)
+        direct, now = _fastpath.sends_directly(conn), 0.0
         for _ in range(3):
             read: dict[int, list[Deadline]] = {p: [] for p in quotas}
             statement = self._due_statement(len(quotas), until is not None)
-            params = self._due_params(quotas, until)
-            for k, n, p, due, t, payload in _fastpath.fetch(conn, statement, params, direct=direct):
+            rows = _fastpath.fetch(conn, statement, self._due_params(quotas, until), direct=direct)
+            for k, n, p, due, t, payload, clock in rows:
+                now = now or float(clock)
                 read[p].append(
                     Deadline(key=k, name=n, partition=p, due_at=float(due), type=t, payload=payload)
                 )
@@ -393,7 +395,7 @@ class SagaStore:
             more = -(-left // len(full))
             quotas = {p: quotas[p] + more for p in full}
         every = sorted((d for rows in found.values() for d in rows), key=lambda d: d.due_at)
-        return every[:limit]  # a prefix in due order: still each partition's earliest
+        return every[:limit], now  # a prefix in due order: still each partition's earliest
 
     def any_due(
         self, conn: Connection, partitions: Sequence[int], until: float | None = None

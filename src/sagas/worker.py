@@ -95,9 +95,9 @@ class SagaDispatcher(Dispatcher):
                 raise
             raise Poison(row, row[PARTITION_HASH] % partition_count, exc) from exc
 
-    def deliver(self, deadlines: Sequence[Deadline], ctx: HandlerContext) -> float:
-        """Take ``deadlines`` off the table and apply them; return the database's time."""
-        batch = _Batch(self, ctx)
+    def deliver(self, deadlines: Sequence[Deadline], ctx: HandlerContext, now: float) -> None:
+        """Take ``deadlines`` off the table and apply them at ``now`` (the database's time)."""
+        batch = _Batch(self, ctx, now)
         batch.load(d.key for d in deadlines)
         self.store.take(ctx.connection, deadlines)
         for deadline in deadlines:
@@ -115,24 +115,25 @@ class SagaDispatcher(Dispatcher):
             ctx.cause = f"deadline\x1f{deadline.key}\x1f{deadline.name}\x1f{deadline.due_at!r}"
             batch.handle(deadline.key, decode(deadline.payload, None), deadline.type)
         batch.write()
-        return batch.now
 
 
 class _Batch:
     """The saga instances one batch touches: read once, changed in memory, written once."""
 
-    def __init__(self, dispatcher: SagaDispatcher, ctx: HandlerContext) -> None:
+    def __init__(
+        self, dispatcher: SagaDispatcher, ctx: HandlerContext, now: float | None = None
+    ) -> None:
         self.dispatcher = dispatcher
         self.ctx = ctx
         self.rows: dict[str, SagaRow] = {}
         self.instances: dict[str, SagaContext] = {}
         self.encoded: dict[str, tuple[str, list[Deadline]]] = {}
         """Per instance handled: its state and deadlines, encoded after its last message."""
-        self._now: float | None = None
+        self._now = now
 
     @property
     def now(self) -> float:
-        """The database's time, read once per batch."""
+        """The database's time, read once per batch (unless given)."""
         if self._now is None:
             self._now = self.dispatcher.store.now(self.ctx.connection)
         return self._now
@@ -330,13 +331,13 @@ class SagaWorker(ConsumerWorker):
         due), deliver them, commit."""
         dispatcher = self.dispatcher
         with self.db.transaction(consumer=self.spec.name) as conn:
-            due = dispatcher.store.due(conn, sorted(claims), self.settings.batch_size, until)
+            due, now = dispatcher.store.due(conn, sorted(claims), self.settings.batch_size, until)
             if only is not None:
                 due = [d for d in due if d == only]
             if not due:
                 return [], 0.0
             ctx = HandlerContext(conn, _no_envelopes, outbox=self.outbox)
-            now = dispatcher.deliver(due, ctx)
+            dispatcher.deliver(due, ctx, now)
             ctx.flush()
             fenced = {d.partition: claims[d.partition] for d in due}
             self.ownership.commit_checkpoint(conn, self.spec.name, self.instance_id, fenced, 0)
@@ -349,7 +350,7 @@ class SagaWorker(ConsumerWorker):
         fails halts its partition at the partition's checkpoint, with the reason."""
         dispatcher = self.dispatcher
         with self.db.read() as conn:
-            due = dispatcher.store.due(conn, sorted(claims), self.settings.batch_size, until)
+            due, _ = dispatcher.store.due(conn, sorted(claims), self.settings.batch_size, until)
         delivered: list[Deadline] = []
         now = 0.0
         for deadline in due:

@@ -2,13 +2,12 @@
 
 Positions never skip. Every append takes this tenant's row in the ``positions`` table
 with an ``UPDATE`` before it inserts, and holds that row lock until its transaction
-commits. Position assignment is therefore serialized per tenant, and a transaction
-that got a higher position commits strictly after every one that got a lower
-position: a reader that sees position *n* already sees every position below it, so a
-consumer can checkpoint *n* without ever skipping a message that commits late. (On
-SQLite the single writer lock gives the same order.) The price is that appends of one
-tenant commit one at a time; keep the work after an append in the same transaction
-short.
+commits. Position assignment is therefore serialized per tenant, and a transaction that got
+a higher position commits strictly after every one that got a lower position: a reader that
+sees position *n* already sees every position below it, so a consumer can checkpoint *n*
+without ever skipping a message that commits late. (On SQLite the single writer lock gives
+the same order.) The price is that appends of one tenant commit one at a time; keep the
+work after an append in the same transaction short.
 """
 
 from __future__ import annotations
@@ -249,19 +248,27 @@ class MessageStore:
     def _current_versions(
         self, conn: Connection, keys: Iterable[tuple[str, str]]
     ) -> dict[tuple[str, str], int]:
-        m = self._messages
+        """The last version of each ``(topic, source)`` (sources padded to a power of two)."""
         found: dict[tuple[str, str], int] = {}
         by_topic: dict[str, list[str]] = {}
         for topic, source in keys:
             by_topic.setdefault(topic, []).append(source)
+        direct, m = _fastpath.sends_directly(conn), self._messages
         for topic, sources in by_topic.items():
-            for chunk in _chunks(sorted(sources), 500):
-                result = conn.execute(
-                    select(m.c.source, func.max(m.c.version))
-                    .where(m.c.tenant == self.db.tenant, m.c.topic == topic, m.c.source.in_(chunk))
-                    .group_by(m.c.source)
-                )
-                found.update({(topic, source): version for source, version in result})
+            for start in range(0, len(sources), 512):
+                chunk = sorted(sources)[start : start + 512]
+                size = 1 << (len(chunk) - 1).bit_length()
+                if (query := self._queries.get(("versions", size))) is None:
+                    query = self._queries[("versions", size)] = (
+                        select(m.c.source, func.max(m.c.version))
+                        .where(m.c.tenant == bindparam("t"), m.c.topic == bindparam("topic"))
+                        .where(m.c.source.in_([bindparam(f"s{i}") for i in range(size)]))
+                        .group_by(m.c.source)
+                    )
+                params = {f"s{i}": chunk[min(i, len(chunk) - 1)] for i in range(size)}
+                params.update(t=self.db.tenant, topic=topic)
+                rows = _fastpath.fetch(conn, query, params, direct=direct)
+                found.update({(topic, source): version for source, version in rows})
         return found
 
     def _reserve_positions(self, conn: Connection, count: int) -> tuple[int, Any]:
@@ -441,8 +448,3 @@ class MessageStore:
             select(p.c.last_position).where(p.c.tenant == self.db.tenant)
         ).scalar_one_or_none()
         return int(value or 0)
-
-
-def _chunks(items: Sequence[str], size: int) -> Iterable[Sequence[str]]:
-    for start in range(0, len(items), size):
-        yield items[start : start + size]
