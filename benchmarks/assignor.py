@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 try:
-    from messaging.distribution.assignor import assign
+    from messaging.distribution._assignor import assign
 except ModuleNotFoundError:  # running from a checkout without installing the package
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-    from messaging.distribution.assignor import assign
+    from messaging.distribution._assignor import assign
 
 UNITS = [(f"consumer-{c:02d}", p) for c in range(50) for p in range(200)]
 MEMBERS = [f"instance-{i:03d}" for i in range(100)]

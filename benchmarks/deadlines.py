@@ -76,12 +76,12 @@ from sqlalchemy.engine import make_url
 import bench_mysql
 import messaging
 from messaging import Database, Instance, MessageStore, NewMessage, handler, hookimpl, message
-from messaging.config import settings_from_mapping
-from messaging.consumers import ConsumerSpec
-from messaging.messages import registry
-from messaging.settings import Settings
-from messaging.store.clock import DatabaseClock, ManualClock
-from messaging.store.migrations import migrate
+from messaging._config import settings_from_mapping
+from messaging._consumers import ConsumerSpec
+from messaging._messages import registry
+from messaging._settings import Settings
+from messaging.store._clock import DatabaseClock, ManualClock
+from messaging.store._migrations import migrate
 from sagas import SagaContext, saga, start
 
 SAGA = "bench-deadlines"

@@ -51,8 +51,8 @@ from private_mariadb import PrivateMariaDB  # noqa: E402
 from sqlalchemy import text  # noqa: E402
 
 from messaging import Database  # noqa: E402
-from messaging.store.migrations import migrate  # noqa: E402
-from projections.appending import append_lines  # noqa: E402
+from messaging.store._migrations import migrate  # noqa: E402
+from projections._appending import append_lines  # noqa: E402
 
 SAME_INNODB = ["--innodb-buffer-pool-size=64M", "--innodb-flush-log-at-trx-commit=2"]
 """The cluster's nodes run with these too (durability comes from the other nodes)."""

@@ -85,14 +85,14 @@ from sqlalchemy.engine import make_url  # noqa: E402
 from sqlalchemy.exc import DBAPIError  # noqa: E402
 
 from messaging import Database, MessageStore, NewMessage  # noqa: E402
-from messaging.config import settings_from_mapping  # noqa: E402
-from messaging.hookspecs import hookimpl  # noqa: E402
-from messaging.messages import registry  # noqa: E402
-from messaging.settings import ConsumerSettings  # noqa: E402
-from messaging.states import OwnerState  # noqa: E402
-from messaging.store.migrations import migrate  # noqa: E402
+from messaging._config import settings_from_mapping  # noqa: E402
+from messaging._hookspecs import hookimpl  # noqa: E402
+from messaging._messages import registry  # noqa: E402
+from messaging._settings import ConsumerSettings  # noqa: E402
+from messaging._states import OwnerState  # noqa: E402
+from messaging.store._migrations import migrate  # noqa: E402
+from projections._reports import consumers_report  # noqa: E402
 from projections.examples import ledger  # noqa: E402
-from projections.reports import consumers_report  # noqa: E402
 
 CONSUMER = "ledger-balances"
 APP = ("projections.examples.ledger", "handover")  # the app, and this file as a probe plugin

@@ -46,9 +46,9 @@ from messaging import (
     handler,
     message,
 )
-from messaging.config import settings_from_mapping
-from messaging.consumers import collect_specs
-from messaging.store.migrations import migrate
+from messaging._config import settings_from_mapping
+from messaging._consumers import collect_specs
+from messaging.store._migrations import migrate
 from projections import projection
 
 PREFIX = "idle_"

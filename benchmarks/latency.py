@@ -11,7 +11,7 @@ time and the batch's last position (the probe of ``benchmarks/handover.py``). Ea
 latency is the second time minus the first.
 
 It runs twice per backend: with the same-host wake-up (an appending commit wakes the
-instances on this host at once, :mod:`messaging.store.wakeup`), and, as the baseline,
+instances on this host at once, :mod:`messaging.store._wakeup`), and, as the baseline,
 with the appender's wake-ups sent nowhere: the instances then learn of the message from
 their pulse alone, once per idle-poll-interval. Each prints p50/p95/p99/max beside the
 goal (p50 ≤ 50 ms, p99 ≤ 250 ms at the defaults).
@@ -36,7 +36,7 @@ from handover import (
     sqlite_database,
 )
 from messaging import Database, MessageStore
-from messaging.store.wakeup import WakeUps
+from messaging.store._wakeup import WakeUps
 from projections.examples import ledger
 
 GOALS = {50: 0.050, 99: 0.250}

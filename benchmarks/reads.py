@@ -41,7 +41,7 @@ from sqlalchemy import Connection, event, text
 
 import bench_mysql
 from messaging import Database, MessageStore
-from messaging.store.migrations import migrate
+from messaging.store._migrations import migrate
 
 TOPIC = "reads"
 PARTITIONS = 16

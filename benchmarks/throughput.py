@@ -22,7 +22,7 @@ difference fails the benchmark. Prints the median rate of each and, per backend,
 ``ratio framework/best hand-written: X.XX`` (MySQL first when given, SQLite last).
 ``--profile`` adds a cProfile summary of one framework run on stderr. ``--tenant T``
 runs all as tenant ``T``, whose read model is the copy ``T__ledger_balances`` that the
-framework's statements are translated to (``messaging.store.tenancy``).
+framework's statements are translated to (``messaging.store._tenancy``).
 """
 
 from __future__ import annotations
@@ -54,15 +54,15 @@ from sqlalchemy import delete, inspect, select, text
 import bench_mysql
 import messaging
 from messaging import Database, MessageStore, NewMessage
-from messaging.consumers import ConsumerSpec
-from messaging.distribution.membership import InstanceInfo, Membership
-from messaging.distribution.ownership import Ownership
-from messaging.messages import registry
-from messaging.runtime.declarations import declare
-from messaging.runtime.worker import ConsumerWorker
-from messaging.settings import ConsumerSettings, Distribution
-from messaging.store.migrations import migrate
-from messaging.store.tenancy import physical_name
+from messaging._consumers import ConsumerSpec
+from messaging._messages import registry
+from messaging._settings import ConsumerSettings, Distribution
+from messaging.distribution._membership import InstanceInfo, Membership
+from messaging.distribution._ownership import Ownership
+from messaging.runtime._declarations import declare
+from messaging.runtime._worker import ConsumerWorker
+from messaging.store._migrations import migrate
+from messaging.store._tenancy import physical_name
 from projections.examples import ledger
 
 CONSUMER = "ledger-balances"

@@ -15,7 +15,7 @@ from sqlalchemy import MetaData, create_engine, text
 from sqlalchemy.engine import make_url
 
 from messaging import Database
-from messaging.store.migrations import migrate
+from messaging.store._migrations import migrate
 from projections.testing.database import drop_tables
 
 # Loaded here too for runs whose installed metadata predates the pytest11 entry point.

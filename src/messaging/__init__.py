@@ -2,14 +2,14 @@
 
 The names below are what an application imports: declaring messages and route
 consumers, handling them, appending, configuring, running an instance in-process, and
-the errors worth catching. Everything else is imported from its module
-(``messaging.store.store.partition_of``, ``messaging.store.clock.ManualClock``, ...).
+the errors worth catching. Everything else is internal, in private modules
+(``messaging.store._store.partition_of``, ``messaging.store._clock.ManualClock``, ...).
 """
 
-from messaging.config import load_settings
-from messaging.connection import connect
-from messaging.consumers import handler
-from messaging.errors import (
+from messaging._config import load_settings
+from messaging._connection import connect
+from messaging._consumers import ConsumerOptions, handler, mark_consumer
+from messaging._errors import (
     CheckpointMoved,
     ConcurrentUpdate,
     ConfigError,
@@ -21,31 +21,52 @@ from messaging.errors import (
     SchemaError,
     VersionConflict,
 )
-from messaging.hookspecs import hookimpl, hookspec
-from messaging.messages import Envelope, message
-from messaging.plugins import collect_consumers, create_plugin_manager
-from messaging.routing.consumer import route_consumer
-from messaging.runtime.context import HandlerContext, MessageContext
-from messaging.runtime.instance import Instance
-from messaging.settings import Distribution, InvalidSettings, Settings
-from messaging.store.database import Database
-from messaging.store.retry import is_ambiguous
-from messaging.store.store import MessageStore, NewMessage
-from messaging.store.tenancy import UntranslatableStatement
+from messaging._hookspecs import hookimpl, hookspec
+from messaging._kinds import ConsumerKind, register_kind
+from messaging._messages import Envelope, message
+from messaging._plugins import collect_consumers, create_plugin_manager
+from messaging._settings import (
+    AdminSettings,
+    ConflictRetrySettings,
+    ConsumerGroupSettings,
+    ConsumerOverride,
+    ConsumerSettings,
+    Distribution,
+    ExecutorSettings,
+    InvalidSettings,
+    MessagingSettings,
+    Settings,
+)
+from messaging.routing._consumer import route_consumer
+from messaging.runtime._context import HandlerContext, MessageContext
+from messaging.runtime._instance import Instance
+from messaging.store._database import Database
+from messaging.store._retry import is_ambiguous
+from messaging.store._store import MessageStore, NewMessage
+from messaging.store._tenancy import UntranslatableStatement
 
 __all__ = [
+    "AdminSettings",
     "CheckpointMoved",
     "ConcurrentUpdate",
     "ConfigError",
+    "ConflictRetrySettings",
+    "ConsumerGroupSettings",
+    "ConsumerKind",
+    "ConsumerOptions",
+    "ConsumerOverride",
+    "ConsumerSettings",
     "Database",
     "DecodeError",
     "Distribution",
     "Envelope",
+    "ExecutorSettings",
     "HandlerContext",
     "Instance",
     "InvalidSettings",
     "MessageContext",
     "MessageStore",
+    "MessagingSettings",
     "NewMessage",
     "OperationError",
     "OwnershipLost",
@@ -63,6 +84,8 @@ __all__ = [
     "hookspec",
     "is_ambiguous",
     "load_settings",
+    "mark_consumer",
     "message",
+    "register_kind",
     "route_consumer",
 ]

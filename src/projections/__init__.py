@@ -4,8 +4,8 @@ Importing it registers every built-in consumer kind (projections, in-memory proj
 route consumers, sagas), so that its CLI, admin and reports know all their tables.
 """
 
-import sagas.kind  # noqa: F401  (registers the saga kind and its tables)
-from messaging.consumers import handler
-from projections.decorators import in_memory_projection, projection
+import sagas._kind  # noqa: F401  (registers the saga kind and its tables)
+from messaging._consumers import handler
+from projections._decorators import in_memory_projection, projection
 
 __all__ = ["handler", "in_memory_projection", "projection"]

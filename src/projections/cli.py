@@ -19,15 +19,15 @@ from typing import Any
 
 from sqlalchemy.exc import DBAPIError
 
-from messaging.config import load_settings
-from messaging.connection import database_for
-from messaging.errors import OperationError, ProjectionsError
-from messaging.plugins import collect_consumers, create_plugin_manager, import_module
-from messaging.runtime.instance import Instance
-from messaging.settings import ConsumerSettings, Settings
-from messaging.store.database import Database, parse_database_url
-from messaging.store.migrations import migrate
-from projections.cli_parser import build_parser
+from messaging._config import load_settings
+from messaging._connection import database_for
+from messaging._errors import OperationError, ProjectionsError
+from messaging._plugins import collect_consumers, create_plugin_manager, import_module
+from messaging._settings import ConsumerSettings, Settings
+from messaging.runtime._instance import Instance
+from messaging.store._database import Database, parse_database_url
+from messaging.store._migrations import migrate
+from projections._cli_parser import build_parser
 
 EXIT_ERROR = 1
 
@@ -114,7 +114,7 @@ def _admin_alongside(
     if args.admin_port is None:
         yield
         return
-    from projections.admin import listen
+    from projections._admin import listen
 
     db = _database(settings)
     try:
@@ -138,7 +138,7 @@ def _admin_alongside(
 
 def _supervise(args: argparse.Namespace, settings: Settings) -> int:
     """``run --workers N``: a supervisor of N instance processes."""
-    from messaging.runtime.supervisor import Supervisor
+    from messaging.runtime._supervisor import Supervisor
 
     db = _database(settings)
     try:
@@ -173,13 +173,13 @@ def _report(
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from projections.reports import consumers_report, format_consumers
+    from projections._reports import consumers_report, format_consumers
 
     return _report(args, consumers_report, format_consumers)
 
 
 def cmd_instances(args: argparse.Namespace) -> int:
-    from projections.reports import format_instances, instances_report
+    from projections._reports import format_instances, instances_report
 
     return _report(args, instances_report, format_instances)
 
@@ -196,8 +196,8 @@ def cmd_db(args: argparse.Namespace) -> int:
 
 
 def cmd_append(args: argparse.Namespace) -> int:
-    from messaging.messages import registry
-    from projections.appending import append_lines, utf8_lines
+    from messaging._messages import registry
+    from projections._appending import append_lines, utf8_lines
 
     settings = _settings(args)
     _use_app_dir(args)
@@ -230,8 +230,8 @@ def cmd_append(args: argparse.Namespace) -> int:
 
 
 def cmd_operation(args: argparse.Namespace) -> int:
-    from projections import operations
-    from projections.reports import in_memory_copies
+    from projections import _operations as operations
+    from projections._reports import in_memory_copies
 
     settings = _settings(args)
     db = _existing_database(settings)
@@ -268,7 +268,7 @@ def _in_memory_pointer(args: argparse.Namespace, copies: list[dict[str, Any]]) -
 
 def _operate(args: argparse.Namespace, db: Database, who: str) -> None:
     """Run the operator command ``args.command`` through the database; print the outcome."""
-    from projections import operations
+    from projections import _operations as operations
 
     if args.command == "pause":
         operations.pause(db, args.consumer, who=who, reason=args.reason)
@@ -295,7 +295,7 @@ def _operate(args: argparse.Namespace, db: Database, who: str) -> None:
 
 
 def cmd_audit(args: argparse.Namespace) -> int:
-    from projections.operations import audit_log
+    from projections._operations import audit_log
 
     db = _existing_database(_settings(args))
     try:
@@ -306,7 +306,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
     if args.json:
         _print_json({"audit": entries})
     else:
-        from projections.reports import format_time
+        from projections._reports import format_time
 
         if entries:
             print(f"{'at':<29}  {'who':<24} {'command':<22} consumer  detail")
@@ -321,7 +321,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from projections.demo import run_demo
+    from projections._demo import run_demo
 
     return run_demo(
         database=args.database, messages=args.messages, workers=args.workers, seed=args.seed
@@ -329,7 +329,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_admin(args: argparse.Namespace) -> int:
-    from projections.admin import serve
+    from projections._admin import serve
 
     settings = _settings(args)
     db = _database(settings)

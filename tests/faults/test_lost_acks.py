@@ -24,15 +24,15 @@ from fault_model import append_numbered, effects, message_ids, tally
 from sqlalchemy import func, select, update
 
 from messaging import Database, Instance, MessageStore, Settings, create_plugin_manager
-from messaging.consumers import consumer_spec
-from messaging.distribution.membership import InstanceInfo, Membership
-from messaging.distribution.ownership import Ownership
-from messaging.messages import registry
-from messaging.runtime.declarations import declare
-from messaging.runtime.worker import ConsumerWorker
-from messaging.settings import Distribution
-from messaging.store.store import partition_of
-from projections import operations
+from messaging._consumers import consumer_spec
+from messaging._messages import registry
+from messaging._settings import Distribution
+from messaging.distribution._membership import InstanceInfo, Membership
+from messaging.distribution._ownership import Ownership
+from messaging.runtime._declarations import declare
+from messaging.runtime._worker import ConsumerWorker
+from messaging.store._store import partition_of
+from projections import _operations as operations
 
 pytestmark = [pytest.mark.faults, pytest.mark.mysql]
 STALE = 30.0

@@ -18,8 +18,8 @@ from galera_cluster import GaleraCluster
 from galera_ledger import applying, every_node_matches_replay, ledger_lines, message_count
 
 from messaging import Database
-from messaging.settings import ConflictRetrySettings
-from projections.appending import append_lines
+from messaging._settings import ConflictRetrySettings
+from projections._appending import append_lines
 
 pytestmark = [pytest.mark.galera, pytest.mark.mysql, pytest.mark.multiprocess]
 

@@ -15,9 +15,9 @@ from admin_schemas import CLUSTER, COMMAND, CONSUMERS, ERROR, INSTANCES, check
 from clusters import lag, wait_until, write_config
 
 from messaging import Database, Instance, MessageStore, collect_consumers, create_plugin_manager
-from messaging.config import load_settings
-from messaging.settings import Settings
-from projections.admin import (
+from messaging._config import load_settings
+from messaging._settings import Settings
+from projections._admin import (
     DATABASE_UNAVAILABLE,
     SINGLE_OWNER_REASON,
     cluster_report,
@@ -120,7 +120,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Databa
                     store.append(conn, ledger.TOPIC, source, [event])
 
         def caught_up() -> bool:
-            from projections.reports import consumers_report
+            from projections._reports import consumers_report
 
             if lag(db) != 0:
                 return False
@@ -146,7 +146,7 @@ def _copies(report: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 def test_consumers_route_is_the_consumers_report(live: tuple[str, Database, Settings]) -> None:
-    from projections.reports import consumers_report
+    from projections._reports import consumers_report
 
     base, db, settings = live
     status, body = get_json(base + "/admin/consumers")
@@ -283,7 +283,7 @@ def test_operator_commands_over_http_are_applied_and_audited(
     live: tuple[str, Database, Settings],
 ) -> None:
     """POST pause then resume: the consumer's state follows and both are in the audit log."""
-    from projections.operations import audit_log
+    from projections._operations import audit_log
 
     base, db, _ = live
     route = f"{base}/admin/consumers/ledger-balances"

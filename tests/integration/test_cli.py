@@ -19,10 +19,10 @@ from clusters import wait_until
 from sqlalchemy import inspect, text
 
 from messaging import Database, Instance, MessageStore, collect_consumers, create_plugin_manager
-from messaging.config import settings_from_mapping
-from messaging.store.store import partition_of
+from messaging._config import settings_from_mapping
+from messaging.store._store import partition_of
+from projections._reports import instances_report
 from projections.cli import main
-from projections.reports import instances_report
 
 MYSQL_URL_ENV = "PROJECTIONS_TEST_MYSQL_URL"
 

@@ -12,7 +12,7 @@ import pytest
 from clusters import manual_clock_database
 
 from messaging import Database, MessageContext, MessageStore, handler, message, route_consumer
-from messaging.config import settings_from_mapping
+from messaging._config import settings_from_mapping
 from projections.testing import SimulatedCluster
 from sagas import SagaContext, saga, start
 

@@ -8,13 +8,14 @@ import pytest
 from sqlalchemy import Column, Integer, MetaData, String, Table, insert, select, update
 
 from messaging import Database, HandlerContext, OwnershipLost, handler, message
-from messaging.consumers import consumer_spec
-from messaging.distribution.membership import InstanceInfo, Membership
-from messaging.distribution.ownership import Ownership
-from messaging.runtime.declarations import declare
-from messaging.settings import Distribution
-from messaging.states import DeclarationOutcome
-from projections import operations, projection
+from messaging._consumers import consumer_spec
+from messaging._settings import Distribution
+from messaging._states import DeclarationOutcome
+from messaging.distribution._membership import InstanceInfo, Membership
+from messaging.distribution._ownership import Ownership
+from messaging.runtime._declarations import declare
+from projections import _operations as operations
+from projections import projection
 
 P = Distribution.PARTITIONED
 

@@ -34,13 +34,13 @@ from messaging import (
     hookimpl,
     message,
 )
-from messaging.consumers import consumer_spec
-from messaging.distribution.membership import InstanceInfo, Membership
-from messaging.distribution.ownership import Claim, Ownership
-from messaging.messages import registry
-from messaging.runtime.worker import ConsumerWorker
-from messaging.store.clock import ManualClock
-from messaging.store.store import partition_of
+from messaging._consumers import consumer_spec
+from messaging._messages import registry
+from messaging.distribution._membership import InstanceInfo, Membership
+from messaging.distribution._ownership import Claim, Ownership
+from messaging.runtime._worker import ConsumerWorker
+from messaging.store._clock import ManualClock
+from messaging.store._store import partition_of
 from projections import projection
 
 STALE = 30.0

@@ -18,8 +18,8 @@ from clusters import SUPPORT, stop_instance, wait_until, write_config
 from memory_app import CONSUMER, TOPIC, Item
 
 from messaging import Database, MessageStore
-from messaging.settings import ConsumerSettings
-from projections.reports import consumers_report
+from messaging._settings import ConsumerSettings
+from projections._reports import consumers_report
 
 pytestmark = pytest.mark.multiprocess
 CLI = [sys.executable, "-m", "projections.cli"]

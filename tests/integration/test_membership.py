@@ -9,7 +9,7 @@ import pytest
 from sqlalchemy import select
 
 from messaging import Database, Instance, Settings, collect_consumers, create_plugin_manager
-from messaging.distribution.membership import (
+from messaging.distribution._membership import (
     MIN_STALE_ROW_RETENTION,
     STALE_ROW_PURGE_INTERVAL,
     STALE_ROW_RETENTION_FACTOR,
@@ -17,8 +17,8 @@ from messaging.distribution.membership import (
     Membership,
     stale_row_retention,
 )
-from messaging.distribution.ownership import Ownership
-from messaging.store.clock import ManualClock
+from messaging.distribution._ownership import Ownership
+from messaging.store._clock import ManualClock
 
 STALE_TIMEOUT = 30.0  # the default: rows go after 10 x 30 s = 300 s
 CONSUMER = "ledger-balances"
@@ -136,7 +136,7 @@ def test_the_heartbeat_removes_old_rows_about_once_a_minute(
 ) -> None:
     """Instance.heartbeat() purges at once, then not again before the purge interval."""
     monotonic = [1_000.0]
-    import messaging.distribution.membership as membership_module
+    import messaging.distribution._membership as membership_module
 
     monkeypatch.setattr(
         membership_module, "time", types.SimpleNamespace(monotonic=lambda: monotonic[0])

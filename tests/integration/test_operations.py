@@ -12,13 +12,13 @@ from admin_schemas import CONSUMERS, check
 from sqlalchemy import BigInteger, Column, Integer, MetaData, String, Table, insert, select
 
 from messaging import Database, HandlerContext, MessageStore, Settings, handler, message
-from messaging.distribution.ownership import Ownership
-from messaging.errors import OperationError
-from messaging.settings import ConsumerSettings
-from messaging.store.clock import ManualClock
+from messaging._errors import OperationError
+from messaging._settings import ConsumerSettings
+from messaging.distribution._ownership import Ownership
+from messaging.store._clock import ManualClock
 from projections import projection
-from projections.operations import audit_log, pause, rebuild, recorded_detail, resume
-from projections.reports import consumers_report
+from projections._operations import audit_log, pause, rebuild, recorded_detail, resume
+from projections._reports import consumers_report
 from projections.testing import SimulatedCluster
 
 metadata = MetaData()

@@ -15,8 +15,8 @@ from sqlalchemy import MetaData, select
 from tally_cluster import TallyCluster
 
 from messaging import Database
-from messaging.distribution.membership import Membership
-from projections.operations import default_operator
+from messaging.distribution._membership import Membership
+from projections._operations import default_operator
 
 pytestmark = pytest.mark.multiprocess
 

@@ -11,10 +11,10 @@ from poison_item import Item
 from sqlalchemy import BigInteger, Column, MetaData, String, Table, insert, select
 
 from messaging import Database, HandlerContext, MessageStore, handler
-from messaging.distribution.membership import InstanceInfo, Membership
-from messaging.distribution.ownership import Ownership
-from messaging.runtime.worker import ConsumerWorker
-from messaging.store.store import partition_of
+from messaging.distribution._membership import InstanceInfo, Membership
+from messaging.distribution._ownership import Ownership
+from messaging.runtime._worker import ConsumerWorker
+from messaging.store._store import partition_of
 from projections import projection
 
 ME_ID = "4f3c9a"

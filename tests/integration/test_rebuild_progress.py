@@ -15,11 +15,11 @@ from admin_schemas import CONSUMERS, check
 from clusters import cli, seed_ledger, write_config
 
 from messaging import Instance, collect_consumers, create_plugin_manager
-from messaging.config import load_settings
-from messaging.store.database import Database
-from projections import operations
-from projections.admin import make_server
-from projections.reports import consumers_report
+from messaging._config import load_settings
+from messaging.store._database import Database
+from projections import _operations as operations
+from projections._admin import make_server
+from projections._reports import consumers_report
 
 CONSUMER = "ledger-balances"
 

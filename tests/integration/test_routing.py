@@ -23,10 +23,10 @@ from messaging import (
     message,
     route_consumer,
 )
-from messaging.config import settings_from_mapping
-from messaging.errors import ConcurrentUpdate
-from messaging.store.clock import ManualClock
-from messaging.store.store import partition_of
+from messaging._config import settings_from_mapping
+from messaging._errors import ConcurrentUpdate
+from messaging.store._clock import ManualClock
+from messaging.store._store import partition_of
 from projections.testing import SimulatedCluster
 from sagas import SagaContext, saga, start
 
@@ -174,7 +174,7 @@ def test_two_partitions_updating_one_saga_are_serialized_by_its_version(
     """Instance a is inside its batch for counter c (message from one partition) when
     instance b commits another message of c (from another partition): a's write finds a
     newer version, its batch is retried from the start, and both increments count."""
-    from messaging.store.migrations import migrate
+    from messaging.store._migrations import migrate
 
     db = Database(mysql_database_url, table_prefix=f"t{uuid.uuid4().hex[:8]}_", clock=ManualClock())
     migrate(db)
@@ -228,7 +228,7 @@ def test_an_id_recorded_by_a_concurrent_batch_makes_the_batch_retry(
     """Two batches holding one id (sent twice with different keys, so to two partitions)
     both found it unhandled: the one that records it second is retried, not halted, and
     then skips it."""
-    from messaging.routing.consumer import IdempotentDispatcher
+    from messaging.routing._consumer import IdempotentDispatcher
 
     cluster = SimulatedCluster(clock_db, [Idempotent], SETTINGS)
     cluster.join("a")
@@ -264,9 +264,9 @@ def test_an_id_recorded_by_a_concurrent_batch_makes_the_batch_retry(
 def test_old_handled_ids_can_be_forgotten(clock_db: Database, tmp_path: Path) -> None:
     """The guard's table only grows: an operator drops the ids handled long enough ago;
     one of those sent again is handled again, a newer one is still skipped."""
-    from messaging.errors import OperationError
+    from messaging._errors import OperationError
+    from projections._operations import audit_log, forget_processed
     from projections.cli import main
-    from projections.operations import audit_log, forget_processed
 
     cluster = SimulatedCluster(clock_db, [Idempotent], SETTINGS)
     cluster.join("a")
@@ -300,8 +300,8 @@ def test_old_handled_ids_can_be_forgotten(clock_db: Database, tmp_path: Path) ->
 
 
 def test_only_route_consumers_have_handled_ids_to_forget(clock_db: Database) -> None:
-    from messaging.errors import OperationError
-    from projections.operations import forget_processed
+    from messaging._errors import OperationError
+    from projections._operations import forget_processed
 
     cluster = SimulatedCluster(clock_db, [Counter], SETTINGS)
     cluster.join("a")

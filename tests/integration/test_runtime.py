@@ -54,7 +54,7 @@ def test_a_name_held_by_a_dead_process_on_this_host_is_taken_over(db: Database) 
     import subprocess
     import sys
 
-    from messaging.distribution.membership import InstanceInfo, Membership
+    from messaging.distribution._membership import InstanceInfo, Membership
 
     dead_pid = subprocess.Popen([sys.executable, "-c", "pass"])
     dead_pid.wait()

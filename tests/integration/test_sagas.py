@@ -23,13 +23,13 @@ from messaging import (
     message,
     route_consumer,
 )
-from messaging.config import settings_from_mapping
-from messaging.distribution.ownership import Ownership
-from messaging.errors import ConcurrentUpdate, RegistrationError
-from messaging.store.store import partition_of
+from messaging._config import settings_from_mapping
+from messaging._errors import ConcurrentUpdate, RegistrationError
+from messaging.distribution._ownership import Ownership
+from messaging.store._store import partition_of
 from projections.testing import SimulatedCluster
 from sagas import SagaContext, SagaStore, saga, start
-from sagas.store import SagaRow
+from sagas._store import SagaRow
 
 SETTINGS = settings_from_mapping(
     {
@@ -348,8 +348,8 @@ def test_a_saga_cannot_change_its_partition_count(cluster: SimulatedCluster) -> 
 
 
 def test_rebuilding_a_saga_is_refused(cluster: SimulatedCluster) -> None:
-    from messaging.errors import OperationError
-    from projections.operations import rebuild
+    from messaging._errors import OperationError
+    from projections._operations import rebuild
 
     cluster.join("a")
     with pytest.raises(OperationError, match="only projections can be rebuilt"):

@@ -12,8 +12,8 @@ from messaging import (
     MessageStore,
     handler,
 )
-from messaging.distribution.membership import InstanceInfo, Membership
-from messaging.distribution.ownership import Ownership
+from messaging.distribution._membership import InstanceInfo, Membership
+from messaging.distribution._ownership import Ownership
 from projections import projection
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from sqlalchemy import insert, inspect, select
 
 from messaging import Database
-from messaging.store.schema import SCHEMA_VERSION
+from messaging.store._schema import SCHEMA_VERSION
 
 
 def test_a_file_from_the_previous_version_gets_the_new_columns_and_indexes(

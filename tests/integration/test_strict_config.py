@@ -16,7 +16,7 @@ from messaging import (
     collect_consumers,
     create_plugin_manager,
 )
-from messaging.settings import (
+from messaging._settings import (
     ConsumerGroupSettings,
     ConsumerOverride,
     ConsumerSettings,

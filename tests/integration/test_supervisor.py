@@ -17,9 +17,9 @@ import pytest
 from clusters import wait_until, write_config
 
 from messaging import Database
-from messaging.runtime.supervisor import Supervisor
-from messaging.settings import ConsumerSettings
-from projections.reports import instances_report
+from messaging._settings import ConsumerSettings
+from messaging.runtime._supervisor import Supervisor
+from projections._reports import instances_report
 
 pytestmark = pytest.mark.multiprocess
 

@@ -32,13 +32,13 @@ from messaging import (
     load_settings,
     message,
 )
-from messaging.config import settings_from_mapping
-from messaging.runtime.worker import ConsumerWorker
-from messaging.store.clock import ManualClock
-from messaging.store.store import partition_of
+from messaging._config import settings_from_mapping
+from messaging.runtime._worker import ConsumerWorker
+from messaging.store._clock import ManualClock
+from messaging.store._store import partition_of
 from projections import projection
+from projections._reports import consumers_report
 from projections.examples.ledger import TOPIC, Balances, traffic
-from projections.reports import consumers_report
 from projections.testing import SimulatedCluster
 from projections_otel import Telemetry, context_of, trace_headers
 

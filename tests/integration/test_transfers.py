@@ -11,9 +11,9 @@ from clusters import lag, start_instance, stop_instance, wait_until, write_confi
 from sqlalchemy import MetaData, func, select
 
 from messaging import Database, MessageStore
-from messaging.settings import ConsumerSettings
+from messaging._settings import ConsumerSettings
+from projections._reports import instances_report
 from projections.examples import ledger, transfers
-from projections.reports import instances_report
 
 pytestmark = pytest.mark.multiprocess
 

@@ -25,9 +25,9 @@ from sqlalchemy import (
 )
 
 from messaging import Database, HandlerContext, MessageStore, ProjectionsError, handler
-from messaging.distribution.membership import InstanceInfo, Membership
-from messaging.distribution.ownership import Ownership
-from messaging.runtime.worker import ConsumerWorker
+from messaging.distribution._membership import InstanceInfo, Membership
+from messaging.distribution._ownership import Ownership
+from messaging.runtime._worker import ConsumerWorker
 from projections import projection
 
 

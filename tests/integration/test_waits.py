@@ -21,9 +21,9 @@ from sqlalchemy import MetaData
 from tally_cluster import TallyCluster
 
 from messaging import Database
-from messaging.distribution.membership import Membership
-from messaging.settings import ConsumerSettings
-from projections.reports import consumers_report
+from messaging._settings import ConsumerSettings
+from messaging.distribution._membership import Membership
+from projections._reports import consumers_report
 
 pytestmark = pytest.mark.multiprocess
 

@@ -15,10 +15,10 @@ from hypothesis import strategies as st
 from sqlalchemy import Connection, select
 
 from messaging import Database, is_ambiguous
-from messaging.consumers import collect_specs
-from messaging.distribution.ownership import Claim, Ownership
-from messaging.runtime.worker import ConsumerWorker
-from messaging.store.store import partition_of
+from messaging._consumers import collect_specs
+from messaging.distribution._ownership import Claim, Ownership
+from messaging.runtime._worker import ConsumerWorker
+from messaging.store._store import partition_of
 from projections.examples import ledger
 from projections.testing import (
     BATTERY,

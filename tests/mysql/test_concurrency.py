@@ -23,7 +23,7 @@ from messaging import (
     hookimpl,
     message,
 )
-from messaging.config import settings_from_mapping
+from messaging._config import settings_from_mapping
 from projections import projection
 
 pytestmark = pytest.mark.mysql

@@ -24,9 +24,9 @@ from messaging import (
     hookimpl,
     message,
 )
-from messaging.config import settings_from_mapping
-from messaging.runtime.worker import ConsumerWorker
-from messaging.store.store import partition_of
+from messaging._config import settings_from_mapping
+from messaging.runtime._worker import ConsumerWorker
+from messaging.store._store import partition_of
 from projections import projection
 
 pytestmark = pytest.mark.mysql

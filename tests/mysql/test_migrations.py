@@ -1,4 +1,4 @@
-"""MySQL schema migrations: the start-up check and agreement of V1 with messaging.store.schema."""
+"""MySQL schema migrations: the start-up check and agreement of V1 with messaging.store._schema."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from sqlalchemy import Table, UniqueConstraint, insert, inspect, select, text
 from sqlalchemy.dialects import mysql
 
 from messaging import Database, SchemaError
-from messaging.store.migrations import available_migrations, migrate
-from messaging.store.schema import SCHEMA_VERSION
+from messaging.store._migrations import available_migrations, migrate
+from messaging.store._schema import SCHEMA_VERSION
 
 pytestmark = pytest.mark.mysql
 
@@ -101,7 +101,7 @@ def _declared(table: Table) -> dict[str, tuple[str, bool]]:
 
 def test_migrated_schema_matches_schema_module(fresh: Database) -> None:
     """Every table V1 creates has exactly the columns, keys and indexes of
-    messaging.store.schema."""
+    messaging.store._schema."""
     migrate(fresh)
     declared = fresh.schema.metadata.tables
     assert _prefixed_tables(fresh) == set(declared)

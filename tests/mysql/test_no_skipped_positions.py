@@ -22,8 +22,8 @@ from messaging import (
     hookimpl,
     message,
 )
-from messaging.config import settings_from_mapping
-from messaging.distribution.ownership import Ownership
+from messaging._config import settings_from_mapping
+from messaging.distribution._ownership import Ownership
 from projections import projection
 
 pytestmark = pytest.mark.mysql

@@ -11,8 +11,8 @@ from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
 from messaging import Database
-from messaging.settings import ConflictRetrySettings
-from messaging.store.retry import retry_transient
+from messaging._settings import ConflictRetrySettings
+from messaging.store._retry import retry_transient
 
 pytestmark = pytest.mark.mysql
 

@@ -21,8 +21,8 @@ from private_mariadb import PrivateMariaDB
 from sqlalchemy import func, select
 
 from messaging import Database, MessageStore
-from messaging.settings import ConsumerSettings
-from messaging.store.migrations import migrate
+from messaging._settings import ConsumerSettings
+from messaging.store._migrations import migrate
 from projections.examples import ledger
 
 pytestmark = [pytest.mark.mysql, pytest.mark.multiprocess]

@@ -20,9 +20,9 @@ from clusters import owners, start_instance, stop_instance, wait_until
 from sqlalchemy import MetaData, Select, func, select
 
 from messaging import Database, MessageStore
-from messaging.settings import ConsumerSettings
-from messaging.store.store import partition_of
-from projections.reports import consumers_report
+from messaging._settings import ConsumerSettings
+from messaging.store._store import partition_of
+from projections._reports import consumers_report
 
 pytestmark = [pytest.mark.mysql, pytest.mark.multiprocess]
 

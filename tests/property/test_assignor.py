@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, event, find, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from messaging.distribution.assignor import assign
+from messaging.distribution._assignor import assign
 
 Assignor = Callable[[Iterable[Any], Iterable[str], Mapping[Any, str | None]], dict[Any, str]]
 

@@ -30,8 +30,8 @@ from sqlalchemy import (
 )
 
 from messaging import HandlerContext, handler, message
-from messaging.distribution.membership import Membership
-from messaging.store.store import POSITION
+from messaging.distribution._membership import Membership
+from messaging.store._store import POSITION
 from projections import projection
 from projections.testing import (
     Append,
@@ -192,12 +192,12 @@ def _round_robin(units, members, current, rotation=0):  # type: ignore[no-untype
 
 
 BROKEN = {
-    "no fence": ("messaging.distribution.ownership.Ownership.commit_checkpoint", _unfenced_commit),
+    "no fence": ("messaging.distribution._ownership.Ownership.commit_checkpoint", _unfenced_commit),
     "checkpoint outside the transaction": (
-        "messaging.runtime.worker.ConsumerWorker._commit",
+        "messaging.runtime._worker.ConsumerWorker._commit",
         _checkpoint_outside_the_transaction,
     ),
-    "non-sticky assignor": ("messaging.distribution.rebalance.assign", _round_robin),
+    "non-sticky assignor": ("messaging.distribution._rebalance.assign", _round_robin),
 }
 
 

@@ -16,12 +16,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from messaging import HandlerContext, Instance, create_plugin_manager, handler, message
-from messaging.config import settings_from_mapping
-from messaging.consumers import collect_specs
-from messaging.runtime.polling import Worker
-from messaging.store.database import Database
-from messaging.store.store import MessageStore
-from messaging.store.wakeup import WakeUps
+from messaging._config import settings_from_mapping
+from messaging._consumers import collect_specs
+from messaging.runtime._polling import Worker
+from messaging.store._database import Database
+from messaging.store._store import MessageStore
+from messaging.store._wakeup import WakeUps
 from projections import projection
 from projections.testing import scratch_database
 

@@ -17,7 +17,7 @@ import pytest
 from admin_client import chromium, serve
 from admin_target import TARGET, LiveAdmin
 
-from projections.admin_guard import WRONG_HOST
+from projections._admin_guard import WRONG_HOST
 
 pytestmark = pytest.mark.multiprocess
 

@@ -14,9 +14,9 @@ from clusters import wait_until
 from private_mariadb import PrivateMariaDB
 
 from messaging import Database
-from messaging.config import settings_from_mapping
-from messaging.store.migrations import migrate
-from projections.admin import DATABASE_UNAVAILABLE, make_server
+from messaging._config import settings_from_mapping
+from messaging.store._migrations import migrate
+from projections._admin import DATABASE_UNAVAILABLE, make_server
 
 pytestmark = pytest.mark.multiprocess
 

@@ -13,10 +13,10 @@ import pytest
 from admin_client import TOKEN, admin_process, get_json, serve
 
 from messaging import Database, ProjectionsError
-from messaging.config import settings_from_mapping
-from messaging.settings import Settings
-from projections.admin import make_server
-from projections.admin_guard import AdminGuard
+from messaging._config import settings_from_mapping
+from messaging._settings import Settings
+from projections._admin import make_server
+from projections._admin_guard import AdminGuard
 
 
 def _non_loopback_address() -> str:

@@ -14,9 +14,9 @@ import odd_names_app
 from admin_client import TOKEN
 from admin_target import TARGET, LiveAdmin
 
-from projections.admin_guard import CROSS_ORIGIN, DISABLED, NOT_JSON, UNAUTHORIZED, WRONG_HOST
-from projections.admin_http import MAX_HEAD_BYTES
-from projections.operations import MAX_REASON_LENGTH, audit_log
+from projections._admin_guard import CROSS_ORIGIN, DISABLED, NOT_JSON, UNAUTHORIZED, WRONG_HOST
+from projections._admin_http import MAX_HEAD_BYTES
+from projections._operations import MAX_REASON_LENGTH, audit_log
 
 PAUSE = f"/admin/consumers/{TARGET}/pause"
 JSON = "application/json"

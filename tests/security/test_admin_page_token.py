@@ -13,7 +13,7 @@ from admin_client import TOKEN
 from admin_target import TARGET, LiveAdmin
 from cdp import Browser
 
-from projections.operations import audit_log
+from projections._operations import audit_log
 
 pytestmark = pytest.mark.multiprocess
 

@@ -28,18 +28,18 @@ from sqlalchemy import (
 )
 
 from messaging import Database, HandlerContext, NewMessage, RegistrationError, handler, message
-from messaging.consumers import collect_specs
-from messaging.distribution.ownership import Ownership
-from messaging.messages import registry
-from messaging.runtime.declarations import tenant_fingerprint
-from messaging.states import PartitionStatus
+from messaging._consumers import collect_specs
+from messaging._messages import registry
+from messaging._states import PartitionStatus
+from messaging.distribution._ownership import Ownership
+from messaging.runtime._declarations import tenant_fingerprint
+from messaging.store._clock import ManualClock
 from messaging.store._fastpath import sends_directly
-from messaging.store.clock import ManualClock
-from messaging.store.migrations import migrate
-from messaging.store.tenancy import physical_name
+from messaging.store._migrations import migrate
+from messaging.store._tenancy import physical_name
 from projections import projection
+from projections._operations import rebuild, resume
 from projections.examples import ledger, transfers
-from projections.operations import rebuild, resume
 from projections.testing import SimulatedCluster
 from projections.testing.cluster import simulation_settings
 from projections.testing.database import drop_tables

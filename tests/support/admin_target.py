@@ -15,14 +15,14 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
 from messaging import Database, Instance, MessageStore, collect_consumers, create_plugin_manager
-from messaging.config import load_settings
-from messaging.settings import Settings
-from messaging.store.migrations import migrate
-from projections.admin import make_server
-from projections.admin_http import BoundedHTTPServer
+from messaging._config import load_settings
+from messaging._settings import Settings
+from messaging.store._migrations import migrate
+from projections._admin import make_server
+from projections._admin_http import BoundedHTTPServer
+from projections._operations import audit_log
+from projections._reports import consumers_report
 from projections.examples import ledger
-from projections.operations import audit_log
-from projections.reports import consumers_report
 
 TARGET = "ledger-balances"
 

@@ -15,10 +15,10 @@ from typing import Any
 from sqlalchemy import select
 
 from messaging import Database, MessageStore
-from messaging.messages import registry
-from messaging.settings import ConsumerSettings
+from messaging._messages import registry
+from messaging._settings import ConsumerSettings
+from projections._reports import consumers_report
 from projections.examples import ledger
-from projections.reports import consumers_report
 
 SUPPORT = Path(__file__).resolve().parent
 """This directory: application modules of the tests live here."""
@@ -190,8 +190,8 @@ def owned_by(
 
 def manual_clock_database(database_url: str, table_prefix: str) -> Database:
     """A prepared database (migrated on MySQL) whose clock moves only when told to."""
-    from messaging.store.clock import ManualClock
-    from messaging.store.migrations import migrate
+    from messaging.store._clock import ManualClock
+    from messaging.store._migrations import migrate
 
     db = Database(database_url, table_prefix=table_prefix, clock=ManualClock())
     if not db.is_sqlite:
@@ -211,8 +211,8 @@ def consumer_worker(
     """A ConsumerWorker of one decorated consumer class, with default settings and no plugins
     (``instance_name`` defaults to ``instance_id``)."""
     from messaging import Settings, create_plugin_manager
-    from messaging.consumers import consumer_spec
-    from messaging.runtime.worker import ConsumerWorker
+    from messaging._consumers import consumer_spec
+    from messaging.runtime._worker import ConsumerWorker
 
     return ConsumerWorker(
         db=db,

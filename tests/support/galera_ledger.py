@@ -17,11 +17,11 @@ from galera_cluster import GaleraCluster
 from sqlalchemy import func, select
 
 from messaging import Database
-from messaging.messages import registry
-from messaging.settings import ConsumerSettings
-from messaging.store.migrations import migrate
+from messaging._messages import registry
+from messaging._settings import ConsumerSettings
+from messaging.store._migrations import migrate
+from projections._reports import consumers_report
 from projections.examples import ledger
-from projections.reports import consumers_report
 
 FAST = ConsumerSettings(stale_instance_timeout=1.0, rebalance_interval=0.3, heartbeat_interval=0.2)
 """The timings of the instances' configuration (tests/support/clusters.py)."""

@@ -9,8 +9,8 @@ import pymysql
 import pytest
 from sqlalchemy.exc import IntegrityError, InterfaceError, OperationalError
 
-from messaging.settings import ConflictRetrySettings
-from messaging.store.retry import is_ambiguous, is_transient, retry_transient
+from messaging._settings import ConflictRetrySettings
+from messaging.store._retry import is_ambiguous, is_transient, retry_transient
 
 
 def _mysql(code: int, cls: type = OperationalError) -> Exception:

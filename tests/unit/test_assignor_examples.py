@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from messaging.distribution.assignor import assign
+from messaging.distribution._assignor import assign
 
 ORDERS = [("orders", p) for p in range(8)]
 

@@ -32,8 +32,8 @@ def test_messaging_imports_no_consumer_kind_package() -> None:
 
 
 def test_the_walk_sees_imports_inside_functions() -> None:
-    tree = ast.parse("def f():\n    from sagas.worker import SagaWorker\n    import projections\n")
-    assert _imported(tree) == {"sagas.worker", "projections"}
+    tree = ast.parse("def f():\n    from sagas._worker import SagaWorker\n    import projections\n")
+    assert _imported(tree) == {"sagas._worker", "projections"}
 
 
 def test_no_module_is_over_450_lines() -> None:

@@ -10,8 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from messaging import DecodeError, RegistrationError, handler, message
-from messaging.consumers import consumer_spec
-from messaging.messages import registry
+from messaging._consumers import consumer_spec
+from messaging._messages import registry
 from projections import projection
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from messaging import Database
-from messaging.errors import ConfigError
-from messaging.store.nodes import join_hosts, split_hosts
-from messaging.store.retry import is_ambiguous, is_transient
+from messaging._errors import ConfigError
+from messaging.store._nodes import join_hosts, split_hosts
+from messaging.store._retry import is_ambiguous, is_transient
 
 
 def test_several_hosts_split_into_the_first_and_the_list() -> None:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from messaging.distribution.membership import InstanceRow
-from messaging.distribution.rebalance import plan
-from messaging.settings import Distribution
+from messaging._settings import Distribution
+from messaging.distribution._membership import InstanceRow
+from messaging.distribution._rebalance import plan
 
 P, S = Distribution.PARTITIONED, Distribution.SINGLE_OWNER
 FP = {"c1": "f", "c2": "f"}

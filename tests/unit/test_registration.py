@@ -20,11 +20,11 @@ from messaging import (
     hookimpl,
     message,
 )
-from messaging.consumers import consumer_spec
-from messaging.plugins import DISABLE_AUTOLOAD_ENV
+from messaging._consumers import consumer_spec
+from messaging._plugins import DISABLE_AUTOLOAD_ENV
 from projections import in_memory_projection, projection
+from projections._kinds import IN_MEMORY_PROJECTION, PROJECTION
 from projections.examples import ledger
-from projections.kinds import IN_MEMORY_PROJECTION, PROJECTION
 
 
 @message("test.reg.happened")

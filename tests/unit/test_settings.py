@@ -12,10 +12,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from messaging import kinds
-from messaging.config import load_settings, parse_duration, settings_from_mapping
-from messaging.errors import ConfigError, RegistrationError
-from messaging.settings import (
+from messaging import _kinds as kinds
+from messaging._config import load_settings, parse_duration, settings_from_mapping
+from messaging._errors import ConfigError, RegistrationError
+from messaging._settings import (
     ConflictRetrySettings,
     ConsumerGroupSettings,
     ConsumerOverride,

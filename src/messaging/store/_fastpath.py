@@ -10,12 +10,12 @@ parameters with a generated function and call the connection's DBAPI cursor dire
 the per-statement work of SQLAlchemy's execution machinery is skipped.
 :func:`execute_rows` takes each parameter set as a tuple of values of named parameters:
 when those are, in that order, what the plan sends, the tuples go to the driver as they
-are (the batched upserts of :mod:`messaging.runtime.upserts`).
+are (the batched upserts of :mod:`messaging.runtime._upserts`).
 
 SQLAlchemy sends the statement again whenever skipping it could be noticed: outside a
 transaction, with execute, cursor-execute or error events listening, with SQL logging on,
 or with a schema translate map (:func:`sends_directly`). A tenant's table translation
-(:mod:`messaging.store.tenancy`) is the one listener that does not count: a plan is learned
+(:mod:`messaging.store._tenancy`) is the one listener that does not count: a plan is learned
 from what SQLAlchemy sent, which is already the translated SQL, and plans are kept per
 engine (per dialect object). Driver errors are raised as the
 SQLAlchemy exceptions ``Connection.execute`` would raise (so ``IntegrityError`` handling
@@ -34,7 +34,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql import Executable
 from sqlalchemy.sql.compiler import SQLCompiler
 
-from messaging.store.tenancy import TRANSLATES
+from messaging.store._tenancy import TRANSLATES
 
 
 def sends_directly(conn: Connection) -> bool:

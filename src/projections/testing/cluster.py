@@ -27,15 +27,15 @@ from messaging import (
     create_plugin_manager,
     is_ambiguous,
 )
-from messaging.config import settings_from_mapping
-from messaging.consumers import ConsumerSpec, collect_specs
-from messaging.distribution.ownership import Claim, Ownership
-from messaging.routing.consumer import ROUTE_CONSUMER
-from messaging.runtime.worker import ConsumerWorker
-from messaging.store.clock import ManualClock
-from messaging.store.store import NewMessage
-from projections import operations
-from projections.kinds import PROJECTION
+from messaging._config import settings_from_mapping
+from messaging._consumers import ConsumerSpec, collect_specs
+from messaging.distribution._ownership import Claim, Ownership
+from messaging.routing._consumer import ROUTE_CONSUMER
+from messaging.runtime._worker import ConsumerWorker
+from messaging.store._clock import ManualClock
+from messaging.store._store import NewMessage
+from projections import _operations as operations
+from projections._kinds import PROJECTION
 from projections.testing.database import configured_database, scratch_database
 from projections.testing.outcomes import OutcomeLosingDatabase, UnknownOutcome
 from projections.testing.records import Claimed, Commit, Delivery, Recorder

@@ -23,9 +23,9 @@ from hypothesis.strategies import SearchStrategy
 from sqlalchemy import Connection, select
 
 from messaging import Distribution, Settings
-from messaging.distribution.ownership import Ownership
-from messaging.states import PartitionStatus
-from messaging.store.store import partition_of
+from messaging._states import PartitionStatus
+from messaging.distribution._ownership import Ownership
+from messaging.store._store import partition_of
 from projections.testing.battery import BATTERY, Scenario
 from projections.testing.cluster import SimulatedCluster, open_cluster
 from projections.testing.differences import ReadModelDiffers

@@ -18,7 +18,7 @@ from sqlalchemy import Connection
 from sqlalchemy.exc import OperationalError
 
 from messaging import Database
-from messaging.distribution.ownership import Ownership
+from messaging.distribution._ownership import Ownership
 
 LOST_DURING_COMMIT = 2013
 """MySQL's "Lost connection to MySQL server during query", which PyMySQL raises when the

@@ -1,0 +1,236 @@
+"""Instances: registration, heartbeats stamped by the database clock, and who is live.
+
+An instance is live while its heartbeat is younger than ``stale-instance-timeout``,
+compared in SQL against the same clock that stamped it. Rows of instances that died
+without a clean stop are deleted once they are far older than that (see
+:meth:`Membership.remove_stale`), so the table does not grow with every crash.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+from sqlalchemy import Connection, Select, case, delete, insert, select, update
+from sqlalchemy.exc import DBAPIError
+
+from messaging.store._database import Database
+from messaging.store._retry import is_unreachable
+from messaging.store._sessions import Session, parse_sessions
+
+log = logging.getLogger("messaging.distribution.membership")
+
+STALE_ROW_RETENTION_FACTOR = 10
+"""A dead instance's row is deleted once its heartbeat is this many stale-instance-timeouts old
+(and at least :data:`MIN_STALE_ROW_RETENTION`): long after every report showed it stale."""
+MIN_STALE_ROW_RETENTION = 60.0
+"""Seconds a stale row is kept at the least, whatever the stale-instance-timeout."""
+STALE_ROW_PURGE_INTERVAL = 60.0
+"""Seconds between two purges of stale rows by one instance (the first comes at once)."""
+
+
+def stale_row_retention(stale_timeout: float) -> float:
+    """Seconds after its last heartbeat that a dead instance's row is deleted."""
+    return max(STALE_ROW_RETENTION_FACTOR * stale_timeout, MIN_STALE_ROW_RETENTION)
+
+
+@attrs.define(frozen=True, kw_only=True)
+class InstanceInfo:
+    """What an instance says about itself in its row."""
+
+    id: str
+    name: str
+    host: str
+    pid: int
+    runs: Mapping[str, Mapping[str, Any]] = attrs.field(factory=dict)
+    """Consumer name → {"distribution": ..., "fingerprint": ...}."""
+
+
+@attrs.define(frozen=True, kw_only=True)
+class InstanceRow:
+    """An instance as the database records it."""
+
+    id: str
+    name: str
+    host: str
+    pid: int
+    started_at: float
+    heartbeat_at: float
+    stopping: bool
+    live: bool
+    runs: Mapping[str, Mapping[str, Any]]
+    expires_in: float = 0.0
+    """Seconds until it counts as stale unless it heartbeats again (database clock)."""
+    sessions: tuple[Session, ...] = ()
+    """Its MySQL sessions, as of its last heartbeat."""
+
+
+class Membership:
+    """Reads and writes the ``instances`` table of one tenant."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+        self.table = db.schema.instances
+        self._next_purge = 0.0  # time.monotonic() of the next due purge
+
+    def _sessions(self) -> dict[str, str]:
+        """This process's MySQL sessions, for its row (nothing on SQLite)."""
+        sessions = self.db.sessions
+        return {} if sessions is None else {"sessions": sessions.recorded()}
+
+    def register(self, conn: Connection, info: InstanceInfo) -> None:
+        """Insert this instance's row, stamped now (its first heartbeat)."""
+        now = self.db.clock.now()
+        conn.execute(
+            insert(self.table).values(
+                tenant=self.db.tenant,
+                id=info.id,
+                name=info.name,
+                host=info.host,
+                pid=info.pid,
+                started_at=now,
+                heartbeat_at=now,
+                stopping=False,
+                runs=json.dumps(info.runs, sort_keys=True),
+                **self._sessions(),
+            )
+        )
+
+    def heartbeat(self, conn: Connection, instance_id: str, *, stopping: bool = False) -> bool:
+        """Stamp the heartbeat (and record this process's sessions); False if the row is
+        gone (removed as stale)."""
+        t = self.table
+        result = conn.execute(
+            update(t)
+            .where(t.c.tenant == self.db.tenant, t.c.id == instance_id)
+            .values(heartbeat_at=self.db.clock.now(), stopping=stopping, **self._sessions())
+        )
+        return result.rowcount == 1
+
+    def update_runs(
+        self, conn: Connection, instance_id: str, runs: Mapping[str, Mapping[str, Any]]
+    ) -> None:
+        """Record what the instance runs now (it stopped applying a consumer)."""
+        t = self.table
+        conn.execute(
+            update(t)
+            .where(t.c.tenant == self.db.tenant, t.c.id == instance_id)
+            .values(runs=json.dumps(runs, sort_keys=True))
+        )
+
+    def publish_in_memory(
+        self, conn: Connection, instance_id: str, published: Mapping[str, Any]
+    ) -> None:
+        """Record what the instance's in-memory consumers are doing (JSON, for reports)."""
+        t = self.table
+        conn.execute(
+            update(t)
+            .where(t.c.tenant == self.db.tenant, t.c.id == instance_id)
+            .values(in_memory=json.dumps(published, sort_keys=True))
+        )
+
+    def in_memory(self, conn: Connection) -> dict[str, dict[str, Any]]:
+        """What each instance last published about its in-memory consumers, by instance id:
+        ``{"admin": URL or None, "consumers": {name: {"state", "position", ...}}}``."""
+        t = self.table
+        rows = conn.execute(
+            select(t.c.id, t.c.in_memory).where(
+                t.c.tenant == self.db.tenant, t.c.in_memory.is_not(None)
+            )
+        )
+        return {r.id: json.loads(r.in_memory) for r in rows}
+
+    def deregister(self, conn: Connection, instance_id: str) -> None:
+        """Delete this instance's row (clean stop)."""
+        t = self.table
+        conn.execute(delete(t).where(t.c.tenant == self.db.tenant, t.c.id == instance_id))
+
+    def remove_stale(self, conn: Connection, stale_timeout: float) -> int:
+        """Delete this tenant's rows whose heartbeat is older than
+        :func:`stale_row_retention`, judged by the database clock; return how many.
+
+        One ``DELETE`` on the (tenant, heartbeat_at) index. Partitions a deleted instance
+        still owns are then owned by an id that is not live, which a claim treats like
+        any stale owner; an instance that was only paused registers again on its next
+        heartbeat, and its fence fails as it would have anyway.
+        """
+        t = self.table
+        result = conn.execute(
+            delete(t).where(
+                t.c.tenant == self.db.tenant,
+                t.c.heartbeat_at < self.db.clock.now() - stale_row_retention(stale_timeout),
+            )
+        )
+        return int(result.rowcount)
+
+    def remove_stale_when_due(self, stale_timeout: float) -> int:
+        """:meth:`remove_stale` in its own transaction, at most once every
+        :data:`STALE_ROW_PURGE_INTERVAL` seconds per :class:`Membership`; return how many rows
+        went. A database error is logged and not raised (the next due round tries again),
+        except an unreachable database, which is the caller's outage to log."""
+        now = time.monotonic()
+        if now < self._next_purge:
+            return 0
+        self._next_purge = now + STALE_ROW_PURGE_INTERVAL
+        try:
+            with self.db.transaction() as conn:
+                removed = self.remove_stale(conn, stale_timeout)
+        except DBAPIError as exc:
+            if is_unreachable(exc):
+                raise  # the caller's outage: logged once, however many loops see it
+            log.warning("removing stale instance rows failed; trying again later: %s", exc.orig)
+            return 0
+        if removed:
+            log.info("removed %d stale instance row(s)", removed)
+        return removed
+
+    def live_ids(self, stale_timeout: float) -> Select[tuple[str]]:
+        """A subquery of the ids of live instances."""
+        t = self.table
+        return select(t.c.id).where(
+            t.c.tenant == self.db.tenant,
+            t.c.heartbeat_at >= self.db.clock.now() - stale_timeout,
+        )
+
+    def instances(self, conn: Connection, stale_timeout: float) -> list[InstanceRow]:
+        """Every registered instance with its liveness, ordered by name then id."""
+        t = self.table
+        now = self.db.clock.now()
+        live = case((t.c.heartbeat_at >= now - stale_timeout, True), else_=False)
+        rows = conn.execute(
+            select(
+                t.c.id,
+                t.c.name,
+                t.c.host,
+                t.c.pid,
+                t.c.started_at,
+                t.c.heartbeat_at,
+                t.c.stopping,
+                live.label("live"),
+                t.c.runs,
+                (t.c.heartbeat_at + stale_timeout - now).label("expires_in"),
+                t.c.sessions,
+            )
+            .where(t.c.tenant == self.db.tenant)
+            .order_by(t.c.name, t.c.id)
+        )
+        return [
+            InstanceRow(
+                id=r.id,
+                name=r.name,
+                host=r.host,
+                pid=r.pid,
+                started_at=float(r.started_at),
+                heartbeat_at=float(r.heartbeat_at),
+                stopping=bool(r.stopping),
+                live=bool(r.live),
+                runs=json.loads(r.runs),
+                expires_in=float(r.expires_in),
+                sessions=parse_sessions(r.sessions),
+            )
+            for r in rows
+        ]

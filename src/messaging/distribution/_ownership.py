@@ -1,0 +1,395 @@
+"""Partition ownership: claims with epochs, the fenced checkpoint, release and halt.
+
+Every claim bumps the partition's epoch. A checkpoint (and so every effect written in
+the same transaction) commits only with ``WHERE owner = me AND epoch = my_epoch``; if
+that matches fewer rows than expected, ownership moved on and the whole transaction
+rolls back. Two instances may briefly *believe* they own a partition, but only the
+holder of the current epoch can *commit*.
+
+The update also names the checkpoint it replaces (a compare-and-set): a batch whose
+commit went through but whose acknowledgement was lost (a connection cut during COMMIT)
+matches no row when applied again, and rolls back (:class:`CheckpointMoved`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+
+import attrs
+from sqlalchemy import (
+    BigInteger,
+    Connection,
+    Select,
+    Update,
+    bindparam,
+    case,
+    delete,
+    func,
+    insert,
+    literal,
+    or_,
+    select,
+    tuple_,
+    update,
+)
+from sqlalchemy.sql.elements import ColumnElement
+
+from messaging._errors import CheckpointMoved, OwnershipLost
+from messaging._states import ConsumerState, PartitionStatus
+from messaging.store import _fastpath
+from messaging.store._database import Database
+
+_FENCE_CACHE_SIZE = 64
+
+
+@attrs.define(frozen=True, kw_only=True)
+class Claim:
+    """A partition this instance owns, under ``epoch``, applied up to ``checkpoint``."""
+
+    partition: int
+    epoch: int
+    checkpoint: int
+
+
+@attrs.define(frozen=True, kw_only=True)
+class PartitionRow:
+    """One row of ``consumer_partitions``, for reports."""
+
+    consumer: str
+    partition: int
+    owner: str | None
+    epoch: int
+    checkpoint: int
+    status: str
+    halted_position: int | None
+    halted_type: str | None
+    error: str | None
+
+
+class Ownership:
+    """Reads and writes the ``consumer_partitions`` table of one tenant."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+        self.table = db.schema.partitions
+        self._fences: dict[tuple[str, str, tuple[tuple[int, int], ...]], Update] = {}
+
+    def _consumer(self, consumer: str) -> list[ColumnElement[bool]]:
+        t = self.table
+        return [t.c.tenant == self.db.tenant, t.c.consumer == consumer]
+
+    def ensure_partitions(self, conn: Connection, consumer: str, count: int) -> None:
+        """Create the missing rows of partitions ``0..count-1`` (unowned, checkpoint 0)."""
+        t = self.table
+        existing = set(
+            conn.execute(select(t.c.partition_no).where(*self._consumer(consumer))).scalars()
+        )
+        missing = [p for p in range(count) if p not in existing]
+        if missing:
+            now = conn.execute(select(self.db.clock.now())).scalar_one()
+            conn.execute(
+                insert(t),
+                [
+                    {
+                        "tenant": self.db.tenant,
+                        "consumer": consumer,
+                        "partition_no": p,
+                        "owner": None,
+                        "epoch": 0,
+                        "checkpoint": 0,
+                        "status": PartitionStatus.RUNNING,
+                        "updated_at": now,
+                    }
+                    for p in missing
+                ],
+            )
+
+    def reset(self, conn: Connection, consumer: str, count: int, *, owner: str) -> None:
+        """Restart ``consumer`` from position 0 with ``count`` partitions, all owned by
+        ``owner`` under new epochs: every earlier owner's fence fails from now on.
+
+        Epochs only grow, also across a change of partition count, so an epoch is never
+        handed out twice for one partition.
+        """
+        t = self.table
+        top = conn.execute(
+            select(func.max(t.c.epoch)).where(*self._consumer(consumer))
+        ).scalar_one_or_none()
+        epoch = int(top or 0) + 1
+        conn.execute(delete(t).where(*self._consumer(consumer), t.c.partition_no >= count))
+        self.ensure_partitions(conn, consumer, count)
+        conn.execute(
+            update(t)
+            .where(*self._consumer(consumer))
+            .values(
+                owner=owner,
+                epoch=epoch,
+                checkpoint=0,
+                status=PartitionStatus.RUNNING,
+                halted_position=None,
+                halted_type=None,
+                error=None,
+                halted_trace=None,
+                halted_at=None,
+                updated_at=self.db.clock.now(),
+            )
+        )
+
+    def claim(
+        self,
+        conn: Connection,
+        consumer: str,
+        partitions: Iterable[int],
+        instance_id: str,
+        live_ids: Select[tuple[str]],
+    ) -> list[Claim]:
+        """Claim those of ``partitions`` that are unowned, owned by a non-live instance or already
+        by this one (re-claimed under a new epoch), unless an operator paused the consumer or
+        it is being rebuilt.
+
+        A compare-and-set: the ``UPDATE`` matches only such rows and bumps their epoch.
+        Returns the partitions claimed now, with their new epochs.
+        """
+        t = self.table
+        wanted = sorted(partitions)
+        if not wanted:
+            return []
+        consumers = self.db.schema.consumers
+        held_back = (
+            select(consumers.c.name)
+            .where(
+                consumers.c.tenant == self.db.tenant,
+                consumers.c.name == consumer,
+                consumers.c.state != ConsumerState.RUNNING,
+            )
+            .exists()
+        )
+        conn.execute(
+            update(t)
+            .where(
+                *self._consumer(consumer),
+                t.c.partition_no.in_(wanted),
+                t.c.status == PartitionStatus.RUNNING,
+                ~held_back,
+                or_(
+                    t.c.owner.is_(None),
+                    t.c.owner == instance_id,
+                    t.c.owner.not_in(live_ids),
+                ),
+            )
+            .values(owner=instance_id, epoch=t.c.epoch + 1, updated_at=self.db.clock.now())
+            .execution_options(synchronize_session=False)
+        )
+        rows = conn.execute(
+            select(t.c.partition_no, t.c.epoch, t.c.checkpoint).where(
+                *self._consumer(consumer),
+                t.c.partition_no.in_(wanted),
+                t.c.owner == instance_id,
+                t.c.status == PartitionStatus.RUNNING,
+            )
+        )
+        return [Claim(partition=r[0], epoch=r[1], checkpoint=r[2]) for r in rows]
+
+    def commit_checkpoint(
+        self,
+        conn: Connection,
+        consumer: str,
+        instance_id: str,
+        claims: Mapping[int, Claim],
+        position: int,
+    ) -> None:
+        """Advance the checkpoints of ``claims``' partitions to at least ``position``: a
+        compare-and-set on owner, epoch *and* the checkpoint each claim was read from.
+
+        Raises :class:`OwnershipLost` when any partition is no longer owned by
+        ``instance_id`` under its claim's epoch, and :class:`CheckpointMoved` when they
+        all are but a checkpoint is no longer the claim's (an earlier commit of this
+        owner went through unacknowledged): either way the caller must roll back, so a
+        batch is never applied twice.
+        """
+        if not claims:
+            return
+        pairs = tuple(sorted((p, c.epoch) for p, c in claims.items()))
+        key = (consumer, instance_id, pairs)
+        statement = self._fences.get(key)
+        if statement is None:
+            # Built once per set of claims, then reused batch after batch: the position and
+            # the expected checkpoints are bound parameters, so SQLAlchemy neither rebuilds
+            # nor re-keys the statement, and the driver fast path sends it directly.
+            t = self.table
+            position_param = bindparam("position", type_=BigInteger)
+            statement = (
+                update(t)
+                .where(
+                    *self._consumer(consumer),
+                    t.c.owner == instance_id,
+                    t.c.status == PartitionStatus.RUNNING,
+                    # Plain binds, not an expanding IN: rendered once, not per batch.
+                    tuple_(t.c.partition_no, t.c.epoch, t.c.checkpoint).in_(
+                        [
+                            tuple_(
+                                literal(p),
+                                literal(e),
+                                bindparam(f"expected_{i}", type_=BigInteger),
+                            )
+                            for i, (p, e) in enumerate(pairs)
+                        ]
+                    ),
+                )
+                .values(
+                    checkpoint=case(
+                        (t.c.checkpoint < position_param, position_param),
+                        else_=t.c.checkpoint,
+                    )
+                )
+            )
+            if len(self._fences) >= _FENCE_CACHE_SIZE:
+                self._fences.clear()
+            self._fences[key] = statement
+        params: dict[str, int] = {
+            f"expected_{i}": claims[p].checkpoint for i, (p, _) in enumerate(pairs)
+        }
+        params["position"] = position
+        updated = _fastpath.execute(
+            conn, statement, [params], direct=_fastpath.sends_directly(conn)
+        )
+        if updated != len(pairs):
+            self.verify(conn, consumer, instance_id, claims)
+            raise OwnershipLost(consumer, sorted(claims))  # changed and changed back meanwhile
+
+    def verify(
+        self, conn: Connection, consumer: str, instance_id: str, claims: Mapping[int, Claim]
+    ) -> None:
+        """Check ``claims`` against the database: :class:`OwnershipLost` for partitions
+        ``instance_id`` no longer holds under the claim's epoch (or that halted),
+        :class:`CheckpointMoved` when all are held but a checkpoint differs."""
+        held = self.owned(conn, consumer, instance_id, claims)
+        lost = sorted(p for p, c in claims.items() if p not in held or held[p].epoch != c.epoch)
+        if lost:
+            raise OwnershipLost(consumer, lost)
+        moved = {p: c.checkpoint for p, c in held.items() if c.checkpoint != claims[p].checkpoint}
+        if moved:
+            raise CheckpointMoved(consumer, moved)
+
+    def owned(
+        self, conn: Connection, consumer: str, instance_id: str, partitions: Iterable[int]
+    ) -> dict[int, Claim]:
+        """The claims ``instance_id`` holds of ``partitions`` (running ones), as the database
+        has them now: the truth to go on after a commit of unknown outcome."""
+        t = self.table
+        wanted = sorted(partitions)
+        if not wanted:
+            return {}
+        rows = conn.execute(
+            select(t.c.partition_no, t.c.epoch, t.c.checkpoint).where(
+                *self._consumer(consumer),
+                t.c.owner == instance_id,
+                t.c.status == PartitionStatus.RUNNING,
+                t.c.partition_no.in_(wanted),
+            )
+        )
+        return {r[0]: Claim(partition=r[0], epoch=r[1], checkpoint=r[2]) for r in rows}
+
+    def release(
+        self, conn: Connection, consumer: str, instance_id: str, partitions: Iterable[int]
+    ) -> None:
+        """Give up ``partitions`` that ``instance_id`` still owns."""
+        t = self.table
+        wanted = sorted(partitions)
+        if wanted:
+            conn.execute(
+                update(t)
+                .where(
+                    *self._consumer(consumer),
+                    t.c.owner == instance_id,
+                    t.c.partition_no.in_(wanted),
+                )
+                .values(owner=None, updated_at=self.db.clock.now())
+            )
+
+    def release_all(self, conn: Connection, instance_id: str) -> list[tuple[str, int]]:
+        """Give up every partition ``instance_id`` owns (halted ones too); return them."""
+        t = self.table
+        owned = [
+            (consumer, partition)
+            for consumer, partition in conn.execute(
+                select(t.c.consumer, t.c.partition_no).where(
+                    t.c.tenant == self.db.tenant, t.c.owner == instance_id
+                )
+            )
+        ]
+        conn.execute(
+            update(t)
+            .where(t.c.tenant == self.db.tenant, t.c.owner == instance_id)
+            .values(owner=None, updated_at=self.db.clock.now())
+        )
+        return owned
+
+    def halt(
+        self,
+        conn: Connection,
+        consumer: str,
+        claim: Claim,
+        instance_id: str,
+        *,
+        position: int,
+        type_name: str,
+        error: str,
+        trace: str | None = None,
+    ) -> bool:
+        """Halt a partition at a poison message, fenced like a checkpoint; False if not owned.
+        ``trace`` is where the handler failed (the last frames of its traceback)."""
+        t = self.table
+        result = conn.execute(
+            update(t)
+            .where(
+                *self._consumer(consumer),
+                t.c.partition_no == claim.partition,
+                t.c.owner == instance_id,
+                t.c.epoch == claim.epoch,
+            )
+            .values(
+                status=PartitionStatus.HALTED,
+                halted_position=position,
+                halted_type=type_name,
+                error=error,
+                halted_trace=trace,
+                halted_at=self.db.clock.now(),
+                updated_at=self.db.clock.now(),
+            )
+        )
+        return result.rowcount == 1
+
+    def partitions(
+        self, conn: Connection, consumers: Sequence[str] | None = None
+    ) -> list[PartitionRow]:
+        """Every partition row of the tenant (or of ``consumers``), ordered."""
+        t = self.table
+        query = select(
+            t.c.consumer,
+            t.c.partition_no,
+            t.c.owner,
+            t.c.epoch,
+            t.c.checkpoint,
+            t.c.status,
+            t.c.halted_position,
+            t.c.halted_type,
+            t.c.error,
+        ).where(t.c.tenant == self.db.tenant)
+        if consumers is not None:
+            query = query.where(t.c.consumer.in_(consumers))
+        rows = conn.execute(query.order_by(t.c.consumer, t.c.partition_no))
+        return [
+            PartitionRow(
+                consumer=r[0],
+                partition=r[1],
+                owner=r[2],
+                epoch=r[3],
+                checkpoint=r[4],
+                status=r[5],
+                halted_position=r[6],
+                halted_type=r[7],
+                error=r[8],
+            )
+            for r in rows
+        ]

@@ -1,0 +1,121 @@
+"""Rebalance planning: from the membership and ownership rows, what this instance should
+release and claim. Pure: every instance computes the same target from the same rows.
+
+Partitioned consumers: the units are the consumer's partitions, the members are the live
+instances that run it partitioned. Single-owner consumers: the units are whole
+consumers, spread over the live instances that run them single-owner (grouped by
+member set); the elected member claims every partition. A single-owner instance applies
+nothing of a consumer while a live instance still runs it partitioned, so a rolling
+deploy that switches modes never has two owners apply one partition.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Mapping, Sequence
+
+import attrs
+
+from messaging._settings import Distribution
+from messaging.distribution._assignor import assign
+from messaging.distribution._membership import InstanceRow
+
+
+@attrs.define(frozen=True, kw_only=True)
+class Plan:
+    """What one instance should do for one consumer."""
+
+    consumer: str
+    target: frozenset[int]
+    """The partitions assigned to this instance."""
+    release: frozenset[int]
+    """Partitions this instance owns that are assigned elsewhere."""
+    waiting_for: str | None = None
+    """Why this instance applies nothing of the consumer, if it does not."""
+
+
+def _mode(instance: InstanceRow, consumer: str, fingerprint: str) -> str | None:
+    """How ``instance`` runs ``consumer`` under the declaration ``fingerprint``, if it does."""
+    entry = instance.runs.get(consumer)
+    if entry is None or entry.get("fingerprint") != fingerprint:
+        return None
+    return str(entry.get("distribution"))
+
+
+def plan(
+    me: str,
+    live: Sequence[InstanceRow],
+    owners: Mapping[str, Mapping[int, str | None]],
+    partitions: Mapping[str, int],
+    distributions: Mapping[str, Distribution],
+    fingerprints: Mapping[str, str],
+) -> dict[str, Plan]:
+    """Plans for the consumers ``me`` runs (``distributions``: consumer → its mode here).
+
+    ``owners`` maps consumer → partition → owning instance id (or None);
+    ``partitions`` maps consumer → partition count; ``fingerprints`` maps consumer → the
+    declaration ``me`` runs. Only instances on the same declaration share a consumer.
+    """
+    members = {i.id for i in live} | {me}
+    # Every instance reading the same rows ranks the consumers alike: the rank turns the
+    # assignor's tie-break, so that remainders spread over the members (see the assignor).
+    every_consumer = sorted({c for i in live for c in i.runs} | set(distributions))
+    rank = {consumer: k for k, consumer in enumerate(every_consumer)}
+    plans: dict[str, Plan] = {}
+    single_owner: dict[str, list[str]] = {}
+    for consumer, distribution in distributions.items():
+        partitioned = sorted(
+            i.id
+            for i in live
+            if _mode(i, consumer, fingerprints[consumer]) == Distribution.PARTITIONED.value
+        )
+        owned_here = {p for p, o in owners.get(consumer, {}).items() if o == me}
+        if distribution is Distribution.PARTITIONED:
+            members_here = sorted(set(partitioned) | {me})
+            units = range(partitions[consumer])
+            current = {p: o for p, o in owners.get(consumer, {}).items() if o in members}
+            rotation = rank[consumer] * (len(units) % len(members_here))
+            target = assign(units, members_here, current, rotation=rotation)
+            mine = frozenset(p for p, owner in target.items() if owner == me)
+            plans[consumer] = Plan(
+                consumer=consumer, target=mine, release=frozenset(owned_here - mine)
+            )
+            continue
+        others_partitioned = [i for i in partitioned if i != me]
+        if others_partitioned:
+            plans[consumer] = Plan(
+                consumer=consumer,
+                target=frozenset(),
+                release=frozenset(owned_here),
+                waiting_for=f"instances {others_partitioned} still run it partitioned",
+            )
+            continue
+        single_owner[consumer] = sorted(
+            i.id
+            for i in live
+            if _mode(i, consumer, fingerprints[consumer]) == Distribution.SINGLE_OWNER.value
+        )
+        if me not in single_owner[consumer]:
+            single_owner[consumer] = sorted([*single_owner[consumer], me])
+    groups: dict[tuple[str, ...], list[str]] = defaultdict(list)
+    for consumer, runners in single_owner.items():
+        groups[tuple(runners)].append(consumer)
+    for group_members, consumers in groups.items():
+        holders: dict[str, str | None] = {}
+        for consumer in consumers:
+            held = Counter(o for o in owners.get(consumer, {}).values() if o in members)
+            holders[consumer] = min(held, key=lambda o: (-held[o], o)) if held else None
+        elected = assign(consumers, group_members, holders)
+        for consumer in consumers:
+            owned_here = {p for p, o in owners.get(consumer, {}).items() if o == me}
+            if elected[consumer] == me:
+                plans[consumer] = Plan(
+                    consumer=consumer,
+                    target=frozenset(range(partitions[consumer])),
+                    release=frozenset(),
+                )
+            else:
+                plans[consumer] = Plan(
+                    consumer=consumer, target=frozenset(), release=frozenset(owned_here)
+                )
+    return plans

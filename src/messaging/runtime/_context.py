@@ -1,0 +1,298 @@
+"""What a handler receives beside its message: the envelope and the batch's transaction.
+
+Writes given to :meth:`HandlerContext.execute` are buffered and sent when the batch
+commits, consecutive uses of one statement grouped into a single ``executemany``: the
+read-model writes of a batch cost a few round trips, not one per message. Reading
+:attr:`HandlerContext.connection` sends the buffer first, so a handler always reads
+its own writes.
+
+:meth:`HandlerContext.upsert` inserts or changes a row by its primary key; a batch's
+upserts of one row are folded into one and each table's go as one multi-row statement
+(:mod:`messaging.runtime._upserts`): the fast way to keep counters and totals.
+
+Each run is sent by :func:`messaging.store._fastpath.execute`: through SQLAlchemy the first
+time, then, when SQLAlchemy showed it is plain SQL, straight to the driver.
+
+:class:`MessageContext` is what every handler may rely on; :class:`HandlerContext`
+implements it, and :class:`sagas.SagaContext` extends it with the saga's own state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, KeysView, Mapping
+from typing import Any, Protocol
+
+from sqlalchemy import Connection, Table
+from sqlalchemy.sql import Executable
+
+from messaging._errors import ProjectionsError
+from messaging._messages import Envelope
+from messaging.routing._outbox import Outbox
+from messaging.runtime import _upserts as upserts
+from messaging.store import _fastpath
+from messaging.store._store import NewMessage
+
+
+class MessageContext(Protocol):
+    """What every handler receives beside its message, whatever its consumer's kind: the
+    envelope, and (transactional consumers) buffered writes, sends and appends that
+    commit with the batch's checkpoint, or not at all."""
+
+    __slots__ = ()
+
+    @property
+    def envelope(self) -> Envelope:
+        """The envelope of the message being handled."""
+        ...
+
+    @property
+    def connection(self) -> Connection:
+        """The batch's connection, with every buffered write sent."""
+        ...
+
+    def execute(self, statement: Executable, params: Mapping[str, Any] | None = None) -> None:
+        """Run ``statement`` with ``params`` in the batch's transaction (buffered)."""
+        ...
+
+    def upsert(
+        self,
+        table: Table,
+        key: Mapping[str, Any],
+        *,
+        set: Mapping[str, Any] | None = None,
+        add: Mapping[str, Any] | None = None,
+        insert: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Insert the row of ``table`` whose primary key is ``key``, or change it if it
+        exists, in the batch's transaction (buffered, folded per row, one statement per
+        batch; see :meth:`HandlerContext.upsert`)."""
+        ...
+
+    def send(
+        self,
+        destination: str,
+        message: object,
+        *,
+        key: str | None = None,
+        message_id: str | None = None,
+        headers: Mapping[str, Any] | None = None,
+    ) -> str:
+        """Send ``message`` to the route consumer of ``destination`` when the batch
+        commits; return its message id."""
+        ...
+
+    def append(
+        self,
+        topic: str,
+        source: str,
+        message: object,
+        *,
+        headers: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Append ``message`` of ``source`` to ``topic`` when the batch commits."""
+        ...
+
+
+class HandlerContext(MessageContext):
+    """The current message's envelope and, for transactional consumers, its transaction."""
+
+    __slots__ = (
+        "_conn",
+        "_envelopes",
+        "_keys",
+        "_load_envelopes",
+        "_outbox",
+        "_outgoing",
+        "_params",
+        "_runs",
+        "_sent",
+        "_statement",
+        "_upserts",
+        "cause",
+        "immediate",
+        "position",
+    )
+
+    def __init__(
+        self,
+        conn: Connection | None,
+        load_envelopes: Callable[[], Mapping[int, Envelope]],
+        *,
+        immediate: bool = False,
+        outbox: Outbox | None = None,
+    ) -> None:
+        self._conn = conn
+        self._outbox = outbox
+        self._outgoing: list[NewMessage] = []
+        self._sent: dict[str, int] = {}
+        self.cause: str | None = None
+        """What the messages sent now are caused by, for their ids; None: the current position."""
+        self._runs: list[tuple[Executable, list[Mapping[str, Any]]] | upserts.Writes] = []
+        self._statement: Executable | None = None
+        self._params: list[Mapping[str, Any]] = []
+        self._keys: KeysView[str] | None = None
+        self._upserts: upserts.Folded | None = None
+        self.immediate = immediate
+        """Send every write at once (used to find which message a failing batch broke on)."""
+        self.position = 0
+        """The position of the message being handled."""
+        self._load_envelopes = load_envelopes
+        self._envelopes: Mapping[int, Envelope] | None = None
+
+    @property
+    def envelope(self) -> Envelope:
+        """The current message's envelope. Loaded for the whole batch, in one query, the first
+        time a handler asks: batches whose handlers never ask do not pay for it."""
+        return self.envelopes[self.position]
+
+    @property
+    def envelopes(self) -> Mapping[int, Envelope]:
+        """The envelopes of the whole batch, by position (loaded once, in one query)."""
+        if self._envelopes is None:
+            self._envelopes = self._load_envelopes()
+        return self._envelopes
+
+    def execute(self, statement: Executable, params: Mapping[str, Any] | None = None) -> None:
+        """Run ``statement`` with ``params`` in the batch's transaction (buffered)."""
+        if params is None:
+            params = {}
+        if self._upserts is not None:
+            self._end_upserts()
+        # One executemany per run of the same statement with the same parameter names: a
+        # set with other names may mean other SQL (defaults, omitted columns).
+        if statement is not self._statement or params.keys() != self._keys:
+            if self._conn is None:
+                raise ProjectionsError(
+                    "this consumer is not transactional: it has no database writes"
+                )
+            if self._statement is not None:
+                self._runs.append((self._statement, self._params))
+            self._statement = statement
+            self._params = []
+            self._keys = params.keys()
+        self._params.append(params)
+        if self.immediate:
+            self._flush_writes()
+
+    def upsert(
+        self,
+        table: Table,
+        key: Mapping[str, Any],
+        *,
+        set: Mapping[str, Any] | None = None,
+        add: Mapping[str, Any] | None = None,
+        insert: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Insert the row of ``table`` whose primary key is ``key``, or change it if it
+        exists: ``set`` columns take their values, ``add`` columns are incremented (a new
+        row starts from the amount), ``insert`` columns are written only into a new row
+        (e.g. the NOT NULL columns the other handlers of a table never set). A column is
+        named once; the result is what running the upserts one by one gives.
+
+        Buffered like :meth:`execute`: the batch's upserts of one row are folded into one
+        (integer amounts; others are written one after the other) and each table's are
+        sent as one multi-row statement per shape (``INSERT … ON DUPLICATE KEY UPDATE`` on
+        MySQL/MariaDB, ``INSERT … ON CONFLICT DO UPDATE`` on SQLite). Writes of other
+        statements before and after keep their order. Key values are compared as Python
+        compares them: under a case-insensitive collation, spell a row's key one way.
+        """
+        pending = self._upserts
+        if pending is None:
+            if self._conn is None:
+                raise ProjectionsError(
+                    "this consumer is not transactional: it has no database writes"
+                )
+            if self._statement is not None:
+                self._runs.append((self._statement, self._params))
+                self._statement = None
+                self._params = []
+            pending = self._upserts = upserts.Folded()
+        pending.add(table, key, set, add, insert)
+        if self.immediate:
+            self._flush_writes()
+
+    def send(
+        self,
+        destination: str,
+        message: object,
+        *,
+        key: str | None = None,
+        message_id: str | None = None,
+        headers: Mapping[str, Any] | None = None,
+    ) -> str:
+        """Send ``message`` to the route consumer of ``destination``; return its message id.
+
+        Like every write of the batch, it is stored only if the batch commits (an
+        outbox). A batch applied again after a failure sends the same ids again: the id
+        is derived from this consumer, the causing message and the send's order, so an
+        idempotent receiver (``@route_consumer(..., idempotent=True)``) handles it once.
+        ``key`` is the partition key (by default the message id: any partition);
+        ``headers`` are stored with the message (its ``message-id`` header wins).
+        """
+        outbox = self._require_outbox()
+        cause = self.cause if self.cause is not None else str(self.position)
+        count = self._sent[cause] = self._sent.get(cause, 0) + 1
+        if message_id is None:
+            message_id = outbox.derived_id(cause, count)
+        self._outgoing.append(
+            outbox.store.outgoing(
+                destination, message, key=key, message_id=message_id, headers=headers
+            )
+        )
+        return message_id
+
+    def append(
+        self,
+        topic: str,
+        source: str,
+        message: object,
+        *,
+        headers: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Append ``message`` of ``source`` to ``topic`` when the batch commits (an outbox),
+        with ``headers`` if given."""
+        self._outgoing.append(self._require_outbox().event(topic, source, message, headers))
+
+    def _require_outbox(self) -> Outbox:
+        if self._outbox is None or self._conn is None:
+            raise ProjectionsError("this consumer is not transactional: it cannot send messages")
+        return self._outbox
+
+    @property
+    def connection(self) -> Connection:
+        """The batch's connection, with every buffered write sent."""
+        if self._conn is None:
+            raise ProjectionsError("this consumer is not transactional: it has no connection")
+        self._flush_writes()
+        return self._conn
+
+    def flush(self) -> None:
+        """Send the buffered writes in order, then append the messages sent (last, so that
+        the store's position lock is held only until the commit that follows)."""
+        self._flush_writes()
+        if self._outgoing:
+            outgoing, self._outgoing = self._outgoing, []
+            assert self._outbox is not None and self._conn is not None
+            self._outbox.store.append_encoded(self._conn, outgoing)
+
+    def _end_upserts(self) -> None:
+        pending, self._upserts = self._upserts, None
+        assert pending is not None and self._conn is not None
+        self._runs.extend(pending.runs(self._conn.dialect))
+
+    def _flush_writes(self) -> None:
+        if self._upserts is not None:
+            self._end_upserts()
+        if self._statement is not None:
+            self._runs.append((self._statement, self._params))
+            self._statement = None
+            self._params = []
+        runs, self._runs = self._runs, []
+        if runs:
+            assert self._conn is not None
+            direct = _fastpath.sends_directly(self._conn)
+            for run in runs:
+                if len(run) == 2:
+                    _fastpath.execute(self._conn, *run, direct=direct)
+                else:
+                    _fastpath.execute_rows(self._conn, *run, direct=direct)

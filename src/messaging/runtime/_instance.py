@@ -1,0 +1,439 @@
+"""One instance: registers itself, claims partitions, runs the apply loops, stops gracefully.
+
+Threads: one heartbeat loop, one claim loop (every ``rebalance-interval``), and one
+apply loop per consumer. The first heartbeat is written synchronously at start,
+before anything is fetched. A graceful stop finishes the batches in flight (for up to
+``graceful-shutdown-timeout``), releases every partition and deletes the instance row.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from functools import partial
+from types import FrameType
+from typing import Any, TypeVar
+
+import attrs
+import pluggy
+from sqlalchemy import Connection
+
+from messaging._consumers import ConsumerSpec
+from messaging._errors import ProjectionsError
+from messaging._messages import MessageRegistry
+from messaging._messages import registry as default_registry
+from messaging._overrides import check_overrides
+from messaging._settings import ConsumerGroupSettings, Distribution, Settings
+from messaging._states import DeclarationOutcome
+from messaging.distribution._membership import InstanceInfo, Membership
+from messaging.distribution._ownership import Ownership
+from messaging.distribution._pulse import bump_generation
+from messaging.runtime._declarations import (
+    declare,
+    tenant_fingerprint,
+)
+from messaging.runtime._in_memory import InMemoryConsumer
+from messaging.runtime._lifecycle import lifecycle_event
+from messaging.runtime._outage import Outage, run_every
+from messaging.runtime._pulser import Pulser
+from messaging.runtime._rebalancer import Rebalancer
+from messaging.runtime._worker import ConsumerWorker
+from messaging.store._database import Database, lock_wait_bound
+from messaging.store._retry import report_retry, retry_transient
+from messaging.store._store import MessageStore
+
+log = logging.getLogger("messaging.runtime.instance")
+
+T = TypeVar("T")
+
+
+def _process_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # it exists, as another user's process
+    return True
+
+
+def default_instance_name() -> str:
+    """``host:pid``, unique among the processes of one host."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+class Instance:
+    """A running member of the cluster for one tenant."""
+
+    def __init__(
+        self,
+        db: Database,
+        specs: Sequence[ConsumerSpec],
+        settings: Settings,
+        hooks: pluggy.HookRelay,
+        *,
+        name: str | None = None,
+        registry: MessageRegistry = default_registry,
+    ) -> None:
+        self.db = db
+        self.specs = list(specs)
+        self.settings = settings
+        self.consumer_settings = settings.messaging.consumer
+        self.hooks = hooks
+        self.registry = registry
+        self.id = uuid.uuid4().hex
+        self.name = name or default_instance_name()
+        db.bound_lock_waits(lock_wait_bound(self.consumer_settings.stale_instance_timeout))
+        self.membership = Membership(db)
+        self.ownership = Ownership(db)
+        self.store = MessageStore(db, registry)
+        self.stop_requested = threading.Event()
+        self._stop_workers = threading.Event()
+        self._stop_rebalance = threading.Event()
+        self._stop_heartbeat = threading.Event()
+        self.fingerprints: dict[str, str] = {}
+        self.info = InstanceInfo(
+            id=self.id, name=self.name, host=socket.gethostname(), pid=os.getpid()
+        )
+        self._registered = False
+        self._limiter = threading.BoundedSemaphore(self.consumer_settings.executor.max_workers)
+        """Bounds the batches applied at once across every consumer of the instance."""
+        self._threads: list[threading.Thread] = []
+        self.workers: dict[str, ConsumerWorker] = {}
+        self.in_memory: dict[str, InMemoryConsumer] = {}
+        self._started = False
+        self.distributions: dict[str, Distribution] = {}
+        self.outage = Outage(f"instance {self.name}")
+        """The database as the workers and the rebalance loop see it: logged on its edges."""
+        self.heartbeat_outage = Outage(f"instance {self.name} heartbeat")
+        self.rebalancer = Rebalancer(self)
+        """Claims and releases this instance's share (the rebalance rounds)."""
+        self.pulser = Pulser(self)
+        """Tells the workers and the rounds when there is something to look at."""
+        self.admin_url: str | None = None
+        """Where this instance's admin endpoints answer, if it serves them (published)."""
+
+    def _group(self, spec: ConsumerSpec) -> ConsumerGroupSettings:
+        return self.settings.group(spec.kind.settings_group)
+
+    def distribution(self, spec: ConsumerSpec) -> Distribution:
+        """The configured distribution of a consumer."""
+        return self._group(spec).distribution_for(spec.name)
+
+    # -- start -------------------------------------------------------------------------
+
+    def start(self, *, loops: bool = True) -> None:
+        """Prepare the schema, register (the first heartbeat), declare the consumers, claim,
+        and start every loop. With ``loops=False`` no thread is started: the caller drives
+        :meth:`heartbeat`, :meth:`rebalance` and the workers' ``poll()`` itself (tests with
+        an injected clock do). A start that fails part-way stops what it had started (its
+        registration included) before the error goes on."""
+        if self._started:
+            raise ProjectionsError("instance already started")
+        self._started = True
+        try:
+            self._start(loops)
+        except BaseException:
+            try:
+                self.stop()
+            except Exception:
+                log.exception("instance %s: could not undo its failed start", self.name)
+            raise
+
+    def _start(self, loops: bool) -> None:
+        check_overrides(self.settings, self.specs)
+        # Another process may be creating a new SQLite file's schema (and WAL mode) at
+        # this moment: that is a lock error like any other, and retried.
+        self.retry(self.db.prepare, "prepare the schema")
+        runs = {}
+        for spec in self.specs:
+            if spec.transactional:
+                distribution = self.distributions[spec.name] = self.distribution(spec)
+                self.fingerprints[spec.name] = tenant_fingerprint(self.db, spec, self.registry)
+                runs[spec.name] = {
+                    "distribution": distribution.value,
+                    "fingerprint": self.fingerprints[spec.name],
+                }
+        self.info = InstanceInfo(
+            id=self.id, name=self.name, host=socket.gethostname(), pid=os.getpid(), runs=runs
+        )
+        self.retry(self._register, "register")
+        self._registered = True
+        for spec in self.specs:
+            if not spec.transactional:
+                self.in_memory[spec.name] = InMemoryConsumer(
+                    db=self.db,
+                    spec=spec,
+                    instance_id=self.id,
+                    settings=self.consumer_settings,
+                    hooks=self.hooks,
+                    registry=self.registry,
+                )
+                continue
+            distribution = self.distributions[spec.name]
+            declaring = partial(declare, self.db, spec, distribution, self.id, self.name)
+            if self.retry(declaring, f"declare {spec.name}").outcome == DeclarationOutcome.STALE:
+                self.forget(spec.name)
+                continue
+            worker_class = spec.options.worker or spec.kind.worker or ConsumerWorker
+            self.workers[spec.name] = worker_class(
+                db=self.db,
+                spec=spec,
+                instance_id=self.id,
+                instance_name=self.name,
+                settings=self.consumer_settings,
+                hooks=self.hooks,
+                registry=self.registry,
+                whole=distribution is Distribution.SINGLE_OWNER,
+                lanes=self._lanes(spec),
+                limiter=self._limiter,
+            )
+        for worker in [*self.workers.values(), *self.in_memory.values()]:
+            worker.outage = self.outage
+        if self.in_memory:
+            self.retry(self.publish_in_memory, "publish the in-memory consumers")
+        log.info(
+            "instance %s (%s) started with %s, in memory %s",
+            self.name,
+            self.id,
+            sorted(runs),
+            sorted(self.in_memory),
+        )
+        self.hooks.projections_instance_started(
+            instance_id=self.id, name=self.name, consumers=[s.name for s in self.specs]
+        )
+        self.retry(self.rebalance, "rebalance")
+        self.rebalancer.announce_wait()
+        if not loops:
+            return
+        self._spawn("heartbeat", self._heartbeat_loop, self._stop_heartbeat)
+        self._spawn("rebalance", self.rebalancer.loop, self._stop_rebalance)
+        for worker in [*self.workers.values(), *self.in_memory.values()]:
+            worker.pulsed = True
+        self.pulser.listen()
+        self._spawn("pulse", self.pulser.loop, self._stop_workers)
+        for name, worker in self.workers.items():
+            self._spawn(f"apply:{name}", worker.run, self._stop_workers)
+        for name, memory in self.in_memory.items():
+            self._spawn(f"memory:{name}", memory.run, self._stop_workers)
+
+    def _lanes(self, spec: ConsumerSpec) -> int:
+        """How many batches of ``spec`` this instance applies at once: its concurrency-limit,
+        which only lowers ``executor.max-workers``. One on SQLite, whose single writer
+        would only make parallel batches wait for each other."""
+        if self.db.is_sqlite:
+            return 1
+        limit = self._group(spec).concurrency_limit_for(spec.name)
+        workers = self.consumer_settings.executor.max_workers
+        return min(workers, limit) if limit is not None else workers
+
+    def _register(self) -> None:
+        """Insert this instance's row, refusing a name a live instance already has. A holder
+        of the name on this host whose process is gone (a restarted worker's predecessor,
+        killed with SIGKILL) is not waited for: its row is removed, live or stale."""
+        timeout = self.consumer_settings.stale_instance_timeout
+        with self.db.transaction() as conn:
+            for other in self.membership.instances(conn, timeout):
+                if other.id == self.id:
+                    return  # an earlier attempt committed unacknowledged: registered already
+                if other.name != self.name:
+                    continue
+                if other.host == self.info.host and not _process_exists(other.pid):
+                    log.info(
+                        "instance %s: its previous holder (pid %d) is gone; taking over",
+                        self.name,
+                        other.pid,
+                    )
+                    self.membership.deregister(conn, other.id)
+                    continue
+                if not other.live:
+                    continue
+                raise ProjectionsError(
+                    f"instance name {self.name!r} is taken by a live instance "
+                    f"(pid {other.pid} on {other.host}); choose another with --instance-name"
+                )
+            self.membership.register(conn, self.info)
+            bump_generation(self.db, conn)
+
+    def retry(self, action: Callable[[], T], what: str) -> T:
+        return retry_transient(
+            action,
+            self.consumer_settings.conflict_retry,
+            what=what,
+            on_retry=partial(report_retry, self.hooks, self.id, what),
+        )
+
+    def _spawn(self, name: str, target: object, stop: threading.Event) -> None:
+        thread = threading.Thread(target=target, args=(stop,), name=name, daemon=True)  # type: ignore[arg-type]
+        thread.start()
+        self._threads.append(thread)
+
+    # -- loops -------------------------------------------------------------------------
+
+    def forget(self, name: str) -> None:
+        """Stop telling the peers that this instance runs ``name``: it applies nothing of
+        it, so nobody may plan partitions of it here."""
+        runs = {consumer: run for consumer, run in self.info.runs.items() if consumer != name}
+        self.info = attrs.evolve(self.info, runs=runs)
+
+        def update() -> None:
+            with self.db.transaction() as conn:
+                self.membership.update_runs(conn, self.id, runs)
+
+        self.retry(update, f"forget {name}")
+
+    def partition_event(self, consumer: str, partition: int, epoch: int | None) -> None:
+        """A claim (with its epoch) or a release (``epoch`` None): log it, tell the plugins."""
+        lifecycle_event(
+            "claim" if epoch is not None else "release",
+            consumer=consumer,
+            partition=partition,
+            instance=self.name,
+            instance_id=self.id,
+            epoch=epoch,
+        )
+        if epoch is not None:
+            self.hooks.projections_partition_claimed(
+                consumer=consumer, partition=partition, epoch=epoch, instance_id=self.id
+            )
+        else:
+            self.hooks.projections_partition_released(
+                consumer=consumer, partition=partition, instance_id=self.id
+            )
+
+    def rebalance(self) -> None:
+        """One rebalance round now (see :meth:`Rebalancer.rebalance`)."""
+        self.rebalancer.rebalance()
+
+    def heartbeat(self) -> None:
+        """Stamp this instance's heartbeat (and whether it is stopping); register again if
+        its row was removed; now and then, remove rows of instances long dead."""
+        started = time.perf_counter()
+        with self.db.transaction() as conn:
+            stopping = self.stop_requested.is_set()
+            joined = not self.membership.heartbeat(conn, self.id, stopping=stopping)
+            if joined:
+                log.warning("instance %s: row was removed; registering again", self.name)
+                self.membership.register(conn, self.info)
+            if self.in_memory:
+                self._publish_in_memory(conn)
+            if stopping or joined:  # the others plan without (or with) this instance now
+                bump_generation(self.db, conn)
+        self.hooks.projections_heartbeat(instance_id=self.id, seconds=time.perf_counter() - started)
+        self.membership.remove_stale_when_due(self.consumer_settings.stale_instance_timeout)
+
+    def publish_in_memory(self) -> None:
+        """Write what this instance's in-memory consumers are doing to its row now (the
+        heartbeat does it too), for ``status`` and the admin endpoints of every instance."""
+        with self.db.transaction() as conn:
+            self._publish_in_memory(conn)
+
+    def _publish_in_memory(self, conn: Connection) -> None:
+        consumers = {name: worker.snapshot() for name, worker in self.in_memory.items()}
+        published = {"admin": self.admin_url, "consumers": consumers}
+        self.membership.publish_in_memory(conn, self.id, published)
+
+    def operate_in_memory(
+        self, name: str, command: str, *, skip_poison: bool = False
+    ) -> dict[str, Any]:
+        """Pause, resume or rebuild this instance's copy of in-memory consumer ``name``
+        (other instances' copies are untouched), log it, and publish the new state.
+
+        Raises :class:`KeyError` for a name this instance does not run in memory and
+        :class:`~messaging.runtime._in_memory.InMemoryOperationError` for a command that does not
+        fit the copy's state.
+        """
+        worker = self.in_memory[name]
+        if command == "pause":
+            result = worker.pause()
+        elif command == "resume":
+            result = worker.resume(skip_poison=skip_poison)
+        elif command == "rebuild":
+            result = worker.rebuild()
+        else:
+            raise ValueError(f"unknown command {command!r}")
+        verb = "resume --skip-poison" if skip_poison and command == "resume" else command
+        lifecycle_event(verb, consumer=name, instance=self.name, scope="this instance")
+        self.retry(self.publish_in_memory, "publish the in-memory consumers")
+        return {"consumer": name, "command": command, "instance": self.name, **result}
+
+    def _heartbeat_loop(self, stop: threading.Event) -> None:
+        heartbeat = partial(self.retry, self.heartbeat, "heartbeat")
+        interval = self.consumer_settings.heartbeat_interval
+        run_every(
+            interval, heartbeat, f"instance {self.name}: heartbeat", stop, self.heartbeat_outage
+        )
+
+    # -- stop --------------------------------------------------------------------------
+
+    def request_stop(self) -> None:
+        """Ask the instance to stop gracefully (safe from a signal handler)."""
+        self.stop_requested.set()
+
+    def stop(self) -> None:
+        """Finish batches in flight (up to ``graceful-shutdown-timeout`` in all), release
+        every partition and delete the instance row. Heartbeats go on until then."""
+        if not self._started:
+            return
+        self._started = False
+        self.stop_requested.set()
+        self._stop_rebalance.set()  # claim nothing more while draining
+        self.rebalancer.request_round()  # wakes its loop, which sees the stop
+        if self._registered:
+            self.hooks.projections_instance_stopping(instance_id=self.id, name=self.name)
+            try:
+                self.heartbeat()  # says "stopping": the others plan without this instance
+            except Exception:
+                log.exception("instance %s: could not announce its stop", self.name)
+        self._stop_workers.set()
+        self.pulser.wake()
+        for worker in [*self.workers.values(), *self.in_memory.values()]:
+            worker.wake()
+        deadline = time.monotonic() + self.consumer_settings.graceful_shutdown_timeout
+        for thread in self._threads:
+            if thread.name != "heartbeat":
+                thread.join(timeout=max(0.0, deadline - time.monotonic()))
+        stuck = [t.name for t in self._threads if t.is_alive() and t.name != "heartbeat"]
+        if stuck:
+            log.warning("instance %s: %s still busy after the graceful timeout", self.name, stuck)
+        self._stop_heartbeat.set()
+        for thread in self._threads:
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
+        if not self._registered:
+            return
+
+        def leave() -> list[tuple[str, int]]:
+            # Retried whole: after an unacknowledged commit it releases and deletes nothing.
+            with self.db.transaction() as conn:
+                released = self.ownership.release_all(conn, self.id)
+                self.membership.deregister(conn, self.id)
+                bump_generation(self.db, conn)
+            return released
+
+        for consumer, partition in self.retry(leave, "release and deregister"):
+            self.partition_event(consumer, partition, None)
+        log.info("instance %s stopped", self.name)
+
+    def run(self) -> None:
+        """Start, then run until SIGTERM/SIGINT (or :meth:`request_stop`), then stop gracefully."""
+        previous = {}
+
+        def on_signal(signum: int, _frame: FrameType | None) -> None:
+            log.info("instance %s: received %s, stopping", self.name, signal.Signals(signum).name)
+            self.request_stop()
+
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            previous[signum] = signal.signal(signum, on_signal)
+        try:
+            self.start()
+            self.stop_requested.wait()
+        finally:
+            self.stop()
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)

@@ -1,0 +1,118 @@
+"""The pulse loop of one instance: one statement per ``idle-poll-interval`` for all of its
+consumers (see :mod:`messaging.distribution._pulse`).
+
+Each beat reads the tenant's generation and the heads of the topics the instance's
+consumers read. A worker is woken when a head of one of its topics moved since the
+previous beat; a rebalance round is asked for when the generation is not the one the
+last round read. A commit that appended on this host wakes the loop at once
+(:mod:`messaging.store._wakeup`), so it need not wait for its next beat.
+
+Why nothing is missed: positions commit in order, so a message committed after a
+worker's poll began has a position above every head read before that poll; the first
+beat after its commit sees its topic's head move (against a beat read before the commit)
+and wakes the worker, whose news flag it cleared before polling. A failed beat is
+compared against the last good one later, so it only delays.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import TYPE_CHECKING
+
+from messaging.distribution._pulse import Pulse, read_pulse
+from messaging.runtime._outage import Failing
+from messaging.store._wakeup import Listener
+
+if TYPE_CHECKING:
+    from messaging.runtime._instance import Instance
+
+MIN_GAP = 0.002
+"""Seconds between two beats at least, however often appends wake the loop."""
+
+
+class Pulser:
+    """Reads ``instance``'s pulse and acts on it."""
+
+    def __init__(self, instance: Instance) -> None:
+        self.instance = instance
+        self.last: Pulse | None = None
+        """The last good reading."""
+        self._listener: Listener | None = None
+        self._failing = Failing(
+            f"instance {instance.name}", "reading the pulse", "rebalancing at the regular interval"
+        )
+
+    def topics(self) -> list[str]:
+        """Every topic a consumer of the instance reads."""
+        inst = self.instance
+        workers = [*inst.workers.values(), *inst.in_memory.values()]
+        return sorted({topic for worker in workers for topic in worker.spec.topics})
+
+    def beat(self) -> bool:
+        """Read the pulse once and wake the workers whose topics moved; return whether the
+        generation differs from the one the last rebalance round read (a round is due)."""
+        inst = self.instance
+        with inst.db.read() as conn:
+            pulse = read_pulse(inst.db, conn, self.topics())
+        moved = pulse.moved(self.last)
+        self.last = pulse
+        if moved:
+            for worker in [*inst.workers.values(), *inst.in_memory.values()]:
+                if moved.intersection(worker.spec.topics):
+                    worker.wake()
+        return pulse.generation != inst.rebalancer.generation
+
+    def look(self) -> bool:
+        """:meth:`beat`, a failure being no change (the regular round comes anyway), logged
+        once: as the instance's outage if the database is unreachable, else at WARNING
+        until a beat succeeds."""
+        inst = self.instance
+        try:
+            due = self.beat()
+        except Exception as exc:
+            if not inst.outage.failed(exc):
+                self._failing.failed(exc)
+            return False
+        inst.outage.succeeded()
+        self._failing.succeeded()
+        return due
+
+    def listen(self) -> None:
+        """Take wake-ups from appenders on this host (before the loop starts)."""
+        self._listener = self.instance.db.wakeups.listen()
+
+    def wake(self) -> None:
+        """Make the loop look at its stop event now."""
+        if self._listener is not None:
+            self._listener.poke()
+
+    def loop(self, stop: threading.Event) -> None:
+        """Beat every ``idle-poll-interval`` (sooner when woken) until ``stop`` is set."""
+        inst = self.instance
+        interval = inst.consumer_settings.idle_poll_interval
+        due = time.monotonic()
+        try:
+            while not stop.is_set():
+                left = due - time.monotonic()
+                if left > 0:
+                    woken = self._wait(stop, left)
+                    if stop.is_set():
+                        return
+                    if not woken and time.monotonic() < due:
+                        continue
+                started = time.monotonic()
+                due = started + interval
+                if self.look():
+                    inst.rebalancer.request_round()
+                stop.wait(max(0.0, started + MIN_GAP - time.monotonic()))
+        finally:
+            if self._listener is not None:
+                self._listener.close()
+                self._listener = None
+
+    def _wait(self, stop: threading.Event, seconds: float) -> bool:
+        if self._listener is None:
+            stop.wait(seconds)
+            return False
+        return self._listener.wait(seconds)

@@ -1,0 +1,278 @@
+"""The rebalance rounds of one instance: read the members, partitions and declarations,
+plan this instance's share, release what moved away, claim the rest.
+
+Rounds run every ``rebalance-interval`` (the safety net), right after a peer turns
+stale, and at once when the instance's pulse (:mod:`messaging.runtime._pulser`) sees the
+tenant's generation move: a join, a leave, a release, a stopping flag, a pause, a resume
+or a rebuild.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from functools import partial
+from typing import TYPE_CHECKING
+
+import attrs
+
+from messaging._states import ConsumerState
+from messaging.distribution._membership import InstanceRow
+from messaging.distribution._ownership import PartitionRow
+from messaging.distribution._pulse import bump_generation, read_generation
+from messaging.distribution._rebalance import plan
+from messaging.runtime._declarations import (
+    current_declarations,
+    perform_requested_rebuild,
+)
+from messaging.runtime._lifecycle import lifecycle_event
+
+if TYPE_CHECKING:
+    from messaging.runtime._instance import Instance
+
+log = logging.getLogger("messaging.runtime.rebalancer")
+
+_EXPIRY_MARGIN = 0.05
+"""Seconds after a peer's expiry to look again, so that it has really turned stale."""
+
+
+@attrs.frozen
+class Moved:
+    """What one round changed here: partitions claimed and released."""
+
+    claimed: int
+    released: int
+
+
+class Rebalancer:
+    """The rebalance rounds of ``instance`` and what they remember between rounds."""
+
+    def __init__(self, instance: Instance) -> None:
+        self.instance = instance
+        self._next_round_in = instance.consumer_settings.rebalance_interval
+        self._waiting: dict[str, str | None] = {}
+        self.generation: int | None = None
+        """The tenant's generation as the last round read it, before its rows."""
+        self._requested = threading.Event()
+        self._awaited: dict[str, int] = {}
+        """Partitions of each consumer assigned here but still held by live peers."""
+        self._awaiting_since: float | None = None
+        self._members: dict[str, InstanceRow] = {}
+        """The instances as the last round read them, by id."""
+
+    def rebalance(self) -> None:
+        """Compute the target from the database rows; release what moved away, claim the rest.
+
+        A partition assigned elsewhere is released at once, or right after the batch in
+        flight that applies it ended: a slow batch holds nothing else. Partitions
+        assigned here are claimed when unowned or owned by a non-live instance; one still
+        held by a live instance is claimed on a later round, after that instance let go.
+        """
+        inst = self.instance
+        started = time.perf_counter()
+        timeout = inst.consumer_settings.stale_instance_timeout
+        self._requested.clear()
+        with inst.db.read() as conn:
+            # The generation first: at READ COMMITTED each statement sees the latest commits,
+            # so a change landing after the rows below were read bumps it past this value.
+            self.generation = read_generation(inst.db, conn)
+            members = inst.membership.instances(conn, timeout)
+            self._members = {m.id: m for m in members}
+            live = [i for i in members if i.live and not i.stopping]
+            rows = inst.ownership.partitions(conn, sorted(inst.workers))
+            declared = current_declarations(inst.db, conn, sorted(inst.workers))
+            head = inst.store.head(conn)
+        read_seconds = time.perf_counter() - started
+        moved = self._round(live, rows, declared)
+        inst.hooks.projections_rebalanced(
+            instance_id=inst.id,
+            seconds=time.perf_counter() - started,
+            membership_seconds=read_seconds,
+            live_members=len(live),
+            claimed=moved.claimed,
+            released=moved.released,
+        )
+        for name, worker in inst.workers.items():
+            lags = {p: max(0, head - c.checkpoint) for p, c in worker.claims().items()}
+            inst.hooks.projections_lag(consumer=name, instance_id=inst.id, lags=lags)
+        self._next_round_in = self._next_round(members)
+        if self._awaiting_since is not None and not any(self._awaited.values()):
+            waited = time.monotonic() - self._awaiting_since
+            self._awaiting_since = None
+            log.info(
+                "instance %s: has its share of every consumer after %.1f s",
+                inst.name,
+                waited,
+            )
+
+    def announce_wait(self) -> None:
+        """Say, once at start, what this instance waits for and for how long at most: the
+        partitions assigned here that live peers still hold until their next round."""
+        inst = self.instance
+        awaited = {name: n for name, n in self._awaited.items() if n}
+        if not awaited:
+            return
+        self._awaiting_since = time.monotonic()
+        interval = inst.consumer_settings.rebalance_interval
+        usually = min(1.0, interval)
+        log.info(
+            "instance %s: waiting for %s held by live instances: they hand them over at "
+            "their next rebalance round, usually within %g s, at most %g s (two "
+            "rebalance-intervals) plus a batch in flight",
+            inst.name,
+            ", ".join(f"{n} partition(s) of {name}" for name, n in sorted(awaited.items())),
+            usually,
+            2 * interval,
+        )
+
+    def _round(
+        self,
+        live: list[InstanceRow],
+        rows: list[PartitionRow],
+        declared: dict[str, tuple[str, str]],
+    ) -> Moved:
+        """One round's decisions from the rows just read; returns what moved."""
+        inst = self.instance
+        claimed = released = 0
+        for name in [n for n in inst.workers if declared.get(n, ("",))[0] != inst.fingerprints[n]]:
+            self._retire(name)
+        for name, worker in list(inst.workers.items()):
+            state = declared[name][1]
+            if state in (ConsumerState.REBUILD_REQUESTED, ConsumerState.REBUILDING):
+                worker.holdings.hand_over(sorted(worker.claims()))  # the reset fences the rest
+                perform_requested_rebuild(
+                    inst.db,
+                    worker.spec,
+                    inst.id,
+                    inst.consumer_settings.stale_instance_timeout,
+                    instance_name=inst.name,
+                )
+        owners: dict[str, dict[int, str | None]] = {name: {} for name in inst.workers}
+        for row in rows:
+            owners[row.consumer][row.partition] = row.owner
+        plans = plan(
+            inst.id,
+            live,
+            owners,
+            {name: worker.spec.partitions for name, worker in inst.workers.items()},
+            {name: inst.distributions[name] for name in inst.workers},
+            inst.fingerprints,
+        )
+        live_ids = inst.membership.live_ids(inst.consumer_settings.stale_instance_timeout)
+        for name, target in plans.items():
+            worker = inst.workers[name]
+            lost = [p for p in worker.claims() if owners[name].get(p) != inst.id]
+            if lost:
+                worker.drop(lost)
+            if target.release:
+                # Released now, or right after the batch in flight that applies them commits.
+                worker.holdings.hand_over(sorted(target.release), partial(self._release, name))
+                released += len(target.release)
+            if target.waiting_for and target.waiting_for != self._waiting.get(name):
+                log.warning("consumer %s: applying nothing here: %s", name, target.waiting_for)
+            self._waiting[name] = target.waiting_for
+            wanted = sorted(target.target - set(worker.claims()) - worker.holdings.leaving())
+            self._awaited[name] = 0
+            if not wanted:
+                continue
+            self._end_sessions({owners[name].get(p) for p in wanted})
+            with inst.db.transaction() as conn:
+                claims = inst.ownership.claim(conn, name, wanted, inst.id, live_ids)
+            worker.add_claims(claims)
+            self._awaited[name] = len(target.target - set(worker.claims()))
+            claimed += len(claims)
+            for claim in claims:
+                inst.partition_event(name, claim.partition, claim.epoch)
+        return Moved(claimed=claimed, released=released)
+
+    def _retire(self, name: str) -> None:
+        """Stop applying a consumer whose declaration was replaced by another instance."""
+        inst = self.instance
+        lifecycle_event(
+            "declaration-mismatch",
+            level=logging.WARNING,
+            consumer=name,
+            instance=inst.name,
+            instance_id=inst.id,
+            declaration=inst.fingerprints[name],
+            reason="rebuilt under another declaration; applying nothing until restarted",
+        )
+        worker = inst.workers.pop(name)
+        worker.holdings.hand_over(sorted(worker.claims()))
+        inst.forget(name)
+
+    def _end_sessions(self, owners: set[str | None]) -> None:
+        """Before taking partitions from ``owners``: end the MySQL sessions of those that
+        are stale, so that the row locks of a batch they froze in go at once and its
+        commit fails (:meth:`messaging.store._sessions.Sessions.end`)."""
+        inst = self.instance
+        if inst.db.sessions is None:
+            return
+        for owner in owners:
+            member = self._members.get(owner or "")
+            if member is None or member.live or not member.sessions:
+                continue
+            ended = inst.db.sessions.end(member.sessions, member.name)
+            if ended:
+                log.warning(
+                    "instance %s: ended %d database session(s) of stale instance %s: its "
+                    "locks are gone and its late commits fail",
+                    inst.name,
+                    ended,
+                    member.name,
+                )
+
+    def _release(self, name: str, partitions: Sequence[int]) -> None:
+        """Give up ``partitions`` of ``name``, handed over by its worker."""
+        inst = self.instance
+
+        def release() -> None:
+            with inst.db.transaction() as conn:
+                inst.ownership.release(conn, name, inst.id, partitions)
+                bump_generation(inst.db, conn)
+
+        inst.retry(release, f"release {name}")
+        for partition in partitions:
+            inst.partition_event(name, partition, None)
+
+    def _next_round(self, members: Sequence[InstanceRow]) -> float:
+        """How soon the next rebalance is worth running: at the regular interval, but right
+        after a peer that stopped heartbeating turns stale, and soon while a peer is
+        stopping (its partitions are about to be released). Costs no query while nothing
+        happens: the times come from the rows this round read anyway."""
+        inst = self.instance
+        interval = inst.consumer_settings.rebalance_interval
+        peers = [m for m in members if m.id != inst.id and m.live]
+        soonest = interval
+        if any(m.stopping for m in peers):
+            soonest = interval / 4
+        expiring = [m.expires_in + _EXPIRY_MARGIN for m in peers if not m.stopping]
+        return max(0.0, min([soonest, *expiring]))
+
+    def request_round(self) -> None:
+        """Run a round now (the pulse saw the generation move), or wake the loop to stop."""
+        self._requested.set()
+
+    def _wait_for_round(self, stop: threading.Event, started: float) -> bool:
+        """Wait until the next round is due or one is asked for; False once stopped."""
+        self._requested.wait(max(0.0, started + self._next_round_in - time.monotonic()))
+        return not stop.is_set()
+
+    def loop(self, stop: threading.Event) -> None:
+        inst = self.instance
+        interval = inst.consumer_settings.rebalance_interval
+        started = time.monotonic()
+        while self._wait_for_round(stop, started):
+            started = time.monotonic()
+            try:
+                inst.retry(self.rebalance, "rebalance")
+            except Exception as exc:
+                self._next_round_in = interval
+                if not inst.outage.failed(exc):
+                    log.exception(
+                        "instance %s: rebalance failed; trying again next round", inst.name
+                    )
+            else:
+                inst.outage.succeeded()

@@ -1,0 +1,389 @@
+"""The apply loop of one consumer on one instance.
+
+Each poll reads one batch of the owned partitions after their checkpoints (one query),
+applies it, and commits the handlers' writes together with the fenced checkpoints in
+one transaction. A lost fence rolls everything back and drops the partitions. A
+message that cannot be decoded or handled halts its partition at that message, with
+the position, type and error recorded; nothing is skipped.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
+from functools import partial
+from typing import Any, TypeVar
+
+import attrs
+import pluggy
+from sqlalchemy import Connection
+
+from messaging._consumers import ConsumerSpec
+from messaging._errors import CheckpointMoved, OwnershipLost
+from messaging._messages import MessageRegistry
+from messaging._settings import ConsumerSettings
+from messaging.distribution._ownership import Claim, Ownership
+from messaging.runtime._batch import Batch, split_lanes
+from messaging.runtime._context import HandlerContext
+from messaging.runtime._holdings import Holdings
+from messaging.runtime._lanes import Lanes
+from messaging.runtime._lifecycle import lifecycle_event
+from messaging.runtime._poison import Poison, halt_partition, isolate
+from messaging.runtime._polling import Worker
+from messaging.store._database import Database
+from messaging.store._retry import (
+    is_ambiguous,
+    is_transient,
+    report_batch_retry,
+    retry_transient,
+)
+from messaging.store._store import PARTITION_HASH, POSITION, StoredRow
+
+log = logging.getLogger("messaging.runtime.worker")
+T = TypeVar("T")
+
+
+class ConsumerWorker(Worker):
+    """Applies one transactional consumer's owned partitions, batch by batch."""
+
+    def __init__(
+        self,
+        *,
+        db: Database,
+        spec: ConsumerSpec,
+        instance_id: str,
+        instance_name: str,
+        settings: ConsumerSettings,
+        hooks: pluggy.HookRelay,
+        registry: MessageRegistry,
+        whole: bool = False,
+        lanes: int = 1,
+        limiter: AbstractContextManager[Any] | None = None,
+    ) -> None:
+        super().__init__(
+            db=db,
+            spec=spec,
+            instance_id=instance_id,
+            settings=settings,
+            hooks=hooks,
+            registry=registry,
+        )
+        self.instance_name = instance_name
+        """The instance's name, as log lines show it (``instance_id`` is its unique id)."""
+        self.whole = whole
+        """Single-owner mode: apply only while holding every partition (global order)."""
+        self.lanes = 1 if whole else max(1, min(lanes, spec.partitions))
+        """Parts of a batch applied at once: partition ``p`` belongs to lane ``p % lanes``."""
+        self._limiter = limiter if limiter is not None else nullcontext()
+        self.ownership = Ownership(db)
+        self.holdings = Holdings(spec.name)
+        """The claims, the batches in flight, and the handovers waiting for them."""
+        self._claims, self._lock = self.holdings.claims, self.holdings.lock
+        self._catching_up = False
+        self._stale = False
+        """An error of unknown outcome happened: re-read the claims before applying more."""
+        self._lanes = Lanes(self.lanes)
+        self._stop = threading.Event()  # the apply loop's, once it runs
+
+    # -- ownership, changed by the rebalance loop ----------------------------------------
+
+    def add_claims(self, claims: Sequence[Claim]) -> None:
+        """Start applying these newly claimed partitions."""
+        with self._lock:
+            for claim in claims:
+                self._claims[claim.partition] = claim
+        self.wake()  # new partitions may have messages the pulse never announced here
+
+    def drop(self, partitions: Sequence[int]) -> None:
+        """Stop applying these partitions (released or lost)."""
+        with self._lock:
+            for partition in partitions:
+                self._claims.pop(partition, None)
+
+    def claims(self) -> dict[int, Claim]:
+        """A snapshot of the partitions applied here."""
+        with self._lock:
+            return dict(self._claims)
+
+    # -- applying ------------------------------------------------------------------------
+
+    def run(self, stop: threading.Event) -> None:
+        """Poll until ``stop`` is set."""
+        self._stop = stop
+        try:
+            self._loop(stop, self.poll)
+        finally:
+            self._lanes.shutdown()
+
+    def held_claims(self) -> dict[int, Claim]:
+        """The claims to apply now: none in single-owner mode until every partition is
+        held, since a single owner applies in global position order."""
+        if self._stale:
+            self._recheck()
+        claims = self.claims()
+        if self.whole and len(claims) < self.spec.partitions:
+            return {}
+        return claims
+
+    def _recheck(self) -> None:
+        """After an error of unknown outcome: take every claim's epoch and checkpoint from
+        the database (our commit may have gone through unacknowledged); drop partitions no
+        longer held under the same epoch."""
+        claims = self.holdings.idle()  # a lane's batch in flight settles its own claims
+        with self.db.read() as conn:
+            held = self.ownership.owned(conn, self.spec.name, self.instance_id, claims)
+        lost = [p for p, c in claims.items() if p not in held or held[p].epoch != c.epoch]
+        with self._lock:
+            for partition, claim in held.items():
+                current = self._claims.get(partition)
+                if current is not None and current.epoch == claim.epoch:
+                    self._claims[partition] = claim
+        self._stale = False
+        if lost:
+            self._lose(lost)
+
+    def _reread(self, claims: Mapping[int, Claim], _error: BaseException) -> None:
+        """Before retrying a commit of unknown outcome: raise :class:`CheckpointMoved` (or
+        :class:`OwnershipLost`) unless ``claims`` are still what the database holds. Every
+        claim is re-read before the next batch too."""
+        self._stale = True
+        with self.db.read() as conn:
+            self.ownership.verify(conn, self.spec.name, self.instance_id, claims)
+
+    def _retry_commit(self, action: Callable[[], T], claims: Mapping[int, Claim], what: str) -> T:
+        """Run the commit ``action`` under ``conflict-retry``; after an error of unknown
+        outcome, re-read ``claims`` before retrying (:meth:`_reread`)."""
+        try:
+            return retry_transient(
+                action,
+                self.settings.conflict_retry,
+                what=what,
+                on_retry=partial(report_batch_retry, self.hooks, self.instance_id, what, claims),
+                reread=partial(self._reread, claims),
+            )
+        except Exception as exc:
+            if is_ambiguous(exc):
+                self._stale = True
+            raise
+
+    def poll(self) -> int:
+        """Fetch and apply one batch of the owned partitions; return how many messages were
+        applied.
+
+        With one lane, while batches come back full (catching up), the next one is read
+        inside the apply transaction; otherwise it is read first in a short read-only
+        transaction, so an idle poller never takes the write lock (several lanes:
+        :meth:`_poll_lanes`). The instance applies ``executor.max-workers`` batches at most.
+        """
+        if self.lanes > 1:
+            return self._poll_lanes()
+        claims = self.holdings.take(self.held_claims())
+        try:
+            if not claims:
+                return 0
+            started = time.perf_counter()
+            rows: Sequence[StoredRow] | None = None
+            if not self._catching_up:
+                with self.db.read() as conn:
+                    rows = self._fetch(conn, claims)
+                if not rows:
+                    return 0
+            self._catching_up = False
+            return self._apply_limited(Batch(claims, rows), started)
+        finally:
+            self.holdings.finish(claims)
+
+    def _poll_lanes(self) -> int:
+        """One read (``batch-size`` per lane) for the lanes no batch applies, their parts
+        applied in parallel; returns what the batches that ended applied. A busy lane does
+        not hold the others (:class:`Lanes`): the free lanes are read again meanwhile."""
+        idle = self.settings.idle_poll_interval
+        while True:
+            claims = self.holdings.take(self.held_claims())
+            started = time.perf_counter()
+            rows: Sequence[StoredRow] = ()
+            try:  # (the read's commit may fail after the rows came)
+                if claims:
+                    limit = self.settings.batch_size * len({p % self.lanes for p in claims})
+                    with self.db.read() as conn:
+                        rows = self._fetch(conn, claims, limit)
+            except BaseException:
+                self.holdings.finish(claims)
+                raise
+            if not rows:
+                self.holdings.finish(claims)
+            for batch in split_lanes(claims, rows, self.spec.partitions, self.lanes):
+                apply = partial(self._apply_limited, batch, started)
+                self._lanes.submit(apply, partial(self.holdings.finish, batch.claims))
+            if not self._lanes.running():
+                return 0
+            ended = self._lanes.wait(idle)
+            if ended is not None or self._stop.is_set():
+                return ended or 0
+
+    def _apply_limited(self, batch: Batch, started: float) -> int:
+        with self._limiter:
+            return self._apply(batch, started)
+
+    def _apply(self, batch: Batch, started: float) -> int:
+        """Apply ``batch`` and commit its fenced checkpoints (:meth:`Batch.checkpoint`). A
+        lost fence drops its partitions; a checkpoint found already moved (an earlier
+        commit went through unacknowledged) is taken from the database: either way
+        nothing is applied."""
+        try:
+            return self._apply_or_halt(batch, started)
+        except OwnershipLost as lost:
+            self._lose(lost.partitions)
+        except CheckpointMoved as moved:
+            self._moved(moved, batch.claims)
+        except Exception as exc:
+            if is_ambiguous(exc):  # a poison replay, a prefix or a halt of unknown outcome
+                self._stale = True
+            raise
+        return 0
+
+    def _apply_or_halt(self, batch: Batch, started: float) -> int:
+        claims = batch.claims
+        try:
+            rows = self._retry_commit(
+                lambda: self._commit(batch, immediate=False), claims, f"apply {self.spec.name}"
+            )
+        except Poison as failed:
+            # The buffered writes hide which message failed: replay it unbuffered to find out.
+            try:
+                rows = self._commit(Batch(claims, failed.batch), immediate=True)
+            except Poison as poison:
+                # Commit what came before the poison message, so that its partition's
+                # checkpoint stops right before it, then halt that partition there.
+                found = isolate(poison, partial(self._commit_prefix, claims, started))
+                self._halt(found.poison, claims)
+                return found.committed
+        if not rows:
+            return 0
+        self._applied(batch, rows, started)
+        self._catching_up = len(rows) >= self.settings.batch_size
+        return len(rows)
+
+    def _commit_prefix(
+        self, claims: Mapping[int, Claim], started: float, rows: Sequence[StoredRow]
+    ) -> None:
+        """Commit ``rows``, the messages before a poison message (see :func:`isolate`)."""
+        prefix = Batch(claims, rows)
+        self._commit(prefix, immediate=False)
+        self._applied(prefix, rows, started)
+
+    def _applied(self, batch: Batch, rows: Sequence[StoredRow], started: float) -> None:
+        """After ``rows`` of ``batch`` committed: move the local checkpoints, tell the plugins."""
+        claims = batch.claims
+        self._advance(claims, batch.checkpoint(rows))
+        self.hooks.projections_batch_applied(
+            consumer=self.spec.name,
+            partitions=sorted(claims),
+            epochs={p: c.epoch for p, c in claims.items()},
+            instance_id=self.instance_id,
+            count=len(rows),
+            last_position=rows[-1][POSITION],
+            seconds=time.perf_counter() - started,
+        )
+
+    def _fetch(
+        self, conn: Connection, claims: Mapping[int, Claim], limit: int | None = None
+    ) -> Sequence[StoredRow]:
+        return self.store.read_batch(
+            conn,
+            self.spec.topics,
+            partitions={p: c.checkpoint for p, c in claims.items()},
+            partition_count=self.spec.partitions,
+            types=self.dispatcher.type_names,
+            limit=limit or self.settings.batch_size,
+        )
+
+    def _commit(self, batch: Batch, *, immediate: bool) -> Sequence[StoredRow]:
+        """In one transaction: read the rows unless the batch has them, apply them, commit
+        the fenced checkpoints (:meth:`Batch.checkpoint`). Returns the rows applied."""
+        claims = batch.claims
+        with self.db.transaction(consumer=self.spec.name) as conn:
+            rows = self._fetch(conn, claims) if batch.rows is None else batch.rows
+            if not rows:
+                return rows
+            ctx = HandlerContext(
+                conn,
+                lambda: self.store.envelopes(conn, [row[POSITION] for row in rows]),
+                immediate=immediate,
+                outbox=self.outbox,
+            )
+            try:
+                self.dispatcher.apply(rows, ctx, self.spec.partitions)
+                try:
+                    ctx.flush()
+                except Exception as exc:
+                    if is_transient(exc):
+                        raise
+                    last = rows[-1]
+                    raise Poison(last, last[PARTITION_HASH] % self.spec.partitions, exc) from exc
+            except Poison as poison:
+                raise poison.within(rows) from poison.error
+            self.ownership.commit_checkpoint(
+                conn, self.spec.name, self.instance_id, claims, batch.checkpoint(rows)
+            )
+            return rows
+
+    def _advance(self, applied: Mapping[int, Claim], position: int) -> None:
+        with self._lock:
+            for partition, claim in applied.items():
+                current = self._claims.get(partition)
+                if (
+                    current is not None
+                    and current.epoch == claim.epoch
+                    and current.checkpoint < position
+                ):
+                    self._claims[partition] = Claim(
+                        partition=partition, epoch=claim.epoch, checkpoint=position
+                    )
+
+    def _moved(self, moved: CheckpointMoved, claims: Mapping[int, Claim]) -> None:
+        """Take the checkpoints an unacknowledged earlier commit under ``claims`` wrote: go
+        on from there (unless the partition was claimed again meanwhile)."""
+        lifecycle_event(
+            "checkpoint-moved",
+            level=logging.WARNING,
+            consumer=self.spec.name,
+            checkpoints=moved.checkpoints,
+            instance=self.instance_name,
+            instance_id=self.instance_id,
+            reason="an earlier commit went through unacknowledged; the batch was rolled back",
+        )
+        with self._lock:
+            for partition, checkpoint in moved.checkpoints.items():
+                current = self._claims.get(partition)
+                if current is not None and current.epoch == claims[partition].epoch:
+                    self._claims[partition] = attrs.evolve(current, checkpoint=checkpoint)
+        self._catching_up = False
+
+    def _lose(self, partitions: Sequence[int]) -> None:
+        for partition in partitions:
+            lifecycle_event(
+                "lost",
+                level=logging.WARNING,
+                consumer=self.spec.name,
+                partition=partition,
+                instance=self.instance_name,
+                instance_id=self.instance_id,
+                reason="another instance owns it now; the batch was rolled back",
+            )
+        self.drop(partitions)
+        for partition in partitions:
+            self.hooks.projections_partition_released(
+                consumer=self.spec.name, partition=partition, instance_id=self.instance_id
+            )
+
+    def _halt(self, poison: Poison, claims: Mapping[int, Claim]) -> None:
+        """Halt ``poison``'s partition at it (recorded, told to the plugins) and drop it."""
+        claim = claims[poison.partition]
+        halt_partition(
+            self.db, self.hooks, self.spec.name, self.instance_id, claim, poison, self.instance_name
+        )
+        self.drop([poison.partition])

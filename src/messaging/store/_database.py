@@ -1,0 +1,276 @@
+"""One shared database: engine set-up per backend, transactions, and schema preparation.
+
+SQLite (file, WAL) is the embedded default; MySQL/MariaDB through PyMySQL is the
+production backend. Write transactions on SQLite begin ``IMMEDIATE`` so that a
+transaction that reads and then writes waits for the busy timeout instead of
+failing at once with ``SQLITE_BUSY`` when another process wrote in between.
+MySQL sessions run at READ COMMITTED so pollers never sit on an old snapshot. An
+instance bounds its connections' lock waits (:meth:`Database.bound_lock_waits`), and on
+MySQL its sessions are tracked (:mod:`messaging.store._sessions`).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from sqlalchemy import Connection, Engine, Table, create_engine, event, insert, select
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import ArgumentError, IntegrityError
+from sqlalchemy.pool import NullPool
+
+from messaging._errors import ConfigError
+from messaging.store._clock import Clock, DatabaseClock
+from messaging.store._nodes import Failover, join_hosts, split_hosts
+from messaging.store._schema import Schema
+from messaging.store._sessions import Sessions
+from messaging.store._tenancy import CONSUMER_OPTION, ReadModels
+from messaging.store._wakeup import APPENDED, WakeUps
+
+SQLITE_BUSY_TIMEOUT = 30.0
+"""Seconds a SQLite connection waits for another process's write lock, unless the URL
+says otherwise (``sqlite:///app.db?timeout=5``)."""
+
+_READ_ONLY = "projections_read_only"
+_LOCK_WAIT = "projections_lock_wait"
+LOCK_WAIT_FRACTION = 4
+"""An instance's lock waits give up after stale-instance-timeout / this (at least 1 s)."""
+
+
+def lock_wait_bound(stale_instance_timeout: float) -> float:
+    """Seconds an instance's transaction waits for a row lock (MySQL) or the write lock
+    (SQLite) before failing, well below ``stale-instance-timeout``: a frozen holder cannot
+    hold its waiters longer, and the wait is retried (and logged) like any lock conflict."""
+    return max(1.0, stale_instance_timeout / LOCK_WAIT_FRACTION)
+
+
+def parse_database_url(url: str) -> URL:
+    """Parse a database URL; :class:`ConfigError` says in one line what is wrong with it
+    (not a URL at all, e.g. a bare path; a port that is not a number from 1 to 65535). A
+    MySQL URL may name several nodes of a cluster (``mysql://u@h1:3306,h2:3306/db``, see
+    :mod:`messaging.store._nodes`): the result names the first."""
+    if "://" not in url:
+        raise ConfigError(
+            f"invalid database URL {url!r}: expected a URL such as sqlite:///path/to/app.db "
+            "or mysql://user@host/db"
+        )
+    url, nodes = split_hosts(url)
+    try:
+        parsed = make_url(url)
+        port = parsed.port
+    except ArgumentError as exc:
+        raise ConfigError(f"invalid database URL {url!r}: {exc}") from None
+    except ValueError:  # int() of the port
+        port = -1
+    if port is not None and not 1 <= port <= 65535:
+        raise ConfigError(f"invalid database URL {url!r}: the port must be a number 1-65535")
+    if nodes and parsed.get_backend_name() not in ("mysql", "mariadb"):
+        raise ConfigError(f"invalid database URL {url!r}: only MySQL/MariaDB takes several hosts")
+    return parsed
+
+
+def _normalize_url(url: str) -> str:
+    parsed = parse_database_url(url)
+    backend = parsed.get_backend_name()
+    if backend == "sqlite":
+        if parsed.database in (None, "", ":memory:"):
+            raise ConfigError(
+                "database: SQLite needs a file (sqlite:///path.db); "
+                "an in-memory database cannot be shared between processes"
+            )
+        return url
+    if backend in ("mysql", "mariadb"):
+        driver = parsed.get_driver_name()
+        if driver not in ("pymysql", "mysqldb") or "+" not in parsed.drivername:
+            parsed = parsed.set(drivername=f"{backend}+pymysql")
+        return join_hosts(parsed.render_as_string(hide_password=False), split_hosts(url)[1])
+    raise ConfigError(f"database: unsupported backend {backend!r}; use sqlite:/// or mysql://")
+
+
+def _sqlite_engine(url: str, pool: bool) -> Engine:
+    # A ``?timeout=SECONDS`` in the URL sets the busy timeout; connect_args would override it.
+    busy = {} if "timeout" in make_url(url).query else {"timeout": SQLITE_BUSY_TIMEOUT}
+    engine = create_engine(
+        url,
+        connect_args={**busy, "check_same_thread": False},
+        **({} if pool else {"poolclass": NullPool}),
+    )
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        # Take transaction control from the driver so that BEGIN is ours to issue.
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(connection: Connection) -> None:
+        if connection.get_execution_options().get(_READ_ONLY):
+            connection.exec_driver_sql("BEGIN")
+        else:
+            connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+    return engine
+
+
+def _mysql_engine(url: str, pool: bool) -> Engine:
+    # Every transaction here ends in a commit or rollback of its own, so the pool need not
+    # send another on return; a connection the server dropped fails its first statement,
+    # which is a transient error the callers retry, so no ping before each use either.
+    first, nodes = split_hosts(url)
+    engine = create_engine(
+        first,
+        isolation_level="READ COMMITTED",
+        pool_reset_on_return=None,
+        pool_recycle=3600,
+        # Keep what the lanes use open rather than reconnecting per batch: the instance
+        # row records its sessions at each heartbeat (see messaging.store._sessions).
+        pool_size=16,
+        connect_args={"charset": "utf8mb4"},
+        paramstyle="format",
+        **({} if pool else {"poolclass": NullPool}),
+    )
+    if nodes:
+        Failover(nodes).install(engine)
+    return engine
+
+
+class Database:
+    """The shared database of one deployment: engine, tables, tenant and clock."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        tenant: str = "default",
+        table_prefix: str = "prj_",
+        clock: Clock | None = None,
+        pool: bool = True,
+    ) -> None:
+        self.url = _normalize_url(url)
+        backend = parse_database_url(self.url).get_backend_name()
+        self.is_sqlite = backend == "sqlite"
+        self.engine = (_sqlite_engine if self.is_sqlite else _mysql_engine)(self.url, pool)
+        self.tenant = tenant
+        self.schema = Schema(table_prefix)
+        self.clock: Clock = clock or DatabaseClock(self.engine.dialect.name)
+        self.read_models = ReadModels(tenant)
+        """This tenant's physical read-model tables; statements on :attr:`engine` naming a
+        declared table are sent to this tenant's copy (see :mod:`messaging.store._tenancy`)."""
+        self.read_models.install(self.engine)
+        self.wakeups = WakeUps(self._identity(table_prefix))
+        """Same-host wake-ups: a commit that appended wakes the instances here at once."""
+        self.sessions = None if self.is_sqlite else Sessions(self.engine)
+        """This process's MySQL sessions (None on SQLite)."""
+        self.lock_wait: float | None = None
+        """Seconds a lock wait lasts at most, once :meth:`bound_lock_waits` set it."""
+
+    def _identity(self, prefix: str) -> str:
+        """The same string in every process on this host that shares these messages."""
+        first = parse_database_url(split_hosts(self.url)[0])
+        place = os.path.realpath(first.database or "") if self.is_sqlite else first.database
+        return (
+            f"{first.get_backend_name()}|{first.host}|{first.port}|{place}|{self.tenant}|{prefix}"
+        )
+
+    def bound_lock_waits(self, seconds: float) -> None:
+        """Make every connection give up waiting for a lock after ``seconds``:
+        ``innodb_lock_wait_timeout`` on MySQL (whole seconds, rounded up), the busy
+        timeout on SQLite. Set on each connection when it is next checked out."""
+        if self.lock_wait is None:
+            event.listen(self.engine, "checkout", self._bound_lock_wait)
+        self.lock_wait = seconds
+
+    def _bound_lock_wait(self, dbapi_connection: Any, record: Any, _proxy: Any) -> None:
+        if record.info.get(_LOCK_WAIT) == self.lock_wait or self.lock_wait is None:
+            return
+        cursor = dbapi_connection.cursor()
+        if self.is_sqlite:
+            cursor.execute(f"PRAGMA busy_timeout = {int(self.lock_wait * 1000)}")
+        else:
+            cursor.execute(f"SET SESSION innodb_lock_wait_timeout = {math.ceil(self.lock_wait)}")
+        cursor.close()
+        record.info[_LOCK_WAIT] = self.lock_wait
+
+    def read_model(self, table: Table) -> Table:
+        """This tenant's physical table for the declared read-model ``table``: the table
+        itself for the default tenant, ``<tenant>__<name>`` for any other."""
+        return self.read_models.physical(table)
+
+    @contextmanager
+    def transaction(self, *, consumer: str | None = None) -> Iterator[Connection]:
+        """A write transaction: committed on success, rolled back on any exception; after
+        a commit that appended messages, the instances on this host are woken.
+        ``consumer``: the batch of that consumer, in which SQL text is refused for a
+        tenant whose tables are renamed (it could not be sent to them)."""
+        info = None
+        try:
+            with self.engine.begin() as connection:
+                info = connection.info
+                if consumer is not None and self.read_models.renames:
+                    connection.execution_options(**{CONSUMER_OPTION: consumer})
+                yield connection
+        except BaseException:
+            if info is not None:
+                info.pop(APPENDED, None)
+            raise
+        if info is not None and info.pop(APPENDED, None):
+            self.wakeups.notify()
+
+    @contextmanager
+    def read(self) -> Iterator[Connection]:
+        """A short read-only transaction (deferred on SQLite, READ COMMITTED on MySQL)."""
+        with self.engine.connect() as connection:
+            connection = connection.execution_options(**{_READ_ONLY: True})
+            with connection.begin():
+                yield connection
+
+    def prepare(self) -> None:
+        """Make the schema ready: created on SQLite, checked on MySQL. Each step is
+        idempotent, so a transient error (a lost connection, a Galera node leaving) retries."""
+        from messaging._settings import ConflictRetrySettings
+        from messaging.store._migrations import check_schema, create_sqlite_schema
+        from messaging.store._retry import retry_transient
+
+        def attempt() -> None:
+            if self.is_sqlite:
+                create_sqlite_schema(self)
+            else:
+                check_schema(self)
+            self.ensure_tenant()
+
+        retry_transient(attempt, ConflictRetrySettings(), what="prepare")
+
+    def ensure_tenant(self) -> None:
+        """Create this tenant's position counter and generation (see
+        :mod:`messaging.distribution._pulse`) if they do not exist yet."""
+        counters = (
+            (self.schema.positions, "last_position"),
+            (self.schema.generations, "generation"),
+        )
+        with self.transaction() as conn:
+            for table, column in counters:
+                exists = conn.execute(
+                    select(table.c.tenant).where(table.c.tenant == self.tenant)
+                ).first()
+                if exists is None:
+                    try:
+                        with conn.begin_nested():
+                            conn.execute(insert(table).values(tenant=self.tenant, **{column: 0}))
+                    except IntegrityError:
+                        pass  # another process created it first
+
+    def dispose(self) -> None:
+        """Close every pooled connection."""
+        self.engine.dispose()
+
+    def __repr__(self) -> str:
+        first, nodes = split_hosts(self.url)
+        safe_url = join_hosts(make_url(first).render_as_string(hide_password=True), nodes)
+        return f"Database({safe_url!r}, tenant={self.tenant!r})"

@@ -1,0 +1,450 @@
+"""The message store: append to topics inside the caller's transaction, read in position order.
+
+Positions never skip. Every append takes this tenant's row in the ``positions`` table
+with an ``UPDATE`` before it inserts, and holds that row lock until its transaction
+commits. Position assignment is therefore serialized per tenant, and a transaction that got
+a higher position commits strictly after every one that got a lower position: a reader that
+sees position *n* already sees every position below it, so a consumer can checkpoint *n*
+without ever skipping a message that commits late. (On SQLite the single writer lock gives
+the same order.) The price is that appends of one tenant commit one at a time; keep the
+work after an append in the same transaction short.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+import zlib
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Final
+
+import attrs
+from sqlalchemy import (
+    Connection,
+    Select,
+    and_,
+    bindparam,
+    func,
+    insert,
+    literal,
+    or_,
+    select,
+    update,
+)
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.sql.elements import ColumnElement
+
+from messaging._errors import SchemaError, VersionConflict
+from messaging._messages import MESSAGE_ID_HEADER, Envelope, MessageRegistry
+from messaging._messages import registry as default_registry
+from messaging.store import _fastpath
+from messaging.store._database import Database
+from messaging.store._wakeup import APPENDED
+
+_QUERY_CACHE_SIZE = 64
+
+
+def partition_hash(key: str) -> int:
+    """CRC32 of a partition key: the same value on every backend and every host."""
+    return zlib.crc32(key.encode("utf-8"))
+
+
+def partition_of(key: str, partitions: int) -> int:
+    """The partition a key falls into for a consumer with ``partitions`` partitions."""
+    return partition_hash(key) % partitions
+
+
+StoredRow = tuple[int, str, int, str]
+"""A stored message as a consumer applies it (:meth:`MessageStore.read_batch`), a plain
+tuple indexed by :data:`POSITION`, :data:`TYPE` (the stored type name),
+:data:`PARTITION_HASH` (its partition is this modulo the partition count), :data:`PAYLOAD`."""
+POSITION: Final = 0
+TYPE: Final = 1
+PARTITION_HASH: Final = 2
+PAYLOAD: Final = 3
+
+
+@attrs.define(frozen=True, kw_only=True)
+class NewMessage:
+    """A message ready to append: already encoded, with an optional expected source version."""
+
+    topic: str = attrs.field(validator=lambda _, a, v: check_id(f"message {a.name}", v))
+    source: str = attrs.field(validator=lambda _, a, v: check_id(f"message {a.name}", v))
+    type: str = attrs.field(validator=lambda _, a, v: check_id(f"message {a.name}", v))
+    payload: str
+    headers: Mapping[str, Any] | None = None
+
+
+def check_id(what: str, value: object) -> None:
+    """Refuse an id that is not 1 to 200 characters, or that starts or ends with whitespace.
+
+    Ids are compared exactly on every backend; MySQL's PAD SPACE collations would ignore
+    trailing spaces, so ids with surrounding whitespace are refused outright."""
+    if not isinstance(value, str) or not value or len(value) > 200:
+        raise ValueError(f"{what} must be a string of 1 to 200 characters, got {value!r}")
+    if value != value.strip():
+        raise ValueError(f"{what} {value!r} must not start or end with whitespace")
+
+
+class MessageStore:
+    """Appends messages and reads them back by topic, position and partition."""
+
+    def __init__(self, db: Database, registry: MessageRegistry = default_registry) -> None:
+        self.db = db
+        self.registry = registry
+        self._messages = db.schema.messages
+        self._positions = db.schema.positions
+        m = self._messages
+        self._full_columns: tuple[Any, ...] = (
+            m.c.position,
+            m.c.topic,
+            m.c.source,
+            m.c.version,
+            m.c.type,
+            m.c.partition_hash,
+            m.c.recorded_at,
+            m.c.headers,
+            m.c.payload,
+        )
+        self._batch_columns: tuple[Any, ...] = (
+            m.c.position,
+            m.c.type,
+            m.c.partition_hash,
+            m.c.payload,
+        )
+        self._queries: dict[Any, Select[Any]] = {}
+        self._insert = insert(m)
+        self._topic_index = f"{db.schema.prefix}ix_messages_topic"
+
+    # -- appending ---------------------------------------------------------------------
+
+    def append(
+        self,
+        conn: Connection,
+        topic: str,
+        source: str,
+        messages: Sequence[object],
+        *,
+        expected_version: int | None = None,
+        headers: Mapping[str, Any] | None = None,
+    ) -> list[int]:
+        """Append messages of one source inside ``conn``'s transaction; return their positions.
+
+        With ``expected_version`` the append succeeds only if the source's current
+        version in this topic is exactly that (0 for a new source); otherwise it
+        raises :class:`VersionConflict` and the caller's transaction should roll back.
+        """
+        encoded = []
+        for message in messages:
+            type_name, payload = self.registry.encode(message)
+            encoded.append(
+                NewMessage(
+                    topic=topic, source=source, type=type_name, payload=payload, headers=headers
+                )
+            )
+        return self.append_encoded(
+            conn, encoded, expected_versions={(topic, source): expected_version}
+        )
+
+    def send(
+        self,
+        conn: Connection,
+        destination: str,
+        message: object,
+        *,
+        key: str | None = None,
+        message_id: str | None = None,
+        headers: Mapping[str, Any] | None = None,
+    ) -> str:
+        """Send ``message`` to the route consumer of ``destination`` inside ``conn``'s
+        transaction (an outbox: it exists only if that transaction commits); return its id.
+
+        ``key`` is the partition key (by default the message id, which spreads messages
+        over every partition); messages with one key are handled in order. Give
+        ``message_id`` to make a retried send recognisable to an idempotent receiver.
+        """
+        message_id = message_id or uuid.uuid4().hex
+        outgoing = self.outgoing(
+            destination, message, key=key, message_id=message_id, headers=headers
+        )
+        self.append_encoded(conn, [outgoing])
+        return message_id
+
+    def outgoing(
+        self,
+        destination: str,
+        message: object,
+        *,
+        key: str | None,
+        message_id: str,
+        headers: Mapping[str, Any] | None = None,
+    ) -> NewMessage:
+        """``message`` encoded for ``destination``: its source is the partition key; its
+        headers are ``headers`` and ``message-id`` (which wins over one in ``headers``)."""
+        check_id("message id", message_id)
+        type_name, payload = self.registry.encode(message)
+        return NewMessage(
+            topic=destination,
+            source=key if key is not None else message_id,
+            type=type_name,
+            payload=payload,
+            headers={**(headers or {}), MESSAGE_ID_HEADER: message_id},
+        )
+
+    def append_encoded(
+        self,
+        conn: Connection,
+        messages: Sequence[NewMessage],
+        *,
+        expected_versions: Mapping[tuple[str, str], int | None] | None = None,
+    ) -> list[int]:
+        """Append already-encoded messages (any topics and sources) in order; return positions."""
+        if not messages:
+            return []
+        expected_versions = expected_versions or {}
+        # Reserve first: holding the tenant's counter row, no other append can change a
+        # source's version until we commit, so the versions read below are current.
+        first, now = self._reserve_positions(conn, len(messages))
+        versions = self._current_versions(conn, {(m.topic, m.source) for m in messages})
+        for key, expected in expected_versions.items():
+            if expected is not None and versions.get(key, 0) != expected:
+                raise VersionConflict(
+                    topic=key[0], source=key[1], expected=expected, actual=versions.get(key, 0)
+                )
+        rows = []
+        for offset, message in enumerate(messages):
+            key = (message.topic, message.source)
+            versions[key] = version = versions.get(key, 0) + 1
+            rows.append(
+                {
+                    "tenant": self.db.tenant,
+                    "position": first + offset,
+                    "topic": message.topic,
+                    "source": message.source,
+                    "version": version,
+                    "type": message.type,
+                    "payload": message.payload,
+                    "headers": json.dumps(message.headers) if message.headers else None,
+                    "partition_hash": partition_hash(message.source),
+                    "recorded_at": now,
+                }
+            )
+        try:
+            # One multi-row INSERT on MySQL; SQLAlchemy's per-row work skipped once learnt.
+            _fastpath.execute(conn, self._insert, rows, direct=_fastpath.sends_directly(conn))
+        except IntegrityError as exc:
+            # Only reachable when the caller's snapshot hid a concurrent append (REPEATABLE READ).
+            first_key = (messages[0].topic, messages[0].source)
+            raise VersionConflict(
+                topic=first_key[0],
+                source=first_key[1],
+                expected=expected
+                if (expected := expected_versions.get(first_key)) is not None
+                else versions.get(first_key, 0),
+                actual=None,
+            ) from exc
+        return list(range(first, first + len(rows)))
+
+    def _current_versions(
+        self, conn: Connection, keys: Iterable[tuple[str, str]]
+    ) -> dict[tuple[str, str], int]:
+        """The last version of each ``(topic, source)`` (sources padded to a power of two)."""
+        found: dict[tuple[str, str], int] = {}
+        by_topic: dict[str, list[str]] = {}
+        for topic, source in keys:
+            by_topic.setdefault(topic, []).append(source)
+        direct, m = _fastpath.sends_directly(conn), self._messages
+        for topic, sources in by_topic.items():
+            for start in range(0, len(sources), 512):
+                chunk = sorted(sources)[start : start + 512]
+                size = 1 << (len(chunk) - 1).bit_length()
+                if (query := self._queries.get(("versions", size))) is None:
+                    query = self._queries[("versions", size)] = (
+                        select(m.c.source, func.max(m.c.version))
+                        .where(m.c.tenant == bindparam("t"), m.c.topic == bindparam("topic"))
+                        .where(m.c.source.in_([bindparam(f"s{i}") for i in range(size)]))
+                        .group_by(m.c.source)
+                    )
+                params = {f"s{i}": chunk[min(i, len(chunk) - 1)] for i in range(size)}
+                params.update(t=self.db.tenant, topic=topic)
+                rows = _fastpath.fetch(conn, query, params, direct=direct)
+                found.update({(topic, source): version for source, version in rows})
+        return found
+
+    def _reserve_positions(self, conn: Connection, count: int) -> tuple[int, Any]:
+        """Reserve ``count`` positions under the tenant's row lock; return the first one and
+        the database's time (read in the same round trip)."""
+        conn.info[APPENDED] = True  # Database.transaction wakes this host's instances
+        p = self._positions
+        where = p.c.tenant == self.db.tenant
+        updated = conn.execute(
+            update(p).where(where).values(last_position=p.c.last_position + count)
+        ).rowcount
+        if updated != 1:
+            raise SchemaError(
+                f"no position counter for tenant {self.db.tenant!r}; call Database.prepare() first"
+            )
+        last, now = conn.execute(select(p.c.last_position, self.db.clock.now()).where(where)).one()
+        return last - count + 1, now
+
+    # -- reading -----------------------------------------------------------------------
+
+    def read(
+        self,
+        conn: Connection,
+        topics: Sequence[str],
+        *,
+        after: int = 0,
+        partitions: Mapping[int, int] | None = None,
+        partition_count: int = 1,
+        types: Sequence[str] | None = None,
+        limit: int = 500,
+    ) -> Sequence[Any]:
+        """Messages of ``topics`` in position order, at most ``limit``.
+
+        Without ``partitions``: every message after ``after``. With ``partitions``
+        (partition number → its checkpoint), only messages of those partitions of a
+        ``partition_count``-way split, each after its own checkpoint. The partition
+        filter runs in SQL, and so does the ``types`` filter (stored type names).
+        Rows have the :class:`~messaging._messages.Envelope` fields in order, then the
+        payload.
+        """
+        query = self._query(
+            self._full_columns, topics, after, partitions, partition_count, types, limit
+        )
+        return [] if query is None else conn.execute(*query).all()
+
+    def read_batch(
+        self,
+        conn: Connection,
+        topics: Sequence[str],
+        *,
+        after: int = 0,
+        partitions: Mapping[int, int] | None = None,
+        partition_count: int = 1,
+        types: Sequence[str] | None = None,
+        limit: int = 500,
+    ) -> list[StoredRow]:
+        """What :meth:`read` selects, as :data:`StoredRow` tuples: all a consumer needs to
+        apply a batch (:meth:`envelopes` gives the rest on demand). On the hot path they are
+        the driver's own (:mod:`messaging.store._fastpath`): no object per message beside."""
+        query = self._query(
+            self._batch_columns, topics, after, partitions, partition_count, types, limit
+        )
+        if query is None:
+            return []
+        rows = _fastpath.fetch(conn, *query, direct=_fastpath.sends_directly(conn))
+        if rows and type(rows[0]) is not tuple:  # SQLAlchemy's rows, the first time
+            return [tuple(row) for row in rows]
+        return rows if type(rows) is list else list(rows)
+
+    def envelopes(self, conn: Connection, positions: Sequence[int]) -> dict[int, Envelope]:
+        """The envelopes of the messages at ``positions``, by position (one query)."""
+        m = self._messages
+        rows = conn.execute(
+            select(*self._full_columns[:-1]).where(
+                m.c.tenant == self.db.tenant, m.c.position.in_(positions)
+            )
+        )
+        return {row[0]: Envelope(*row) for row in rows}
+
+    def _query(
+        self,
+        columns: tuple[Any, ...],
+        topics: Sequence[str],
+        after: int,
+        partitions: Mapping[int, int] | None,
+        partition_count: int,
+        types: Sequence[str] | None,
+        limit: int,
+    ) -> tuple[Select[Any], dict[str, int]] | None:
+        """The cached query of a read and its parameters; None when nothing can match."""
+        if partitions is not None and not partitions:
+            return None
+        # Positions and checkpoints are bound parameters, so a statement depends only on
+        # the request's shape: it is built (and SQLAlchemy computes its cache key) once
+        # per shape, not once per batch.
+        values: dict[str, int] = {"after": after}
+        groups: tuple[tuple[int, ...], ...] = ()
+        if partitions is not None:
+            by_checkpoint: dict[int, list[int]] = {}
+            for partition, checkpoint in partitions.items():
+                by_checkpoint.setdefault(checkpoint, []).append(partition)
+            ordered = sorted(by_checkpoint.items())
+            groups = tuple(tuple(sorted(members)) for _, members in ordered)
+            values["after"] = max(after, ordered[0][0])
+            if len(ordered) > 1:
+                values.update((f"checkpoint_{i}", c) for i, (c, _) in enumerate(ordered))
+        key = (
+            columns,
+            self.db.tenant,
+            tuple(topics),
+            None if types is None else tuple(types),
+            limit,
+            partition_count,
+            groups,
+        )
+        query = self._queries.get(key)
+        if query is None:
+            query = self._build_query(columns, topics, types, limit, partition_count, groups)
+            if len(self._queries) >= _QUERY_CACHE_SIZE:
+                self._queries.clear()
+            self._queries[key] = query
+        return query, values
+
+    def _build_query(
+        self,
+        columns: tuple[Any, ...],
+        topics: Sequence[str],
+        types: Sequence[str] | None,
+        limit: int,
+        partition_count: int,
+        groups: tuple[tuple[int, ...], ...],
+    ) -> Select[Any]:
+        # IN lists of literal binds: expanding ones would be re-rendered on every execution.
+        m = self._messages
+        where: list[ColumnElement[bool]] = [
+            m.c.tenant == self.db.tenant,
+            m.c.topic.in_([literal(topic) for topic in topics]),
+            m.c.position > bindparam("after"),
+        ]
+        if types is not None:
+            where.append(m.c.type.in_([literal(name) for name in types]))
+        bucket = m.c.partition_hash % partition_count
+        if len(groups) > 1:
+            where.append(
+                or_(
+                    *(
+                        and_(
+                            bucket.in_([literal(p) for p in members]),
+                            m.c.position > bindparam(f"checkpoint_{i}"),
+                        )
+                        for i, members in enumerate(groups)
+                    )
+                )
+            )
+        elif groups and len(groups[0]) != partition_count:  # all partitions need no filter
+            where.append(bucket.in_([literal(p) for p in groups[0]]))
+        query = select(*columns).where(*where).order_by(m.c.position).limit(limit)
+        # MariaDB may walk a topic's index by its (tenant, topic) prefix alone, from the
+        # topic's first message however far the checkpoint is (benchmarks/reads.py): name
+        # an index whose range starts at the checkpoint in position order (several
+        # topics: the primary key, tenant and position).
+        hint = f"FORCE INDEX ({self._topic_index if len(topics) == 1 else 'PRIMARY'})"
+        return query.with_hint(m, hint, "mysql").with_hint(m, hint, "mariadb")
+
+    def recorded_at(self, conn: Connection, position: int) -> float | None:
+        """When the message at ``position`` was appended (database time), if it exists."""
+        m = self._messages
+        value = conn.execute(
+            select(m.c.recorded_at).where(m.c.tenant == self.db.tenant, m.c.position == position)
+        ).scalar_one_or_none()
+        return None if value is None else float(value)
+
+    def head(self, conn: Connection) -> int:
+        """The highest position committed for this tenant (0 when empty)."""
+        p = self._positions
+        value = conn.execute(
+            select(p.c.last_position).where(p.c.tenant == self.db.tenant)
+        ).scalar_one_or_none()
+        return int(value or 0)

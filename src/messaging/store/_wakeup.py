@@ -1,0 +1,105 @@
+"""Wake-ups between the processes of one host that share a database.
+
+After a transaction that appended messages commits, the appender sends an empty
+datagram to every instance of the same database, tenant and table prefix on this host
+(a Unix datagram socket each, in a directory of the user's own under the temporary
+directory); a woken instance reads its pulse at once instead of at its next beat. It is
+only a hint: a lost datagram, another host, or a platform without Unix sockets costs
+at most one ``idle-poll-interval``, which the pulse would have waited anyway.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+import select
+import socket
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+log = logging.getLogger("messaging.store.wakeup")
+
+APPENDED = "messaging_appended"
+"""Key in a connection's ``info`` set by an append: wake the others once it commits."""
+
+_LISTING_TTL = 1.0
+"""Seconds a listing of the listeners is reused by an appender."""
+
+
+class Listener:
+    """This instance's socket: waits for wake-ups."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.socket = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.socket.setblocking(False)
+        self.socket.bind(str(path))
+
+    def wait(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds; True if woken (every pending wake-up is taken)."""
+        readable, _, _ = select.select([self.socket], [], [], max(0.0, timeout))
+        if not readable:
+            return False
+        with contextlib.suppress(OSError):
+            while self.socket.recv(16) is not None:
+                pass
+        return True
+
+    def poke(self) -> None:
+        """Wake :meth:`wait` from this process (at stop)."""
+        with contextlib.suppress(OSError):
+            self.socket.sendto(b"", str(self.path))
+
+    def close(self) -> None:
+        self.socket.close()
+        with contextlib.suppress(OSError):
+            self.path.unlink()
+
+
+class WakeUps:
+    """The wake-up directory of one database, tenant and table prefix on this host."""
+
+    def __init__(self, identity: str) -> None:
+        digest = hashlib.sha256(identity.encode()).hexdigest()[:16]
+        uid = os.getuid() if hasattr(os, "getuid") else 0
+        self.directory = Path(tempfile.gettempdir()) / f"messaging-wake-{uid}" / digest
+        self._listing: list[str] = []
+        self._listed_at = float("-inf")
+
+    def listen(self) -> Listener | None:
+        """A socket of this instance's own in the directory; None where that cannot be."""
+        if not hasattr(socket, "AF_UNIX"):
+            return None
+        try:
+            self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+            return Listener(self.directory / f"{os.getpid()}-{uuid.uuid4().hex[:8]}")
+        except OSError as exc:
+            log.debug("no same-host wake-ups (%s): the pulse alone decides", exc)
+            return None
+
+    def notify(self) -> None:
+        """Wake every listener here (best effort, never raises, never blocks)."""
+        now = time.monotonic()
+        if now - self._listed_at > _LISTING_TTL:
+            try:
+                self._listing = [str(p) for p in self.directory.iterdir()]
+            except OSError:
+                self._listing = []
+            self._listed_at = now
+        if not self._listing:
+            return
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sender:
+            sender.setblocking(False)
+            for path in self._listing:
+                try:
+                    sender.sendto(b"", path)
+                except (ConnectionRefusedError, FileNotFoundError):
+                    with contextlib.suppress(OSError):
+                        os.unlink(path)  # left behind by a process that died
+                    self._listed_at = float("-inf")
+                except OSError:
+                    pass  # a full queue: that listener has a wake-up pending anyway

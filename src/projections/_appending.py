@@ -1,0 +1,209 @@
+"""``projections append``: JSON lines ``{"topic", "source", "type", "payload"}`` into the store.
+
+Lines are validated a batch at a time before anything is written; a bad line is
+reported with its line number and nothing of its batch is written (earlier batches
+stay committed, and the error says how many lines they held).
+
+A batch whose commit acknowledgement is lost (the connection dropped during COMMIT, or a
+Galera node left the primary component) is never stored twice: every line gets a
+``message-id`` header (unless it has one), and the retry expects the very source versions
+the attempt of unknown outcome wrote after. A :class:`VersionConflict` on the retry is
+checked against the messages stored at that attempt's positions: if they are the ones
+sent, it committed. A deadlock or a Galera certification conflict (1213, also at COMMIT)
+is a certain failure: the batch is simply appended again.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterable, Iterator, Sequence
+from typing import IO, Any
+
+import attrs
+from sqlalchemy import Connection, func, select
+
+from messaging._errors import ProjectionsError, VersionConflict
+from messaging._messages import MESSAGE_ID_HEADER, MessageRegistry
+from messaging._settings import ConflictRetrySettings
+from messaging.store._database import Database
+from messaging.store._retry import for_command, is_ambiguous, retry_transient
+from messaging.store._store import MessageStore, NewMessage
+
+_REQUIRED = ("topic", "source", "type", "payload")
+_ALLOWED = {*_REQUIRED, "headers"}
+
+
+class AppendError(ProjectionsError, ValueError):
+    """A line of input cannot be appended; carries its line number."""
+
+    def __init__(self, line: int, reason: str, written: int) -> None:
+        super().__init__(
+            f"line {line}: {reason} (nothing of its batch was written; "
+            f"{written} earlier lines were appended)"
+        )
+        self.line = line
+        self.written = written
+
+
+class _NotText(ValueError):
+    def __init__(self, line: int, reason: str) -> None:
+        super().__init__(reason)
+        self.line = line
+
+
+def utf8_lines(stream: Iterable[bytes]) -> Iterator[str]:
+    """The lines of a binary stream as text; a line that is not UTF-8 stops the input with
+    an error naming it (raised by :func:`append_lines` as an :class:`AppendError`)."""
+    for number, raw in enumerate(stream, 1):
+        try:
+            yield raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise _NotText(number, f"not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+
+
+def parse_line(number: int, text: str, registry: MessageRegistry | None) -> NewMessage:
+    """One JSON line as a :class:`NewMessage`; ValueError says what is wrong with it."""
+    try:
+        data: Any = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"invalid JSON: {exc.msg} at column {exc.colno}") from None
+    if not isinstance(data, dict):
+        raise ValueError("expected a JSON object")
+    missing = [key for key in _REQUIRED if key not in data]
+    if missing:
+        raise ValueError(f"missing key(s) {', '.join(missing)}")
+    unknown = sorted(set(data) - _ALLOWED)
+    if unknown:
+        raise ValueError(f"unknown key(s) {', '.join(unknown)}")
+    for key in ("topic", "source", "type"):
+        if not isinstance(data[key], str) or not data[key]:
+            raise ValueError(f"{key!r} must be a non-empty string")
+    if not isinstance(data["payload"], dict):
+        raise ValueError("'payload' must be a JSON object")
+    headers = data.get("headers")
+    if headers is not None and not isinstance(headers, dict):
+        raise ValueError("'headers' must be a JSON object")
+    payload = json.dumps(data["payload"], separators=(",", ":"))
+    if registry is not None:
+        registry.decode(data["type"], payload)  # DecodeError names the type and the reason
+    return NewMessage(
+        topic=data["topic"],
+        source=data["source"],
+        type=data["type"],
+        payload=payload,
+        headers=headers,
+    )
+
+
+def _batches(lines: Iterable[str], size: int) -> Iterator[list[tuple[int, str]]]:
+    batch: list[tuple[int, str]] = []
+    for number, line in enumerate(lines, 1):
+        if line.strip():
+            batch.append((number, line))
+        if len(batch) >= size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def append_lines(
+    db: Database,
+    stream: Iterable[str] | IO[str],
+    *,
+    batch_size: int = 1000,
+    registry: MessageRegistry | None = None,
+    retry: ConflictRetrySettings | None = None,
+) -> int:
+    """Append every line of ``stream`` (text; :func:`utf8_lines` reads a binary one), in
+    transactions of ``batch_size`` lines; return how many messages were appended. Each
+    batch commits once, also when an acknowledgement is lost (retried per ``retry``, at least
+    :data:`~messaging.retry.COMMAND_RETRIES` times)."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be 1 or more, got {batch_size}")
+    store = MessageStore(db)
+    written = 0
+    try:
+        for batch in _batches(stream, batch_size):
+            messages = []
+            for number, line in batch:
+                try:
+                    messages.append(parse_line(number, line, registry))
+                except (ValueError, ProjectionsError) as exc:
+                    raise AppendError(number, str(exc), written) from None
+            append_once(db, store, messages, for_command(retry or ConflictRetrySettings()))
+            written += len(messages)
+    except _NotText as exc:
+        raise AppendError(exc.line, str(exc), written) from None
+    return written
+
+
+def _identified(message: NewMessage) -> NewMessage:
+    """``message`` with a ``message-id`` header (a new one unless it has one)."""
+    headers = dict(message.headers or {})
+    headers.setdefault(MESSAGE_ID_HEADER, uuid.uuid4().hex)
+    return attrs.evolve(message, headers=headers)
+
+
+def _stored(conn: Connection, db: Database, positions: Sequence[int]) -> list[tuple[Any, ...]]:
+    m = db.schema.messages
+    rows = conn.execute(
+        select(m.c.topic, m.c.source, m.c.type, m.c.payload, m.c.headers)
+        .where(m.c.tenant == db.tenant, m.c.position.in_(positions))
+        .order_by(m.c.position)
+    )
+    return [(r[0], r[1], r[2], r[3], json.loads(r[4] or "{}")) for r in rows]
+
+
+def append_once(
+    db: Database, store: MessageStore, messages: Sequence[NewMessage], retry: ConflictRetrySettings
+) -> None:
+    """Append ``messages`` in one transaction, retried on transient errors without ever
+    storing them twice: once an attempt has failed with an outcome unknown (a lost
+    connection, a Galera node leaving the primary component), retries expect the source
+    versions it appended after, and a :class:`VersionConflict` then counts as success only
+    if the positions of such an attempt hold exactly these messages (by message id). An
+    attempt that certainly failed (a deadlock, Galera's certification conflict at COMMIT)
+    binds nothing: the retry appends afresh."""
+    sent = [_identified(m) for m in messages]
+    wanted = [(m.topic, m.source, m.type, m.payload, m.headers) for m in sent]
+    unknown: dict[str, Any] = {}
+    """The expected versions of the first attempt of unknown outcome, and the positions of
+    every such attempt (at most one of them committed: they all expected the same)."""
+    latest: dict[str, Any] = {}
+    """The expected versions and positions of the attempt in progress."""
+
+    def attempt() -> None:
+        latest.clear()
+        with db.transaction() as conn:
+            try:
+                positions = store.append_encoded(
+                    conn, sent, expected_versions=unknown.get("expected")
+                )
+            except VersionConflict:
+                if any(_stored(conn, db, p) == wanted for p in unknown.get("positions", [])):
+                    return  # an earlier attempt committed; its acknowledgement was lost
+                raise
+            latest["positions"] = positions
+            latest["expected"] = unknown.get("expected") or _versions_before(conn, db, positions)
+
+    def on_retry(exc: BaseException) -> None:
+        if is_ambiguous(exc) and "positions" in latest:
+            unknown.setdefault("expected", latest["expected"])
+            unknown.setdefault("positions", []).append(latest["positions"])
+
+    retry_transient(attempt, retry, what="append", on_retry=on_retry)
+
+
+def _versions_before(
+    conn: Connection, db: Database, positions: Sequence[int]
+) -> dict[tuple[str, str], int]:
+    """Each (topic, source) appended at ``positions`` → its version before them."""
+    m = db.schema.messages
+    rows = conn.execute(
+        select(m.c.topic, m.c.source, func.min(m.c.version))
+        .where(m.c.tenant == db.tenant, m.c.position.between(positions[0], positions[-1]))
+        .group_by(m.c.topic, m.c.source)
+    )
+    return {(t, src): int(v) - 1 for t, src, v in rows}

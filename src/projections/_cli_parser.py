@@ -1,0 +1,173 @@
+"""The ``projections`` command line's arguments: every subcommand and its options."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from typing import NoReturn
+
+from messaging._config import parse_duration
+
+EXIT_USAGE = 2
+
+
+def _duration(text: str) -> float:
+    """An argparse type: a duration like ``30m`` (its error says what is expected)."""
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line (the usage is in ``--help``)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _number(low: int, high: int | None = None) -> Callable[[str], int]:
+    """An argparse type: a whole number from ``low`` (to ``high``), named in its error."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if value < low or (high is not None and value > high):
+            span = f"from {low} to {high}" if high is not None else f"{low} or more"
+            raise argparse.ArgumentTypeError(f"must be {span}, got {value}")
+        return value
+
+    return parse
+
+
+_positive = _number(1)
+_port = _number(0, 65535)
+
+
+def _add_app_dir_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--app-dir",
+        default=".",
+        help="folder to import the application's modules from (default: the current folder)",
+    )
+
+
+def _add_database_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", "-c", help="YAML settings file")
+    parser.add_argument(
+        "--database",
+        help="database URL (default: $PROJECTIONS_DATABASE_URL, the config, "
+        "or sqlite:///projections.db)",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of every subcommand."""
+    parser = _Parser(
+        prog="projections", description="Partitioned CQRS projections over one SQL database."
+    )
+    parser.add_argument(
+        "--traceback", action="store_true", help="show the full traceback of an error"
+    )
+    parser.add_argument(
+        "--log-level",
+        default="INFO",
+        type=str.upper,
+        choices=["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"],
+        help="logging level (default INFO)",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    run = commands.add_parser("run", help="run an instance with the application's consumers")
+    run.add_argument("modules", nargs="+", metavar="MODULE", help="application module(s)")
+    run.add_argument("--instance-name", help="this instance's name (default host:pid)")
+    run.add_argument(
+        "--admin-port",
+        type=_port,
+        default=None,
+        help="also serve the admin endpoints and page on this port (0: any free port)",
+    )
+    run.add_argument(
+        "--workers",
+        type=_positive,
+        default=None,
+        help="start a supervisor with this many instance processes",
+    )
+    _add_app_dir_option(run)
+    _add_database_options(run)
+
+    status = commands.add_parser("status", help="each consumer's partitions: owner, state, lag")
+    status.add_argument("--json", action="store_true", help="print JSON")
+    _add_database_options(status)
+
+    instances = commands.add_parser("instances", help="the registered instances")
+    instances.add_argument("--json", action="store_true", help="print JSON")
+    _add_database_options(instances)
+
+    db = commands.add_parser("db", help="database schema commands")
+    db_commands = db.add_subparsers(dest="db_command", required=True, metavar="DB_COMMAND")
+    db_migrate = db_commands.add_parser("migrate", help="apply missing schema migrations")
+    _add_database_options(db_migrate)
+
+    append = commands.add_parser(
+        "append", help='append JSON lines {"topic", "source", "type", "payload"}'
+    )
+    append.add_argument("file", nargs="?", default="-", help="input file, or - for stdin")
+    append.add_argument("--batch-size", type=_positive, default=1000, help="lines per transaction")
+    append.add_argument(
+        "--module",
+        action="append",
+        default=[],
+        help="import this module and check each payload against its message types",
+    )
+    _add_app_dir_option(append)
+    _add_database_options(append)
+
+    for name, help_text in (
+        ("pause", "stop every instance from applying a consumer"),
+        ("resume", "let a paused consumer or its halted partitions run again"),
+        ("rebuild", "empty a consumer's read models and replay it from the start"),
+        ("forget-processed", "drop old ids from an idempotent route consumer's guard"),
+    ):
+        operation = commands.add_parser(name, help=help_text)
+        operation.add_argument("consumer", metavar="CONSUMER")
+        operation.add_argument(
+            "--reason", default="", help="recorded in the audit log with user@host"
+        )
+        if name == "forget-processed":
+            operation.add_argument(
+                "--older-than",
+                required=True,
+                type=_duration,
+                help="ids handled longer ago than this, e.g. 168h (a week) or 30m",
+            )
+        if name == "resume":
+            operation.add_argument(
+                "--skip-poison",
+                action="store_true",
+                help="continue right after each halted message instead of retrying it",
+            )
+        _add_database_options(operation)
+
+    audit = commands.add_parser("audit", help="the operator commands recorded, oldest first")
+    audit.add_argument("consumer", nargs="?", metavar="CONSUMER")
+    audit.add_argument("--json", action="store_true", help="print JSON")
+    _add_database_options(audit)
+
+    demo = commands.add_parser("demo", help="run the ledger example end to end and verify it")
+    demo.add_argument(
+        "--messages", type=_positive, default=20_000, help="messages of traffic to write"
+    )
+    demo.add_argument("--workers", type=_number(2), default=3, help="instance processes to run")
+    demo.add_argument(
+        "--database", default="sqlite:///projections-demo.db", help="demo database (recreated)"
+    )
+    demo.add_argument("--seed", type=int, default=7, help="random seed of the traffic")
+
+    admin = commands.add_parser("admin", help="serve the reports as JSON and an HTML page")
+    admin.add_argument("--port", type=_port, required=True, help="port to listen on (0: any)")
+    admin.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    _add_database_options(admin)
+    return parser

@@ -1,0 +1,286 @@
+"""Reports on the cluster as the database records it: consumers, partitions, instances.
+
+A partition is OWNED while a live instance owns it, ORPHANED when its owner is no
+longer live, and UNCLAIMED when nobody owns it. Lag is the number of messages of the
+partition (in the consumer's topics and types) after its checkpoint. A rebuilt consumer
+is ``rebuilding`` until its checkpoints reach the head position as of its rebuild, with
+its progress under ``rebuild``.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Connection, RowMapping, and_, case, func, select
+
+from messaging._settings import ConsumerSettings
+from messaging._states import ConsumerState, OwnerState
+from messaging.distribution._membership import Membership
+from messaging.store._database import Database
+
+LATE_HEARTBEATS = 2
+"""A live instance is late when its last heartbeat is older than this many intervals."""
+IN_MEMORY = "in-memory"
+"""The kind of an in-memory consumer in the reports: each instance runs its own copy."""
+
+
+def consumers_report(db: Database, settings: ConsumerSettings) -> dict[str, Any]:
+    """``{"consumers": [{"name", "kind", "distribution", "partitions": [...]}]}``."""
+    schema = db.schema
+    consumers, parts, messages = schema.consumers, schema.partitions, schema.messages
+    with db.read() as conn:
+        instances = {
+            row.id: row for row in Membership(db).instances(conn, settings.stale_instance_timeout)
+        }
+        declared = (
+            conn.execute(
+                select(consumers).where(consumers.c.tenant == db.tenant).order_by(consumers.c.name)
+            )
+            .mappings()
+            .all()
+        )
+        report = []
+        for consumer in declared:
+            topics, types = json.loads(consumer["topics"]), json.loads(consumer["types"])
+            target = consumer["rebuild_target"]
+            replaying = consumer["state"] == ConsumerState.RUNNING and target is not None
+            to_replay = func.count(case((messages.c.position <= (target or 0), 1)))
+            lag = (
+                select(
+                    parts.c.partition_no,
+                    func.count(messages.c.position).label("lag"),
+                    to_replay.label("to_replay"),
+                )
+                .select_from(
+                    parts.outerjoin(
+                        messages,
+                        and_(
+                            messages.c.tenant == parts.c.tenant,
+                            messages.c.topic.in_(topics),
+                            messages.c.type.in_(types),
+                            messages.c.position > parts.c.checkpoint,
+                            messages.c.partition_hash % consumer["partitions"]
+                            == parts.c.partition_no,
+                        ),
+                    )
+                )
+                .where(parts.c.tenant == db.tenant, parts.c.consumer == consumer["name"])
+                .group_by(parts.c.partition_no)
+            )
+            counts = conn.execute(lag).all()
+            lags: dict[int, int] = {int(row.partition_no): int(row.lag) for row in counts}
+            remaining = sum(int(row.to_replay) for row in counts) if replaying else 0
+            rows = conn.execute(
+                select(parts)
+                .where(parts.c.tenant == db.tenant, parts.c.consumer == consumer["name"])
+                .order_by(parts.c.partition_no)
+            ).mappings()
+            partitions = []
+            for row in rows:
+                owner = instances.get(row["owner"]) if row["owner"] else None
+                if row["owner"] is None:
+                    state = OwnerState.UNCLAIMED
+                elif owner is not None and owner.live:
+                    state = OwnerState.OWNED
+                else:
+                    state = OwnerState.ORPHANED
+                entry: dict[str, Any] = {
+                    "partition": row["partition_no"],
+                    "instance": owner.name if owner is not None else row["owner"],
+                    "instance_id": row["owner"],
+                    "state": state,
+                    "status": row["status"],
+                    "epoch": row["epoch"],
+                    "checkpoint": row["checkpoint"],
+                    "lag": int(lags.get(row["partition_no"], 0)),
+                }
+                if row["halted_position"] is not None:
+                    entry["halted"] = {
+                        "position": row["halted_position"],
+                        "type": row["halted_type"],
+                        "error": row["error"],
+                        "trace": row["halted_trace"],
+                    }
+                partitions.append(entry)
+            entry = {
+                "name": consumer["name"],
+                "kind": consumer["kind"],
+                "distribution": consumer["distribution"],
+                "state": consumer["state"],
+                "partitions": partitions,
+            }
+            if remaining:
+                total = _replay_total(db, conn, consumer, topics, types)
+                entry["state"] = ConsumerState.REBUILDING
+                entry["rebuild"] = {
+                    "target": target,
+                    "replayed": total - remaining,
+                    "total": total,
+                }
+            report.append(entry)
+        in_memory = _in_memory(db, conn, instances)
+    return {"consumers": report, "in_memory": in_memory}
+
+
+def _in_memory(db: Database, conn: Connection, instances: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each in-memory consumer with its copy on every instance that published one: state,
+    position, lag (messages of its topics and types after the position), halted message."""
+    m = db.schema.messages
+    by_name: dict[str, list[dict[str, Any]]] = {}
+    for instance_id, published in Membership(db).in_memory(conn).items():
+        row = instances.get(instance_id)
+        if row is None:
+            continue
+        for name, copy in sorted(published.get("consumers", {}).items()):
+            lag = conn.execute(
+                select(func.count()).where(
+                    m.c.tenant == db.tenant,
+                    m.c.topic.in_(copy["topics"]),
+                    m.c.type.in_(copy["types"]),
+                    m.c.position > copy["position"],
+                )
+            ).scalar_one()
+            entry = {
+                "instance": row.name,
+                "instance_id": instance_id,
+                "live": row.live,
+                "admin": published.get("admin"),
+                "state": copy["state"],
+                "position": copy["position"],
+                "lag": int(lag),
+            }
+            if "halted" in copy:
+                entry["halted"] = copy["halted"]
+            by_name.setdefault(name, []).append(entry)
+    return [
+        {"name": name, "kind": IN_MEMORY, "instances": copies}
+        for name, copies in sorted(by_name.items())
+    ]
+
+
+def in_memory_copies(db: Database, settings: ConsumerSettings, name: str) -> list[dict[str, Any]]:
+    """The copies of in-memory consumer ``name`` the instances published (empty when no
+    instance runs one by that name)."""
+    for entry in consumers_report(db, settings)["in_memory"]:
+        if entry["name"] == name:
+            return list(entry["instances"])
+    return []
+
+
+def _replay_total(
+    db: Database, conn: Connection, consumer: RowMapping, topics: list[str], types: list[str]
+) -> int:
+    """How many messages of ``consumer`` a rebuild replays: those up to its target."""
+    m = db.schema.messages
+    return int(
+        conn.execute(
+            select(func.count()).where(
+                m.c.tenant == db.tenant,
+                m.c.topic.in_(topics),
+                m.c.type.in_(types),
+                m.c.position <= consumer["rebuild_target"],
+            )
+        ).scalar_one()
+    )
+
+
+def instances_report(db: Database, settings: ConsumerSettings) -> dict[str, Any]:
+    """``{"instances": [{"id", "name", "host", "pid", "started_at", "heartbeat_at", "live",
+    "stopping", "last_heard", "late"}]}``: ``last_heard`` is the seconds since its last
+    heartbeat by the database's clock; ``late`` a live instance whose heartbeat is more
+    than two intervals old (it may have died; it turns stale at stale-instance-timeout)."""
+    with db.read() as conn:
+        rows = Membership(db).instances(conn, settings.stale_instance_timeout)
+    late_after = LATE_HEARTBEATS * settings.heartbeat_interval
+    return {
+        "instances": [
+            {
+                "id": r.id,
+                "name": r.name,
+                "host": r.host,
+                "pid": r.pid,
+                "started_at": r.started_at,
+                "heartbeat_at": r.heartbeat_at,
+                "live": r.live,
+                "stopping": r.stopping,
+                "last_heard": round(max(0.0, settings.stale_instance_timeout - r.expires_in), 3),
+                "late": r.live and r.expires_in < settings.stale_instance_timeout - late_after,
+            }
+            for r in rows
+        ]
+    }
+
+
+def format_consumers(report: dict[str, Any]) -> str:
+    """The consumers report as a plain-text table."""
+    lines = []
+    for consumer in report["consumers"]:
+        state = consumer["state"]
+        if "rebuild" in consumer:
+            r = consumer["rebuild"]
+            state += f": {r['replayed']}/{r['total']} replayed up to position {r['target']}"
+        lines.append(
+            f"{consumer['name']}  ({consumer['kind']}, {consumer['distribution']}, {state})"
+        )
+        lines.append(
+            f"  {'partition':>9}  {'state':<10} {'status':<8} {'checkpoint':>10} "
+            f"{'lag':>8}  instance"
+        )
+        for p in consumer["partitions"]:
+            lines.append(
+                f"  {p['partition']:>9}  {p['state']:<10} {p['status']:<8} {p['checkpoint']:>10} "
+                f"{p['lag']:>8}  {p['instance'] or '-'}"
+            )
+            lines += _halted(p, f"  {'':>9}  ")
+    for consumer in report.get("in_memory", []):
+        lines.append(f"{consumer['name']}  ({IN_MEMORY}, each instance runs its own copy)")
+        lines.append(f"  {'instance':<30} {'state':<8} {'position':>10} {'lag':>8}  admin")
+        for c in consumer["instances"]:
+            lines.append(
+                f"  {c['instance']:<30} {c['state']:<8} {c['position']:>10} {c['lag']:>8}  "
+                f"{c['admin'] or '-'}"
+            )
+            lines += _halted(c, "  ")
+    return "\n".join(lines) if lines else "no consumers declared yet"
+
+
+def _halted(entry: dict[str, Any], indent: str) -> list[str]:
+    """The line about a halted partition or copy's poison message, if it has one."""
+    if "halted" not in entry:
+        return []
+    h = entry["halted"]
+    return [f"{indent}halted at position {h['position']} ({h['type']}): {h['error']}"]
+
+
+def format_instances(report: dict[str, Any]) -> str:
+    """The instances report as a plain-text table with a header, one instance a line."""
+    if not report["instances"]:
+        return "no instances registered"
+    lines = [f"{'name':<30} {'state':<8} {'last heard':<18} {'host:pid':<24} id"]
+    for row in report["instances"]:
+        state = (
+            "stale"
+            if not row["live"]
+            else "stopping"
+            if row["stopping"]
+            else "late"
+            if row["late"]
+            else "live"
+        )
+        heard = f"{row['last_heard']:.1f} s ago"
+        where = f"{row['host']}:{row['pid']}"
+        lines.append(f"{row['name']:<30} {state:<8} {heard:<18} {where:<24} {row['id']}")
+    return "\n".join(lines)
+
+
+def format_time(epoch: float) -> str:
+    """Seconds since the epoch as local time to the millisecond, with its UTC offset:
+    ``2026-11-30 10:17:46.123 +0000``."""
+    moment = datetime.fromtimestamp(epoch).astimezone()
+    return (
+        moment.strftime("%Y-%m-%d %H:%M:%S.")
+        + f"{moment.microsecond // 1000:03d}"
+        + (moment.strftime(" %z"))
+    )

@@ -1,0 +1,450 @@
+"""Saga rows: versioned state per saga instance, and deadlines by partition and due time.
+
+A state row is created once (a concurrent creation fails on the primary key) and then
+updated only from the version read (``WHERE version = read``): two batches that changed
+one saga at once cannot both commit; the loser raises :class:`ConcurrentUpdate` and
+its batch is retried whole. A deadline lives in the partition its saga key hashes to;
+due ones are found through the ``(tenant, saga, partition, due_at)`` index.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import attrs
+from sqlalchemy import (
+    CompoundSelect,
+    Connection,
+    Executable,
+    Integer,
+    Select,
+    bindparam,
+    case,
+    delete,
+    func,
+    insert,
+    literal_column,
+    or_,
+    select,
+    tuple_,
+    type_coerce,
+    union_all,
+    update,
+)
+from sqlalchemy.dialects import mysql
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.sql.elements import BindParameter, ColumnElement
+from sqlalchemy.types import NullType
+
+from messaging._errors import ConcurrentUpdate
+from messaging.store import _fastpath
+from messaging.store._database import Database
+
+_KEY_CHUNK = 500
+
+
+@attrs.define(kw_only=True)
+class SagaRow:
+    """One saga instance as read at the start of a batch (``version`` None: not stored)."""
+
+    key: str
+    version: int | None
+    state: str | None
+    ended: bool
+
+
+@attrs.define(frozen=True, kw_only=True)
+class Deadline:
+    """A deadline of one saga instance: ``message`` is delivered to it at ``due_at``."""
+
+    key: str
+    name: str
+    partition: int
+    due_at: float
+    type: str
+    payload: str
+
+
+class SagaStore:
+    """Reads and writes the saga and deadline rows of one saga consumer.
+
+    Every write of a batch is one statement for all its rows (a multi-row ``INSERT`` or
+    upsert, a ``DELETE`` of a list of keys), whatever the batch's size: one round trip
+    each on MySQL. Values are bound, times included (the batch's database time, read
+    once), so PyMySQL sends an ``executemany`` of an ``INSERT`` as one multi-row statement.
+    """
+
+    def __init__(self, db: Database, saga: str) -> None:
+        self.db = db
+        self.saga = saga
+        self._sagas = db.schema.sagas
+        self._deadlines = db.schema.deadlines
+        # Statements run for many rows at once are built once and executed with a list of
+        # parameters: building a statement costs more than running it for one row.
+        t = self._sagas
+        self._insert_sagas = insert(t)
+        self._insert_deadlines = insert(self._deadlines)
+        self._update, self._updated_per_row = self._update_statement()
+        # Rows per statement that lists them: on SQLite at most 750 parameters, within any
+        # version's limit; on MySQL a whole batch (default 500) in one round trip.
+        self._chunk = 250 if db.is_sqlite else 2_000
+        self._due_statements: dict[tuple[int, bool], CompoundSelect | Select[Any]] = {}
+        self._listings: dict[tuple[str, int], Executable] = {}
+        self._now_bound = isinstance(db.clock.now(), BindParameter)
+
+    def _of_saga(self, table: Any) -> list[ColumnElement[bool]]:
+        return [table.c.tenant == self.db.tenant, table.c.saga == self.saga]
+
+    def _update_statement(self) -> tuple[Executable, int]:
+        """The statement that moves stored instances on from the version read, and the row
+        count each row that it updates adds.
+
+        On MySQL a multi-row ``INSERT ... ON DUPLICATE KEY UPDATE`` whose assignments apply
+        only where the stored version is the one read (each such row counts 2; a row whose
+        version moved counts 0 or 1, one deleted meanwhile is inserted and counts 1): one
+        statement, one round trip. Elsewhere an ``UPDATE ... WHERE version = read`` per row
+        (SQLite runs in the process: no round trips to save)."""
+        t = self._sagas
+        if self.db.is_sqlite:
+            return (
+                update(t)
+                .where(
+                    *self._of_saga(t),
+                    t.c.saga_key == bindparam("b_key"),
+                    t.c.version == bindparam("b_next") - 1,
+                )
+                .values(
+                    version=bindparam("b_next"),
+                    state=bindparam("b_state"),
+                    ended=bindparam("b_ended"),
+                    updated_at=bindparam("b_now"),
+                )
+            ), 1
+        upsert = mysql.insert(t).values(
+            tenant=bindparam("b_tenant"),
+            saga=bindparam("b_saga"),
+            saga_key=bindparam("b_key"),
+            version=bindparam("b_next"),
+            state=bindparam("b_state"),
+            ended=bindparam("b_ended"),
+            started_at=bindparam("b_now"),
+            updated_at=bindparam("b_now"),
+        )
+        new = upsert.inserted
+        # No bind outside VALUES (PyMySQL formats only those in a multi-row statement);
+        # MySQL assigns left to right, each seeing the ones before: version goes last.
+        read = t.c.version == new.version - literal_column("1")
+        return upsert.on_duplicate_key_update(
+            [
+                (column.name, case((read, new[column.name]), else_=column))
+                for column in (t.c.state, t.c.ended, t.c.updated_at, t.c.version)
+            ]
+        ), 2
+
+    @staticmethod
+    def _send(conn: Connection, statement: Executable, params: list[dict[str, Any]]) -> int:
+        """Run ``statement`` for every parameter set (straight to the driver once learnt);
+        return the row count."""
+        return _fastpath.execute(conn, statement, params, direct=_fastpath.sends_directly(conn))
+
+    def now(self, conn: Connection) -> float:
+        """The database's time (the clock's), in seconds since the epoch."""
+        return float(conn.execute(select(self.db.clock.now())).scalar_one())
+
+    # -- state -------------------------------------------------------------------------
+
+    def _listing(self, kind: str, size: int) -> Executable:
+        """The statement ``kind`` (``load`` or ``take``) for ``size`` keys or deadlines, built
+        once per size with a plain parameter per value (``k<i>``, ``n<i>``, ``d<i>``), so it
+        goes straight to the driver once learnt (an expanding ``IN`` never does)."""
+        statement = self._listings.get((kind, size))
+        if statement is None:
+            t, d = self._sagas, self._deadlines
+            keys = [bindparam(f"k{i}", type_=t.c.saga_key.type) for i in range(size)]
+            if kind == "load":  # ``ended`` as stored: no result processing, bool() below
+                statement = select(
+                    t.c.saga_key, t.c.version, t.c.state, type_coerce(t.c.ended, Integer)
+                ).where(*self._of_saga(t), t.c.saga_key.in_(keys))
+            else:
+                rows = [
+                    tuple_(keys[i], bindparam(f"n{i}"), bindparam(f"d{i}", type_=d.c.due_at.type))
+                    for i in range(size)
+                ]
+                statement = delete(d).where(
+                    *self._of_saga(d),
+                    d.c.saga_key.in_(keys),  # a range of the primary key
+                    tuple_(d.c.saga_key, d.c.name, d.c.due_at).in_(rows),
+                )
+            self._listings[(kind, size)] = statement
+        return statement
+
+    @staticmethod
+    def _padded(values: Sequence[Any]) -> list[Any]:
+        """``values`` padded to the next power of two by repeating the last (a repeated
+        value changes no ``IN``): a few statement sizes serve every batch."""
+        size = 1 << (len(values) - 1).bit_length()
+        return [*values, *[values[-1]] * (size - len(values))]
+
+    def load(self, conn: Connection, keys: Iterable[str]) -> dict[str, SagaRow]:
+        """The stored rows of ``keys`` (absent keys are not in the result)."""
+        wanted = sorted(set(keys))
+        found: dict[str, SagaRow] = {}
+        direct = _fastpath.sends_directly(conn)
+        for start in range(0, len(wanted), _KEY_CHUNK):
+            chunk = self._padded(wanted[start : start + _KEY_CHUNK])
+            params = {f"k{i}": key for i, key in enumerate(chunk)}
+            for key, version, state, ended in _fastpath.fetch(
+                conn, self._listing("load", len(chunk)), params, direct=direct
+            ):
+                found[key] = SagaRow(key=key, version=version, state=state, ended=bool(ended))
+        return found
+
+    def save(
+        self, conn: Connection, changes: Sequence[tuple[SagaRow, str, bool]], now: float
+    ) -> None:
+        """Store each ``(row, state, ended)`` as changed at ``now``: the first version of a
+        new instance, or the next version of a stored one. ConcurrentUpdate if any was
+        started or moved on concurrently (the caller's transaction then rolls back whole,
+        so the statements are batched: one for the new instances, one for the stored)."""
+        new = [(row, state, ended) for row, state, ended in changes if row.version is None]
+        stored = [(row, state, ended) for row, state, ended in changes if row.version is not None]
+        tenant, saga = self.db.tenant, self.saga
+        if new:
+            try:
+                self._send(
+                    conn,
+                    self._insert_sagas,
+                    [
+                        {
+                            "tenant": tenant,
+                            "saga": saga,
+                            "saga_key": row.key,
+                            "version": 1,
+                            "state": state,
+                            "ended": ended,
+                            "started_at": now,
+                            "updated_at": now,
+                        }
+                        for row, state, ended in new
+                    ],
+                )
+            except IntegrityError as exc:
+                keys = ", ".join(row.key for row, _, _ in new[:5])
+                raise ConcurrentUpdate(
+                    f"saga {saga}: one of {keys}{'...' if len(new) > 5 else ''} "
+                    "was started concurrently"
+                ) from exc
+        if not stored:
+            return
+        params = [
+            {
+                "b_key": row.key,
+                "b_next": row.version + 1,  # type: ignore[operator]
+                "b_state": state,
+                "b_ended": ended,
+                "b_now": now,
+            }
+            for row, state, ended in stored
+        ]
+        if not self.db.is_sqlite:
+            for p in params:
+                p["b_tenant"], p["b_saga"] = tenant, saga
+        counted = self._send(conn, self._update, params)
+        updated = counted // self._updated_per_row
+        if counted != len(stored) * self._updated_per_row:
+            versions = ", ".join(f"{row.key} v{row.version}" for row, _, _ in stored[:5])
+            raise ConcurrentUpdate(
+                f"saga {saga}: {len(stored) - updated} of {len(stored)} instances changed "
+                f"concurrently (read {versions}{'...' if len(stored) > 5 else ''})"
+            )
+
+    # -- deadlines ---------------------------------------------------------------------
+
+    def schedule(self, conn: Connection, deadlines: Sequence[Deadline], now: float) -> None:
+        """Store ``deadlines`` as scheduled at ``now``; each replaces one of the same name for
+        the same saga instance (two statements, however many there are)."""
+        if not deadlines:
+            return
+        self.unschedule(conn, pairs=[(d.key, d.name) for d in deadlines])
+        tenant, saga = self.db.tenant, self.saga
+        self._send(
+            conn,
+            self._insert_deadlines,
+            [
+                {
+                    "tenant": tenant,
+                    "saga": saga,
+                    "saga_key": d.key,
+                    "name": d.name,
+                    "partition_no": d.partition,
+                    "due_at": d.due_at,
+                    "type": d.type,
+                    "payload": d.payload,
+                    "scheduled_at": now,
+                }
+                for d in deadlines
+            ],
+        )
+
+    def unschedule(
+        self,
+        conn: Connection,
+        keys: Sequence[str] = (),
+        pairs: Sequence[tuple[str, str]] = (),
+    ) -> None:
+        """Remove every deadline of the saga instances ``keys`` and those named by
+        ``(key, name)`` ``pairs`` (one statement per chunk of them)."""
+        d = self._deadlines
+        size = self._chunk
+        for start in range(0, max(len(keys), len(pairs)), size):
+            some_keys, some_pairs = keys[start : start + size], pairs[start : start + size]
+            matches = []
+            if some_keys:
+                matches.append(d.c.saga_key.in_(some_keys))
+            if some_pairs:
+                matches.append(tuple_(d.c.saga_key, d.c.name).in_(some_pairs))
+            conn.execute(delete(d).where(*self._of_saga(d), or_(*matches)))
+
+    def _due(
+        self, partitions: Sequence[Any], until: Any, now: Any = None
+    ) -> list[ColumnElement[bool]]:
+        """Deadlines of ``partitions`` due now (and by ``until``, when given)."""
+        d = self._deadlines
+        where = [
+            *self._of_saga(d),
+            d.c.partition_no == partitions[0]
+            if len(partitions) == 1
+            else d.c.partition_no.in_(list(partitions)),
+            d.c.due_at <= (self.db.clock.now() if now is None else now),
+        ]
+        if until is not None:
+            where.append(d.c.due_at <= until)
+        return where
+
+    def _due_statement(self, count: int, until: bool) -> CompoundSelect | Select[Any]:
+        """The query of :meth:`due` for ``count`` partitions, built once: ``UNION ALL`` of one
+        range of the ``(tenant, saga, partition, due_at)`` index per partition, read in
+        order up to its quota (parameters ``p<i>``, ``q<i>`` and ``until``). Never a sort of
+        the whole overdue backlog, as one ``ORDER BY due_at`` over several partitions is."""
+        shape = (count, until)
+        if shape not in self._due_statements:
+            d = self._deadlines
+            cut = bindparam("until", type_=d.c.due_at.type) if until else None
+            # a clock whose now is a value (a manual one) has it bound per read
+            now = bindparam("now", type_=d.c.due_at.type) if self._now_bound else None
+            # due_at as the driver gives it (float() below): no result processing
+            due_at = type_coerce(d.c.due_at, NullType())
+            clock = now if now is not None else type_coerce(self.db.clock.now(), NullType())
+            columns = (d.c.saga_key, d.c.name, d.c.partition_no, due_at, d.c.type, d.c.payload)
+            parts = [
+                select(*columns, clock)
+                .where(*self._due([bindparam(f"p{i}", type_=d.c.partition_no.type)], cut, now))
+                .order_by(d.c.due_at)
+                .limit(bindparam(f"q{i}", type_=Integer()))
+                for i in range(count)
+            ]
+            if count == 1:
+                self._due_statements[shape] = parts[0]
+            elif self.db.is_sqlite:  # no parenthesized parts there: each a subquery
+                self._due_statements[shape] = union_all(*(q.subquery().select() for q in parts))
+            else:  # parenthesized: MySQL streams them, no temporary tables
+                self._due_statements[shape] = union_all(*parts)
+        return self._due_statements[shape]
+
+    def _due_params(self, quotas: Mapping[int, int], until: float | None) -> dict[str, Any]:
+        params: dict[str, Any] = {} if until is None else {"until": until}
+        if self._now_bound:
+            params["now"] = self.db.clock.now().value  # a manual clock's bound value
+        for i, (partition, quota) in enumerate(quotas.items()):
+            params[f"p{i}"], params[f"q{i}"] = partition, quota
+        return params
+
+    def due_query(
+        self, quotas: Mapping[int, int], until: float | None = None
+    ) -> CompoundSelect | Select[Any]:
+        """The query :meth:`due` sends for these quotas (partition → at most how many)."""
+        statement = self._due_statement(len(quotas), until is not None)
+        return statement.params(self._due_params(quotas, until))
+
+    def due(
+        self, conn: Connection, partitions: Sequence[int], limit: int, until: float | None = None
+    ) -> tuple[list[Deadline], float]:
+        """Deadlines of ``partitions`` due now (and by ``until``), at most ``limit``, earliest
+        first: of each partition its earliest ones (so of each saga instance, in due order),
+        of the partitions in the same read an even share each; a share a partition leaves
+        unused goes to those that filled theirs, in at most two more reads; and the time of
+        the first read that found any (the database's; 0.0 if none did)."""
+        quotas = dict.fromkeys(partitions, max(1, -(-limit // max(1, len(partitions)))))
+        found: dict[int, list[Deadline]] = {}
+        direct, now = _fastpath.sends_directly(conn), 0.0
+        for _ in range(3):
+            read: dict[int, list[Deadline]] = {p: [] for p in quotas}
+            statement = self._due_statement(len(quotas), until is not None)
+            rows = _fastpath.fetch(conn, statement, self._due_params(quotas, until), direct=direct)
+            for k, n, p, due, t, payload, clock in rows:
+                now = now or float(clock)
+                read[p].append(
+                    Deadline(key=k, name=n, partition=p, due_at=float(due), type=t, payload=payload)
+                )
+            found.update(read)
+            left = limit - sum(map(len, found.values()))
+            full = [p for p in quotas if len(read[p]) == quotas[p]]
+            if left <= 0 or not full:
+                break
+            more = -(-left // len(full))
+            quotas = {p: quotas[p] + more for p in full}
+        every = sorted((d for rows in found.values() for d in rows), key=lambda d: d.due_at)
+        return every[:limit], now  # a prefix in due order: still each partition's earliest
+
+    def any_due(
+        self, conn: Connection, partitions: Sequence[int], until: float | None = None
+    ) -> bool:
+        """Whether any deadline of ``partitions`` is due now (and by ``until``). Unordered,
+        so it stops at the first due row it finds instead of sorting a backlog of them, as
+        ``due(..., 1)`` would."""
+        d = self._deadlines
+        found = conn.execute(select(d.c.due_at).where(*self._due(partitions, until)).limit(1))
+        return found.first() is not None
+
+    def next_due_in(
+        self, conn: Connection, partitions: Sequence[int], within: float
+    ) -> float | None:
+        """Seconds until the earliest deadline of ``partitions`` falls due, if one does
+        within ``within`` seconds (None otherwise): an index range of that window only."""
+        d = self._deadlines
+        now = self.db.clock.now()
+        found = conn.execute(
+            select(func.min(d.c.due_at) - now).where(
+                *self._of_saga(d),
+                d.c.partition_no.in_(list(partitions)),
+                d.c.due_at <= now + within,
+            )
+        ).scalar()
+        return None if found is None else max(0.0, float(found))
+
+    def take(self, conn: Connection, deadlines: Sequence[Deadline]) -> None:
+        """Delete deadlines being delivered (one statement per chunk of them, each naming
+        the rows by key, name and due time); ConcurrentUpdate if any is gone or changed
+        since read: the rows deleted must be exactly as many as asked for (the caller's
+        transaction then rolls back whole)."""
+        deleted = 0
+        direct = _fastpath.sends_directly(conn)
+        for start in range(0, len(deadlines), self._chunk):
+            chunk = self._padded(deadlines[start : start + self._chunk])
+            params: dict[str, Any] = {}
+            for i, x in enumerate(chunk):
+                params[f"k{i}"], params[f"n{i}"], params[f"d{i}"] = x.key, x.name, x.due_at
+            statement = self._listing("take", len(chunk))
+            deleted += _fastpath.execute(conn, statement, [params], direct=direct)
+        if deleted != len(deadlines):
+            names = ", ".join(f"{d.key}/{d.name}" for d in deadlines[:5])
+            raise ConcurrentUpdate(
+                f"saga {self.saga}: {len(deadlines) - deleted} of {len(deadlines)} deadlines "
+                f"({names}{'...' if len(deadlines) > 5 else ''}) changed while being delivered"
+            )
+
+    def pending(self, conn: Connection) -> int:
+        """How many deadlines of this saga are scheduled."""
+        d = self._deadlines
+        return int(conn.execute(select(func.count()).where(*self._of_saga(d))).scalar_one())

@@ -1,0 +1,379 @@
+"""Applying a saga: its messages in batches, and its due deadlines, each in one fenced
+transaction with the saga states they change.
+
+A deadline belongs to the partition its saga key hashes to. Only the owner of that
+partition delivers it, inside a transaction that deletes the deadline row, applies the
+saga's handler and commits under the partition's fence (owner and epoch): a crash
+before the commit leaves the deadline for the next owner, a zombie cannot commit, so
+every deadline is delivered exactly once. Deadlines due while no instance ran are due
+at the first poll after a claim. A deadline never overtakes a message of its partitions
+recorded before it fell due: behind a backlog, only the deadlines due by the time the
+last applied message was recorded are delivered. A deadline whose delivery fails halts
+its partition, as a poison message does.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import Any, TypeVar
+
+import attrs
+import cattrs.preconf.json
+
+from messaging._consumers import ConsumerSpec
+from messaging._errors import CheckpointMoved, OwnershipLost, ProjectionsError, RegistrationError
+from messaging._messages import Envelope, MessageRegistry
+from messaging.distribution._ownership import Claim
+from messaging.runtime._context import HandlerContext
+from messaging.runtime._dispatch import Dispatcher
+from messaging.runtime._poison import Poison
+from messaging.runtime._worker import ConsumerWorker
+from messaging.store._database import Database
+from messaging.store._retry import is_transient
+from messaging.store._store import (
+    PARTITION_HASH,
+    PAYLOAD,
+    POSITION,
+    TYPE,
+    StoredRow,
+    check_id,
+    partition_of,
+)
+from sagas._context import SagaContext
+from sagas._options import saga_options, starts_saga
+from sagas._store import Deadline, SagaRow, SagaStore
+
+T = TypeVar("T")
+
+
+class SagaDispatcher(Dispatcher):
+    """Decodes a saga's messages and deadlines, and applies them to their saga instances."""
+
+    def __init__(self, spec: ConsumerSpec, registry: MessageRegistry, db: Database) -> None:
+        super().__init__(spec, registry, db)
+        self.options = saga_options(spec.cls)
+        self.store = SagaStore(db, spec.name)
+        self.converter = cattrs.preconf.json.make_converter()
+        self.starters: set[str] = set()
+        for cls, attribute in spec.handlers.items():
+            where = f"saga {spec.name!r}: handler {spec.cls.__qualname__}.{attribute}"
+            if spec.handler_arity[cls] != 2:
+                raise RegistrationError(f"{where} must take (self, message, ctx)")
+            if self.options.correlate_by not in {f.name for f in attrs.fields(cls)}:
+                raise RegistrationError(
+                    f"{where}: {cls.__qualname__} has no attribute "
+                    f"{self.options.correlate_by!r} to correlate it by"
+                )
+            if starts_saga(getattr(spec.cls, attribute)):
+                self.starters.add(registry.type_name(cls))
+        if not self.starters:
+            raise RegistrationError(
+                f"saga {spec.name!r} has no @start handler: nothing can start an instance"
+            )
+
+    def key_of(self, message: object) -> str:
+        """The saga instance a message belongs to."""
+        return str(getattr(message, self.options.correlate_by))
+
+    def apply(self, rows: Sequence[StoredRow], ctx: HandlerContext, partition_count: int) -> None:
+        """Apply ``rows`` to their saga instances and write the instances that changed."""
+        row: StoredRow | None = None
+        try:
+            messages = []
+            for row in rows:
+                messages.append(self.handlers[row[TYPE]][0](row[PAYLOAD], row[POSITION]))
+            batch = _Batch(self, ctx)
+            batch.load(self.key_of(m) for m in messages)
+            for row, message in zip(rows, messages, strict=True):
+                ctx.position = row[POSITION]
+                batch.handle(self.key_of(message), message, row[TYPE])
+            batch.write()
+        except Exception as exc:
+            if is_transient(exc) or row is None:
+                raise
+            raise Poison(row, row[PARTITION_HASH] % partition_count, exc) from exc
+
+    def deliver(self, deadlines: Sequence[Deadline], ctx: HandlerContext, now: float) -> None:
+        """Take ``deadlines`` off the table and apply them at ``now`` (the database's time)."""
+        batch = _Batch(self, ctx, now)
+        batch.load(d.key for d in deadlines)
+        self.store.take(ctx.connection, deadlines)
+        for deadline in deadlines:
+            earlier = batch.instances.get(deadline.key)
+            if earlier is not None and (
+                deadline.name in earlier.cancelled or deadline.name in earlier.scheduled
+            ):
+                continue  # cancelled or moved by a deadline delivered just before it
+            decode = self.handlers.get(deadline.type, (None, None))[0]
+            if decode is None:
+                raise ProjectionsError(
+                    f"saga {self.spec.name!r} has no handler for deadline {deadline.name!r} "
+                    f"of type {deadline.type!r}"
+                )
+            ctx.cause = f"deadline\x1f{deadline.key}\x1f{deadline.name}\x1f{deadline.due_at!r}"
+            batch.handle(deadline.key, decode(deadline.payload, None), deadline.type)
+        batch.write()
+
+
+class _Batch:
+    """The saga instances one batch touches: read once, changed in memory, written once."""
+
+    def __init__(
+        self, dispatcher: SagaDispatcher, ctx: HandlerContext, now: float | None = None
+    ) -> None:
+        self.dispatcher = dispatcher
+        self.ctx = ctx
+        self.rows: dict[str, SagaRow] = {}
+        self.instances: dict[str, SagaContext] = {}
+        self.encoded: dict[str, tuple[str, list[Deadline]]] = {}
+        """Per instance handled: its state and deadlines, encoded after its last message."""
+        self._now = now
+
+    @property
+    def now(self) -> float:
+        """The database's time, read once per batch (unless given)."""
+        if self._now is None:
+            self._now = self.dispatcher.store.now(self.ctx.connection)
+        return self._now
+
+    def load(self, keys: Any) -> None:
+        """Read the stored rows of ``keys``."""
+        keys = set(keys)
+        found = self.dispatcher.store.load(self.ctx.connection, keys)
+        for key in keys:
+            self.rows[key] = found.get(key) or SagaRow(
+                key=key, version=None, state=None, ended=False
+            )
+
+    def handle(self, key: str, message: object, type_name: str) -> None:
+        """Call the handler of ``message`` for instance ``key``, unless that instance has
+        ended, or does not exist and the handler does not start one."""
+        dispatcher = self.dispatcher
+        instance = self.instances.get(key)
+        if instance is None:
+            check_id(f"saga {dispatcher.spec.name!r}: correlation key", key)
+            row = self.rows[key]
+            if row.ended:
+                return
+            state: Any = None
+            if row.state is not None:
+                state = dispatcher.converter.loads(row.state, dispatcher.options.state)
+            instance = SagaContext(self.ctx, key, state, self.now)
+        if instance.ended or (instance.state is None and type_name not in dispatcher.starters):
+            return
+        dispatcher.handlers[type_name][1](message, instance)  # type: ignore[arg-type]
+        if not isinstance(instance.state, dispatcher.options.state):
+            raise ProjectionsError(
+                f"saga {dispatcher.spec.name!r}: after {type_name!r} the state of {key!r} is "
+                f"{instance.state!r}, not a {dispatcher.options.state.__qualname__}"
+            )
+        self.instances[key] = instance
+        self.encoded[key] = (dispatcher.converter.dumps(instance.state), self._deadlines(instance))
+
+    def _deadlines(self, instance: SagaContext) -> list[Deadline]:
+        """The deadlines ``instance`` has scheduled, encoded (a bad one fails here, at the
+        message that scheduled it)."""
+        dispatcher = self.dispatcher
+        encoded = []
+        for name, (due, deadline) in instance.scheduled.items():
+            check_id(f"saga {dispatcher.spec.name!r}: deadline name", name)
+            if type(deadline) not in dispatcher.spec.handlers:
+                raise ProjectionsError(
+                    f"saga {dispatcher.spec.name!r} schedules deadline {name!r} as a "
+                    f"{type(deadline).__qualname__}, which it has no handler for"
+                )
+            type_name, payload = dispatcher.registry.encode(deadline)
+            encoded.append(
+                Deadline(
+                    key=instance.key,
+                    name=name,
+                    partition=partition_of(instance.key, dispatcher.spec.partitions),
+                    due_at=due,
+                    type=type_name,
+                    payload=payload,
+                )
+            )
+        return encoded
+
+    def write(self) -> None:
+        """Store every changed instance with its deadlines (ConcurrentUpdate if one moved
+        on): one statement per kind of change, whatever the number of instances."""
+        store, conn, now = self.dispatcher.store, self.ctx.connection, self.now
+        store.save(
+            conn,
+            [
+                (self.rows[key], self.encoded[key][0], instance.ended)
+                for key, instance in self.instances.items()
+            ],
+            now,
+        )
+        ended = [key for key, instance in self.instances.items() if instance.ended]
+        cancelled = [
+            (key, name)
+            for key, instance in self.instances.items()
+            if not instance.ended
+            for name in sorted(instance.cancelled)
+        ]
+        if ended or cancelled:
+            store.unschedule(conn, ended, cancelled)
+        store.schedule(
+            conn,
+            [
+                deadline
+                for key, instance in self.instances.items()
+                if not instance.ended
+                for deadline in self.encoded[key][1]
+            ],
+            now,
+        )
+
+
+def _no_envelopes() -> dict[int, Envelope]:
+    raise ProjectionsError("a deadline being delivered has no envelope")
+
+
+class SagaWorker(ConsumerWorker):
+    """Applies a saga's owned partitions: their messages, then their due deadlines."""
+
+    dispatcher_class = SagaDispatcher
+    dispatcher: SagaDispatcher
+    timed = True  # deadlines fall due with time: polled every idle-poll-interval
+
+    def __init__(self, **options: Any) -> None:
+        # One lane: a batch is applied in position order in one transaction, so messages of
+        # one saga instance that reach one instance are applied in the order they were
+        # recorded (lanes would apply them in parallel, in any order).
+        super().__init__(**{**options, "lanes": 1})
+        self._wake_at: float | None = None
+        """When the next deadline falls due (monotonic), if before the next idle poll."""
+        self._more_due = False
+        """Whether the last delivery was a full batch (so more are likely due)."""
+
+    def idle_wait(self) -> float:
+        """Until the next deadline falls due, if that comes before ``idle-poll-interval``:
+        so deadlines are delivered on time, not up to one poll interval late."""
+        idle = self.settings.idle_poll_interval
+        if self._wake_at is None:
+            return idle
+        return max(0.0, min(idle, self._wake_at - time.monotonic()))
+
+    def poll(self) -> int:
+        """Apply one batch of messages, then deliver due deadlines of the same claims.
+
+        A deadline never overtakes a message recorded before it fell due: while the
+        messages are caught up every due deadline goes; behind a backlog, only those due
+        by the time the last applied message was recorded."""
+        applied = super().poll()
+        backlog = applied >= self.settings.batch_size * self.lanes
+        return applied + self.deliver_due(behind_backlog=backlog)
+
+    def deliver_due(self, *, behind_backlog: bool = False) -> int:
+        """Deliver one batch of the deadlines of the held partitions due now (behind a
+        backlog: and by the time its last applied message was recorded); return how many.
+        A deadline whose delivery fails halts its partition, as a poison message does; the
+        others are delivered."""
+        self._wake_at = None
+        claims = self.held_claims()
+        if not claims:
+            return 0
+        dispatcher = self.dispatcher
+        until = None
+        more, self._more_due = self._more_due, False
+        if behind_backlog or not more:  # after a full batch, the delivery's own read tells
+            with self.db.read() as conn:  # an idle poll never takes the write lock
+                if behind_backlog:
+                    applied_through = max(c.checkpoint for c in claims.values())
+                    until = self.store.recorded_at(conn, applied_through)
+                    if until is None:
+                        return 0
+                if not dispatcher.store.any_due(conn, sorted(claims), until):
+                    if until is None:
+                        wait = dispatcher.store.next_due_in(
+                            conn, sorted(claims), self.settings.idle_poll_interval
+                        )
+                        self._wake_at = None if wait is None else time.monotonic() + wait
+                    return 0
+        with self._limiter:
+            try:
+                delivered, now = self._retried(lambda: self._deliver(claims, until), claims)
+            except OwnershipLost as lost:
+                self._lose(lost.partitions)
+                return 0
+            except CheckpointMoved as moved:
+                self._moved(moved, claims)
+                return 0
+            except Exception as exc:
+                if is_transient(exc):
+                    raise
+                delivered, now = self._deliver_one_by_one(claims, until)
+        self._more_due = len(delivered) >= self.settings.batch_size
+        if delivered:
+            self.hooks.projections_deadlines_delivered(
+                consumer=self.spec.name,
+                instance_id=self.instance_id,
+                count=len(delivered),
+                deadlines=[(d.key, d.name, d.due_at) for d in delivered],
+                lateness=[max(0.0, now - d.due_at) for d in delivered],
+            )
+        return len(delivered)
+
+    def _retried(self, action: Callable[[], T], claims: dict[int, Claim]) -> T:
+        """A delivery retried after an error of unknown outcome reads the due deadlines
+        again in its transaction: those the first attempt delivered are gone."""
+        return self._retry_commit(action, claims, f"deliver deadlines of {self.spec.name}")
+
+    def _deliver(
+        self, claims: dict[int, Claim], until: float | None, only: Deadline | None = None
+    ) -> tuple[list[Deadline], float]:
+        """In one fenced transaction: read the due deadlines (or just ``only``, if still
+        due), deliver them, commit."""
+        dispatcher = self.dispatcher
+        with self.db.transaction(consumer=self.spec.name) as conn:
+            due, now = dispatcher.store.due(conn, sorted(claims), self.settings.batch_size, until)
+            if only is not None:
+                due = [d for d in due if d == only]
+            if not due:
+                return [], 0.0
+            ctx = HandlerContext(conn, _no_envelopes, outbox=self.outbox)
+            dispatcher.deliver(due, ctx, now)
+            ctx.flush()
+            fenced = {d.partition: claims[d.partition] for d in due}
+            self.ownership.commit_checkpoint(conn, self.spec.name, self.instance_id, fenced, 0)
+            return due, now
+
+    def _deliver_one_by_one(
+        self, claims: dict[int, Claim], until: float | None
+    ) -> tuple[list[Deadline], float]:
+        """After a failed batch: each due deadline in a transaction of its own; the one that
+        fails halts its partition at the partition's checkpoint, with the reason."""
+        dispatcher = self.dispatcher
+        with self.db.read() as conn:
+            due, _ = dispatcher.store.due(conn, sorted(claims), self.settings.batch_size, until)
+        delivered: list[Deadline] = []
+        now = 0.0
+        for deadline in due:
+            held = self.held_claims()
+            if deadline.partition not in held:
+                continue  # its partition halted (or moved) meanwhile
+            try:
+                done, now = self._retried(partial(self._deliver, held, until, deadline), held)
+            except OwnershipLost as lost:
+                self._lose(lost.partitions)
+                continue
+            except CheckpointMoved as moved:
+                self._moved(moved, held)
+                continue
+            except Exception as exc:
+                if is_transient(exc):
+                    raise
+                failure = ProjectionsError(
+                    f"deadline {deadline.name!r} of saga instance {deadline.key!r}: {exc}"
+                )
+                claim = held[deadline.partition]
+                row = (claim.checkpoint, deadline.type, deadline.partition, deadline.payload)
+                self._halt(Poison(row, deadline.partition, failure), held)
+                continue
+            delivered.extend(done)
+        return delivered, now
