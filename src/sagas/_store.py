@@ -179,20 +179,13 @@ class SagaStore:
             self._listings[(kind, size)] = statement
         return statement
 
-    @staticmethod
-    def _padded(values: Sequence[Any]) -> list[Any]:
-        """``values`` padded to the next power of two by repeating the last (a repeated
-        value changes no ``IN``): a few statement sizes serve every batch."""
-        size = 1 << (len(values) - 1).bit_length()
-        return [*values, *[values[-1]] * (size - len(values))]
-
     def load(self, conn: Connection, keys: Iterable[str]) -> dict[str, SagaRow]:
         """The stored rows of ``keys`` (absent keys are not in the result)."""
         wanted = sorted(set(keys))
         found: dict[str, SagaRow] = {}
         direct = _fastpath.sends_directly(conn)
         for start in range(0, len(wanted), _KEY_CHUNK):
-            chunk = self._padded(wanted[start : start + _KEY_CHUNK])
+            chunk = _fastpath.padded(wanted[start : start + _KEY_CHUNK])
             params = {f"k{i}": key for i, key in enumerate(chunk)}
             for key, version, state, ended in _fastpath.fetch(
                 conn, self._listing("load", len(chunk)), params, direct=direct
@@ -431,7 +424,7 @@ class SagaStore:
         deleted = 0
         direct = _fastpath.sends_directly(conn)
         for start in range(0, len(deadlines), self._chunk):
-            chunk = self._padded(deadlines[start : start + self._chunk])
+            chunk = _fastpath.padded(deadlines[start : start + self._chunk])
             params: dict[str, Any] = {}
             for i, x in enumerate(chunk):
                 params[f"k{i}"], params[f"n{i}"], params[f"d{i}"] = x.key, x.name, x.due_at

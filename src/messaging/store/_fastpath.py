@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 from sqlalchemy import Connection
 from sqlalchemy.engine.interfaces import ExecuteStyle
@@ -35,6 +35,8 @@ from sqlalchemy.sql import Executable
 from sqlalchemy.sql.compiler import SQLCompiler
 
 from messaging.store._tenancy import TRANSLATES
+
+T = TypeVar("T")
 
 
 def sends_directly(conn: Connection) -> bool:
@@ -54,6 +56,14 @@ def sends_directly(conn: Connection) -> bool:
         )
         and not conn.engine.logger.isEnabledFor(logging.INFO)
     )
+
+
+def padded(values: Sequence[T]) -> list[T]:
+    """``values`` (not empty) padded to the next power of two by repeating the last (a
+    repeated value changes no ``IN``): a few statement sizes, each learnt once, serve every
+    batch size."""
+    size = 1 << (len(values) - 1).bit_length()
+    return [*values, *[values[-1]] * (size - len(values))]
 
 
 def execute(

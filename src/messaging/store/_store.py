@@ -254,10 +254,10 @@ class MessageStore:
         for topic, source in keys:
             by_topic.setdefault(topic, []).append(source)
         direct, m = _fastpath.sends_directly(conn), self._messages
-        for topic, sources in by_topic.items():
+        for topic, unsorted in by_topic.items():
+            sources = sorted(unsorted)
             for start in range(0, len(sources), 512):
-                chunk = sorted(sources)[start : start + 512]
-                size = 1 << (len(chunk) - 1).bit_length()
+                size = len(chunk := _fastpath.padded(sources[start : start + 512]))
                 if (query := self._queries.get(("versions", size))) is None:
                     query = self._queries[("versions", size)] = (
                         select(m.c.source, func.max(m.c.version))
@@ -265,7 +265,7 @@ class MessageStore:
                         .where(m.c.source.in_([bindparam(f"s{i}") for i in range(size)]))
                         .group_by(m.c.source)
                     )
-                params = {f"s{i}": chunk[min(i, len(chunk) - 1)] for i in range(size)}
+                params = {f"s{i}": source for i, source in enumerate(chunk)}
                 params.update(t=self.db.tenant, topic=topic)
                 rows = _fastpath.fetch(conn, query, params, direct=direct)
                 found.update({(topic, source): version for source, version in rows})
