@@ -38,7 +38,7 @@ from messaging.store._fastpath import sends_directly
 from messaging.store._migrations import migrate
 from messaging.store._tenancy import physical_name
 from projections import projection
-from projections._operations import rebuild, resume
+from projections._operations import audit_log, pause, rebuild, resume
 from projections.examples import ledger, transfers
 from projections.testing import SimulatedCluster
 from projections.testing.cluster import simulation_settings
@@ -224,6 +224,37 @@ def test_two_ledger_tenants_keep_their_own_read_models_through_rebuild_and_poiso
     assert _balances(first.db) == _replay(first)
     assert _rows(second.db, ledger.balances) == before
     assert _balances(second.db) == _replay(second)
+
+
+def test_a_pause_in_one_tenant_leaves_the_other_applying(tenants: Tenants) -> None:
+    """Tenant acme pauses the consumer both tenants run under the same name: the default
+    tenant keeps applying its own traffic, acme's rows and checkpoints stand still until
+    it resumes, and the default tenant's audit has no entry of acme's pause."""
+    first, second = (
+        SimulatedCluster(tenants(name), [ledger.Balances], simulation_settings())
+        for name in ("default", "acme")
+    )
+    for cluster in (first, second):
+        cluster.join("a")
+        for command in ledger.traffic(6, 40, accounts=5):
+            _append(cluster, command)
+        cluster.settle()
+    pause(second.db, BALANCES, who="attacker", reason="stop the neighbour")
+    second.tick()
+    held = _rows(second.db, ledger.balances)
+    for command in ledger.traffic(7, 40, accounts=5):
+        _append(first, command)
+        _append(second, command)
+    first.settle()
+    second.settle()
+    assert (_state(first.db), lag(first.db)) == ("running", 0)
+    assert _balances(first.db) == _replay(first)
+    assert _state(second.db) == "paused" and (lag(second.db) or 0) > 0
+    assert _rows(second.db, ledger.balances) == held
+    assert [e["command"] for e in audit_log(first.db, BALANCES)] == []
+    resume(second.db, BALANCES, who="operator")
+    second.settle()
+    assert _balances(second.db) == _replay(second) and lag(second.db) == 0
 
 
 def test_a_tenant_connection_keeps_the_direct_statement_path(tenants: Tenants) -> None:
