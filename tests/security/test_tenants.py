@@ -412,25 +412,35 @@ def test_saga_and_route_consumers_of_two_tenants_keep_their_own_ids_state_and_de
     assert _count(second.db, second.db.schema.deadlines, saga="ledger-transfers") == 0
 
 
-@pytest.mark.parametrize("other", ["acme", "Acme"])
-def test_a_table_two_tenants_would_write_is_refused_at_start(tenants: Tenants, other: str) -> None:
-    """The default tenant's ``acme__clash`` is what tenant acme's ``clash`` would be
-    called (on MySQL, case-insensitively so for ``Acme``): acme's start is refused, naming
-    the table and both tenants, and the default tenant's rows are untouched."""
+def test_a_declared_table_named_like_a_tenants_copy_is_refused(tenants: Tenants) -> None:
+    """The default tenant's ``acme__clash`` is what tenant acme's ``clash`` is called, in
+    whatever table prefix acme runs: ``__`` is refused in declared names at start."""
     default = SimulatedCluster(tenants("default"), [AcmeClash], simulation_settings())
-    default.join("a")
-    default.append("clash", "s", [Noted("x")])
-    default.settle()
-    before = _rows(default.db, acme_clash)
+    with pytest.raises(RegistrationError) as refused:
+        default.join("a")
+    error = str(refused.value)
+    assert "'acme__clash'" in error and "reserved" in error and "\n" not in error
+    assert default.running == {}
+
+
+def test_tenants_differing_in_letter_case_are_refused_one_table(tenants: Tenants) -> None:
+    """Tenants ``acme`` and ``Acme`` would share ``acme__clash`` where names are compared
+    case-insensitively (SQLite, MySQL on some systems): the second is refused at start,
+    naming the table and both tenants, and the first's rows are untouched."""
+    first = SimulatedCluster(tenants("acme"), [Clash], simulation_settings())
+    first.join("a")
+    first.append("clash", "s", [Noted("x")])
+    first.settle()
+    before = _rows(first.db, clash)
     assert len(before) == 1
 
-    intruder = SimulatedCluster(tenants(other), [Clash], simulation_settings())
+    intruder = SimulatedCluster(tenants("Acme"), [Clash], simulation_settings())
     with pytest.raises(RegistrationError) as refused:
         intruder.join("b")
     error = str(refused.value)
-    assert f"{other}__clash" in error and "'default'" in error and f"'{other}'" in error
+    assert "Acme__clash" in error and "'acme'" in error and "'Acme'" in error
     assert "\n" not in error
-    assert _rows(default.db, acme_clash) == before
+    assert _rows(first.db, clash) == before
     assert intruder.running == {}
 
 

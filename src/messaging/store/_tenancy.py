@@ -90,7 +90,16 @@ class ReadModels:
         return copy
 
     def tables(self, tables: Iterable[Table]) -> list[Table]:
-        """:meth:`physical` of each of ``tables``, in order."""
+        """:meth:`physical` of each of the declared ``tables``, in order. RegistrationError
+        for a declared name holding the separator: it could be another tenant's copy."""
+        tables = list(tables)
+        for table in tables:
+            if SEPARATOR in table.name:
+                raise RegistrationError(
+                    f"read-model table {table.name!r}: {SEPARATOR!r} is reserved for tenants' "
+                    f"copies ({physical_name('acme', 'stock')!r} is tenant 'acme''s "
+                    "'stock'); rename the table"
+                )
         return [self.physical(table) for table in tables]
 
     def _copy(self, table: Table) -> Table:
