@@ -393,7 +393,8 @@ def test_a_rebuild_performed_whose_ack_is_lost_finishes_at_once(
     """The instance that takes a requested rebuild (state 'rebuilding', every partition
     reset to it) loses that commit's ack: the rebalance round is retried, recognises its
     own rebuild and finishes it, instead of leaving the consumer applying nothing until the
-    rebuild counts as abandoned (stale-instance-timeout later)."""
+    rebuild counts as abandoned (stale-instance-timeout later). The finishing commit
+    (state 'running') loses its ack too: the next retry finds the consumer running."""
     manager = create_plugin_manager([], load_entrypoints=False)
     spec = consumer_spec(fault_app.SingleSequence)
     instance = Instance(proxied, [spec], Settings(), manager.hook, name="rebuilder")
@@ -402,9 +403,10 @@ def test_a_rebuild_performed_whose_ack_is_lost_finishes_at_once(
     worker = instance.workers[spec.name]
     _drive(worker, lambda: tally(db, spec.name, {}).applied >= 3, "messages")
     operations.rebuild(db, spec.name, who="ops")
-    proxy.arm(1, when=touches("SET state='rebuilding'"))
+    taking, finishing = touches("SET state='rebuilding'"), touches("SET state='running'")
+    proxy.arm(2, when=lambda statements: taking(statements) or finishing(statements))
     instance.retry(instance.rebalance, "rebalance")  # as the rebalance loop does
-    assert proxy.dropped == 1
+    assert proxy.dropped == 2
     consumers = db.schema.consumers
     with db.read() as conn:
         state = conn.execute(
