@@ -12,6 +12,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -26,11 +27,13 @@ from sqlalchemy import func, select, update
 from messaging import Database, Instance, MessageStore, Settings, create_plugin_manager
 from messaging._consumers import consumer_spec
 from messaging._messages import registry
-from messaging._settings import Distribution
+from messaging._settings import ConflictRetrySettings, Distribution
+from messaging._states import DeclarationOutcome
 from messaging.distribution._membership import InstanceInfo, Membership
 from messaging.distribution._ownership import Ownership
 from messaging.runtime._declarations import declare
 from messaging.runtime._worker import ConsumerWorker
+from messaging.store._retry import retry_transient
 from messaging.store._store import partition_of
 from projections import _operations as operations
 
@@ -89,12 +92,18 @@ def _worker(
 
 def _drive(worker: Any, done: Callable[[], bool], what: str) -> None:
     """Poll like the worker's loop does (an error is logged, then polling goes on)."""
+    _drive_all([worker], done, what)
+
+
+def _drive_all(workers: list[Any], done: Callable[[], bool], what: str) -> None:
+    """:func:`_drive` for several workers, polled in turn."""
 
     def step() -> bool:
-        try:
-            worker.poll()
-        except Exception:
-            logging.getLogger(__name__).exception("poll failed")
+        for worker in workers:
+            try:
+                worker.poll()
+            except Exception:
+                logging.getLogger(__name__).exception("poll failed")
         return done()
 
     wait_until(step, timeout=30, what=what)
@@ -322,3 +331,155 @@ def test_cli_append_whose_acks_are_lost_stores_each_line_once(
         ).all()
     assert sorted(json.loads(p)["n"] for _, _, p in stored) == list(range(20))
     assert len(message_ids(db, fault_app.TOPIC)) == 20
+
+
+def _declared(db: Database, cls: type) -> str:
+    spec = consumer_spec(cls)
+    declare(db, spec, Distribution.PARTITIONED, "ops", instance_name="ops")
+    return spec.name
+
+
+def _epochs(db: Database, consumer: str) -> set[int]:
+    with db.read() as conn:
+        return {r.epoch for r in Ownership(db).partitions(conn, [consumer])}
+
+
+def test_pause_and_resume_whose_acks_are_lost_are_applied_once(
+    db: Database, proxied: Database, proxy: AckProxy
+) -> None:
+    """A retried pause does not fail as 'already paused', a retried resume not as 'running
+    and has no halted partition': each finds its audit entry, and fences once."""
+    name = _declared(db, fault_app.SingleSequence)
+    proxy.arm(1, when=touches("audit", "'pause'"))
+    operations.pause(proxied, name, who="ops")
+    assert proxy.dropped == 1
+    assert _epochs(db, name) == {1}, "fenced once"
+    proxy.arm(1, when=touches("audit", "'resume'"))
+    assert operations.resume(proxied, name, who="ops") == []
+    assert proxy.dropped == 2
+    assert _epochs(db, name) == {2}, "fenced once"
+    assert [e["command"] for e in operations.audit_log(db, name)] == ["pause", "resume"]
+    with db.read() as conn:
+        state = conn.execute(
+            select(db.schema.consumers.c.state).where(db.schema.consumers.c.name == name)
+        ).scalar_one()
+    assert state == "running"
+
+
+def test_forget_processed_whose_ack_is_lost_returns_what_it_forgot(
+    db: Database, proxied: Database, proxy: AckProxy
+) -> None:
+    """The retry of ``forget-processed`` after a lost ack deletes nothing more and answers
+    with the first attempt's count (recorded with its audit entry), not 0."""
+    _declared(db, fault_app.GuardedJobs)
+    worker = _worker(db, db, fault_app.GuardedJobs)
+    store = MessageStore(db)
+    with db.transaction() as conn:
+        for job in ("a", "b", "c"):
+            store.send(conn, worker.spec.name, fault_app.Job(job), message_id=job)
+    _drive(worker, lambda: len(effects(db, worker.spec.name)) == 3, "jobs")
+    proxy.arm(1, when=touches("audit", "'forget-processed'"))
+    forgotten = operations.forget_processed(proxied, worker.spec.name, older_than=0, who="ops")
+    assert proxy.dropped == 1
+    assert forgotten == 3
+    assert [e["command"] for e in operations.audit_log(db, worker.spec.name)] == [
+        "forget-processed"
+    ]
+
+
+def test_a_rebuild_performed_whose_ack_is_lost_finishes_at_once(
+    db: Database, proxied: Database, proxy: AckProxy
+) -> None:
+    """The instance that takes a requested rebuild (state 'rebuilding', every partition
+    reset to it) loses that commit's ack: the rebalance round is retried, recognises its
+    own rebuild and finishes it, instead of leaving the consumer applying nothing until the
+    rebuild counts as abandoned (stale-instance-timeout later). The finishing commit
+    (state 'running') loses its ack too: the next retry finds the consumer running."""
+    manager = create_plugin_manager([], load_entrypoints=False)
+    spec = consumer_spec(fault_app.SingleSequence)
+    instance = Instance(proxied, [spec], Settings(), manager.hook, name="rebuilder")
+    append_numbered(db, ["r"], 1, 3)
+    instance.start(loops=False)
+    worker = instance.workers[spec.name]
+    _drive(worker, lambda: tally(db, spec.name, {}).applied >= 3, "messages")
+    operations.rebuild(db, spec.name, who="ops")
+    taking, finishing = touches("SET state='rebuilding'"), touches("SET state='running'")
+    proxy.arm(2, when=lambda statements: taking(statements) or finishing(statements))
+    instance.retry(instance.rebalance, "rebalance")  # as the rebalance loop does
+    assert proxy.dropped == 2
+    consumers = db.schema.consumers
+    with db.read() as conn:
+        state = conn.execute(
+            select(consumers.c.state).where(consumers.c.name == spec.name)
+        ).scalar_one()
+    assert state == "running"
+    instance.retry(instance.rebalance, "rebalance")  # claims again, now that it runs
+    _drive(worker, lambda: tally(db, spec.name, {}).applied >= 3, "the replay")
+    assert tally(db, spec.name, {"r": 3}).exact
+    instance.stop()
+
+
+def test_a_release_whose_ack_is_lost_hands_over_once(
+    db: Database, proxied: Database, proxy: AckProxy
+) -> None:
+    """A rebalance round that releases partitions to a joining instance loses that commit's
+    ack: the retry releases nothing more; the newcomer claims exactly what was released,
+    both workers hold what the database says, and every message is applied once."""
+    manager = create_plugin_manager([], load_entrypoints=False)
+    spec = consumer_spec(fault_app.Sequence)
+    first = Instance(proxied, [spec], Settings(), manager.hook, name="first")
+    second = Instance(db, [spec], Settings(), manager.hook, name="second")
+    sources = [f"s{i}" for i in range(8)]
+    append_numbered(db, sources, 1, 5)
+    first.start(loops=False)
+    second.start(loops=False)  # waits: the first holds everything
+    workers = [first.workers[spec.name], second.workers[spec.name]]
+    assert (len(workers[0].claims()), len(workers[1].claims())) == (spec.partitions, 0)
+    proxy.arm(1, when=touches("SET owner=NULL"))
+    first.retry(first.rebalance, "rebalance")  # as the rebalance loop does
+    assert proxy.dropped == 1
+    second.retry(second.rebalance, "rebalance")
+    held = [set(w.claims()) for w in workers]
+    assert held[0] and held[1] and not held[0] & held[1]
+    assert held[0] | held[1] == set(range(spec.partitions))
+    for worker in workers:
+        assert _claims_match_the_database(db, worker)
+    append_numbered(db, sources, 6, 5)
+    _drive_all(workers, lambda: tally(db, spec.name, {}).applied >= 80, "every message")
+    assert tally(db, spec.name, dict.fromkeys(sources, 10)).exact
+    for instance in (first, second):
+        instance.stop()
+
+
+def test_heartbeat_and_declaration_whose_acks_are_lost_change_nothing_more(
+    db: Database, proxied: Database, proxy: AckProxy
+) -> None:
+    """A declaration whose ack is lost is found unchanged by its retry (one consumer row,
+    partitions at epoch 0); a heartbeat whose ack is lost is stamped again, without
+    registering the instance a second time."""
+    spec = consumer_spec(fault_app.SingleSequence)
+    _instance(db, "declarer")
+    proxy.arm(1, when=touches("INSERT INTO", "consumers"))
+    declared = retry_transient(
+        partial(declare, proxied, spec, Distribution.PARTITIONED, "declarer", "declarer"),
+        ConflictRetrySettings(),
+        what="declare",
+    )
+    assert proxy.dropped == 1
+    assert declared.outcome == DeclarationOutcome.UNCHANGED  # the retry found its own row
+    consumers, instances = db.schema.consumers, db.schema.instances
+    with db.read() as conn:
+        rows = conn.execute(select(func.count()).select_from(consumers)).scalar_one()
+    assert rows == 1
+    assert _epochs(db, spec.name) == {0}
+    manager = create_plugin_manager([], load_entrypoints=False)
+    instance = Instance(proxied, [spec], Settings(), manager.hook, name="beating")
+    instance.start(loops=False)
+    proxy.arm(1, when=touches("SET heartbeat_at"))
+    instance.retry(instance.heartbeat, "heartbeat")  # as the heartbeat loop does
+    assert proxy.dropped == 2
+    with db.read() as conn:
+        names = conn.execute(select(instances.c.name)).scalars().all()
+    assert sorted(names) == ["beating", "declarer"]
+    assert _claims_match_the_database(db, instance.workers[spec.name])
+    instance.stop()

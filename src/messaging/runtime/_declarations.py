@@ -130,7 +130,11 @@ def perform_requested_rebuild(
 ) -> bool:
     """Rebuild ``spec`` if an operator asked for it (or a rebuild was left unfinished for
     longer than ``stale_timeout``), unless another instance got there first. The winner of
-    a compare-and-set on the consumer's state does it, under new epochs of its own."""
+    a compare-and-set on the consumer's state does it, under new epochs of its own.
+
+    A rebuild this instance took but left unfinished (the acknowledgement of that commit
+    was lost, or the recreation of the read models failed) is finished at once: the
+    consumer is REBUILDING with every partition reset to this instance."""
     table = db.schema.consumers
     with db.transaction() as conn:
         won = conn.execute(
@@ -148,7 +152,7 @@ def perform_requested_rebuild(
             )
             .values(state=ConsumerState.REBUILDING, updated_at=db.clock.now())
         ).rowcount
-        if won != 1:
+        if won != 1 and not _taken_by(db, conn, spec.name, instance_id):
             return False
         Ownership(db).reset(conn, spec.name, spec.partitions, owner=instance_id)
         bump_generation(db, conn)
@@ -161,6 +165,17 @@ def perform_requested_rebuild(
     )
     _finish_rebuild(db, spec)
     return True
+
+
+def _taken_by(db: Database, conn: Connection, consumer: str, instance_id: str) -> bool:
+    """Whether ``instance_id`` took the rebuild of ``consumer`` (REBUILDING, every partition
+    reset to it: nobody claims a partition of a consumer that is not running)."""
+    table = db.schema.consumers
+    state = conn.execute(
+        select(table.c.state).where(table.c.tenant == db.tenant, table.c.name == consumer)
+    ).scalar_one_or_none()
+    owners = {r.owner for r in Ownership(db).partitions(conn, [consumer])}
+    return state == ConsumerState.REBUILDING and owners == {instance_id}
 
 
 def _record(
