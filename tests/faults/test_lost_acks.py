@@ -24,7 +24,14 @@ from clusters import cli, wait_until, write_config
 from fault_model import append_numbered, effects, message_ids, tally
 from sqlalchemy import func, select, update
 
-from messaging import Database, Instance, MessageStore, Settings, create_plugin_manager
+from messaging import (
+    Database,
+    Instance,
+    MessageStore,
+    Settings,
+    create_plugin_manager,
+    hookimpl,
+)
 from messaging._consumers import consumer_spec
 from messaging._messages import registry
 from messaging._settings import ConflictRetrySettings, Distribution
@@ -449,6 +456,41 @@ def test_a_release_whose_ack_is_lost_hands_over_once(
     assert tally(db, spec.name, dict.fromkeys(sources, 10)).exact
     for instance in (first, second):
         instance.stop()
+
+
+class _Released:
+    """Records the partitions the plugins are told were released."""
+
+    def __init__(self) -> None:
+        self.partitions: list[tuple[str, int]] = []
+
+    @hookimpl
+    def projections_partition_released(self, consumer: str, partition: int) -> None:
+        self.partitions.append((consumer, partition))
+
+
+def test_a_stop_whose_ack_is_lost_tells_the_plugins_every_release(
+    db: Database, proxied: Database, proxy: AckProxy
+) -> None:
+    """The stop's release-and-deregister loses its commit's ack: the retry finds nothing
+    left to release, yet the plugins hear of every partition the instance let go, once,
+    and the database holds no owner and no instance row."""
+    released = _Released()
+    manager = create_plugin_manager([], load_entrypoints=False)
+    manager.register(released)
+    spec = consumer_spec(fault_app.Sequence)
+    instance = Instance(proxied, [spec], Settings(), manager.hook, name="leaving")
+    instance.start(loops=False)
+    releases, deletes = touches("SET owner=NULL"), touches("DELETE FROM", "instances")
+    proxy.arm(1, when=lambda statements: releases(statements) and deletes(statements))
+    instance.stop()
+    assert proxy.dropped == 1
+    assert sorted(released.partitions) == [(spec.name, p) for p in range(spec.partitions)]
+    t = db.schema.partitions
+    with db.read() as conn:
+        owners = conn.execute(select(t.c.owner).where(t.c.consumer == spec.name)).scalars()
+        assert set(owners) == {None}
+        assert conn.execute(select(func.count()).select_from(db.schema.instances)).scalar() == 0
 
 
 def test_heartbeat_and_declaration_whose_acks_are_lost_change_nothing_more(

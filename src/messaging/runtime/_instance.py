@@ -408,15 +408,18 @@ class Instance:
         if not self._registered:
             return
 
-        def leave() -> list[tuple[str, int]]:
-            # Retried whole: after an unacknowledged commit it releases and deletes nothing.
+        released: dict[tuple[str, int], None] = {}
+        """What any attempt released: retried after an unacknowledged commit that went
+        through, the release finds nothing left, yet those partitions were let go."""
+
+        def leave() -> None:
             with self.db.transaction() as conn:
-                released = self.ownership.release_all(conn, self.id)
+                released.update(dict.fromkeys(self.ownership.release_all(conn, self.id)))
                 self.membership.deregister(conn, self.id)
                 bump_generation(self.db, conn)
-            return released
 
-        for consumer, partition in self.retry(leave, "release and deregister"):
+        self.retry(leave, "release and deregister")
+        for consumer, partition in released:
             self.partition_event(consumer, partition, None)
         log.info("instance %s stopped", self.name)
 
