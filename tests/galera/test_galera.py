@@ -140,6 +140,10 @@ class _KillRun:
         self.lines = ledger_lines(traffic, seed=7, messages=3000, prefix="k")
         appender = Database(galera.url(2, database))
         self.appended: list[int] = []
+        self.extra = 0
+        """Lines appended besides the thread's traffic."""
+        self.cut = False
+        """Whether node 0 is isolated (:meth:`GaleraCluster.isolate`)."""
         retry = ConflictRetrySettings(max_retries=20, max_delay=0.5)
 
         def append() -> None:
@@ -158,6 +162,12 @@ class _KillRun:
         )
         return path
 
+    def __enter__(self) -> _KillRun:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.stop()
+
     def both_own(self) -> bool:
         return _both_own(self.db, set(self.names))
 
@@ -170,19 +180,30 @@ class _KillRun:
     def finish(self) -> float:
         """Node 0 back, the traffic all appended and applied, every message once and every
         node's read model equal to the replay; returns when node 0 was back (monotonic)."""
-        self.galera.restart_node(0)
+        if not self.galera.running(0):
+            self.galera.restart_node(0)
         rejoined = time.monotonic()
         self.thread.join(timeout=120)
         assert self.appended == [self.lines]
         wait_until(lambda: _caught_up(self.db), timeout=60, what="the instances to catch up")
         assert [stop_instance(process) for process in self.instances] == [0, 0]
-        assert message_count(self.db) == self.lines
+        assert message_count(self.db) == self.lines + self.extra
         assert wait_until(
             lambda: every_node_matches_replay(self.galera, self.database),
             timeout=30,
             what="every node",
         )
         return rejoined
+
+    def stop(self) -> None:
+        """Stop the instances and the traffic, and end node 0's isolation (a test that
+        failed)."""
+        if self.cut:
+            self.galera.isolate(0, False)
+        for process in self.instances:
+            if process.poll() is None:
+                process.kill()
+        self.thread.join(timeout=120)
 
 
 def test_node_killed_under_traffic_moves_its_instance_and_loses_nothing(
@@ -303,3 +324,41 @@ def test_lost_acknowledgements_in_front_of_one_node(
     assert wait_until(
         lambda: every_node_matches_replay(galera, galera_db), timeout=30, what="every node"
     )
+
+
+def test_node_out_of_the_primary_component_is_passed_over(
+    galera: GaleraCluster, galera_db: str, tmp_path: Path
+) -> None:
+    """Node 0 is cut off from the others (``gmcast.isolate``) under traffic, its server
+    running: once evicted it answers 1047 (not in the primary component). The instance on
+    it moves to a live node (one line naming the error) and applies again; a ``projections
+    append`` given all nodes, node 0 first, skips it (``wsrep_ready=OFF``) and stores its
+    file once. Node 0 rejoins by itself and ends equal to the replay like the others."""
+    with _KillRun(galera, galera_db, tmp_path, stale="8s") as run:
+        cut = time.monotonic()
+        galera.isolate(0)
+        run.cut = True
+        wait_until(
+            lambda: (galera.status(0) or {}).get("wsrep_ready") == "OFF",
+            timeout=30,
+            what="node 0 out of the primary component",
+        )
+        wait_until(lambda: run.moves("on-node0"), timeout=15, what="the move")
+        wait_until(applying(run.db, "on-node0"), timeout=15, what="node 0's instance to apply")
+        resumed = time.monotonic() - cut
+        run.extra = ledger_lines(tmp_path / "cut.jsonl", seed=8, messages=200, prefix="c")
+        appender = _append(galera.multi_url(galera_db), tmp_path / "cut.jsonl")
+        out, err = appender.communicate(timeout=60)
+        assert (appender.returncode, out.strip()) == (0, f"appended {run.extra} messages"), err
+        assert "1047" not in err and "1180" not in err, err  # node 0 was skipped, not tried
+        galera.isolate(0, False)
+        run.cut = False
+        galera.wait_synced(0, cluster_size=3)
+        run.finish()
+    print(f"\nnode 0 cut off: its instance applied again after {resumed:.1f}s")
+    moves = run.moves("on-node0")
+    assert len(moves) == 1 and run.moves("on-node1") == [], moves
+    assert any(reason in moves[0] for reason in ("1047", "1180", "wsrep_ready=OFF")), moves
+    assert not moves[0].endswith(f":{galera.sql_ports[0]}")
+    logs = run.log("on-node0") + run.log("on-node1")
+    assert "event=lost" not in logs and "Traceback" not in logs, logs
