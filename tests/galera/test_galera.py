@@ -15,11 +15,17 @@ import pytest
 from ack_proxy import AckProxy
 from clusters import lag, owned_by, start_instance, stop_instance, wait_until, write_config
 from galera_cluster import GaleraCluster
-from galera_ledger import applying, every_node_matches_replay, ledger_lines, message_count
+from galera_ledger import (
+    applying,
+    every_node_matches_replay,
+    ledger_lines,
+    message_count,
+)
 
 from messaging import Database
-from messaging._settings import ConflictRetrySettings
+from messaging._settings import ConflictRetrySettings, ConsumerSettings
 from projections._appending import append_lines
+from projections._reports import consumers_report
 
 pytestmark = [pytest.mark.galera, pytest.mark.mysql, pytest.mark.multiprocess]
 
@@ -57,6 +63,15 @@ def _conflicts(cluster: GaleraCluster) -> int:
 
 def _caught_up(db: Database) -> bool:
     return lag(db) == 0
+
+
+def _claims(db: Database, settings: ConsumerSettings) -> set[tuple[int, int, str]]:
+    """(partition, epoch, owner) of every partition, as ``status`` shows them."""
+    return {
+        (p["partition"], p["epoch"], str(p["instance"]))
+        for entry in consumers_report(db, settings)["consumers"]
+        for p in entry["partitions"]
+    }
 
 
 def _both_own(db: Database, names: set[str]) -> bool:
@@ -105,6 +120,92 @@ def test_instances_on_different_nodes_with_appends_through_every_node(
         assert "Traceback" not in log, log
 
 
+class _KillRun:
+    """Instance ``on-node0`` on node 0 (then 1, 2), ``on-node1`` on node 1 (then 2, 0),
+    ``stale`` their stale-instance-timeout, and ledger traffic appended through node 2 by a
+    thread until :meth:`finish`."""
+
+    names = frozenset({"on-node0", "on-node1"})
+
+    def __init__(self, galera: GaleraCluster, database: str, tmp_path: Path, stale: str) -> None:
+        self.galera, self.database = galera, database
+        self.db = Database(galera.multi_url(database, [2, 1, 0]))
+        self.logs = {name: tmp_path / f"{name}.log" for name in self.names}
+        self.instances = [
+            start_instance(self._config(tmp_path, name, order, stale), name, log=self.logs[name])
+            for name, order in [("on-node0", [0, 1, 2]), ("on-node1", [1, 2, 0])]
+        ]
+        wait_until(self.both_own, timeout=30, what="both instances to own partitions")
+        traffic = tmp_path / "traffic.jsonl"
+        self.lines = ledger_lines(traffic, seed=7, messages=3000, prefix="k")
+        appender = Database(galera.url(2, database))
+        self.appended: list[int] = []
+        self.extra = 0
+        """Lines appended besides the thread's traffic."""
+        self.cut = False
+        """Whether node 0 is isolated (:meth:`GaleraCluster.isolate`)."""
+        retry = ConflictRetrySettings(max_retries=20, max_delay=0.5)
+
+        def append() -> None:
+            with traffic.open(encoding="utf-8") as stream:
+                self.appended.append(append_lines(appender, stream, batch_size=10, retry=retry))
+
+        self.thread = threading.Thread(target=append)
+        self.thread.start()
+        wait_until(lambda: message_count(self.db) > 500, timeout=30, what="traffic")
+
+    def _config(self, tmp_path: Path, name: str, order: list[int], stale: str) -> Path:
+        path = _config(tmp_path, name, self.galera.multi_url(self.database, order))
+        text = path.read_text(encoding="utf-8")
+        path.write_text(
+            text.replace("stale-instance-timeout: 1s", f"stale-instance-timeout: {stale}")
+        )
+        return path
+
+    def __enter__(self) -> _KillRun:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.stop()
+
+    def both_own(self) -> bool:
+        return _both_own(self.db, set(self.names))
+
+    def log(self, name: str) -> str:
+        return self.logs[name].read_text()
+
+    def moves(self, name: str) -> list[str]:
+        return [line for line in self.log(name).splitlines() if MOVED in line]
+
+    def finish(self) -> float:
+        """Node 0 back, the traffic all appended and applied, every message once and every
+        node's read model equal to the replay; returns when node 0 was back (monotonic)."""
+        if not self.galera.running(0):
+            self.galera.restart_node(0)
+        rejoined = time.monotonic()
+        self.thread.join(timeout=120)
+        assert self.appended == [self.lines]
+        wait_until(lambda: _caught_up(self.db), timeout=60, what="the instances to catch up")
+        assert [stop_instance(process) for process in self.instances] == [0, 0]
+        assert message_count(self.db) == self.lines + self.extra
+        assert wait_until(
+            lambda: every_node_matches_replay(self.galera, self.database),
+            timeout=30,
+            what="every node",
+        )
+        return rejoined
+
+    def stop(self) -> None:
+        """Stop the instances and the traffic, and end node 0's isolation (a test that
+        failed)."""
+        if self.cut:
+            self.galera.isolate(0, False)
+        for process in self.instances:
+            if process.poll() is None:
+                process.kill()
+        self.thread.join(timeout=120)
+
+
 def test_node_killed_under_traffic_moves_its_instance_and_loses_nothing(
     galera: GaleraCluster, galera_db: str, tmp_path: Path
 ) -> None:
@@ -112,58 +213,76 @@ def test_node_killed_under_traffic_moves_its_instance_and_loses_nothing(
     moves to a live node (one log line) and keeps its share within stale-instance-timeout
     (1 s) + a few seconds; the node restarts (recover, IST) and every node ends equal to
     the replay, every message stored once."""
-    db = Database(galera.multi_url(galera_db, [2, 1, 0]))
-    names = {"on-node0", "on-node1"}
-    logs = {name: tmp_path / f"{name}.log" for name in names}
-    instances = [
-        start_instance(
-            _config(tmp_path, name, galera.multi_url(galera_db, order)), name, log=logs[name]
-        )
-        for name, order in [("on-node0", [0, 1, 2]), ("on-node1", [1, 2, 0])]
-    ]
-    wait_until(lambda: _both_own(db, names), timeout=30, what="both instances to own partitions")
-    traffic = tmp_path / "traffic.jsonl"
-    lines = ledger_lines(traffic, seed=7, messages=3000, prefix="k")
-    appender = Database(galera.url(2, galera_db))
-    appended: list[int] = []
-    retry = ConflictRetrySettings(max_retries=20, max_delay=0.5)
-
-    def append() -> None:
-        with traffic.open(encoding="utf-8") as stream:
-            appended.append(append_lines(appender, stream, batch_size=10, retry=retry))
-
-    thread = threading.Thread(target=append)
-    thread.start()
-    wait_until(lambda: message_count(db) > 500, timeout=30, what="traffic")
+    run = _KillRun(galera, galera_db, tmp_path, stale="1s")
     killed = time.monotonic()
     galera.kill_node(0)
-    wait_until(lambda: MOVED in logs["on-node0"].read_text(), timeout=15, what="the move")
+    wait_until(lambda: run.moves("on-node0"), timeout=15, what="the move")
     moved = time.monotonic() - killed
-    wait_until(applying(db, "on-node0"), timeout=15, what="node 0's instance to apply")
+    wait_until(applying(run.db, "on-node0"), timeout=15, what="node 0's instance to apply")
     resumed = time.monotonic() - killed
-    wait_until(lambda: _both_own(db, names), timeout=15, what="both instances to own")
+    wait_until(run.both_own, timeout=15, what="both instances to own")
     owning = time.monotonic() - killed
-    galera.restart_node(0)
-    rejoined = time.monotonic() - killed
-    thread.join(timeout=120)
-    assert appended == [lines]
-    wait_until(lambda: _caught_up(db), timeout=60, what="the instances to catch up")
-    assert [stop_instance(process) for process in instances] == [0, 0]
-    assert message_count(db) == lines
-    assert wait_until(
-        lambda: every_node_matches_replay(galera, galera_db), timeout=30, what="every node"
-    )
+    rejoined = run.finish() - killed
     print(
         f"\nnode 0 killed: its instance moved after {moved:.1f}s, checkpointed again after "
         f"{resumed:.1f}s, both instances own partitions after {owning:.1f}s, node 0 "
         f"rejoined after {rejoined:.1f}s"
     )
     assert resumed < 1 + 6  # stale-instance-timeout + Galera's eviction of the dead node
-    moves = [line for line in logs["on-node0"].read_text().splitlines() if MOVED in line]
+    moves = run.moves("on-node0")
     assert len(moves) == 1, moves
     node = galera.sql_ports.index(int(moves[0].rsplit(":", 1)[1]))
     assert int((galera.status(node) or {})["wsrep_causal_reads"]) > 0  # read-your-writes
-    assert "Traceback" not in logs["on-node1"].read_text()
+    assert "Traceback" not in run.log("on-node0") + run.log("on-node1")
+
+
+def test_node_killed_with_stale_timeout_above_the_eviction_reshuffles_nothing(
+    galera: GaleraCluster, galera_db: str, tmp_path: Path
+) -> None:
+    """The README's advice (stale-instance-timeout well above Galera's suspect timeout,
+    here 8 s against 2 s): while the cluster commits nothing until it evicts the killed
+    node, ``status`` never shows a partition ORPHANED or UNCLAIMED, no partition changes
+    hands (no ``lost`` event, no session of a peer ended), only the instance on node 0
+    moves (one line), and it applies again under the same claims."""
+    settings = ConsumerSettings(stale_instance_timeout=8.0)
+    run = _KillRun(galera, galera_db, tmp_path, stale="8s")
+    claims = _claims(run.db, settings)
+    seen: set[str] = set()
+    reports: list[float] = []
+    watching = threading.Event()
+
+    def watch() -> None:  # what `projections status` shows, every 50 ms
+        while not watching.is_set():
+            for entry in consumers_report(run.db, settings)["consumers"]:
+                seen.update(str(p["state"]) for p in entry["partitions"])
+            reports.append(time.monotonic())
+            watching.wait(0.05)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        killed = time.monotonic()
+        galera.kill_node(0)
+        wait_until(lambda: run.moves("on-node0"), timeout=15, what="the move")
+        wait_until(applying(run.db, "on-node0"), timeout=15, what="node 0's instance to apply")
+        resumed = time.monotonic() - killed
+    finally:
+        watching.set()
+        watcher.join()
+    after = _claims(run.db, settings)
+    run.finish()
+    print(f"\nstale-instance-timeout 8s: node 0's instance checkpointed again after {resumed:.1f}s")
+    assert seen == {"OWNED"}, seen
+    assert reports[-1] - killed >= resumed - 0.5  # the watcher saw the whole pause
+    assert after == claims  # the same claims: nothing taken over
+    assert resumed < 8
+    assert len(run.moves("on-node0")) == 1 and run.moves("on-node1") == []
+    records = [line for line in run.log("on-node0").splitlines() if line.startswith("20")]
+    assert len(records) <= 8, records  # quiet: a few lines, not one per failed attempt
+    logs = run.log("on-node0") + run.log("on-node1")
+    assert "event=lost" not in logs and "stale instance" not in logs and "Traceback" not in logs, (
+        logs
+    )
 
 
 def test_lost_acknowledgements_in_front_of_one_node(
@@ -205,3 +324,41 @@ def test_lost_acknowledgements_in_front_of_one_node(
     assert wait_until(
         lambda: every_node_matches_replay(galera, galera_db), timeout=30, what="every node"
     )
+
+
+def test_node_out_of_the_primary_component_is_passed_over(
+    galera: GaleraCluster, galera_db: str, tmp_path: Path
+) -> None:
+    """Node 0 is cut off from the others (``gmcast.isolate``) under traffic, its server
+    running: once evicted it answers 1047 (not in the primary component). The instance on
+    it moves to a live node (one line naming the error) and applies again; a ``projections
+    append`` given all nodes, node 0 first, skips it (``wsrep_ready=OFF``) and stores its
+    file once. Node 0 rejoins by itself and ends equal to the replay like the others."""
+    with _KillRun(galera, galera_db, tmp_path, stale="8s") as run:
+        cut = time.monotonic()
+        galera.isolate(0)
+        run.cut = True
+        wait_until(
+            lambda: (galera.status(0) or {}).get("wsrep_ready") == "OFF",
+            timeout=30,
+            what="node 0 out of the primary component",
+        )
+        wait_until(lambda: run.moves("on-node0"), timeout=15, what="the move")
+        wait_until(applying(run.db, "on-node0"), timeout=15, what="node 0's instance to apply")
+        resumed = time.monotonic() - cut
+        run.extra = ledger_lines(tmp_path / "cut.jsonl", seed=8, messages=200, prefix="c")
+        appender = _append(galera.multi_url(galera_db), tmp_path / "cut.jsonl")
+        out, err = appender.communicate(timeout=60)
+        assert (appender.returncode, out.strip()) == (0, f"appended {run.extra} messages"), err
+        assert "1047" not in err and "1180" not in err, err  # node 0 was skipped, not tried
+        galera.isolate(0, False)
+        run.cut = False
+        galera.wait_synced(0, cluster_size=3)
+        run.finish()
+    print(f"\nnode 0 cut off: its instance applied again after {resumed:.1f}s")
+    moves = run.moves("on-node0")
+    assert len(moves) == 1 and run.moves("on-node1") == [], moves
+    assert any(reason in moves[0] for reason in ("1047", "1180", "wsrep_ready=OFF")), moves
+    assert not moves[0].endswith(f":{galera.sql_ports[0]}")
+    logs = run.log("on-node0") + run.log("on-node1")
+    assert "event=lost" not in logs and "Traceback" not in logs, logs

@@ -266,6 +266,19 @@ class GaleraCluster:
             raise GaleraError(f"galera node{node}: no recovered position in {log}")
         return str(found[-1])
 
+    def isolate(self, node: int, isolated: bool = True) -> None:
+        """Cut the node off from the others' group communication (``gmcast.isolate``), or
+        let it rejoin: isolated, it leaves the primary component once the others evict it
+        and answers 1047 to every statement, while its server keeps running."""
+        conn = pymysql.connect(host="127.0.0.1", port=self.sql_ports[node], user="root")
+        try:
+            with conn.cursor() as cursor:
+                cursor.execute(
+                    f"SET GLOBAL wsrep_provider_options = 'gmcast.isolate={int(isolated)}'"
+                )
+        finally:
+            conn.close()
+
     def restart_node(self, node: int) -> None:
         """Start a stopped or killed node again: recover its position, rejoin (by IST)."""
         position = self.recover_position(node)
