@@ -57,6 +57,8 @@ def test_a_retry_after_an_ambiguous_error_rereads_first_and_warns(
     assert calls == ["attempt", "attempt", "reread", "attempt"]
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "outcome unknown" in warnings[0]
+    assert "(2013, 'x')" in warnings[0] and "SQL" not in warnings[0]  # the driver's error
+    assert "\n" not in warnings[0]
 
 
 def test_a_reread_that_finds_the_commit_gives_the_retry_up() -> None:

@@ -195,11 +195,11 @@ def retry_transient(
             delay = backoff_delays(settings)[attempt]
             attempt += 1
             if is_ambiguous(exc):
-                log.warning(
+                log.warning(  # the driver's error alone: one line, no SQL or parameters
                     "%s: connection lost, outcome unknown; re-reading, retrying in %.3fs: %s",
                     what,
                     delay,
-                    exc,
+                    getattr(exc, "orig", None) or exc,
                 )
             else:
                 log.debug("transient error in %s, retrying in %.3fs: %s", what, delay, exc)
