@@ -49,6 +49,39 @@ def partition_hash(key: str) -> int:
     return zlib.crc32(key.encode("utf-8"))
 
 
+_INSERTED = (
+    "tenant",
+    "position",
+    "topic",
+    "source",
+    "version",
+    "type",
+    "payload",
+    "headers",
+    "partition_hash",
+    "recorded_at",
+)
+"""The columns of an appended message's row, in the order :meth:`append_encoded` gives them."""
+
+
+def _headers_json(headers: Mapping[str, Any] | None) -> str | None:
+    """``headers`` as stored: JSON, or None for none. A lone message id (what a send
+    carries) of printable ASCII but ``"`` and ``\\`` (which ``json.dumps`` leaves as they
+    are) is formatted directly, to the same text."""
+    if not headers:
+        return None
+    if (
+        len(headers) == 1
+        and type(message_id := headers.get(MESSAGE_ID_HEADER)) is str
+        and message_id.isascii()
+        and message_id.isprintable()
+        and '"' not in message_id
+        and "\\" not in message_id
+    ):
+        return f'{{"{MESSAGE_ID_HEADER}": "{message_id}"}}'
+    return json.dumps(headers)
+
+
 def partition_of(key: str, partitions: int) -> int:
     """The partition a key falls into for a consumer with ``partitions`` partitions."""
     return partition_hash(key) % partitions
@@ -211,27 +244,28 @@ class MessageStore:
                 raise VersionConflict(
                     topic=key[0], source=key[1], expected=expected, actual=versions.get(key, 0)
                 )
-        rows = []
+        tenant, crc32, rows = self.db.tenant, zlib.crc32, []
         for offset, message in enumerate(messages):
             key = (message.topic, message.source)
             versions[key] = version = versions.get(key, 0) + 1
             rows.append(
-                {
-                    "tenant": self.db.tenant,
-                    "position": first + offset,
-                    "topic": message.topic,
-                    "source": message.source,
-                    "version": version,
-                    "type": message.type,
-                    "payload": message.payload,
-                    "headers": json.dumps(message.headers) if message.headers else None,
-                    "partition_hash": partition_hash(message.source),
-                    "recorded_at": now,
-                }
+                (
+                    tenant,
+                    first + offset,
+                    message.topic,
+                    message.source,
+                    version,
+                    message.type,
+                    message.payload,
+                    _headers_json(message.headers),
+                    crc32(message.source.encode("utf-8")),  # partition_hash()
+                    now,
+                )
             )
         try:
             # One multi-row INSERT on MySQL; SQLAlchemy's per-row work skipped once learnt.
-            _fastpath.execute(conn, self._insert, rows, direct=_fastpath.sends_directly(conn))
+            direct = _fastpath.sends_directly(conn)
+            _fastpath.execute_rows(conn, self._insert, _INSERTED, rows, direct=direct)
         except IntegrityError as exc:
             # Only reachable when the caller's snapshot hid a concurrent append (REPEATABLE READ).
             first_key = (messages[0].topic, messages[0].source)
