@@ -34,6 +34,10 @@ class Outage:
     with how long it was down when it is back. Thread-safe.
     """
 
+    settle: float = 1.0
+    """Seconds an outage lasts at least: as a server goes down, a connection opened before
+    may still answer once, which must not end the outage and start another."""
+
     def __init__(self, who: str, what: str = "database") -> None:
         self.who = who
         self.what = what
@@ -42,7 +46,7 @@ class Outage:
 
     @property
     def down(self) -> bool:
-        """Whether the last outcome was an unreachable database."""
+        """Whether the database is taken to be unreachable (an outage is going on)."""
         return self._since is not None
 
     def failed(self, exc: BaseException) -> bool:
@@ -63,14 +67,18 @@ class Outage:
         return True
 
     def succeeded(self) -> None:
-        """Record a success; logs once how long the outage lasted, if there was one."""
+        """Record a success; logs once how long the outage lasted, if there was one (and
+        it began at least :attr:`settle` seconds ago; otherwise it goes on)."""
         if self._since is None:
             return
         with self._lock:
-            since, self._since = self._since, None
-        if since is not None:  # another thread may have logged it meanwhile
-            lasted = time.monotonic() - since
-            log.info("%s: %s reachable again after %.1f s", self.who, self.what, lasted)
+            since = self._since
+            if since is None or time.monotonic() - since < self.settle:
+                return  # another thread logged it meanwhile, or too early to tell
+            self._since = None
+        log.info(
+            "%s: %s reachable again after %.1f s", self.who, self.what, time.monotonic() - since
+        )
 
 
 class Failing:
