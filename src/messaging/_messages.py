@@ -13,8 +13,9 @@ import cattrs.preconf.json
 from cattrs.cols import is_any_set, is_sequence
 
 from messaging._errors import DecodeError, RegistrationError
+from messaging._json import make_dumps
 
-_dumps = json.JSONEncoder(separators=(",", ":")).encode
+_dumps = make_dumps(",", ":")
 """``json.dumps(value, separators=(",", ":"))`` without building an encoder per call."""
 
 T = TypeVar("T")

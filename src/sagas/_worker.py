@@ -24,6 +24,7 @@ import cattrs.preconf.json
 
 from messaging._consumers import ConsumerSpec
 from messaging._errors import CheckpointMoved, OwnershipLost, ProjectionsError, RegistrationError
+from messaging._json import make_dumps
 from messaging._messages import Envelope, MessageRegistry
 from messaging.distribution._ownership import Claim
 from messaging.runtime._context import HandlerContext
@@ -56,6 +57,8 @@ class SagaDispatcher(Dispatcher):
         self.options = saga_options(spec.cls)
         self.store = SagaStore(db, spec.name)
         self.converter = cattrs.preconf.json.make_converter()
+        self.dump_state = make_dumps()
+        """``converter.dumps`` of an unstructured state, without its per-call set-up."""
         self.starters: set[str] = set()
         for cls, attribute in spec.handlers.items():
             where = f"saga {spec.name!r}: handler {spec.cls.__qualname__}.{attribute}"
@@ -170,7 +173,8 @@ class _Batch:
                 f"{instance.state!r}, not a {dispatcher.options.state.__qualname__}"
             )
         self.instances[key] = instance
-        self.encoded[key] = (dispatcher.converter.dumps(instance.state), self._deadlines(instance))
+        state = dispatcher.dump_state(dispatcher.converter.unstructure(instance.state))
+        self.encoded[key] = (state, self._deadlines(instance))
 
     def _deadlines(self, instance: SagaContext) -> list[Deadline]:
         """The deadlines ``instance`` has scheduled, encoded (a bad one fails here, at the
