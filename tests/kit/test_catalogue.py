@@ -507,6 +507,20 @@ CATALOGUE = [
         only="lost acknowledgement",
     ),
     Entry(
+        "writes outside the transaction, by a zombie",
+        ReportedMachine,
+        [ReportedStock],
+        "scenario 'zombie'",
+        only="zombie",
+    ),
+    Entry(
+        "writes outside the transaction, by a batch that died before its commit",
+        ReportedMachine,
+        [ReportedStock],
+        "scenario 'crash mid-batch'",
+        only="crash mid-batch",
+    ),
+    Entry(
         "the user's in-memory running totals, inserted at first sight",
         InventoryMachine,
         [CachedInventoryStock],
@@ -569,6 +583,9 @@ def test_the_search_alone_finds_state_kept_in_the_instance_and_reports_within_a_
     notes = "\n".join(getattr(failure.value, "__notes__", []))
     assert "state = SearchedCachedStock()" in notes and "Cluster scenario" in notes, notes
     assert took < REPORTED_WITHIN, f"reported after {took:.1f} s"
+    program = notes[notes.index("state = SearchedCachedStock()") : notes.index("state.teardown()")]
+    with pytest.raises(AssertionError, match="read model differs"):  # as pasted into a test
+        exec(program + "state.teardown()", {**globals(), "SearchedCachedStock": machine})
 
 
 def test_the_users_correct_inventory_passes_the_defaults() -> None:
