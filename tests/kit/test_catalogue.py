@@ -360,6 +360,97 @@ class RemindersMachine(ClusterMachine):
     )
 
 
+# -- issue 17's user ---------------------------------------------------------------------------
+
+# Issue 17's user, as a test: a small inventory app written only from docs/testing.md (one
+# message type ``Added(sku, qty)``, the SKU as the source, 3 SKUs, 4 partitions, no initial
+# appends), a correct projection that reads and then updates through ``ctx.connection``,
+# and two that keep running totals in the instance's memory and write them whole: one
+# that inserts a SKU's row the first time it sees the SKU and updates it afterwards, one
+# that upserts. The doc's 20-line test with the defaults, nothing tuned: each broken one
+# fails in the battery's handover scenario in seconds, with a sentence (in the catalogue
+# below); the correct one passes the battery and the default search.
+#
+# The insert-then-update one escaped the handover scenario when the source got its message
+# once before the move: the fresh instance's first attempt (an insert of a row that
+# exists) failed after caching the total, and its retry wrote twice the message, which
+# was what a correct consumer writes.
+
+inventory = Table(
+    "inv_stock",
+    metadata,
+    Column("sku", String(64), primary_key=True),
+    Column("qty", Integer, nullable=False),
+)
+
+
+@projection("inv-stock", topics=TOPIC, partitions=4, tables=[inventory])
+class InventoryStock:
+    """Correct: reads the SKU's row, then inserts or updates it, in the batch's transaction."""
+
+    @handler
+    def added(self, event: Added, ctx: HandlerContext) -> None:
+        qty = ctx.connection.execute(
+            select(inventory.c.qty).where(inventory.c.sku == event.sku)
+        ).scalar_one_or_none()
+        if qty is None:
+            ctx.connection.execute(insert(inventory).values(sku=event.sku, qty=event.qty))
+        else:
+            ctx.connection.execute(
+                update(inventory).where(inventory.c.sku == event.sku).values(qty=qty + event.qty)
+            )
+
+
+@projection("inv-cached-stock", topics=TOPIC, partitions=4, tables=[inventory])
+class CachedInventoryStock:
+    """Broken: the running total of each SKU in the instance, inserted the first time this
+    instance sees the SKU, updated whole afterwards."""
+
+    def __init__(self) -> None:
+        self.totals: dict[str, int] = {}
+
+    @handler
+    def added(self, event: Added, ctx: HandlerContext) -> None:
+        known = event.sku in self.totals
+        self.totals[event.sku] = total = self.totals.get(event.sku, 0) + event.qty
+        if known:
+            ctx.connection.execute(
+                update(inventory).where(inventory.c.sku == event.sku).values(qty=total)
+            )
+        else:
+            ctx.connection.execute(insert(inventory).values(sku=event.sku, qty=total))
+
+
+@projection("inv-upserted-stock", topics=TOPIC, partitions=4, tables=[inventory])
+class UpsertedInventoryStock:
+    """Broken: the running total of each SKU in the instance, upserted whole."""
+
+    def __init__(self) -> None:
+        self.totals: dict[str, int] = {}
+
+    @handler
+    def added(self, event: Added, ctx: HandlerContext) -> None:
+        self.totals[event.sku] = self.totals.get(event.sku, 0) + event.qty
+        ctx.upsert(inventory, {"sku": event.sku}, set={"qty": self.totals[event.sku]})
+
+
+class InventoryMachine(StockMachine):
+    """The user's machine: the same appends, without the initial ones."""
+
+    consumers: ClassVar[Sequence[type]] = (InventoryStock,)
+    initial: ClassVar[list[Append]] = []
+
+    def expected(self, messages: Sequence[object]) -> object:
+        totals: dict[str, int] = {}
+        for m in messages:
+            assert isinstance(m, Added)
+            totals[m.sku] = totals.get(m.sku, 0) + m.qty
+        return totals
+
+    def actual(self, conn: Connection) -> object:
+        return {r.sku: r.qty for r in conn.execute(select(inventory))}
+
+
 # -- the catalogue ----------------------------------------------------------------------------
 
 
@@ -415,6 +506,32 @@ CATALOGUE = [
         "scenario 'lost acknowledgement'",
         only="lost acknowledgement",
     ),
+    Entry(
+        "writes outside the transaction, by a zombie",
+        ReportedMachine,
+        [ReportedStock],
+        "scenario 'zombie'",
+        only="zombie",
+    ),
+    Entry(
+        "writes outside the transaction, by a batch that died before its commit",
+        ReportedMachine,
+        [ReportedStock],
+        "scenario 'crash mid-batch'",
+        only="crash mid-batch",
+    ),
+    Entry(
+        "the user's in-memory running totals, inserted at first sight",
+        InventoryMachine,
+        [CachedInventoryStock],
+        "scenario 'handover' failed: the consumer depends on state kept in the instance",
+    ),
+    Entry(
+        "the user's in-memory running totals, upserted",
+        InventoryMachine,
+        [UpsertedInventoryStock],
+        "scenario 'handover' failed: the consumer depends on state kept in the instance",
+    ),
 ]
 CORRECT: list[type[ClusterMachine]] = [
     StockMachine,
@@ -422,6 +539,7 @@ CORRECT: list[type[ClusterMachine]] = [
     _with(StampedMachine, [ReceiptStock]),
     EmailsMachine,
     RemindersMachine,
+    InventoryMachine,
 ]
 
 
@@ -465,3 +583,16 @@ def test_the_search_alone_finds_state_kept_in_the_instance_and_reports_within_a_
     notes = "\n".join(getattr(failure.value, "__notes__", []))
     assert "state = SearchedCachedStock()" in notes and "Cluster scenario" in notes, notes
     assert took < REPORTED_WITHIN, f"reported after {took:.1f} s"
+    program = notes[notes.index("state = SearchedCachedStock()") : notes.index("state.teardown()")]
+    with pytest.raises(AssertionError, match="read model differs"):  # as pasted into a test
+        exec(program + "state.teardown()", {**globals(), "SearchedCachedStock": machine})
+
+
+def test_the_users_correct_inventory_passes_the_defaults() -> None:
+    """The whole battery, then the default search (25 runs of 12 steps, from scratch: no
+    saved examples), as the user's 20-line test runs them. (On SQLite only: the catalogue's
+    correct consumers run the battery and a short search on both backends.)"""
+    started = time.perf_counter()
+    run_cluster_machine(InventoryMachine, settings(machine_settings(), database=None))
+    took = time.perf_counter() - started
+    print(f"\nthe user's correct inventory passed the defaults in {took:.1f} s")
