@@ -22,7 +22,7 @@ def _not_serializable(value: object) -> Any:
 
 def make_dumps(item_separator: str = ", ", key_separator: str = ": ") -> Callable[[Any], str]:
     """``json.dumps(value, separators=(item_separator, key_separator))`` as a function."""
-    make_encoder = _encoder.c_make_encoder
+    make_encoder = getattr(_encoder, "c_make_encoder", None)
     if make_encoder is None:  # no C accelerator: the standard encoder, built once
         return json.JSONEncoder(separators=(item_separator, key_separator)).encode
     chunks = make_encoder(
