@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import urllib.request
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from admin_client import chromium
 from clusters import SUPPORT, stop_instance, wait_until, write_config
 from memory_app import CONSUMER, TOPIC, Item
 
@@ -159,6 +161,39 @@ def test_each_instance_copy_is_reported_and_operated_alone(
     b = _copies(db)["b"]
     assert (b["state"], b["position"], b["lag"]) == ("halted", poison - 1, 4)
     assert newest == head + 1
+
+
+def test_each_instance_page_shows_every_copy_and_operates_its_own(
+    db: Database, two: tuple[Path, str, str], tmp_path: Path
+) -> None:
+    """Rendered by headless Chromium, `a`'s page lists both copies, halted at the poison
+    message with its type, error and trace; the buttons are on `a`'s copy only, `b`'s row
+    links to `b`'s page."""
+    _, url_a, url_b = two
+    _append(db, "one")
+    poison = _append(db, "poison")
+    wait_until(
+        lambda: [c["state"] for c in _copies(db).values()] == ["halted"] * 2,
+        timeout=60,
+        what="both copies halted",
+    )
+    dom = chromium(tmp_path / "profile", "--dump-dom", url=url_a + "/admin")
+    assert dom.returncode == 0, dom.stderr
+    rows = dict(
+        re.findall(
+            r'<tr data-in-memory="test-memory" data-copy-of="(\w+)"(.*?)</tr>', dom.stdout, re.S
+        )
+    )
+    assert set(rows) == {"a", "b"}
+    for row in rows.values():
+        assert f"halted at {poison} (test.memory.item): ValueError: cannot count poison" in row
+        assert 'raise ValueError("cannot count poison")</pre>' not in row  # not the last line
+        assert (
+            'raise ValueError("cannot count poison")\nValueError: cannot count poison</pre>' in row
+        )
+    assert 'data-command="resume"' in rows["a"] and "skip poison" in rows["a"]
+    assert "data-command" not in rows["b"]
+    assert f'<a href="{url_b}/admin">its page</a>' in rows["b"]
 
 
 def test_with_workers_each_worker_serves_its_own_copies(db: Database, tmp_path: Path) -> None:
