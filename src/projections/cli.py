@@ -233,7 +233,7 @@ def cmd_append(args: argparse.Namespace) -> int:
 
 def cmd_operation(args: argparse.Namespace) -> int:
     from projections import _operations as operations
-    from projections._reports import in_memory_copies
+    from projections._reports import in_memory_pointer
 
     settings = _settings(args)
     db = _existing_database(settings)
@@ -242,30 +242,16 @@ def cmd_operation(args: argparse.Namespace) -> int:
         db.prepare()
         _operate(args, db, who)
     except OperationError:
-        copies = in_memory_copies(db, settings.messaging.consumer, args.consumer)
-        if not copies:
+        skip = bool(getattr(args, "skip_poison", False))
+        where = in_memory_pointer(
+            db, settings.messaging.consumer, args.consumer, args.command, skip_poison=skip
+        )
+        if where is None:
             raise
-        raise ProjectionsError(_in_memory_pointer(args, copies)) from None
+        raise ProjectionsError(where) from None
     finally:
         db.dispose()
     return 0
-
-
-def _in_memory_pointer(args: argparse.Namespace, copies: list[dict[str, Any]]) -> str:
-    """Where to operate an in-memory consumer: each instance's admin endpoint."""
-    route = f"/admin/consumers/{args.consumer}/{args.command}"
-    where = [
-        f"{c['instance']}: POST {c['admin']}{route}"
-        if c["admin"]
-        else f"{c['instance']}: started without --admin-port"
-        for c in copies
-    ]
-    body = ' with {"skip_poison": true}' if getattr(args, "skip_poison", False) else ""
-    return (
-        f"{args.consumer} is an in-memory projection: each instance runs its own copy, which "
-        f"a command through the database cannot reach; operate a copy on its instance's "
-        f"admin endpoint{body} ({'; '.join(where)})"
-    )
 
 
 def _operate(args: argparse.Namespace, db: Database, who: str) -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from admin_client import chromium
+from admin_client import chromium, post
 from clusters import SUPPORT, stop_instance, wait_until, write_config
 from memory_app import CONSUMER, TOPIC, Item
 
@@ -198,18 +198,23 @@ def test_each_instance_page_shows_every_copy_and_operates_its_own(
 
 def test_with_workers_each_worker_serves_its_own_copies(db: Database, tmp_path: Path) -> None:
     """`run --workers 2 --admin-port 0`: each worker publishes an admin URL of its own, and
-    pausing the copy through one worker's URL leaves the other worker's copy running."""
+    pausing the copy through one worker's URL leaves the other worker's copy running; the
+    supervisor's own admin server, which runs no copy, points at the workers' endpoints."""
     config = write_config(tmp_path / "app.yaml", db, extra=f"admin: {{token: {TOKEN}}}\n")
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SUPPORT), env.get("PYTHONPATH")]))
     command = [*CLI, "--log-level", "WARNING", "run", "memory_app", "--config", str(config)]
     supervisor = subprocess.Popen(
         [*command, "--workers", "2", "--admin-port", "0", "--instance-name", "w"],
-        stdout=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
         text=True,
         env=env,
     )
     try:
+        assert supervisor.stdout is not None
+        line = supervisor.stdout.readline()  # the supervisor's, bound before any worker
+        assert line.startswith("admin page: "), line
+        own = line.split()[-1].removesuffix("/admin")
         _append(db, "one")
 
         def published() -> dict[str, dict[str, Any]] | None:
@@ -221,6 +226,12 @@ def test_with_workers_each_worker_serves_its_own_copies(db: Database, tmp_path: 
         )
         assert set(copies) == {"w-1", "w-2"}
         assert copies["w-1"]["admin"] != copies["w-2"]["admin"]
+        status, answer = post(f"{own}/admin/consumers/{CONSUMER}/pause", {}, token=TOKEN)
+        assert status == 409
+        assert "is an in-memory projection" in answer["error"]
+        for name in ("w-1", "w-2"):
+            where = f"{name}: POST {copies[name]['admin']}/admin/consumers/{CONSUMER}/pause"
+            assert where in answer["error"]
         _post(copies["w-1"]["admin"], "pause")
         wait_until(lambda: _copies(db)["w-1"]["state"] == "paused", timeout=30, what="w-1 paused")
         head = _append(db, "two")
