@@ -42,7 +42,11 @@ from messaging.store._database import Database
 from projections import _operations as operations
 from projections._admin_guard import AdminGuard, Refusal, require_token_off_loopback
 from projections._admin_http import BoundedHTTPServer, LimitedRequestHandler
-from projections._reports import consumers_report, instances_report
+from projections._reports import (
+    consumers_report,
+    in_memory_pointer,
+    instances_report,
+)
 
 log = logging.getLogger("projections.admin")
 
@@ -287,23 +291,38 @@ def make_server(
             who = f"admin token@{peer_host}"
             reason = body.get("reason", "")
 
-            def run() -> dict[str, Any]:
-                result: dict[str, Any] = {"consumer": consumer, "command": command}
-                if instance is not None and consumer in instance.in_memory:
-                    skip = bool(body.get("skip_poison"))
-                    result = instance.operate_in_memory(consumer, command, skip_poison=skip)
-                elif command == "pause":
+            def through_database() -> dict[str, Any]:
+                if command == "pause":
                     operations.pause(db, consumer, who=who, reason=reason)
                 elif command == "rebuild":
                     operations.rebuild(db, consumer, who=who, reason=reason)
                 else:
-                    result["halted"] = operations.resume(
+                    halted = operations.resume(
                         db,
                         consumer,
                         who=who,
                         reason=reason,
                         skip_poison=body.get("skip_poison", False),
                     )
+                    return {"halted": halted}
+                return {}
+
+            def run() -> dict[str, Any]:
+                result: dict[str, Any] = {"consumer": consumer, "command": command}
+                if instance is not None and consumer in instance.in_memory:
+                    skip = bool(body.get("skip_poison"))
+                    result = instance.operate_in_memory(consumer, command, skip_poison=skip)
+                else:
+                    try:
+                        result.update(through_database())
+                    except OperationError:
+                        skip = bool(body.get("skip_poison"))
+                        where = in_memory_pointer(
+                            db, consumer_settings, consumer, command, skip_poison=skip
+                        )
+                        if where is None:
+                            raise
+                        raise OperationError(where) from None
                 log.info("admin: %s %s by %s:%s", command, consumer, peer_host, peer_port)
                 return result
 

@@ -169,6 +169,30 @@ def in_memory_copies(db: Database, settings: ConsumerSettings, name: str) -> lis
     return []
 
 
+def in_memory_pointer(
+    db: Database, settings: ConsumerSettings, name: str, command: str, *, skip_poison: bool
+) -> str | None:
+    """Why a command through the database cannot reach in-memory consumer ``name``, and
+    where to send it instead: each instance's admin endpoint (None when no instance
+    publishes a copy of ``name``)."""
+    copies = in_memory_copies(db, settings, name)
+    if not copies:
+        return None
+    route = f"/admin/consumers/{name}/{command}"
+    where = [
+        f"{c['instance']}: POST {c['admin']}{route}"
+        if c["admin"]
+        else f"{c['instance']}: started without --admin-port"
+        for c in copies
+    ]
+    body = ' with {"skip_poison": true}' if skip_poison else ""
+    return (
+        f"{name} is an in-memory projection: each instance runs its own copy, which "
+        f"a command through the database cannot reach; operate a copy on its instance's "
+        f"admin endpoint{body} ({'; '.join(where)})"
+    )
+
+
 def _replay_total(
     db: Database, conn: Connection, consumer: RowMapping, topics: list[str], types: list[str]
 ) -> int:

@@ -22,6 +22,7 @@ from sqlalchemy.exc import DBAPIError
 from messaging._config import load_settings
 from messaging._connection import database_for
 from messaging._errors import OperationError, ProjectionsError
+from messaging._overrides import check_overrides
 from messaging._plugins import collect_consumers, create_plugin_manager, import_module
 from messaging._settings import ConsumerSettings, Settings
 from messaging.runtime._instance import Instance
@@ -86,6 +87,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     _use_app_dir(args)
     manager = create_plugin_manager([*args.modules, *settings.plugins])
     specs = collect_consumers(manager)  # fail here, once, rather than in every worker
+    check_overrides(settings, specs)  # before any worker, admin server or database file
     if args.workers is not None:
         if args.admin_port and args.admin_port + args.workers > 65535:
             raise ProjectionsError(
@@ -231,7 +233,7 @@ def cmd_append(args: argparse.Namespace) -> int:
 
 def cmd_operation(args: argparse.Namespace) -> int:
     from projections import _operations as operations
-    from projections._reports import in_memory_copies
+    from projections._reports import in_memory_pointer
 
     settings = _settings(args)
     db = _existing_database(settings)
@@ -240,30 +242,16 @@ def cmd_operation(args: argparse.Namespace) -> int:
         db.prepare()
         _operate(args, db, who)
     except OperationError:
-        copies = in_memory_copies(db, settings.messaging.consumer, args.consumer)
-        if not copies:
+        skip = bool(getattr(args, "skip_poison", False))
+        where = in_memory_pointer(
+            db, settings.messaging.consumer, args.consumer, args.command, skip_poison=skip
+        )
+        if where is None:
             raise
-        raise ProjectionsError(_in_memory_pointer(args, copies)) from None
+        raise ProjectionsError(where) from None
     finally:
         db.dispose()
     return 0
-
-
-def _in_memory_pointer(args: argparse.Namespace, copies: list[dict[str, Any]]) -> str:
-    """Where to operate an in-memory consumer: each instance's admin endpoint."""
-    route = f"/admin/consumers/{args.consumer}/{args.command}"
-    where = [
-        f"{c['instance']}: POST {c['admin']}{route}"
-        if c["admin"]
-        else f"{c['instance']}: started without --admin-port"
-        for c in copies
-    ]
-    body = ' with {"skip_poison": true}' if getattr(args, "skip_poison", False) else ""
-    return (
-        f"{args.consumer} is an in-memory projection: each instance runs its own copy, which "
-        f"a command through the database cannot reach; operate a copy on its instance's "
-        f"admin endpoint{body} ({'; '.join(where)})"
-    )
 
 
 def _operate(args: argparse.Namespace, db: Database, who: str) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import urllib.request
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from admin_client import chromium, post
 from clusters import SUPPORT, stop_instance, wait_until, write_config
 from memory_app import CONSUMER, TOPIC, Item
 
@@ -161,20 +163,58 @@ def test_each_instance_copy_is_reported_and_operated_alone(
     assert newest == head + 1
 
 
+def test_each_instance_page_shows_every_copy_and_operates_its_own(
+    db: Database, two: tuple[Path, str, str], tmp_path: Path
+) -> None:
+    """Rendered by headless Chromium, `a`'s page lists both copies, halted at the poison
+    message with its type, error and trace; the buttons are on `a`'s copy only, `b`'s row
+    links to `b`'s page."""
+    _, url_a, url_b = two
+    _append(db, "one")
+    poison = _append(db, "poison")
+    wait_until(
+        lambda: [c["state"] for c in _copies(db).values()] == ["halted"] * 2,
+        timeout=60,
+        what="both copies halted",
+    )
+    dom = chromium(tmp_path / "profile", "--dump-dom", url=url_a + "/admin")
+    assert dom.returncode == 0, dom.stderr
+    rows = dict(
+        re.findall(
+            r'<tr data-in-memory="test-memory" data-copy-of="(\w+)"(.*?)</tr>', dom.stdout, re.S
+        )
+    )
+    assert set(rows) == {"a", "b"}
+    for row in rows.values():
+        assert f"halted at {poison} (test.memory.item): ValueError: cannot count poison" in row
+        assert 'raise ValueError("cannot count poison")</pre>' not in row  # not the last line
+        assert (
+            'raise ValueError("cannot count poison")\nValueError: cannot count poison</pre>' in row
+        )
+    assert 'data-command="resume"' in rows["a"] and "skip poison" in rows["a"]
+    assert "data-command" not in rows["b"]
+    assert f'<a href="{url_b}/admin">its page</a>' in rows["b"]
+
+
 def test_with_workers_each_worker_serves_its_own_copies(db: Database, tmp_path: Path) -> None:
     """`run --workers 2 --admin-port 0`: each worker publishes an admin URL of its own, and
-    pausing the copy through one worker's URL leaves the other worker's copy running."""
+    pausing the copy through one worker's URL leaves the other worker's copy running; the
+    supervisor's own admin server, which runs no copy, points at the workers' endpoints."""
     config = write_config(tmp_path / "app.yaml", db, extra=f"admin: {{token: {TOKEN}}}\n")
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SUPPORT), env.get("PYTHONPATH")]))
     command = [*CLI, "--log-level", "WARNING", "run", "memory_app", "--config", str(config)]
     supervisor = subprocess.Popen(
         [*command, "--workers", "2", "--admin-port", "0", "--instance-name", "w"],
-        stdout=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
         text=True,
         env=env,
     )
     try:
+        assert supervisor.stdout is not None
+        line = supervisor.stdout.readline()  # the supervisor's, bound before any worker
+        assert line.startswith("admin page: "), line
+        own = line.split()[-1].removesuffix("/admin")
         _append(db, "one")
 
         def published() -> dict[str, dict[str, Any]] | None:
@@ -186,6 +226,12 @@ def test_with_workers_each_worker_serves_its_own_copies(db: Database, tmp_path: 
         )
         assert set(copies) == {"w-1", "w-2"}
         assert copies["w-1"]["admin"] != copies["w-2"]["admin"]
+        status, answer = post(f"{own}/admin/consumers/{CONSUMER}/pause", {}, token=TOKEN)
+        assert status == 409
+        assert "is an in-memory projection" in answer["error"]
+        for name in ("w-1", "w-2"):
+            where = f"{name}: POST {copies[name]['admin']}/admin/consumers/{CONSUMER}/pause"
+            assert where in answer["error"]
         _post(copies["w-1"]["admin"], "pause")
         wait_until(lambda: _copies(db)["w-1"]["state"] == "paused", timeout=30, what="w-1 paused")
         head = _append(db, "two")

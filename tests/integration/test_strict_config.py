@@ -145,3 +145,29 @@ def test_concurrency_limit_is_refused_where_it_does_nothing(
     )
     assert "Traceback" not in done.stderr
     assert not (tmp_path / "projections.db").exists()
+
+
+@pytest.mark.parametrize("options", [("--workers", "2"), ("--admin-port", "0")])
+def test_run_refuses_a_misspelled_override_before_starting_anything(
+    tmp_path: Path, options: tuple[str, str]
+) -> None:
+    """With workers or an admin server, the override is checked once by `run` itself: it
+    exits 1 with the error once (no worker started, so none restarted in a loop) and
+    creates no database."""
+    config = tmp_path / "app.yaml"
+    config.write_text(
+        "projections:\n  consumers:\n    ledger-balance: {distribution: partitioned}\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "projections.cli", "run", *APP, "--config", "app.yaml", *options],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+        check=False,
+    )
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.count("did you mean 'ledger-balances'?") == 1, done.stderr
+    assert "worker" not in done.stderr and "Traceback" not in done.stderr
+    assert done.stdout == ""
+    assert not (tmp_path / "projections.db").exists()

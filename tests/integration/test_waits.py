@@ -4,7 +4,9 @@ up and replayed without waiting for rounds, its progress moving as messages are 
 
 from __future__ import annotations
 
+import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -20,7 +22,7 @@ from clusters import SUPPORT, stop_instance, wait_until
 from sqlalchemy import MetaData
 from tally_cluster import TallyCluster
 
-from messaging import Database
+from messaging import Database, Instance, Settings, collect_consumers, create_plugin_manager
 from messaging._settings import ConsumerSettings
 from messaging.distribution._membership import Membership
 from projections._reports import consumers_report
@@ -144,6 +146,40 @@ def test_a_joiner_says_what_it_waits_for_and_gets_it_soon(instances: Instances) 
             timeout=30,
             what="b's line saying it has its share",
         )
+
+
+def test_a_joiner_whose_share_is_held_says_so_then_that_it_has_it(
+    db: Database, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Rounds driven by hand, so that the joiner's first round surely finds its share held:
+    it logs what it waits for and the bound at start, and once the holder's round has
+    handed the share over, that it has it and after how long."""
+
+    def instance(name: str) -> Instance:
+        manager = create_plugin_manager(["tally_app"], load_entrypoints=False)
+        return Instance(db, collect_consumers(manager), Settings(), manager.hook, name=name)
+
+    a, b = instance("a"), instance("b")
+    a.start(loops=False)  # the only instance: holds all 4 partitions
+    try:
+        with caplog.at_level(logging.INFO, logger="messaging"):
+            b.start(loops=False)
+            assert not b.workers[tally_app.CONSUMER].claims()
+            assert (
+                "instance b: waiting for 2 partition(s) of tally held by live instances: they "
+                "hand them over at their next rebalance round, usually within 1 s, at most "
+                "20 s (two rebalance-intervals) plus a batch in flight"
+            ) in caplog.text
+            assert "has its share" not in caplog.text
+            a.rebalance()  # a sees b and hands over b's share
+            b.rebalance()
+            assert len(b.workers[tally_app.CONSUMER].claims()) == 2
+            assert re.search(
+                r"instance b: has its share of every consumer after \d+\.\d s", caplog.text
+            )
+    finally:
+        b.stop()
+        a.stop()
 
 
 def test_rebuild_progress_moves_as_messages_are_replayed(

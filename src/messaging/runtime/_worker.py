@@ -252,9 +252,15 @@ class ConsumerWorker(Worker):
                 lambda: self._commit(batch, immediate=False), claims, f"apply {self.spec.name}"
             )
         except Poison as failed:
-            # The buffered writes hide which message failed: replay it unbuffered to find out.
+            replay: Sequence[StoredRow] | None = failed.batch
+        else:
+            replay = None
+        if replay is not None:
+            # The buffered writes hide which message failed: replay it unbuffered to find
+            # out (outside the handler above, so the handler's error, logged with the halt,
+            # does not carry this first failure as its context).
             try:
-                rows = self._commit(Batch(claims, failed.batch), immediate=True)
+                rows = self._commit(Batch(claims, replay), immediate=True)
             except Poison as poison:
                 # Commit what came before the poison message, so that its partition's
                 # checkpoint stops right before it, then halt that partition there.
