@@ -120,9 +120,16 @@ def _admin_alongside(
 
     db = _database(settings)
     try:
-        db.prepare()  # before the first request, which would find no tables otherwise
+        # Bound first, so a port in use fails before the database is made; prepared
+        # before serving, so the first request finds the tables.
         server = listen(db, settings, "127.0.0.1", args.admin_port, instance)
     except BaseException:
+        db.dispose()
+        raise
+    try:
+        db.prepare()
+    except BaseException:
+        server.server_close()
         db.dispose()
         raise
     if instance is not None:

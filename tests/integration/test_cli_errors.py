@@ -70,11 +70,14 @@ def busy_port() -> Iterator[int]:
 
 
 def test_an_admin_port_in_use_is_one_line(tmp_path: Path, busy_port: int) -> None:
-    """`admin --port` and `run --admin-port` on a port in use say so in one line."""
+    """`admin --port` and `run --admin-port` on a port in use say so in one line (`run`
+    before it makes the database)."""
     url = f"sqlite:///{tmp_path / 'app.db'}"
     _one_line(_in(tmp_path, "admin", "--port", str(busy_port), "--database", url), "in use")
+    (tmp_path / "app.db").unlink(missing_ok=True)
     run = ("run", "projections.examples.ledger", "--database", url)
     _one_line(_in(tmp_path, *run, "--admin-port", str(busy_port)), "in use")
+    assert not (tmp_path / "app.db").exists()  # refused before the database was made
 
 
 @pytest.mark.parametrize(
