@@ -159,16 +159,14 @@ _EXACT_CHECKS = {
 def _flat_decoder(
     cls: type, strictly: Callable[[str | bytes, int | None], Any]
 ) -> Callable[[str | bytes, int | None], Any] | None:
-    """For a class whose fields are all required str/int/float/bool, a generated decode
-    function: it scans a str payload, checks its keys and exact types inline and builds
-    the object, or hands the payload to ``strictly``. None for other classes."""
+    """For a class whose fields are all str/int/float/bool, a generated decode function: it
+    scans a str payload, checks that it holds exactly the fields (defaults or not) with
+    their exact types inline and builds the object, or hands the payload to ``strictly``
+    (a payload with a key missing, say). None for other classes."""
     attrs.resolve_types(cls)
     fields = attrs.fields(cls)
     hints: dict[str, Any] = {f.name: f.type for f in fields}
-    if not fields or any(
-        not f.init or f.default is not attrs.NOTHING or hints[f.name] not in _EXACT_CHECKS
-        for f in fields
-    ):
+    if not fields or any(not f.init or hints[f.name] not in _EXACT_CHECKS for f in fields):
         return None
     names = [f"v{i}" for i in range(len(fields))]
     checks = " and ".join(
@@ -205,6 +203,15 @@ def _flat_decoder(
     exec(compile(source, f"<message decoder {cls.__qualname__}>", "exec"), namespace)
     decode: Callable[[str | bytes, int | None], Any] = namespace["decode"]
     return decode
+
+
+def quick_decoder(
+    cls: type, strictly: Callable[[str | bytes, int | None], Any]
+) -> Callable[[str | bytes, int | None], Any]:
+    """A decode function ``(payload, position) -> instance of cls`` for hot loops: a
+    generated quick path for a flat attrs class (str/int/float/bool fields), which defers
+    to ``strictly`` whenever it has any doubt; ``strictly`` itself for other classes."""
+    return _flat_decoder(cls, strictly) or strictly
 
 
 def _slot_setters(

@@ -25,7 +25,7 @@ import cattrs.preconf.json
 from messaging._consumers import ConsumerSpec
 from messaging._errors import CheckpointMoved, OwnershipLost, ProjectionsError, RegistrationError
 from messaging._json import make_dumps
-from messaging._messages import Envelope, MessageRegistry
+from messaging._messages import Envelope, MessageRegistry, quick_decoder
 from messaging.distribution._ownership import Claim
 from messaging.runtime._context import HandlerContext
 from messaging.runtime._dispatch import Dispatcher
@@ -59,6 +59,11 @@ class SagaDispatcher(Dispatcher):
         self.converter = cattrs.preconf.json.make_converter()
         self.dump_state = make_dumps()
         """``converter.dumps`` of an unstructured state, without its per-call set-up."""
+        state_class = self.options.state
+        self.load_state = quick_decoder(
+            state_class, lambda payload, _position: self.converter.loads(payload, state_class)
+        )
+        """``converter.loads`` of a stored state (generated for a flat state class)."""
         self.starters: set[str] = set()
         for cls, attribute in spec.handlers.items():
             where = f"saga {spec.name!r}: handler {spec.cls.__qualname__}.{attribute}"
@@ -162,7 +167,7 @@ class _Batch:
                 return
             state: Any = None
             if row.state is not None:
-                state = dispatcher.converter.loads(row.state, dispatcher.options.state)
+                state = dispatcher.load_state(row.state, None)
             instance = SagaContext(self.ctx, key, state, self.now)
         if instance.ended or (instance.state is None and type_name not in dispatcher.starters):
             return

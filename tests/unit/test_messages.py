@@ -5,13 +5,14 @@ from __future__ import annotations
 import json
 
 import attrs
+import cattrs.preconf.json
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from messaging import DecodeError, RegistrationError, handler, message
 from messaging._consumers import consumer_spec
-from messaging._messages import registry
+from messaging._messages import quick_decoder, registry
 from projections import projection
 
 
@@ -298,3 +299,41 @@ def test_flat_messages_decode_as_their_init_builds_them() -> None:
     decoded = registry.decode("test.msg.cached-hash", '{"name":"c","ratio":2}')
     assert hash(decoded) == hash(CachedHash("c", 2.0))
     assert type(decoded.ratio) is float
+
+
+@message("test.msg.defaulted")
+@attrs.define(frozen=True)
+class Defaulted:
+    name: str
+    count: int = 0
+    ratio: float = 1.0
+
+
+def test_flat_messages_with_defaults_decode_as_the_strict_path_does() -> None:
+    """A flat class with defaults: a payload holding every field takes the generated quick
+    path, one without a defaulted field the strict path; both build what __init__ builds,
+    and a wrong type is still a DecodeError."""
+    decode = registry.decoder("test.msg.defaulted")
+    assert decode('{"name":"a","count":3,"ratio":2}', None) == Defaulted("a", 3, 2.0)
+    assert type(decode('{"name":"a","count":3,"ratio":2}', None).ratio) is float
+    assert decode('{"name":"a"}', None) == Defaulted("a")
+    with pytest.raises(DecodeError, match="count"):
+        decode('{"name":"a","count":"3","ratio":2.0}', 5)
+
+
+@attrs.define
+class _State:
+    fired: int = 0
+    label: str = ""
+
+
+@pytest.mark.parametrize(
+    "stored",
+    ['{"fired": 2, "label": "x"}', '{"fired": "2", "label": "x"}', '{"label": "x"}', "{}"],
+)
+def test_a_quick_decoder_of_a_saga_state_builds_what_the_converter_builds(stored: str) -> None:
+    """Saga states are read through :func:`quick_decoder`, deferring to their converter:
+    the same state for a stored one, and for one the converter coerces or completes."""
+    converter = cattrs.preconf.json.make_converter()
+    decode = quick_decoder(_State, lambda payload, _position: converter.loads(payload, _State))
+    assert decode(stored, None) == converter.loads(stored, _State)

@@ -101,11 +101,18 @@ PAYLOAD: Final = 3
 class NewMessage:
     """A message ready to append: already encoded, with an optional expected source version."""
 
-    topic: str = attrs.field(validator=lambda _, a, v: check_id(f"message {a.name}", v))
-    source: str = attrs.field(validator=lambda _, a, v: check_id(f"message {a.name}", v))
-    type: str = attrs.field(validator=lambda _, a, v: check_id(f"message {a.name}", v))
+    topic: str = attrs.field(validator=lambda _, a, v: _check_field(a.name, v))
+    source: str = attrs.field(validator=lambda _, a, v: _check_field(a.name, v))
+    type: str = attrs.field(validator=lambda _, a, v: _check_field(a.name, v))
     payload: str
     headers: Mapping[str, Any] | None = None
+
+
+def _check_field(name: str, value: object) -> None:
+    """:func:`check_id` of a :class:`NewMessage` field, its name formatted only for an error
+    (a batch builds thousands)."""
+    if type(value) is not str or not 0 < len(value) <= 200 or value != value.strip():
+        check_id(f"message {name}", value)
 
 
 def check_id(what: str, value: object) -> None:
