@@ -3,7 +3,7 @@
 The names below are what an application imports: declaring messages and route
 consumers, handling them, appending, configuring, running an instance in-process, and
 the errors worth catching. Everything else is internal, in private modules
-(``messaging.store._store.partition_of``, ``messaging.store._clock.ManualClock``, ...).
+(``messaging.store._rows.partition_of``, ``messaging.store._clock.ManualClock``, ...).
 """
 
 from messaging._config import load_settings
@@ -42,7 +42,8 @@ from messaging.runtime._context import HandlerContext, MessageContext
 from messaging.runtime._instance import Instance
 from messaging.store._database import Database
 from messaging.store._retry import is_ambiguous
-from messaging.store._store import MessageStore, NewMessage
+from messaging.store._rows import NewMessage
+from messaging.store._store import MessageStore
 from messaging.store._tenancy import UntranslatableStatement
 
 __all__ = [

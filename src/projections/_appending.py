@@ -28,7 +28,8 @@ from messaging._messages import MESSAGE_ID_HEADER, MessageRegistry
 from messaging._settings import ConflictRetrySettings
 from messaging.store._database import Database
 from messaging.store._retry import for_command, is_ambiguous, retry_transient
-from messaging.store._store import MessageStore, NewMessage
+from messaging.store._rows import NewMessage
+from messaging.store._store import MessageStore
 
 _REQUIRED = ("topic", "source", "type", "payload")
 _ALLOWED = {*_REQUIRED, "headers"}

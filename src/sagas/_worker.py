@@ -33,7 +33,7 @@ from messaging.runtime._poison import Poison
 from messaging.runtime._worker import ConsumerWorker
 from messaging.store._database import Database
 from messaging.store._retry import is_transient
-from messaging.store._store import (
+from messaging.store._rows import (
     PARTITION_HASH,
     PAYLOAD,
     POSITION,

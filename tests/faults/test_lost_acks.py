@@ -41,7 +41,7 @@ from messaging.distribution._ownership import Ownership
 from messaging.runtime._declarations import declare
 from messaging.runtime._worker import ConsumerWorker
 from messaging.store._retry import retry_transient
-from messaging.store._store import partition_of
+from messaging.store._rows import partition_of
 from projections import _operations as operations
 
 pytestmark = [pytest.mark.faults, pytest.mark.mysql]

@@ -20,7 +20,7 @@ from sqlalchemy import inspect, text
 
 from messaging import Database, Instance, MessageStore, collect_consumers, create_plugin_manager
 from messaging._config import settings_from_mapping
-from messaging.store._store import partition_of
+from messaging.store._rows import partition_of
 from projections._reports import instances_report
 from projections.cli import main
 

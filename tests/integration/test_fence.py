@@ -40,7 +40,7 @@ from messaging.distribution._membership import InstanceInfo, Membership
 from messaging.distribution._ownership import Claim, Ownership
 from messaging.runtime._worker import ConsumerWorker
 from messaging.store._clock import ManualClock
-from messaging.store._store import partition_of
+from messaging.store._rows import partition_of
 from projections import projection
 
 STALE = 30.0

@@ -14,7 +14,7 @@ from messaging import Database, HandlerContext, MessageStore, handler
 from messaging.distribution._membership import InstanceInfo, Membership
 from messaging.distribution._ownership import Ownership
 from messaging.runtime._worker import ConsumerWorker
-from messaging.store._store import partition_of
+from messaging.store._rows import partition_of
 from projections import projection
 
 ME_ID = "4f3c9a"

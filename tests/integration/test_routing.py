@@ -26,7 +26,7 @@ from messaging import (
 from messaging._config import settings_from_mapping
 from messaging._errors import ConcurrentUpdate
 from messaging.store._clock import ManualClock
-from messaging.store._store import partition_of
+from messaging.store._rows import partition_of
 from projections.testing import SimulatedCluster
 from sagas import SagaContext, saga, start
 

@@ -26,7 +26,7 @@ from messaging import (
 from messaging._config import settings_from_mapping
 from messaging._errors import ConcurrentUpdate, RegistrationError
 from messaging.distribution._ownership import Ownership
-from messaging.store._store import partition_of
+from messaging.store._rows import partition_of
 from projections.testing import SimulatedCluster
 from sagas import SagaContext, SagaStore, saga, start
 from sagas._store import SagaRow

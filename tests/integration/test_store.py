@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from messaging import Database, Envelope, MessageStore, NewMessage, VersionConflict, message
-from messaging.store._store import partition_hash, partition_of
+from messaging.store._rows import partition_hash, partition_of
 
 
 @message("test.store.created")

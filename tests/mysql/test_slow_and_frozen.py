@@ -21,7 +21,7 @@ from sqlalchemy import MetaData, Select, func, select
 
 from messaging import Database, MessageStore
 from messaging._settings import ConsumerSettings
-from messaging.store._store import partition_of
+from messaging.store._rows import partition_of
 from projections._reports import consumers_report
 
 pytestmark = [pytest.mark.mysql, pytest.mark.multiprocess]

@@ -31,7 +31,7 @@ from sqlalchemy import (
 
 from messaging import HandlerContext, handler, message
 from messaging.distribution._membership import Membership
-from messaging.store._store import POSITION
+from messaging.store._rows import POSITION
 from projections import projection
 from projections.testing import (
     Append,

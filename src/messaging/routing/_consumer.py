@@ -26,7 +26,7 @@ from messaging._kinds import ConsumerKind, register_kind
 from messaging.runtime._context import HandlerContext
 from messaging.runtime._dispatch import Dispatcher
 from messaging.runtime._worker import ConsumerWorker
-from messaging.store._store import POSITION, StoredRow
+from messaging.store._rows import POSITION, StoredRow
 
 C = TypeVar("C", bound=type)
 

@@ -13,7 +13,8 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-from messaging.store._store import MessageStore, NewMessage
+from messaging.store._rows import NewMessage
+from messaging.store._store import MessageStore
 
 _ID_NAMESPACE = uuid.UUID("6f0c8a52-3a8e-4d5e-9a57-5b7d6c1e2f90")
 

@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 import attrs
 
 from messaging.distribution._ownership import Claim
-from messaging.store._store import PARTITION_HASH, POSITION, StoredRow
+from messaging.store._rows import PARTITION_HASH, POSITION, StoredRow
 
 
 @attrs.frozen

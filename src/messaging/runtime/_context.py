@@ -30,7 +30,7 @@ from messaging._messages import Envelope
 from messaging.routing._outbox import Outbox
 from messaging.runtime import _upserts as upserts
 from messaging.store import _fastpath
-from messaging.store._store import NewMessage
+from messaging.store._rows import NewMessage
 
 
 class MessageContext(Protocol):

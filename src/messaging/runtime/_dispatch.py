@@ -11,7 +11,7 @@ from messaging.runtime._context import HandlerContext
 from messaging.runtime._poison import Poison
 from messaging.store._database import Database
 from messaging.store._retry import is_transient
-from messaging.store._store import PARTITION_HASH, StoredRow
+from messaging.store._rows import PARTITION_HASH, StoredRow
 
 Handler = tuple[Callable[[Any, int | None], Any], Callable[[Any, HandlerContext], Any]]
 """(decode, handle) of one message type."""

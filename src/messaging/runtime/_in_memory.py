@@ -20,7 +20,7 @@ from messaging.runtime._context import HandlerContext
 from messaging.runtime._failures import last_frames
 from messaging.runtime._poison import Poison
 from messaging.runtime._polling import Worker
-from messaging.store._store import POSITION, TYPE
+from messaging.store._rows import POSITION, TYPE
 
 log = logging.getLogger("messaging.runtime.in_memory")
 

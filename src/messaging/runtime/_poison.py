@@ -19,7 +19,7 @@ from messaging.distribution._ownership import Claim, Ownership
 from messaging.runtime._failures import last_frames
 from messaging.runtime._lifecycle import lifecycle_event
 from messaging.store._database import Database
-from messaging.store._store import POSITION, TYPE, StoredRow
+from messaging.store._rows import POSITION, TYPE, StoredRow
 
 
 class Poison(Exception):

@@ -40,7 +40,7 @@ from messaging.store._retry import (
     report_batch_retry,
     retry_transient,
 )
-from messaging.store._store import PARTITION_HASH, POSITION, StoredRow
+from messaging.store._rows import PARTITION_HASH, POSITION, StoredRow
 
 log = logging.getLogger("messaging.runtime.worker")
 T = TypeVar("T")

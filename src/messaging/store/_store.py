@@ -12,13 +12,11 @@ work after an append in the same transaction short.
 
 from __future__ import annotations
 
-import json
 import uuid
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Final
+from typing import Any
 
-import attrs
 from sqlalchemy import (
     Connection,
     Select,
@@ -39,91 +37,10 @@ from messaging._messages import MESSAGE_ID_HEADER, Envelope, MessageRegistry
 from messaging._messages import registry as default_registry
 from messaging.store import _fastpath
 from messaging.store._database import Database
+from messaging.store._rows import INSERTED, NewMessage, StoredRow, check_id, headers_json
 from messaging.store._wakeup import APPENDED
 
 _QUERY_CACHE_SIZE = 64
-
-
-def partition_hash(key: str) -> int:
-    """CRC32 of a partition key: the same value on every backend and every host."""
-    return zlib.crc32(key.encode("utf-8"))
-
-
-_INSERTED = (
-    "tenant",
-    "position",
-    "topic",
-    "source",
-    "version",
-    "type",
-    "payload",
-    "headers",
-    "partition_hash",
-    "recorded_at",
-)
-"""The columns of an appended message's row, in the order :meth:`append_encoded` gives them."""
-
-
-def _headers_json(headers: Mapping[str, Any] | None) -> str | None:
-    """``headers`` as stored: JSON, or None for none. A lone message id (what a send
-    carries) of printable ASCII but ``"`` and ``\\`` (which ``json.dumps`` leaves as they
-    are) is formatted directly, to the same text."""
-    if not headers:
-        return None
-    if (
-        len(headers) == 1
-        and type(message_id := headers.get(MESSAGE_ID_HEADER)) is str
-        and message_id.isascii()
-        and message_id.isprintable()
-        and '"' not in message_id
-        and "\\" not in message_id
-    ):
-        return f'{{"{MESSAGE_ID_HEADER}": "{message_id}"}}'
-    return json.dumps(headers)
-
-
-def partition_of(key: str, partitions: int) -> int:
-    """The partition a key falls into for a consumer with ``partitions`` partitions."""
-    return partition_hash(key) % partitions
-
-
-StoredRow = tuple[int, str, int, str]
-"""A stored message as a consumer applies it (:meth:`MessageStore.read_batch`), a plain
-tuple indexed by :data:`POSITION`, :data:`TYPE` (the stored type name),
-:data:`PARTITION_HASH` (its partition is this modulo the partition count), :data:`PAYLOAD`."""
-POSITION: Final = 0
-TYPE: Final = 1
-PARTITION_HASH: Final = 2
-PAYLOAD: Final = 3
-
-
-@attrs.define(frozen=True, kw_only=True)
-class NewMessage:
-    """A message ready to append: already encoded, with an optional expected source version."""
-
-    topic: str = attrs.field(validator=lambda _, a, v: _check_field(a.name, v))
-    source: str = attrs.field(validator=lambda _, a, v: _check_field(a.name, v))
-    type: str = attrs.field(validator=lambda _, a, v: _check_field(a.name, v))
-    payload: str
-    headers: Mapping[str, Any] | None = None
-
-
-def _check_field(name: str, value: object) -> None:
-    """:func:`check_id` of a :class:`NewMessage` field, its name formatted only for an error
-    (a batch builds thousands)."""
-    if type(value) is not str or not 0 < len(value) <= 200 or value != value.strip():
-        check_id(f"message {name}", value)
-
-
-def check_id(what: str, value: object) -> None:
-    """Refuse an id that is not 1 to 200 characters, or that starts or ends with whitespace.
-
-    Ids are compared exactly on every backend; MySQL's PAD SPACE collations would ignore
-    trailing spaces, so ids with surrounding whitespace are refused outright."""
-    if not isinstance(value, str) or not value or len(value) > 200:
-        raise ValueError(f"{what} must be a string of 1 to 200 characters, got {value!r}")
-    if value != value.strip():
-        raise ValueError(f"{what} {value!r} must not start or end with whitespace")
 
 
 class MessageStore:
@@ -264,7 +181,7 @@ class MessageStore:
                     version,
                     message.type,
                     message.payload,
-                    _headers_json(message.headers),
+                    headers_json(message.headers),
                     crc32(message.source.encode("utf-8")),  # partition_hash()
                     now,
                 )
@@ -272,7 +189,7 @@ class MessageStore:
         try:
             # One multi-row INSERT on MySQL; SQLAlchemy's per-row work skipped once learnt.
             direct = _fastpath.sends_directly(conn)
-            _fastpath.execute_rows(conn, self._insert, _INSERTED, rows, direct=direct)
+            _fastpath.execute_rows(conn, self._insert, INSERTED, rows, direct=direct)
         except IntegrityError as exc:
             # Only reachable when the caller's snapshot hid a concurrent append (REPEATABLE READ).
             first_key = (messages[0].topic, messages[0].source)

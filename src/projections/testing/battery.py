@@ -22,7 +22,7 @@ from hypothesis.stateful import INVARIANT_MARKER
 from hypothesis.strategies import SearchStrategy
 
 from messaging._consumers import ConsumerSpec, collect_specs
-from messaging.store._store import partition_of
+from messaging.store._rows import partition_of
 from projections.testing.differences import ReadModelDiffers
 from projections.testing.events import Append
 

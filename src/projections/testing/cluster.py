@@ -33,7 +33,7 @@ from messaging.distribution._ownership import Claim, Ownership
 from messaging.routing._consumer import ROUTE_CONSUMER
 from messaging.runtime._worker import ConsumerWorker
 from messaging.store._clock import ManualClock
-from messaging.store._store import NewMessage
+from messaging.store._rows import NewMessage
 from projections import _operations as operations
 from projections._kinds import PROJECTION
 from projections.testing.database import configured_database, scratch_database

@@ -25,7 +25,7 @@ from sqlalchemy import Connection, select
 from messaging import Distribution, Settings
 from messaging._states import PartitionStatus
 from messaging.distribution._ownership import Ownership
-from messaging.store._store import partition_of
+from messaging.store._rows import partition_of
 from projections.testing.battery import BATTERY, Scenario
 from projections.testing.cluster import SimulatedCluster, open_cluster
 from projections.testing.differences import ReadModelDiffers
