@@ -206,6 +206,12 @@ def _structure_int(value: object, _: type) -> int:
     return value
 
 
+def _structure_bool(value: object, _: type) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"expected true or false, got {_kind(value)}")
+    return value
+
+
 def _structure_str(value: object, _: type) -> str:
     if not isinstance(value, str):
         raise TypeError(f"expected a string, got {_kind(value)}")
@@ -259,6 +265,7 @@ def _make_converter() -> Converter:
     # Every float setting is a duration in seconds.
     converter.register_structure_hook(float, _structure_duration)
     converter.register_structure_hook(int, _structure_int)
+    converter.register_structure_hook(bool, _structure_bool)
     converter.register_structure_hook(str, _structure_str)
     converter.register_structure_hook(Distribution, _structure_distribution)
     converter.register_structure_hook_func(lambda t: t == tuple[str, ...], _structure_names)

@@ -96,9 +96,13 @@ class MessagingSettings:
     """The ``messaging`` section: settings shared by every kind of consumer.
 
     :ivar consumer: Loop timings and sizes.
+    :ivar gc_freeze: Whether the first instance a process starts moves every object the
+        process then holds to Python's permanent garbage-collector generation
+        (``gc-freeze``; see :mod:`messaging.runtime._heap`).
     """
 
     consumer: ConsumerSettings = attrs.field(factory=ConsumerSettings)
+    gc_freeze: bool = True
 
 
 @attrs.frozen(kw_only=True)

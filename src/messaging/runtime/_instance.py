@@ -38,6 +38,7 @@ from messaging.runtime._declarations import (
     declare,
     tenant_fingerprint,
 )
+from messaging.runtime._heap import freeze_once
 from messaging.runtime._in_memory import InMemoryConsumer
 from messaging.runtime._lifecycle import lifecycle_event
 from messaging.runtime._outage import Outage, run_every
@@ -208,6 +209,8 @@ class Instance:
         self.hooks.projections_instance_started(
             instance_id=self.id, name=self.name, consumers=[s.name for s in self.specs]
         )
+        if self.settings.messaging.gc_freeze:
+            freeze_once()  # what is held now is held until the stop (messaging.runtime._heap)
         self.retry(self.rebalance, "rebalance")
         self.rebalancer.announce_wait()
         if not loops:
