@@ -33,6 +33,7 @@ from typing import Any
 from urllib.parse import unquote
 
 from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from messaging._errors import OperationError, ProjectionsError
 from messaging._settings import Distribution, Settings
@@ -229,7 +230,7 @@ def make_server(
                 data = work()
             except OperationError as exc:
                 self.send_json(409, {"error": str(exc)})
-            except DBAPIError as exc:
+            except (DBAPIError, PoolTimeout) as exc:  # PoolTimeout: every connection busy
                 log.warning("admin %s: database unavailable: %s", what, _one_line(exc))
                 self.send_json(503, {"error": DATABASE_UNAVAILABLE})
             except Exception:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from admin_client import TOKEN, get_json, post, serve
@@ -68,3 +69,28 @@ def test_a_stopped_database_answers_503_and_recovers(
         server.server_close()
         thread.join()
         db.dispose()
+
+
+def test_a_pool_with_no_connection_free_answers_503(tmp_path: Path) -> None:
+    """Every pooled connection busy (the pool's wait for one runs out): 503 with the fixed
+    line, as for a database that is down, not a 500."""
+    db = Database(f"sqlite:///{tmp_path / 'busy.db'}")
+    db.prepare()
+    pool: Any = db.engine.pool
+    pool._timeout = 0.2  # the wait for a free connection, 30 s by default
+    server = make_server(db, settings_from_mapping({}), "127.0.0.1", 0)
+    base, thread = serve(server)
+    held = [db.engine.connect() for _ in range(pool.size() + pool._max_overflow)]
+    try:
+        for route in ROUTES:
+            assert get_json(base + route) == (503, {"error": DATABASE_UNAVAILABLE})
+    finally:
+        for connection in held:
+            connection.close()
+        try:
+            assert get_json(base + ROUTES[0])[0] == 200
+        finally:
+            server.shutdown()
+            server.server_close()
+            thread.join()
+            db.dispose()
