@@ -21,7 +21,7 @@ from sqlalchemy.exc import DBAPIError
 
 from messaging._config import load_settings
 from messaging._connection import database_for
-from messaging._errors import OperationError, ProjectionsError
+from messaging._errors import ConfigError, OperationError, ProjectionsError
 from messaging._overrides import check_overrides
 from messaging._plugins import collect_consumers, create_plugin_manager, import_module
 from messaging._settings import ConsumerSettings, Settings
@@ -87,7 +87,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     _use_app_dir(args)
     manager = create_plugin_manager([*args.modules, *settings.plugins])
     specs = collect_consumers(manager)  # fail here, once, rather than in every worker
-    check_overrides(settings, specs)  # before any worker, admin server or database file
+    try:  # before any worker, admin server or database file
+        check_overrides(settings, specs)
+    except ConfigError as exc:
+        if args.config is None:
+            raise
+        raise ConfigError(f"{args.config}: {exc}") from None  # as the file's other errors
     if args.workers is not None:
         if args.admin_port and args.admin_port + args.workers > 65535:
             raise ProjectionsError(

@@ -168,6 +168,7 @@ def test_run_refuses_a_misspelled_override_before_starting_anything(
     )
     assert done.returncode == 1, done.stderr
     assert done.stderr.count("did you mean 'ledger-balances'?") == 1, done.stderr
+    assert "app.yaml: " in done.stderr, done.stderr  # names the file, as its other errors do
     assert "worker" not in done.stderr and "Traceback" not in done.stderr
     assert done.stdout == ""
     assert not (tmp_path / "projections.db").exists()
