@@ -351,7 +351,11 @@ class SimulatedCluster:
         applied = self._poll_all()
         for name in names:
             operations.resume(self.db, name, who=_OPERATOR)
-        self._record("roll_back()", f"{applied} applied and rolled back")
+        # A poll counts what it committed: the batches rolled back count nothing.
+        committed = f" ({applied} messages committed nevertheless)" if applied else ""
+        self._record(
+            "roll_back()", f"each consumer's next batch applied, then rolled back{committed}"
+        )
 
     def rebuild(self) -> list[str]:
         """Ask for a rebuild of every projection (an operator's ``projections rebuild``);
