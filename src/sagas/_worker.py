@@ -40,6 +40,7 @@ from messaging.store._rows import (
     TYPE,
     StoredRow,
     check_id,
+    is_plain_id,
     partition_of,
 )
 from sagas._context import SagaContext
@@ -161,7 +162,8 @@ class _Batch:
         dispatcher = self.dispatcher
         instance = self.instances.get(key)
         if instance is None:
-            check_id(f"saga {dispatcher.spec.name!r}: correlation key", key)
+            if not is_plain_id(key):
+                check_id(f"saga {dispatcher.spec.name!r}: correlation key", key)
             row = self.rows[key]
             if row.ended:
                 return
