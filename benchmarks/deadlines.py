@@ -51,6 +51,7 @@ unique table prefix in the given one, dropped too).
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import sqlite3
@@ -371,6 +372,7 @@ def framework_run(
     try:
         restore(db, rows)
         PROBE.reset()
+        gc.collect()  # every run starts without the previous ones' garbage pending
         with running_instance(url, prefix, spec, hooks, 0.2):
             PROBE.wait(lambda: PROBE.delivered >= count, f"{count} deliveries")
             ready_at, last_at, delivered = PROBE.ready_at, PROBE.last_delivery_at, PROBE.delivered
@@ -638,6 +640,7 @@ def hand_written_run(url: str, prefix: str, rows: Snapshot, count: int) -> float
     db = Database(url, tenant=TENANT, table_prefix=prefix)
     try:
         restore(db, rows)
+        gc.collect()  # every run starts without the previous ones' garbage pending
         if db.is_sqlite:
             delivered, elapsed = SqliteHandWritten(prefix).run(make_url(db.url).database or "")
         else:
