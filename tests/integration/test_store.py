@@ -292,6 +292,25 @@ def test_types_filter(db: Database) -> None:
     ) == [1, 4]
 
 
+def test_batch_reads_of_some_types_are_what_the_types_filter_selects(db: Database) -> None:
+    """read_batch reads without the types filter while the rows it finds are all of the
+    types asked for: whether they are or not (before and after another type shows up),
+    every batch is what the filter selects, for a store that has read before or not."""
+    store = MessageStore(db)
+    with db.transaction() as conn:
+        store.append(conn, "t", "a", [Changed(i) for i in range(4)])
+        store.append(conn, "t", "b", [Created("x")])
+        store.append(conn, "t", "a", [Changed(i) for i in range(4, 8)])
+    changed, created = "test.store.changed", "test.store.created"
+    for types in ([changed], [created, changed], [created]):
+        for after, limit in ((0, 3), (0, 4), (2, 3), (3, 3), (4, 2), (0, 9), (0, 3)):
+            shape: dict[str, Any] = {"after": after, "limit": limit, "types": types}
+            with db.read() as conn:
+                selected = [(r[0], r[4], r[5], r[8]) for r in store.read(conn, ["t"], **shape)]
+                assert store.read_batch(conn, ["t"], **shape) == selected, shape
+                assert MessageStore(db).read_batch(conn, ["t"], **shape) == selected, shape
+
+
 def test_limit_and_order_page_through_everything(db: Database) -> None:
     """Reads come in position order, at most ``limit``, and paging by position misses nothing."""
     store = MessageStore(db)
