@@ -304,13 +304,7 @@ class MessageStore:
         and the filter cost nothing per row. Otherwise they are read again with the filter,
         which these topics and types keep from then on (a consumer of some of a topic's
         types pays one wasted read)."""
-        query = self._query(
-            self._batch_columns, topics, after, partitions, partition_count, types, limit
-        )
-        if query is None:
-            return []
-        direct = _fastpath.sends_directly(conn)
-        rows: Sequence[Any] | None = None
+        handled: frozenset[str] | None = None
         if types is not None:
             wanted = (tuple(topics), tuple(types))
             handled = self._handled.get(wanted)
@@ -318,15 +312,25 @@ class MessageStore:
                 if len(self._handled) >= _QUERY_CACHE_SIZE:
                     self._handled.clear()
                 handled = self._handled[wanted] = frozenset(types)
-            if handled is not None:
-                unfiltered = self._query(
-                    self._batch_columns, topics, after, partitions, partition_count, None, limit
-                )
-                assert unfiltered is not None
-                rows = _fastpath.fetch(conn, *unfiltered, direct=direct)
-                if not handled.issuperset(map(_type_of, rows)):
-                    self._handled[wanted] = rows = None
-        if rows is None:
+        query = self._query(
+            self._batch_columns,
+            topics,
+            after,
+            partitions,
+            partition_count,
+            types if handled is None else None,
+            limit,
+        )
+        if query is None:
+            return []
+        direct = _fastpath.sends_directly(conn)
+        rows = _fastpath.fetch(conn, *query, direct=direct)
+        if handled is not None and not handled.issuperset(map(_type_of, rows)):
+            self._handled[wanted] = None
+            query = self._query(
+                self._batch_columns, topics, after, partitions, partition_count, types, limit
+            )
+            assert query is not None
             rows = _fastpath.fetch(conn, *query, direct=direct)
         if rows and type(rows[0]) is not tuple:  # SQLAlchemy's rows, the first time
             return [tuple(row) for row in rows]
