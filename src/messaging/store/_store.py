@@ -72,12 +72,8 @@ class MessageStore:
             m.c.headers,
             m.c.payload,
         )
-        self._batch_columns: tuple[Any, ...] = (
-            m.c.position,
-            m.c.type,
-            m.c.partition_hash,
-            m.c.payload,
-        )
+        self._batch_columns: tuple[Any, ...] = (m.c.position, m.c.type, m.c.payload)
+        self._hashed_columns = (*self._batch_columns, m.c.partition_hash)
         self._queries: dict[Any, Select[Any]] = {}
         self._handled: dict[tuple[tuple[str, ...], tuple[str, ...]], frozenset[str] | None] = {}
         """Per (topics, types) of :meth:`read_batch`: the types, while reads without the
@@ -294,10 +290,12 @@ class MessageStore:
         partition_count: int = 1,
         types: Sequence[str] | None = None,
         limit: int = 500,
+        hashes: bool = True,
     ) -> list[StoredRow]:
         """What :meth:`read` selects, as :data:`StoredRow` tuples: all a consumer needs to
         apply a batch (:meth:`envelopes` gives the rest on demand). On the hot path they are
         the driver's own (:mod:`messaging.store._fastpath`): no object per message beside.
+        ``hashes`` False: without their partition hash (one column less per row).
 
         The rows are first read without the ``types`` filter: when every one is of those
         types, they are exactly the rows the filter selects (the first ``limit`` of them),
@@ -312,8 +310,9 @@ class MessageStore:
                 if len(self._handled) >= _QUERY_CACHE_SIZE:
                     self._handled.clear()
                 handled = self._handled[wanted] = frozenset(types)
+        columns = self._hashed_columns if hashes else self._batch_columns
         query = self._query(
-            self._batch_columns,
+            columns,
             topics,
             after,
             partitions,
@@ -327,9 +326,7 @@ class MessageStore:
         rows = _fastpath.fetch(conn, *query, direct=direct)
         if handled is not None and not handled.issuperset(map(_type_of, rows)):
             self._handled[wanted] = None
-            query = self._query(
-                self._batch_columns, topics, after, partitions, partition_count, types, limit
-            )
+            query = self._query(columns, topics, after, partitions, partition_count, types, limit)
             assert query is not None
             rows = _fastpath.fetch(conn, *query, direct=direct)
         if rows and type(rows[0]) is not tuple:  # SQLAlchemy's rows, the first time
