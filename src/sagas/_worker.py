@@ -34,13 +34,13 @@ from messaging.runtime._worker import ConsumerWorker
 from messaging.store._database import Database
 from messaging.store._retry import is_transient
 from messaging.store._rows import (
-    PARTITION_HASH,
     PAYLOAD,
     POSITION,
     TYPE,
     StoredRow,
     check_id,
     is_plain_id,
+    partition_in,
     partition_of,
 )
 from sagas._context import SagaContext
@@ -102,7 +102,7 @@ class SagaDispatcher(Dispatcher):
         except Exception as exc:
             if is_transient(exc) or row is None:
                 raise
-            raise Poison(row, row[PARTITION_HASH] % partition_count, exc) from exc
+            raise Poison(row, partition_in(row, partition_count), exc) from exc
 
     def deliver(self, deadlines: Sequence[Deadline], ctx: HandlerContext, now: float) -> None:
         """Take ``deadlines`` off the table and apply them at ``now`` (the database's time)."""

@@ -49,8 +49,11 @@ def _setup(db: Database) -> tuple[ConsumerWorker, Table]:
     return worker, table
 
 
-def test_poison_halts_its_partition_before_it_and_others_go_on(db: Database) -> None:
-    """The halted partition keeps its messages before the poison; the other applies all."""
+@pytest.mark.parametrize("poisoned", [0, 1])
+def test_poison_halts_its_partition_before_it_and_others_go_on(db: Database, poisoned: int) -> None:
+    """The halted partition keeps its messages before the poison; the other applies all.
+    Whichever partition the poison is in halts (a one-lane worker reads no partition
+    hash and looks the poison's up)."""
     worker, table = _setup(db)
     source = {p: next(f"s{n}" for n in range(100) if partition_of(f"s{n}", 2) == p) for p in (0, 1)}
     names = ["a", "b", "poison", "c"]
@@ -58,7 +61,7 @@ def test_poison_halts_its_partition_before_it_and_others_go_on(db: Database) -> 
     with db.transaction() as conn:
         for name in names:
             for p in (0, 1):
-                text = name if p == 0 else f"other-{name}"
+                text = name if p == poisoned else f"other-{name}"
                 store.append(conn, "items", source[p], [Item(text)])
     while worker.poll():
         pass
@@ -66,14 +69,15 @@ def test_poison_halts_its_partition_before_it_and_others_go_on(db: Database) -> 
         applied = {r.name: r.position for r in conn.execute(select(table))}
         parts = {r.partition: r for r in Ownership(db).partitions(conn, ["poison-items"])}
     assert set(applied) == {"a", "b", "other-a", "other-b", "other-poison", "other-c"}
-    poison_position = applied["other-poison"] - 1  # appended just before its twin
-    halted = parts[0]
+    poison_position = applied["b"] + 2  # appended after b's twin
+    halted = parts[poisoned]
     assert halted.status == "halted" and halted.halted_position == poison_position
     assert halted.halted_type == "test.poison.item" and "cannot handle poison" in (
         halted.error or ""
     )
-    assert halted.checkpoint == applied["b"] + 1  # up to the message right before the poison
-    assert parts[1].status == "running" and parts[1].checkpoint == applied["other-c"]
+    assert halted.checkpoint == poison_position - 1  # up to the message right before it
+    other = parts[1 - poisoned]
+    assert other.status == "running" and other.checkpoint == applied["other-c"]
 
 
 def test_a_halt_carries_its_stack_trace(db: Database, caplog: pytest.LogCaptureFixture) -> None:

@@ -229,7 +229,7 @@ def test_partition_filter_matches_python_partitioning(
 
 
 def test_batch_reads_select_what_reads_select_every_time(db: Database) -> None:
-    """read_batch gives read's position, type, partition hash and payload as plain tuples,
+    """read_batch gives read's position, type, payload and partition hash as plain tuples,
     also when the same store reads the same shape again (then straight from the driver)."""
     _populate_many_sources(db, sources=200)
     store = MessageStore(db)
@@ -244,7 +244,7 @@ def test_batch_reads_select_what_reads_select_every_time(db: Database) -> None:
                 full = store.read(conn, ["parts"], limit=100, **shape)
                 batch = store.read_batch(conn, ["parts"], limit=100, **shape)
             assert full
-            assert batch == [(r[0], r[4], r[5], r[8]) for r in full]
+            assert batch == [(r[0], r[4], r[8], r[5]) for r in full]
             assert all(type(row) is tuple for row in batch)
 
 
@@ -290,6 +290,25 @@ def test_types_filter(db: Database) -> None:
     assert _positions(
         _read(db, ["t"], types=["test.store.created"], partitions={0: 0}, partition_count=1)
     ) == [1, 4]
+
+
+def test_batch_reads_of_some_types_are_what_the_types_filter_selects(db: Database) -> None:
+    """read_batch reads without the types filter while the rows it finds are all of the
+    types asked for: whether they are or not (before and after another type shows up),
+    every batch is what the filter selects, for a store that has read before or not."""
+    store = MessageStore(db)
+    with db.transaction() as conn:
+        store.append(conn, "t", "a", [Changed(i) for i in range(4)])
+        store.append(conn, "t", "b", [Created("x")])
+        store.append(conn, "t", "a", [Changed(i) for i in range(4, 8)])
+    changed, created = "test.store.changed", "test.store.created"
+    for types in ([changed], [created, changed], [created]):
+        for after, limit in ((0, 3), (0, 4), (2, 3), (3, 3), (4, 2), (0, 9), (0, 3)):
+            shape: dict[str, Any] = {"after": after, "limit": limit, "types": types}
+            with db.read() as conn:
+                selected = [(r[0], r[4], r[8], r[5]) for r in store.read(conn, ["t"], **shape)]
+                assert store.read_batch(conn, ["t"], **shape) == selected, shape
+                assert MessageStore(db).read_batch(conn, ["t"], **shape) == selected, shape
 
 
 def test_limit_and_order_page_through_everything(db: Database) -> None:

@@ -166,6 +166,35 @@ def test_upserts_keep_their_order_with_other_writes_and_reads_see_them(
         assert (seen, conn.execute(select(table.c.n)).scalar_one()) == (51, 52)
 
 
+def test_a_mapping_given_to_several_upserts_is_never_changed(
+    db: Database, tables: tuple[Table, Table]
+) -> None:
+    """A handler's ``add`` mapping is kept as it is until a fold changes its row, then
+    copied: a constant passed to many upserts (the first taken as the row itself) stays
+    what it was, and the rows are what applying the upserts one by one gives."""
+    one = {"n": 1, "m": 2}
+
+    def apply(ctx: HandlerContext, table: Table) -> None:
+        for key in (1, 2, 1, 3, 1, 2, 4):
+            ctx.upsert(table, {"k": key}, add=one, insert={"label": "new"})
+        ctx.upsert(table, {"k": 3}, add=one, set={"label": "set"})
+        ctx.upsert(table, {"k": 2}, add={"n": 0.5})  # not folded: a second statement
+        ctx.flush()
+
+    with db.transaction() as conn:
+        apply(HandlerContext(conn, _no_envelopes), tables[0])
+        apply(HandlerContext(conn, _no_envelopes, immediate=True), tables[1])
+    assert one == {"n": 1, "m": 2}
+    with db.read() as conn:
+        batched = _contents(conn, tables[0])
+        assert batched == _contents(conn, tables[1])
+    assert [batched[0], batched[2], batched[3]] == [
+        (1, 3, 6, "new"),
+        (3, 2, 4, "set"),
+        (4, 1, 2, "new"),
+    ]
+
+
 @pytest.mark.parametrize(
     ("call", "error"),
     [

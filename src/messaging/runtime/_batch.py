@@ -25,7 +25,8 @@ class Batch:
 
     def checkpoint(self, applied: Sequence[StoredRow]) -> int:
         """Where the claims' checkpoints go once ``applied`` (non-empty) committed."""
-        return max(applied[-1][POSITION], self.through)
+        last: int = applied[-1][POSITION]
+        return max(last, self.through)
 
 
 def split_lanes(

@@ -11,7 +11,7 @@ from messaging.runtime._context import HandlerContext
 from messaging.runtime._poison import Poison
 from messaging.store._database import Database
 from messaging.store._retry import is_transient
-from messaging.store._rows import PARTITION_HASH, StoredRow
+from messaging.store._rows import StoredRow, partition_in
 
 Handler = tuple[Callable[[Any, int | None], Any], Callable[[Any, HandlerContext], Any]]
 """(decode, handle) of one message type."""
@@ -47,12 +47,11 @@ class Dispatcher:
         handlers = self.handlers
         row: StoredRow | None = None
         try:
-            for row in rows:
-                position, type_name, _, payload = row
-                ctx.position = position
-                decode, call = handlers[type_name]
-                call(decode(payload, position), ctx)
+            for row in rows:  # (with their partition hash or not: indexed, not unpacked)
+                position = ctx.position = row[0]
+                decode, call = handlers[row[1]]
+                call(decode(row[2], position), ctx)
         except Exception as exc:
             if is_transient(exc) or row is None:
                 raise
-            raise Poison(row, row[PARTITION_HASH] % partition_count, exc) from exc
+            raise Poison(row, partition_in(row, partition_count), exc) from exc

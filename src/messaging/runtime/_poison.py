@@ -28,13 +28,14 @@ class Poison(Exception):
     def __init__(
         self,
         row: StoredRow,
-        partition: int,
+        partition: int | None,
         error: BaseException,
         batch: Sequence[StoredRow] = (),
     ) -> None:
         super().__init__(str(error))
         self.row = row
         self.partition = partition
+        """None until looked up for a row read without its partition hash."""
         self.error = error
         self.batch = batch
         """The batch the failing message was in, to replay unbuffered."""

@@ -44,7 +44,9 @@ few objects alive as it can: the garbage collector's passes cost in proportion t
   what an existing row is set to or (the columns in ``[1]``) incremented by: one
   statement can say no more. Its own dict.
 - ``[1]`` adds: the columns of ``[0]`` added to: ``[0]`` itself when all of them are (a
-  row only added to), else the handler's ``add`` until a fold changes them.
+  row only added to), else the handler's ``add`` until a fold changes them. None: a row
+  only added to whose ``[0]`` is still the handler's own ``add`` dict, taken as it is
+  (not copied: most rows are never folded into) and copied before the first change.
 - ``[2]`` inserts: what only a new row gets (the handler's mapping).
 - ``[3]`` identity: the key's value (a tuple of them for a composite key).
 - ``[4]`` generation: sent after every row of the generations before (rows of its key
@@ -58,7 +60,11 @@ _Writer = tuple[
     Executable,
     tuple[str, ...],
     Callable[[list[_Row]], list[tuple[Any, ...]]],
+    Callable[[list[_Row], Mapping[str, Any]], tuple[list[tuple[Any, ...]], list[_Row]]],
 ]
+"""A shape's statement, its parameter names, rows → their parameters, and (rows, an insert
+mapping) → (the parameters of those rows only added to that have the shape with that
+insert mapping, in the first generation; the other rows)."""
 _WRITERS: dict[tuple[Table, str, Shape], _Writer] = {}
 _MAX_WRITERS = 256
 
@@ -95,6 +101,8 @@ def _fold_into(
     """Apply a later upsert of the same row to ``row``; False (nothing changed) when the
     result would differ from applying both in turn (or when :func:`_new_row` would refuse
     the upsert). Its ``insert`` values never matter: the row exists by then."""
+    if row[1] is None:  # the handler's mapping: ours from now on
+        row[0] = row[1] = dict(row[0])
     values: dict[str, Any] = row[0]
     if add:
         for column, amount in add.items():
@@ -181,12 +189,18 @@ class Folded:
         if set_ is None and add:  # the common cases, inline
             if row is None:
                 if column and column not in add:  # a new row, only added to
-                    values = dict(add)
-                    row = latest[identity] = [values, values, insert or _NOTHING, identity, 0]
+                    if type(add) is dict:  # taken as it is until a fold changes it
+                        row = [add, None, insert or _NOTHING, identity, 0]
+                    else:
+                        values = dict(add)
+                        row = [values, values, insert or _NOTHING, identity, 0]
+                    latest[identity] = row
                     pending.rows.append(row)
                     return
             else:  # integers added to integers already pending
                 values = row[0]
+                if row[1] is None:  # the handler's mapping: ours from now on
+                    values = row[0] = row[1] = dict(values)
                 for name, amount in add.items():
                     current = values.get(name)
                     if type(current) is not int or type(amount) is not int:
@@ -216,13 +230,27 @@ class Folded:
         """The statements that write the pending rows, each with its parameter names and
         rows: per table in the order first upserted, per generation, one per shape."""
         for table, pending in self._tables.items():
-            # Rows are grouped by the order their columns come in first (cheap), then by
-            # shape; a row only added to, like the row before it, joins its group at once.
+            rows = pending.rows
+            params: dict[tuple[int, Shape], list[tuple[Any, ...]]] = {}
+            # The common case in one pass: the rows only added to like the first such row
+            # (the same columns and insert mapping, first generation) become parameters
+            # at once; only the others are grouped below.
+            for row in rows:
+                if (row[1] is None or row[1] is row[0]) and not row[4]:
+                    only = frozenset(row[0])
+                    shape = (_NONE, only, frozenset(row[2]) - only)
+                    params[(0, shape)], rows = _writer(table, dialect, shape)[3](rows, row[2])
+                    break
+            # The others are grouped by the order their columns come in first (cheap),
+            # then by shape; a row only added to, like the row before it, joins its group
+            # at once.
             by_order: dict[tuple[int, Any, Any, Any], list[_Row]] = {}
             group: list[_Row] = []
             like: tuple[Any, Mapping[str, Any], int] | None = None
-            for row in pending.rows:
+            for row in rows:
                 values, adds, inserts, _, generation = row
+                if adds is None:
+                    adds = values
                 if not (
                     like is not None
                     and adds is values
@@ -235,14 +263,17 @@ class Folded:
                     group = by_order.setdefault((generation, changed, added, tuple(inserts)), [])
                     like = (values.keys(), inserts, generation) if adds is values else None
                 group.append(row)
-            by_shape: dict[tuple[int, Shape], list[_Row]] = {}
             for (generation, changed, added, inserted), rows in by_order.items():
                 adds = frozenset(added)
                 shape = (frozenset(changed) - adds, adds, frozenset(inserted) - frozenset(changed))
-                by_shape.setdefault((generation, shape), []).extend(rows)
-            for (_, shape), rows in sorted(by_shape.items(), key=lambda item: item[0][0]):
-                built, names, values_of = _writer(table, dialect, shape)
-                yield built, names, values_of(rows)
+                values_of = _writer(table, dialect, shape)[2]
+                params.setdefault((generation, shape), []).extend(values_of(rows))
+            for (_, shape), values in sorted(params.items(), key=lambda item: item[0][0]):
+                built, names, _, _ = _writer(table, dialect, shape)
+                yield built, names, values
+
+
+_NONE: frozenset[str] = frozenset()
 
 
 def primary_key(table: Table) -> tuple[str, ...]:
@@ -262,7 +293,8 @@ def _wrong_key(table: Table, key: Mapping[str, Any], primary: tuple[str, ...]) -
 def _writer(table: Table, dialect: Dialect, shape: Shape) -> _Writer:
     """The upsert of rows of ``shape`` into ``table`` for ``dialect``, built once (so the
     driver fast path learns it once), its parameter names (in the table's column order)
-    and a generated function from rows to their values of them."""
+    and generated functions from rows to their values of them (``split``: for a shape
+    with no ``set`` columns, see :data:`_Writer`)."""
     cache_key = (table, dialect.name, shape)
     writer = _WRITERS.get(cache_key)
     if writer is None:
@@ -273,13 +305,30 @@ def _writer(table: Table, dialect: Dialect, shape: Shape) -> _Writer:
         sources = {c: f"v[{c!r}]" for c in sets | adds}
         sources.update({c: f"i[{c!r}]" for c in inserts})
         sources.update({c: f"k[{i}]" if len(primary) > 1 else "k" for i, c in enumerate(primary)})
+        values = f"({', '.join(sources[n] for n in names)},)"
+        alike = " and ".join([f"len(v) == {len(adds)}", *(f"{c!r} in v" for c in sorted(adds))])
         source = (
             "def values_of(rows):\n"
-            f"    return [({', '.join(sources[n] for n in names)},) for v, _, i, k, _ in rows]\n"
+            f"    return [{values} for v, _, i, k, _ in rows]\n"
+            "def split(rows, ins):\n"
+            "    taken = []\n"
+            "    rest = []\n"
+            "    for row in rows:\n"
+            "        v, a, i, k, g = row\n"
+            f"        if (a is v or a is None) and i is ins and not g and {alike}:\n"
+            f"            taken.append({values})\n"
+            "        else:\n"
+            "            rest.append(row)\n"
+            "    return taken, rest\n"
         )
         namespace: dict[str, Any] = {}
         exec(compile(source, f"<upsert rows {table.name}>", "exec"), namespace)
-        writer = (statement(table, dialect, shape), names, namespace["values_of"])
+        writer = (
+            statement(table, dialect, shape),
+            names,
+            namespace["values_of"],
+            namespace["split"],
+        )
         if len(_WRITERS) >= _MAX_WRITERS:
             _WRITERS.clear()
         _WRITERS[cache_key] = writer

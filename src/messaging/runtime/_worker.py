@@ -40,7 +40,7 @@ from messaging.store._retry import (
     report_batch_retry,
     retry_transient,
 )
-from messaging.store._rows import PARTITION_HASH, POSITION, StoredRow
+from messaging.store._rows import POSITION, StoredRow, partition_in
 
 log = logging.getLogger("messaging.runtime.worker")
 T = TypeVar("T")
@@ -305,6 +305,7 @@ class ConsumerWorker(Worker):
             partition_count=self.spec.partitions,
             types=self.dispatcher.type_names,
             limit=limit or self.settings.batch_size,
+            hashes=self.lanes > 1,  # one lane: a poison message's partition is looked up
         )
 
     def _commit(self, batch: Batch, *, immediate: bool) -> Sequence[StoredRow]:
@@ -329,7 +330,7 @@ class ConsumerWorker(Worker):
                     if is_transient(exc):
                         raise
                     last = rows[-1]
-                    raise Poison(last, last[PARTITION_HASH] % self.spec.partitions, exc) from exc
+                    raise Poison(last, partition_in(last, self.spec.partitions), exc) from exc
             except Poison as poison:
                 raise poison.within(rows) from poison.error
             self.ownership.commit_checkpoint(
@@ -388,8 +389,13 @@ class ConsumerWorker(Worker):
 
     def _halt(self, poison: Poison, claims: Mapping[int, Claim]) -> None:
         """Halt ``poison``'s partition at it (recorded, told to the plugins) and drop it."""
+        if poison.partition is None:  # read without its partition hash: look it up
+            position = poison.row[POSITION]
+            with self.db.read() as conn:
+                envelope = self.store.envelopes(conn, [position])[position]
+            poison.partition = envelope.partition_hash % self.spec.partitions
         claim = claims[poison.partition]
         halt_partition(
             self.db, self.hooks, self.spec.name, self.instance_id, claim, poison, self.instance_name
         )
-        self.drop([poison.partition])
+        self.drop([claim.partition])

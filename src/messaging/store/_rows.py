@@ -57,14 +57,21 @@ def partition_of(key: str, partitions: int) -> int:
     return partition_hash(key) % partitions
 
 
-StoredRow = tuple[int, str, int, str]
+StoredRow = tuple[Any, ...]
 """A stored message as a consumer applies it (:meth:`MessageStore.read_batch`), a plain
-tuple indexed by :data:`POSITION`, :data:`TYPE` (the stored type name),
-:data:`PARTITION_HASH` (its partition is this modulo the partition count), :data:`PAYLOAD`."""
+tuple indexed by :data:`POSITION`, :data:`TYPE` (the stored type name), :data:`PAYLOAD`
+and, unless read without it, :data:`PARTITION_HASH` (its partition is this modulo the
+partition count; see :func:`partition_in`)."""
 POSITION: Final = 0
 TYPE: Final = 1
-PARTITION_HASH: Final = 2
-PAYLOAD: Final = 3
+PAYLOAD: Final = 2
+PARTITION_HASH: Final = 3
+
+
+def partition_in(row: StoredRow, partitions: int) -> int | None:
+    """The partition of ``row`` for ``partitions`` partitions; None when it was read
+    without its partition hash (a one-lane worker's rows: looked up if ever needed)."""
+    return row[PARTITION_HASH] % partitions if len(row) > PARTITION_HASH else None
 
 
 @attrs.define(frozen=True, kw_only=True)

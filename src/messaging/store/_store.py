@@ -15,6 +15,7 @@ from __future__ import annotations
 import uuid
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
+from operator import itemgetter
 from typing import Any
 
 from sqlalchemy import (
@@ -37,10 +38,18 @@ from messaging._messages import MESSAGE_ID_HEADER, Envelope, MessageRegistry
 from messaging._messages import registry as default_registry
 from messaging.store import _fastpath
 from messaging.store._database import Database
-from messaging.store._rows import INSERTED, NewMessage, StoredRow, check_id, headers_json
+from messaging.store._rows import (
+    INSERTED,
+    TYPE,
+    NewMessage,
+    StoredRow,
+    check_id,
+    headers_json,
+)
 from messaging.store._wakeup import APPENDED
 
 _QUERY_CACHE_SIZE = 64
+_type_of = itemgetter(TYPE)
 
 
 class MessageStore:
@@ -63,13 +72,12 @@ class MessageStore:
             m.c.headers,
             m.c.payload,
         )
-        self._batch_columns: tuple[Any, ...] = (
-            m.c.position,
-            m.c.type,
-            m.c.partition_hash,
-            m.c.payload,
-        )
+        self._batch_columns: tuple[Any, ...] = (m.c.position, m.c.type, m.c.payload)
+        self._hashed_columns = (*self._batch_columns, m.c.partition_hash)
         self._queries: dict[Any, Select[Any]] = {}
+        self._handled: dict[tuple[tuple[str, ...], tuple[str, ...]], frozenset[str] | None] = {}
+        """Per (topics, types) of :meth:`read_batch`: the types, while reads without the
+        types filter found no other; None once one did (the filter runs in SQL since)."""
         self._insert = insert(m)
         self._topic_index = f"{db.schema.prefix}ix_messages_topic"
 
@@ -282,16 +290,45 @@ class MessageStore:
         partition_count: int = 1,
         types: Sequence[str] | None = None,
         limit: int = 500,
+        hashes: bool = True,
     ) -> list[StoredRow]:
         """What :meth:`read` selects, as :data:`StoredRow` tuples: all a consumer needs to
         apply a batch (:meth:`envelopes` gives the rest on demand). On the hot path they are
-        the driver's own (:mod:`messaging.store._fastpath`): no object per message beside."""
+        the driver's own (:mod:`messaging.store._fastpath`): no object per message beside.
+        ``hashes`` False: without their partition hash (one column less per row).
+
+        The rows are first read without the ``types`` filter: when every one is of those
+        types, they are exactly the rows the filter selects (the first ``limit`` of them),
+        and the filter cost nothing per row. Otherwise they are read again with the filter,
+        which these topics and types keep from then on (a consumer of some of a topic's
+        types pays one wasted read)."""
+        handled: frozenset[str] | None = None
+        if types is not None:
+            wanted = (tuple(topics), tuple(types))
+            handled = self._handled.get(wanted)
+            if handled is None and wanted not in self._handled:  # not tried yet
+                if len(self._handled) >= _QUERY_CACHE_SIZE:
+                    self._handled.clear()
+                handled = self._handled[wanted] = frozenset(types)
+        columns = self._hashed_columns if hashes else self._batch_columns
         query = self._query(
-            self._batch_columns, topics, after, partitions, partition_count, types, limit
+            columns,
+            topics,
+            after,
+            partitions,
+            partition_count,
+            types if handled is None else None,
+            limit,
         )
         if query is None:
             return []
-        rows = _fastpath.fetch(conn, *query, direct=_fastpath.sends_directly(conn))
+        direct = _fastpath.sends_directly(conn)
+        rows = _fastpath.fetch(conn, *query, direct=direct)
+        if handled is not None and not handled.issuperset(map(_type_of, rows)):
+            self._handled[wanted] = None
+            query = self._query(columns, topics, after, partitions, partition_count, types, limit)
+            assert query is not None
+            rows = _fastpath.fetch(conn, *query, direct=direct)
         if rows and type(rows[0]) is not tuple:  # SQLAlchemy's rows, the first time
             return [tuple(row) for row in rows]
         return rows if type(rows) is list else list(rows)

@@ -238,7 +238,7 @@ class SimulatedCluster:
                 types=spec.type_names(),
                 limit=max(m.after for m in moved.values()) - min(m.before for m in moved.values()),
             )
-        count = sum(row[0] <= moved[row[2] % spec.partitions].after for row in rows)
+        count = sum(row[0] <= moved[row[3] % spec.partitions].after for row in rows)
         self._lost = count
         last = max(m.after for m in moved.values())
         parts = " ".join(f"p{p}/e{m.epoch}" for p, m in sorted(moved.items()))
