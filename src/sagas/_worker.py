@@ -15,12 +15,13 @@ its partition, as a poison message does.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from typing import Any, TypeVar
 
 import attrs
 import cattrs.preconf.json
+from sqlalchemy import Connection
 
 from messaging._consumers import ConsumerSpec
 from messaging._errors import CheckpointMoved, OwnershipLost, ProjectionsError, RegistrationError
@@ -261,6 +262,16 @@ class SagaWorker(ConsumerWorker):
         """When the next deadline falls due (monotonic), if before the next idle poll."""
         self._more_due = False
         """Whether the last delivery was a full batch (so more are likely due)."""
+        self._topic_news = True
+        """Whether the saga's topics may hold messages not read yet (see :meth:`poll`)."""
+        self._topic_read_by = 0.0
+        """When (monotonic) the topics are read whatever the pulse says: a safety net."""
+
+    def wake(self) -> None:
+        """The pulse saw a topic's head move, partitions came, or the instance stops: read
+        the topics at the next poll."""
+        self._topic_news = True
+        super().wake()
 
     def idle_wait(self) -> float:
         """Until the next deadline falls due, if that comes before ``idle-poll-interval``:
@@ -276,9 +287,32 @@ class SagaWorker(ConsumerWorker):
         A deadline never overtakes a message recorded before it fell due: while the
         messages are caught up every due deadline goes; behind a backlog, only those due
         by the time the last applied message was recorded."""
-        applied = super().poll()
+        applied = self._poll_topics()
         backlog = applied >= self.settings.batch_size * self.lanes
         return applied + self.deliver_due(behind_backlog=backlog)
+
+    def _poll_topics(self) -> int:
+        """Apply one batch of messages, unless under a pulse nothing new can be there: the
+        last read of the topics found no row and no wake came since (the pulse wakes this
+        worker when a head of its topics moves; claims coming wake it too), and
+        ``stale-instance-timeout`` has not passed since that read (as long as a worker
+        without deadlines waits for news). So a saga delivering deadlines, or idle for
+        them, does not read its topics at every poll."""
+        now = time.monotonic()
+        if self.pulsed and not self._topic_news and now < self._topic_read_by:
+            return 0
+        self._topic_news = True  # kept unless this poll reads the topics and finds nothing
+        self._topic_read_by = now + self.settings.stale_instance_timeout
+        return super().poll()
+
+    def _fetch(
+        self, conn: Connection, claims: Mapping[int, Claim], limit: int | None = None
+    ) -> Sequence[StoredRow]:
+        self._topic_news = False  # before the read: a wake during it is kept
+        rows = super()._fetch(conn, claims, limit)
+        if rows:
+            self._topic_news = True  # applied or not, read again next time
+        return rows
 
     def deliver_due(self, *, behind_backlog: bool = False) -> int:
         """Deliver one batch of the deadlines of the held partitions due now (behind a

@@ -680,3 +680,31 @@ def test_behind_a_backlog_only_deadlines_due_by_its_applied_messages_go(
     _append(cluster, *backlog)  # recorded after o-2's deadline fell due
     assert worker.poll() == 50 + 1  # a full batch, then the deadline all the same
     assert ("cancel", "o-2") in _commands(cluster.db)
+
+
+def test_a_pulsed_saga_worker_reads_its_topics_only_when_something_may_be_new(
+    cluster: SimulatedCluster,
+) -> None:
+    """Under a pulse, a poll after a read of the topics that found nothing skips the read
+    (deadlines are still looked at); a wake (the pulse saw a head move) makes the next
+    poll read them and apply what came."""
+    instance = cluster.join("a")
+    worker = instance.workers["test-orders"]
+    _append(cluster, OrderPlaced("p1", 5))
+    _drain(cluster)
+    worker.pulsed = True  # as a running instance's pulse sets it
+    messages = cluster.db.schema.messages.name
+
+    def topic_reads(polls: int) -> tuple[int, int]:
+        with _statements(cluster.db) as sent:
+            applied = sum(worker.poll() for _ in range(polls))
+        reads = [s for s, _ in sent if f"FROM {messages}" in s and "ORDER BY" in s]
+        return len(reads), applied
+
+    assert topic_reads(3) == (0, 0)  # the drain's last read found nothing
+    _append(cluster, OrderPlaced("p2", 5))  # no pulse here: nobody wakes the worker
+    assert topic_reads(1) == (0, 0)
+    worker.wake()
+    assert topic_reads(1) == (1, 1)
+    assert topic_reads(2) == (1, 0)  # read once more after a batch, then quiet
+    assert set(_saga_rows(cluster.db)) == {"p1", "p2"}
