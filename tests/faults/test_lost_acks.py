@@ -23,6 +23,7 @@ from ack_proxy import AckProxy, TransactionFilter
 from clusters import cli, wait_until, write_config
 from fault_model import append_numbered, effects, message_ids, tally
 from sqlalchemy import func, select, update
+from sqlalchemy.exc import DBAPIError
 
 from messaging import (
     Database,
@@ -524,4 +525,49 @@ def test_heartbeat_and_declaration_whose_acks_are_lost_change_nothing_more(
         names = conn.execute(select(instances.c.name)).scalars().all()
     assert sorted(names) == ["beating", "declarer"]
     assert _claims_match_the_database(db, instance.workers[spec.name])
+    instance.stop()
+
+
+def test_housekeeping_whose_acks_are_lost_changes_nothing_more(
+    db: Database, proxied: Database, proxy: AckProxy
+) -> None:
+    """Preparing a new tenant (its counters), the stale-row purge and forgetting a retired
+    consumer each lose their commit's ack: the retry (or the next round) finds the first
+    attempt's result and changes nothing more."""
+    tenant = Database(proxied.url, tenant="housekeeping", table_prefix=db.schema.prefix)
+    try:
+        proxy.arm(1, when=touches("INSERT INTO", "positions"))
+        tenant.prepare()  # retries errors of unknown outcome itself
+        assert proxy.dropped == 1
+        p, g = db.schema.positions, db.schema.generations
+        with db.read() as conn:
+            for table in (p, g):
+                rows = conn.execute(select(table).where(table.c.tenant == "housekeeping")).all()
+                assert len(rows) == 1, table.name
+    finally:
+        tenant.dispose()
+
+    _instance(db, "long-dead")
+    instances = db.schema.instances
+    with db.transaction() as conn:  # its last heartbeat a day ago: past any retention
+        conn.execute(update(instances).values(heartbeat_at=instances.c.heartbeat_at - 86_400))
+    membership = Membership(proxied)
+    proxy.arm(1, when=touches("DELETE FROM", "instances"))
+    with pytest.raises(DBAPIError):  # an unreachable database is the caller's outage
+        membership.remove_stale_when_due(stale_timeout=1.0)
+    assert proxy.dropped == 2
+    with db.read() as conn:
+        assert conn.execute(select(func.count()).select_from(instances)).scalar() == 0
+    assert Membership(proxied).remove_stale_when_due(stale_timeout=1.0) == 0  # a next round
+
+    manager = create_plugin_manager([], load_entrypoints=False)
+    specs = [consumer_spec(fault_app.Sequence), consumer_spec(fault_app.SingleSequence)]
+    instance = Instance(proxied, specs, Settings(), manager.hook, name="forgetting")
+    instance.start(loops=False)
+    proxy.arm(1, when=touches("UPDATE", "instances", "runs"))
+    instance.forget("fault-seq-single")
+    assert proxy.dropped == 3
+    with db.read() as conn:
+        runs = conn.execute(select(instances.c.runs).where(instances.c.name == "forgetting"))
+        assert set(json.loads(runs.scalar_one())) == {"fault-seq"}
     instance.stop()
