@@ -27,6 +27,7 @@ from sqlalchemy import Connection, delete, insert, select, update
 from messaging._errors import OperationError
 from messaging._settings import ConflictRetrySettings
 from messaging._states import ConsumerState, PartitionStatus
+from messaging.distribution._ownership import NOT_HALTED
 from messaging.distribution._pulse import bump_generation
 from messaging.routing._consumer import ROUTE_CONSUMER
 from messaging.runtime._lifecycle import lifecycle_event
@@ -231,11 +232,7 @@ def resume(
                 .where(*where, t.c.partition_no == entry["partition"])
                 .values(
                     status=PartitionStatus.RUNNING,
-                    halted_position=None,
-                    halted_type=None,
-                    error=None,
-                    halted_trace=None,
-                    halted_at=None,
+                    **NOT_HALTED,
                     **skipped,
                 )
             )

@@ -66,6 +66,16 @@ class PartitionRow:
     error: str | None
 
 
+NOT_HALTED: dict[str, None] = {
+    "halted_position": None,
+    "halted_type": None,
+    "error": None,
+    "halted_trace": None,
+    "halted_at": None,
+}
+"""The values of a partition row's halt columns when it is not halted."""
+
+
 class Ownership:
     """Reads and writes the ``consumer_partitions`` table of one tenant."""
 
@@ -126,11 +136,7 @@ class Ownership:
                 epoch=epoch,
                 checkpoint=0,
                 status=PartitionStatus.RUNNING,
-                halted_position=None,
-                halted_type=None,
-                error=None,
-                halted_trace=None,
-                halted_at=None,
+                **NOT_HALTED,
                 updated_at=self.db.clock.now(),
             )
         )
