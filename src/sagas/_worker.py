@@ -263,7 +263,7 @@ class SagaWorker(ConsumerWorker):
         self._more_due = False
         """Whether the last delivery was a full batch (so more are likely due)."""
         self._topic_news = True
-        """Whether the saga's topics may hold messages not read yet (see :meth:`poll`)."""
+        """Whether the saga's topics may hold messages not read yet (see :meth:`_poll_topics`)."""
         self._topic_read_by = 0.0
         """When (monotonic) the topics are read whatever the pulse says: a safety net."""
 

@@ -13,7 +13,6 @@ work after an append in the same transaction short.
 from __future__ import annotations
 
 import uuid
-import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from operator import itemgetter
 from typing import Any
@@ -45,6 +44,7 @@ from messaging.store._rows import (
     StoredRow,
     check_id,
     headers_json,
+    partition_hash,
 )
 from messaging.store._wakeup import APPENDED
 
@@ -176,7 +176,7 @@ class MessageStore:
                 raise VersionConflict(
                     topic=key[0], source=key[1], expected=expected, actual=versions.get(key, 0)
                 )
-        tenant, crc32, rows = self.db.tenant, zlib.crc32, []
+        tenant, rows = self.db.tenant, []
         for offset, message in enumerate(messages):
             key = (message.topic, message.source)
             versions[key] = version = versions.get(key, 0) + 1
@@ -190,7 +190,7 @@ class MessageStore:
                     message.type,
                     message.payload,
                     headers_json(message.headers),
-                    crc32(message.source.encode("utf-8")),  # partition_hash()
+                    partition_hash(message.source),
                     now,
                 )
             )
