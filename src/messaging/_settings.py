@@ -96,9 +96,9 @@ class MessagingSettings:
     """The ``messaging`` section: settings shared by every kind of consumer.
 
     :ivar consumer: Loop timings and sizes.
-    :ivar gc_freeze: Whether the first instance a process starts moves every object the
-        process then holds to Python's permanent garbage-collector generation
-        (``gc-freeze``; see :mod:`messaging.runtime._heap`).
+    :ivar gc_freeze: Whether the process moves every object it holds to Python's
+        permanent garbage-collector generation when its first instance starts and when a
+        worker first applied a batch (``gc-freeze``; see :mod:`messaging.runtime._heap`).
     """
 
     consumer: ConsumerSettings = attrs.field(factory=ConsumerSettings)

@@ -52,3 +52,69 @@ def test_the_first_start_freezes_the_heap_once_unless_turned_off(
         assert first > 10_000 and second <= first
     else:
         assert first == second == 0
+
+
+APPLIED_SCRIPT = textwrap.dedent(
+    """
+    import gc, sys, threading
+    from messaging import (
+        Database, Instance, MessageStore, collect_consumers, create_plugin_manager, hookimpl,
+    )
+    from messaging._config import settings_from_mapping
+    from projections.examples.ledger import TOPIC, AccountOpened
+
+    applied = threading.Event()
+
+    class Probe:
+        @hookimpl
+        def projections_batch_applied(self, consumer, count):
+            if consumer == "ledger-balances":  # one worker, one lane (SQLite)
+                applied.set()
+
+    settings = settings_from_mapping(
+        {
+            "messaging": {
+                "gc-freeze": sys.argv[2] == "true",
+                "consumer": {"idle-poll-interval": "50ms", "rebalance-interval": "200ms"},
+            }
+        }
+    )
+    manager = create_plugin_manager(
+        ["projections.examples.ledger"], plugins=[Probe()], load_entrypoints=False
+    )
+    db = Database(sys.argv[1])
+    db.prepare()
+    instance = Instance(db, collect_consumers(manager), settings, manager.hook, name="only")
+    instance.start()
+    started = gc.get_freeze_count()
+    # Two batches one after the other: the worker's loop freezes after the first one
+    # returned, so before it applies the second.
+    for account in ("a-1", "a-2"):
+        applied.clear()
+        with db.transaction() as conn:
+            MessageStore(db).append(conn, TOPIC, account, [AccountOpened(account, "ann")])
+        assert applied.wait(60), "no batch applied"
+    after = gc.get_freeze_count()
+    instance.stop()
+    print(started, after)
+    """
+)
+
+
+@pytest.mark.parametrize("freeze", ["true", "false"])
+def test_the_first_applied_batch_freezes_the_heap_again(tmp_path: Path, freeze: str) -> None:
+    """With ``gc-freeze``, a worker's first applied batch freezes what the process holds
+    then (the statements built for it) too; turned off, never."""
+    url = f"sqlite:///{tmp_path / 'app.db'}"
+    done = subprocess.run(
+        [sys.executable, "-c", APPLIED_SCRIPT, url, freeze],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    started, after = map(int, done.stdout.split())
+    if freeze == "true":
+        assert after > started > 10_000
+    else:
+        assert started == after == 0

@@ -211,6 +211,8 @@ class Instance:
         )
         if self.settings.messaging.gc_freeze:
             freeze_once()  # what is held now is held until the stop (messaging.runtime._heap)
+            for worker in self.workers.values():
+                worker.after_first_batch = partial(freeze_once, "applied")
         self.retry(self.rebalance, "rebalance")
         self.rebalancer.announce_wait()
         if not loops:

@@ -58,6 +58,9 @@ class Worker:
         self.dispatcher = self.dispatcher_class(spec, registry, db)
         self.outage = Outage(f"consumer {spec.name}")
         """Logs an unreachable database once; the instance shares one among its workers."""
+        self.after_first_batch: Callable[[], object] | None = None
+        """Called once, after this worker's first poll that applied anything (the instance
+        freezes the heap then: :mod:`messaging.runtime._heap`)."""
         self.pulsed = False
         """Set by the instance whose pulse wakes this worker: then an idle worker waits for
         :meth:`wake` instead of polling every ``idle-poll-interval``."""
@@ -104,6 +107,10 @@ class Worker:
             # have reached it (no claims, or all busy in other lanes); the pulse beats soon.
             if applied:
                 self.outage.succeeded()
+                settle = self.after_first_batch
+                if settle is not None:
+                    self.after_first_batch = None
+                    settle()
             if applied == 0 and not stop.is_set():
                 self._idle(stop)
 

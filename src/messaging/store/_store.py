@@ -13,7 +13,7 @@ work after an append in the same transaction short.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from operator import itemgetter
 from typing import Any
 
@@ -22,21 +22,20 @@ from sqlalchemy import (
     Select,
     and_,
     bindparam,
-    func,
     insert,
     literal,
     or_,
     select,
-    update,
 )
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.sql.elements import ColumnElement
 
-from messaging._errors import SchemaError, VersionConflict
+from messaging._errors import VersionConflict
 from messaging._messages import MESSAGE_ID_HEADER, Envelope, MessageRegistry
 from messaging._messages import registry as default_registry
 from messaging.store import _fastpath
 from messaging.store._database import Database
+from messaging.store._reserver import Reserver
 from messaging.store._rows import (
     INSERTED,
     TYPE,
@@ -46,7 +45,6 @@ from messaging.store._rows import (
     headers_json,
     partition_hash,
 )
-from messaging.store._wakeup import APPENDED
 
 _QUERY_CACHE_SIZE = 64
 _type_of = itemgetter(TYPE)
@@ -79,6 +77,7 @@ class MessageStore:
         """Per (topics, types) of :meth:`read_batch`: the types, while reads without the
         types filter found no other; None once one did (the filter runs in SQL since)."""
         self._insert = insert(m)
+        self._reserver = Reserver(db)
         self._topic_index = f"{db.schema.prefix}ix_messages_topic"
 
     # -- appending ---------------------------------------------------------------------
@@ -169,8 +168,9 @@ class MessageStore:
         expected_versions = expected_versions or {}
         # Reserve first: holding the tenant's counter row, no other append can change a
         # source's version until we commit, so the versions read below are current.
-        first, now = self._reserve_positions(conn, len(messages))
-        versions = self._current_versions(conn, {(m.topic, m.source) for m in messages})
+        first, now, versions = self._reserver.reserve(
+            conn, len(messages), {(m.topic, m.source) for m in messages}
+        )
         for key, expected in expected_versions.items():
             if expected is not None and versions.get(key, 0) != expected:
                 raise VersionConflict(
@@ -210,48 +210,6 @@ class MessageStore:
                 actual=None,
             ) from exc
         return list(range(first, first + len(rows)))
-
-    def _current_versions(
-        self, conn: Connection, keys: Iterable[tuple[str, str]]
-    ) -> dict[tuple[str, str], int]:
-        """The last version of each ``(topic, source)`` (sources padded to a power of two)."""
-        found: dict[tuple[str, str], int] = {}
-        by_topic: dict[str, list[str]] = {}
-        for topic, source in keys:
-            by_topic.setdefault(topic, []).append(source)
-        direct, m = _fastpath.sends_directly(conn), self._messages
-        for topic, unsorted in by_topic.items():
-            sources = sorted(unsorted)
-            for start in range(0, len(sources), 512):
-                size = len(chunk := _fastpath.padded(sources[start : start + 512]))
-                if (query := self._queries.get(("versions", size))) is None:
-                    query = self._queries[("versions", size)] = (
-                        select(m.c.source, func.max(m.c.version))
-                        .where(m.c.tenant == bindparam("t"), m.c.topic == bindparam("topic"))
-                        .where(m.c.source.in_([bindparam(f"s{i}") for i in range(size)]))
-                        .group_by(m.c.source)
-                    )
-                params = {f"s{i}": source for i, source in enumerate(chunk)}
-                params.update(t=self.db.tenant, topic=topic)
-                rows = _fastpath.fetch(conn, query, params, direct=direct)
-                found.update({(topic, source): version for source, version in rows})
-        return found
-
-    def _reserve_positions(self, conn: Connection, count: int) -> tuple[int, Any]:
-        """Reserve ``count`` positions under the tenant's row lock; return the first one and
-        the database's time (read in the same round trip)."""
-        conn.info[APPENDED] = True  # Database.transaction wakes this host's instances
-        p = self._positions
-        where = p.c.tenant == self.db.tenant
-        updated = conn.execute(
-            update(p).where(where).values(last_position=p.c.last_position + count)
-        ).rowcount
-        if updated != 1:
-            raise SchemaError(
-                f"no position counter for tenant {self.db.tenant!r}; call Database.prepare() first"
-            )
-        last, now = conn.execute(select(p.c.last_position, self.db.clock.now()).where(where)).one()
-        return last - count + 1, now
 
     # -- reading -----------------------------------------------------------------------
 
