@@ -213,33 +213,24 @@ class _Batch:
         """Store every changed instance with its deadlines (ConcurrentUpdate if one moved
         on): one statement per kind of change, whatever the number of instances."""
         store, conn, now = self.dispatcher.store, self.ctx.connection, self.now
-        store.save(
-            conn,
-            [
-                (self.rows[key], self.encoded[key][0], instance.ended)
-                for key, instance in self.instances.items()
-            ],
-            now,
-        )
-        ended = [key for key, instance in self.instances.items() if instance.ended]
-        cancelled = [
-            (key, name)
-            for key, instance in self.instances.items()
-            if not instance.ended
-            for name in sorted(instance.cancelled)
-        ]
+        rows, encoded = self.rows, self.encoded
+        changes: list[tuple[SagaRow, str, bool]] = []
+        ended: list[str] = []
+        cancelled: list[tuple[str, str]] = []
+        scheduled: list[Deadline] = []
+        for key, instance in self.instances.items():
+            state, deadlines = encoded[key]
+            changes.append((rows[key], state, instance.ended))
+            if instance.ended:
+                ended.append(key)
+                continue
+            if instance.cancelled:
+                cancelled.extend((key, name) for name in sorted(instance.cancelled))
+            scheduled.extend(deadlines)
+        store.save(conn, changes, now)
         if ended or cancelled:
             store.unschedule(conn, ended, cancelled)
-        store.schedule(
-            conn,
-            [
-                deadline
-                for key, instance in self.instances.items()
-                if not instance.ended
-                for deadline in self.encoded[key][1]
-            ],
-            now,
-        )
+        store.schedule(conn, scheduled, now)
 
 
 def _no_envelopes() -> dict[int, Envelope]:
