@@ -21,14 +21,13 @@ rebalance round (partitions claimed, loops not yet started) and stops at the hoo
 that brings the delivered count to N. The baseline, in the same run on the same rows,
 is the best hand-written ``sqlite3`` (resp. PyMySQL) loop (:class:`HandWritten`): per
 batch of the same size (500), one transaction that reads the due rows by the same
-``(tenant, saga, partition_no, due_at)`` index, a range per partition, and their sagas'
-states, deletes the
-deadlines in one statement, writes the states from the version read in one statement
-(a multi-row upsert on MySQL), inserts the sent commands as one multi-row ``INSERT``,
-updates the partitions' rows guarded by epoch and checkpoint, and commits; every row
-count is checked. Framework and baseline runs alternate;
-the medians are printed with ``ratio framework/hand-written``. A saga is applied in one
-lane (in position order), like the baseline's single connection.
+``(tenant, saga, partition_no, due_at)`` index, a range per partition, joined with their
+sagas' states in the same read, deletes the deadlines in one statement, writes the
+states from the version read in one statement (a multi-row upsert on MySQL), inserts
+the sent commands as one multi-row ``INSERT``, updates the partitions' rows guarded by
+epoch and checkpoint, and commits; every row count is checked. Framework and baseline
+runs alternate; the medians are printed with ``ratio framework/hand-written``. A saga
+is applied in one lane (in position order), like the baseline's single connection.
 
 **Lateness.** With an instance running, ``--lateness-deadlines`` (2,000) sagas are
 started, their deadlines spread evenly from 2 s to 2 s + ``--spread`` (3 s) after
@@ -419,9 +418,10 @@ def lateness_run(
 
 class HandWritten:
     """The best delivery loop a person writes with a DB-API connection. Per batch, one
-    transaction: one read of the due deadlines, each partition's earliest as a range of
-    the ``(tenant, saga, partition_no, due_at)`` index (``UNION ALL``, as the framework
-    reads them), and one of their sagas' states; one ``DELETE`` of them
+    transaction: one read of the due deadlines with their sagas' states (joined on the
+    sagas' primary key), each partition's earliest as a range of the
+    ``(tenant, saga, partition_no, due_at)`` index (``UNION ALL``, as the framework
+    reads them); one ``DELETE`` of them
     all (row count checked); the states written from the version read in one statement
     (row count checked); the commands' positions reserved on the tenant's counter and
     the commands inserted as one multi-row ``INSERT``; a guarded checkpoint update of the
@@ -440,17 +440,17 @@ class HandWritten:
         # Each partition's earliest due rows, an even share of the batch each, as one range
         # of the index read in order per partition: no sort of the whole overdue backlog.
         share = -(-BATCH // PARTITIONS)
+        # Each due deadline with its saga's state: one read (a join on the primary key).
         self.select_due = " UNION ALL ".join(
             self.part.format(
-                f"SELECT saga_key, name, partition_no, due_at, type, payload FROM {p}deadlines "
-                f"WHERE tenant = '{TENANT}' AND saga = '{SAGA}' AND partition_no = {partition} "
-                f"AND due_at <= {self.now_sql} ORDER BY due_at LIMIT {share}"
+                f"SELECT d.saga_key, d.name, d.partition_no, d.due_at, d.type, d.payload, "
+                f"s.version, s.state FROM {p}deadlines d JOIN {p}sagas s "
+                f"ON s.tenant = d.tenant AND s.saga = d.saga AND s.saga_key = d.saga_key "
+                f"WHERE d.tenant = '{TENANT}' AND d.saga = '{SAGA}' "
+                f"AND d.partition_no = {partition} "
+                f"AND d.due_at <= {self.now_sql} ORDER BY d.due_at LIMIT {share}"
             )
             for partition in range(PARTITIONS)
-        )
-        self.select_states = (
-            f"SELECT saga_key, version, state FROM {p}sagas "
-            f"WHERE tenant = {q} AND saga = {q} AND saga_key IN ({{keys}})"
         )
         self.delete_due = (
             f"DELETE FROM {p}deadlines WHERE tenant = {q} AND saga = {q} "
@@ -501,17 +501,16 @@ class HandWritten:
             if not due:
                 self.commit(cur)
                 return delivered
-            keys = sorted({row[0] for row in due})
+            states = {row[0]: (row[6], loads(row[7])) for row in due}
+            keys = sorted(states)
             marks = ", ".join([q] * len(keys))
-            cur.execute(self.select_states.format(keys=marks), (TENANT, SAGA, *keys))
-            states = {key: (version, loads(state)) for key, version, state in cur.fetchall()}
             cur.execute(
                 self.delete_due.format(keys=marks, rows=", ".join([f"({q}, {q}, {q})"] * len(due))),
                 (TENANT, SAGA, *keys, *(v for row in due for v in row[:2] + row[3:4])),
             )
             if cur.rowcount != len(due):
                 raise BenchmarkFailure("hand-written: a deadline vanished")
-            for key, _name, _partition, _due_at, _type, payload in due:
+            for key, _name, _partition, _due_at, _type, payload, *_saga in due:
                 if loads(payload)["timer_id"] == key:  # the deadline's message, decoded
                     states[key][1]["fired"] += 1
             now = time.time()

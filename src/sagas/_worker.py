@@ -46,7 +46,7 @@ from messaging.store._rows import (
 )
 from sagas._context import SagaContext
 from sagas._options import saga_options, starts_saga
-from sagas._store import Deadline, SagaRow, SagaStore
+from sagas._store import Deadline, Due, SagaRow, SagaStore
 
 T = TypeVar("T")
 
@@ -105,10 +105,12 @@ class SagaDispatcher(Dispatcher):
                 raise
             raise Poison(row, partition_in(row, partition_count), exc) from exc
 
-    def deliver(self, deadlines: Sequence[Deadline], ctx: HandlerContext, now: float) -> None:
-        """Take ``deadlines`` off the table and apply them at ``now`` (the database's time)."""
-        batch = _Batch(self, ctx, now)
-        batch.load(d.key for d in deadlines)
+    def deliver(self, due: Due, ctx: HandlerContext) -> None:
+        """Take the ``due`` deadlines off the table and apply them at the time they were read
+        (the database's), to their saga instances as read with them."""
+        deadlines = due.deadlines
+        batch = _Batch(self, ctx, due.now)
+        batch.rows.update(due.sagas)
         self.store.take(ctx.connection, deadlines)
         for deadline in deadlines:
             earlier = batch.instances.get(deadline.key)
@@ -367,17 +369,17 @@ class SagaWorker(ConsumerWorker):
         due), deliver them, commit."""
         dispatcher = self.dispatcher
         with self.db.transaction(consumer=self.spec.name) as conn:
-            due, now = dispatcher.store.due(conn, sorted(claims), self.settings.batch_size, until)
+            due = dispatcher.store.due(conn, sorted(claims), self.settings.batch_size, until)
             if only is not None:
-                due = [d for d in due if d == only]
-            if not due:
+                due = attrs.evolve(due, deadlines=[d for d in due.deadlines if d == only])
+            if not due.deadlines:
                 return [], 0.0
             ctx = HandlerContext(conn, _no_envelopes, outbox=self.outbox)
-            dispatcher.deliver(due, ctx, now)
+            dispatcher.deliver(due, ctx)
             ctx.flush()
-            fenced = {d.partition: claims[d.partition] for d in due}
+            fenced = {d.partition: claims[d.partition] for d in due.deadlines}
             self.ownership.commit_checkpoint(conn, self.spec.name, self.instance_id, fenced, 0)
-            return due, now
+            return due.deadlines, due.now
 
     def _deliver_one_by_one(
         self, claims: dict[int, Claim], until: float | None
@@ -386,10 +388,10 @@ class SagaWorker(ConsumerWorker):
         fails halts its partition at the partition's checkpoint, with the reason."""
         dispatcher = self.dispatcher
         with self.db.read() as conn:
-            due, _ = dispatcher.store.due(conn, sorted(claims), self.settings.batch_size, until)
+            due = dispatcher.store.due(conn, sorted(claims), self.settings.batch_size, until)
         delivered: list[Deadline] = []
         now = 0.0
-        for deadline in due:
+        for deadline in due.deadlines:
             held = self.held_claims()
             if deadline.partition not in held:
                 continue  # its partition halted (or moved) meanwhile

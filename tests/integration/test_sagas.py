@@ -411,8 +411,8 @@ def test_a_batch_of_due_deadlines_is_each_partitions_earliest_and_full(
     _store_deadlines(cluster, offsets)
     store = SagaStore(cluster.db, "test-orders")
     with cluster.db.read() as conn:
-        batch, _ = store.due(conn, range(4), 40)
-        everything, _ = store.due(conn, range(4), 1000)
+        batch = store.due(conn, range(4), 40).deadlines
+        everything = store.due(conn, range(4), 1000).deadlines
     assert len(batch) == 40
     assert [d.due_at for d in batch] == sorted(d.due_at for d in batch)
     taken = {
@@ -516,7 +516,7 @@ def test_batched_takes_and_saves_still_detect_a_concurrent_change(
     reminders.clock.advance(2.0)
     with db.read() as conn:
         assert store.any_due(conn, range(4))
-        due, _ = store.due(conn, range(4), 10)
+        due = store.due(conn, range(4), 10).deadlines
         rows = store.load(conn, ["k0", "k1", "k2"])
     assert len(due) == 3
     with db.transaction() as conn:
