@@ -3,7 +3,8 @@
 from sagas._context import SagaContext
 from sagas._decorators import saga, start
 from sagas._options import SagaOptions
-from sagas._store import Deadline, SagaStore
+from sagas._rows import Deadline
+from sagas._store import SagaStore
 from sagas._worker import SagaWorker
 
 __all__ = ["Deadline", "SagaContext", "SagaOptions", "SagaStore", "SagaWorker", "saga", "start"]

@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-import attrs
 from sqlalchemy import (
     CompoundSelect,
     Connection,
@@ -41,42 +40,9 @@ from sqlalchemy.types import NullType
 from messaging._errors import ConcurrentUpdate
 from messaging.store import _fastpath
 from messaging.store._database import Database
+from sagas._rows import Deadline, Due, SagaRow
 
 _KEY_CHUNK = 500
-
-
-@attrs.define(kw_only=True)
-class SagaRow:
-    """One saga instance as read at the start of a batch (``version`` None: not stored)."""
-
-    key: str
-    version: int | None
-    state: str | None
-    ended: bool
-
-
-@attrs.define(frozen=True, kw_only=True)
-class Deadline:
-    """A deadline of one saga instance: ``message`` is delivered to it at ``due_at``."""
-
-    key: str
-    name: str
-    partition: int
-    due_at: float
-    type: str
-    payload: str
-
-
-@attrs.define(frozen=True, kw_only=True)
-class Due:
-    """Due deadlines as :meth:`SagaStore.due` reads them."""
-
-    deadlines: list[Deadline]
-    """Earliest first."""
-    now: float
-    """The database's time when they were read (0.0 if none was due)."""
-    sagas: dict[str, SagaRow]
-    """The stored row of each one's saga instance (version None where there is none)."""
 
 
 class SagaStore:

@@ -46,7 +46,8 @@ from messaging.store._rows import (
 )
 from sagas._context import SagaContext
 from sagas._options import saga_options, starts_saga
-from sagas._store import Deadline, Due, SagaRow, SagaStore
+from sagas._rows import Deadline, Due, SagaRow
+from sagas._store import SagaStore
 
 T = TypeVar("T")
 

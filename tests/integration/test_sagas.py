@@ -29,7 +29,7 @@ from messaging.distribution._ownership import Ownership
 from messaging.store._rows import partition_of
 from projections.testing import SimulatedCluster
 from sagas import SagaContext, SagaStore, saga, start
-from sagas._store import SagaRow
+from sagas._rows import SagaRow
 
 SETTINGS = settings_from_mapping(
     {

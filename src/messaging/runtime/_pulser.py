@@ -20,7 +20,7 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
-from messaging.distribution._pulse import Pulse, read_pulse
+from messaging.distribution._pulse import Pulse, PulseReader
 from messaging.runtime._outage import Failing
 from messaging.store._wakeup import Listener
 
@@ -39,6 +39,7 @@ class Pulser:
         self.last: Pulse | None = None
         """The last good reading."""
         self._listener: Listener | None = None
+        self._reader: PulseReader | None = None
         self._failing = Failing(
             f"instance {instance.name}", "reading the pulse", "rebalancing at the regular interval"
         )
@@ -53,8 +54,11 @@ class Pulser:
         """Read the pulse once and wake the workers whose topics moved; return whether the
         generation differs from the one the last rebalance round read (a round is due)."""
         inst = self.instance
+        topics = self.topics()
+        if self._reader is None or self._reader.topics != topics:
+            self._reader = PulseReader(inst.db, topics)
         with inst.db.read() as conn:
-            pulse = read_pulse(inst.db, conn, self.topics())
+            pulse = self._reader.read(conn)
         moved = pulse.moved(self.last)
         self.last = pulse
         if moved:

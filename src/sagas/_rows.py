@@ -1,0 +1,39 @@
+"""What the saga store reads and writes: saga instances' rows and their deadlines."""
+
+from __future__ import annotations
+
+import attrs
+
+
+@attrs.define(kw_only=True)
+class SagaRow:
+    """One saga instance as read at the start of a batch (``version`` None: not stored)."""
+
+    key: str
+    version: int | None
+    state: str | None
+    ended: bool
+
+
+@attrs.define(frozen=True, kw_only=True)
+class Deadline:
+    """A deadline of one saga instance: ``message`` is delivered to it at ``due_at``."""
+
+    key: str
+    name: str
+    partition: int
+    due_at: float
+    type: str
+    payload: str
+
+
+@attrs.define(frozen=True, kw_only=True)
+class Due:
+    """Due deadlines as :meth:`SagaStore.due` reads them."""
+
+    deadlines: list[Deadline]
+    """Earliest first."""
+    now: float
+    """The database's time when they were read (0.0 if none was due)."""
+    sagas: dict[str, SagaRow]
+    """The stored row of each one's saga instance (version None where there is none)."""
