@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 from messaging.distribution._pulse import Pulse, PulseReader
 from messaging.runtime._outage import Failing
-from messaging.store._wakeup import Listener
+from messaging.store._wakeup import ANY_TOPIC, Listener
 
 if TYPE_CHECKING:
     from messaging.runtime._instance import Instance
@@ -103,7 +103,7 @@ class Pulser:
                     woken = self._wait(stop, left)
                     if stop.is_set():
                         return
-                    if not woken and time.monotonic() < due:
+                    if not self._concerns(woken) and time.monotonic() < due:
                         continue
                 started = time.monotonic()
                 due = started + interval
@@ -115,8 +115,13 @@ class Pulser:
                 self._listener.close()
                 self._listener = None
 
-    def _wait(self, stop: threading.Event, seconds: float) -> bool:
+    def _wait(self, stop: threading.Event, seconds: float) -> frozenset[str]:
+        """The topics named by the wake-ups that came within ``seconds`` (none if none)."""
         if self._listener is None:
             stop.wait(seconds)
-            return False
+            return frozenset()
         return self._listener.wait(seconds)
+
+    def _concerns(self, woken: frozenset[str]) -> bool:
+        """Whether a wake-up about ``woken`` is worth a beat: any topic, or one read here."""
+        return ANY_TOPIC in woken or not woken.isdisjoint(self.topics())

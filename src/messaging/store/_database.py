@@ -220,8 +220,8 @@ class Database:
             if info is not None:
                 info.pop(APPENDED, None)
             raise
-        if info is not None and info.pop(APPENDED, None):
-            self.wakeups.notify()
+        if info is not None and (appended := info.pop(APPENDED, None)):
+            self.wakeups.notify(appended)
 
     @contextmanager
     def read(self) -> Iterator[Connection]:

@@ -47,7 +47,6 @@ class Reserver:
         The counter's ``UPDATE``, then one query per topic (and chunk of 512 sources, padded
         to a power of two), the first also reading the counter back: two round trips for
         the sends of a batch to one topic."""
-        conn.info[APPENDED] = True  # Database.transaction wakes this host's instances
         direct, tenant = _fastpath.sends_directly(conn), self.db.tenant
         if _fastpath.execute(conn, self._reserve, [{"t": tenant, "n": count}], direct=direct) != 1:
             raise SchemaError(
@@ -56,6 +55,8 @@ class Reserver:
         by_topic: dict[str, list[str]] = {}
         for topic, source in keys:
             by_topic.setdefault(topic, []).append(source)
+        # Database.transaction wakes this host's readers of these topics after the commit
+        conn.info.setdefault(APPENDED, set()).update(by_topic)
         found: dict[tuple[str, str], int] = {}
         last, now = None, 0.0
         for topic, unsorted in by_topic.items():

@@ -1,11 +1,13 @@
 """Wake-ups between the processes of one host that share a database.
 
-After a transaction that appended messages commits, the appender sends an empty
-datagram to every instance of the same database, tenant and table prefix on this host
-(a Unix datagram socket each, in a directory of the user's own under the temporary
-directory); a woken instance reads its pulse at once instead of at its next beat. It is
-only a hint: a lost datagram, another host, or a platform without Unix sockets costs
-at most one ``idle-poll-interval``, which the pulse would have waited anyway.
+After a transaction that appended messages commits, the appender sends a datagram
+naming the topics it appended to to every instance of the same database, tenant and
+table prefix on this host (a Unix datagram socket each, in a directory of the user's own
+under the temporary directory); an instance woken about a topic it reads reads its
+pulse at once instead of at its next beat (one about other topics only is ignored). An
+empty datagram stands for any topic (too many names to send, or a stop). It is only a
+hint: a lost datagram, another host, or a platform without Unix sockets costs at most
+one ``idle-poll-interval``, which the pulse would have waited anyway.
 """
 
 from __future__ import annotations
@@ -19,12 +21,20 @@ import socket
 import tempfile
 import time
 import uuid
+from collections.abc import Iterable
 from pathlib import Path
 
 log = logging.getLogger("messaging.store.wakeup")
 
 APPENDED = "messaging_appended"
-"""Key in a connection's ``info`` set by an append: wake the others once it commits."""
+"""Key in a connection's ``info``: the set of topics appended to in its transaction, whose
+readers are woken once it commits."""
+
+ANY_TOPIC = ""
+"""In the topics a wake-up names: any topic (no topic is named by the empty string)."""
+
+_MAX_PAYLOAD = 4096
+"""Bytes of topic names a datagram carries at most; more are sent as any topic."""
 
 _LISTING_TTL = 1.0
 """Seconds a listing of the listeners is reused by an appender."""
@@ -39,15 +49,18 @@ class Listener:
         self.socket.setblocking(False)
         self.socket.bind(str(path))
 
-    def wait(self, timeout: float) -> bool:
-        """Wait up to ``timeout`` seconds; True if woken (every pending wake-up is taken)."""
+    def wait(self, timeout: float) -> frozenset[str]:
+        """Wait up to ``timeout`` seconds; the topics the wake-ups name (:data:`ANY_TOPIC`
+        for any), none if not woken (every pending wake-up is taken)."""
         readable, _, _ = select.select([self.socket], [], [], max(0.0, timeout))
         if not readable:
-            return False
-        with contextlib.suppress(OSError):
-            while self.socket.recv(16) is not None:
-                pass
-        return True
+            return frozenset()
+        topics: set[str] = set()
+        with contextlib.suppress(OSError):  # BlockingIOError once every one is taken
+            while True:
+                payload = self.socket.recv(_MAX_PAYLOAD + 1)
+                topics.update(payload.decode("utf-8", "replace").split("\n"))
+        return frozenset(topics)
 
     def poke(self) -> None:
         """Wake :meth:`wait` from this process (at stop)."""
@@ -81,8 +94,9 @@ class WakeUps:
             log.debug("no same-host wake-ups (%s): the pulse alone decides", exc)
             return None
 
-    def notify(self) -> None:
-        """Wake every listener here (best effort, never raises, never blocks)."""
+    def notify(self, topics: Iterable[str] = ()) -> None:
+        """Wake every listener here about ``topics`` (none: any topic); best effort, never
+        raises, never blocks."""
         now = time.monotonic()
         if now - self._listed_at > _LISTING_TTL:
             try:
@@ -92,11 +106,14 @@ class WakeUps:
             self._listed_at = now
         if not self._listing:
             return
+        payload = "\n".join(sorted(topics)).encode()
+        if len(payload) > _MAX_PAYLOAD:
+            payload = ANY_TOPIC.encode()
         with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sender:
             sender.setblocking(False)
             for path in self._listing:
                 try:
-                    sender.sendto(b"", path)
+                    sender.sendto(payload, path)
                 except (ConnectionRefusedError, FileNotFoundError):
                     with contextlib.suppress(OSError):
                         os.unlink(path)  # left behind by a process that died
