@@ -25,6 +25,7 @@ from sqlalchemy import (
     func,
     insert,
     literal_column,
+    null,
     or_,
     select,
     tuple_,
@@ -297,8 +298,10 @@ class SagaStore:
     def _due_statement(self, count: int, until: bool) -> CompoundSelect | Select[Any]:
         """The query of :meth:`due` for ``count`` partitions, built once: ``UNION ALL`` of one
         range of the ``(tenant, saga, partition, due_at)`` index per partition, read in
-        order up to its quota (parameters ``p<i>``, ``q<i>`` and ``until``). Never a sort of
-        the whole overdue backlog, as one ``ORDER BY due_at`` over several partitions is."""
+        order up to its quota (parameters ``p<i>``, ``q<i>`` and ``until``), each deadline
+        with its saga's stored row, after one row holding the database's time. Never a
+        sort of the whole overdue backlog, as one ``ORDER BY due_at`` over several
+        partitions is."""
         shape = (count, until)
         if shape not in self._due_statements:
             d = self._deadlines
@@ -311,7 +314,7 @@ class SagaStore:
             t = self._sagas
             columns = (
                 *(d.c.saga_key, d.c.name, d.c.partition_no, due_at, d.c.type, d.c.payload),
-                *(t.c.version, t.c.state, type_coerce(t.c.ended, Integer), clock),
+                *(t.c.version, t.c.state, type_coerce(t.c.ended, Integer)),
             )
             # each deadline with its saga's stored row: one read instead of two
             joined = d.outerjoin(
@@ -326,12 +329,13 @@ class SagaStore:
                 .limit(bindparam(f"q{i}", type_=Integer()))
                 for i in range(count)
             ]
-            if count == 1:
-                self._due_statements[shape] = parts[0]
-            elif self.db.is_sqlite:  # no parenthesized parts there: each a subquery
-                self._due_statements[shape] = union_all(*(q.subquery().select() for q in parts))
+            # The clock once, in a row of its own (no saga key), not once per deadline.
+            clock_row = select(*[null()] * 3, clock, *[null()] * (len(columns) - 4))
+            if self.db.is_sqlite:  # no parenthesized parts there: each a subquery
+                subqueries = [q.subquery().select() for q in parts]
+                self._due_statements[shape] = union_all(clock_row, *subqueries)
             else:  # parenthesized: MySQL streams them, no temporary tables
-                self._due_statements[shape] = union_all(*parts)
+                self._due_statements[shape] = union_all(clock_row, *parts)
         return self._due_statements[shape]
 
     def _due_params(self, quotas: Mapping[int, int], until: float | None) -> dict[str, Any]:
@@ -366,13 +370,18 @@ class SagaStore:
             read: dict[int, list[Deadline]] = {p: [] for p in quotas}
             statement = self._due_statement(len(quotas), until is not None)
             rows = _fastpath.fetch(conn, statement, self._due_params(quotas, until), direct=direct)
-            for k, n, p, due, t, payload, version, state, ended, clock in rows:
-                now = now or float(clock)
+            clock = 0.0
+            for k, n, p, due, t, payload, version, state, ended in rows:
+                if k is None:  # the clock's row
+                    clock = float(due)
+                    continue
                 read[p].append(
                     Deadline(key=k, name=n, partition=p, due_at=float(due), type=t, payload=payload)
                 )
                 if k not in sagas:  # no stored row: version None, like a new instance's
                     sagas[k] = SagaRow(key=k, version=version, state=state, ended=bool(ended))
+            if any(read.values()):
+                now = now or clock
             found.update(read)
             left = limit - sum(map(len, found.values()))
             full = [p for p in quotas if len(read[p]) == quotas[p]]
