@@ -28,6 +28,7 @@ from messaging.store._nodes import Failover, join_hosts, split_hosts
 from messaging.store._schema import Schema
 from messaging.store._sessions import Sessions
 from messaging.store._tenancy import CONSUMER_OPTION, ReadModels
+from messaging.store._tls import SkipTlsWhereNone
 from messaging.store._wakeup import APPENDED, WakeUps
 
 SQLITE_BUSY_TIMEOUT = 30.0
@@ -136,6 +137,7 @@ def _mysql_engine(url: str, pool: bool) -> Engine:
         paramstyle="format",
         **({} if pool else {"poolclass": NullPool}),
     )
+    SkipTlsWhereNone().install(engine)  # first: a failover connects with its parameters
     if nodes:
         Failover(nodes).install(engine)
     return engine
