@@ -1,7 +1,7 @@
 """Saga deadline delivery: due deadlines per second, and lateness against the poll interval.
 
 Run as ``python benchmarks/deadlines.py [--mysql-url URL] [--deadlines N] [--runs N]``
-(``--help`` for the rest). About 25 s on SQLite, 75 s more with MySQL.
+(``--help`` for the rest). About 25 s on SQLite, 30 s more with MySQL.
 
 A small benchmark saga (``Timers``) starts one instance per ``TimerSet`` message and
 schedules one ``TimerFired`` deadline; delivering it increments a counter in the
@@ -759,7 +759,7 @@ def run_mysql(url: str, options: Options) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--deadlines", type=int, default=20_000, help="overdue (20000)")
-    parser.add_argument("--runs", type=int, default=3, help="throughput runs of each kind (3)")
+    parser.add_argument("--runs", type=int, default=5, help="throughput runs of each kind (5)")
     parser.add_argument(
         "--lateness-deadlines", type=int, default=2_000, help="deadlines per lateness run (2000)"
     )

@@ -10,6 +10,8 @@ due ones are found through the ``(tenant, saga, partition, due_at)`` index.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from itertools import chain
+from operator import attrgetter
 from typing import Any
 
 from sqlalchemy import (
@@ -44,6 +46,7 @@ from messaging.store._database import Database
 from sagas._rows import Deadline, Due, SagaRow
 
 _KEY_CHUNK = 500
+_KEY_NAME_DUE = attrgetter("key", "name", "due_at")
 
 
 class SagaStore:
@@ -428,9 +431,8 @@ class SagaStore:
         direct = _fastpath.sends_directly(conn)
         for start in range(0, len(deadlines), self._chunk):
             chunk = _fastpath.padded(deadlines[start : start + self._chunk])
-            params: dict[str, Any] = {}
-            for i, x in enumerate(chunk):
-                params[f"k{i}"], params[f"n{i}"], params[f"d{i}"] = x.key, x.name, x.due_at
+            named = _fastpath.numbered(("k", "n", "d"), len(chunk))
+            params = dict(zip(named, chain.from_iterable(map(_KEY_NAME_DUE, chunk)), strict=True))
             statement = self._listing("take", len(chunk))
             deleted += _fastpath.execute(conn, statement, [params], direct=direct)
         if deleted != len(deadlines):

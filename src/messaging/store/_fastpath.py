@@ -24,6 +24,7 @@ and transient-error retries see no difference), and a lost connection is invalid
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from operator import itemgetter
@@ -65,6 +66,13 @@ def padded(values: Sequence[T]) -> list[T]:
     batch size."""
     size = 1 << (len(values) - 1).bit_length()
     return [*values, *[values[-1]] * (size - len(values))]
+
+
+@functools.cache
+def numbered(prefixes: tuple[str, ...], count: int) -> tuple[str, ...]:
+    """The parameter names ``p0, q0, ..., p1, q1, ...`` of ``prefixes`` for ``count`` rows,
+    in that order (made once per shape: zipped with a batch's values to name them)."""
+    return tuple(f"{prefix}{i}" for i in range(count) for prefix in prefixes)
 
 
 def execute(

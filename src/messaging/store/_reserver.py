@@ -63,7 +63,7 @@ class Reserver:
             sources = sorted(unsorted)
             for start in range(0, len(sources), 512):
                 chunk = _fastpath.padded(sources[start : start + 512])
-                params = {f"s{i}": source for i, source in enumerate(chunk)}
+                params = dict(zip(_fastpath.numbered(("s",), len(chunk)), chunk, strict=True))
                 params.update(t=tenant, topic=topic)
                 query = self._versions_query(len(chunk), counter=last is None)
                 for source, version, clock in _fastpath.fetch(conn, query, params, direct=direct):
