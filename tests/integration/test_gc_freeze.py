@@ -30,6 +30,19 @@ SCRIPT = textwrap.dedent(
 )
 
 
+def _freeze_counts(script: str, tmp_path: Path, freeze: str) -> list[int]:
+    """The freeze counts ``script`` prints, run in a fresh process on a SQLite file."""
+    url = f"sqlite:///{tmp_path / 'app.db'}"
+    done = subprocess.run(
+        [sys.executable, "-c", script, url, freeze],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    return [int(count) for count in done.stdout.split()]
+
+
 @pytest.mark.parametrize("freeze", ["true", "false"])
 def test_the_first_start_freezes_the_heap_once_unless_turned_off(
     tmp_path: Path, freeze: str
@@ -37,15 +50,7 @@ def test_the_first_start_freezes_the_heap_once_unless_turned_off(
     """In a fresh process: with ``gc-freeze`` (the default) the first start moves the
     objects held to the permanent generation and a second start adds none; turned off,
     nothing is frozen."""
-    url = f"sqlite:///{tmp_path / 'app.db'}"
-    done = subprocess.run(
-        [sys.executable, "-c", SCRIPT, url, freeze],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
-    before, first, second = map(int, done.stdout.split())
+    before, first, second = _freeze_counts(SCRIPT, tmp_path, freeze)
     assert before == 0
     if freeze == "true":
         # the imported modules and more, once (the first stop frees some of them)
@@ -105,15 +110,7 @@ APPLIED_SCRIPT = textwrap.dedent(
 def test_the_first_applied_batch_freezes_the_heap_again(tmp_path: Path, freeze: str) -> None:
     """With ``gc-freeze``, a worker's first applied batch freezes what the process holds
     then (the statements built for it) too; turned off, never."""
-    url = f"sqlite:///{tmp_path / 'app.db'}"
-    done = subprocess.run(
-        [sys.executable, "-c", APPLIED_SCRIPT, url, freeze],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
-    started, after = map(int, done.stdout.split())
+    started, after = _freeze_counts(APPLIED_SCRIPT, tmp_path, freeze)
     if freeze == "true":
         assert after > started > 10_000
     else:
