@@ -440,7 +440,8 @@ class HandWritten:
         # Each partition's earliest due rows, an even share of the batch each, as one range
         # of the index read in order per partition: no sort of the whole overdue backlog.
         share = -(-BATCH // PARTITIONS)
-        # Each due deadline with its saga's state: one read (a join on the primary key).
+        # Each due deadline with its saga's state: one read (a join on the primary key; an
+        # inner join, as every deadline here has its saga, where the framework cannot know).
         self.select_due = " UNION ALL ".join(
             self.part.format(
                 f"SELECT d.saga_key, d.name, d.partition_no, d.due_at, d.type, d.payload, "

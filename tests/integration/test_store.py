@@ -12,6 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from messaging import Database, Envelope, MessageStore, NewMessage, VersionConflict, message
+from messaging.store._clock import ManualClock
+from messaging.store._migrations import migrate
 from messaging.store._rows import partition_hash, partition_of
 
 
@@ -203,6 +205,26 @@ def _expected(
         if partition_of(source, count) in partitions
         and position > partitions[partition_of(source, count)]
     ]
+
+
+def test_each_append_records_the_clocks_time_then(database_url: str, table_prefix: str) -> None:
+    """Appends record the database clock's time of their own transaction: with a manual
+    clock, the time it shows at each append (never the first append's, built in)."""
+    clock = ManualClock(5_000.0)
+    db = Database(database_url, table_prefix=table_prefix, clock=clock)
+    try:
+        if not db.is_sqlite:
+            migrate(db)
+        db.prepare()
+        store = MessageStore(db)
+        for source in ("a", "b", "c"):
+            with db.transaction() as conn:
+                store.append(conn, "timed", source, [Changed(1)])
+            clock.advance(100.0)
+        times = [Envelope(*row[:8]).recorded_at for row in _read(db, ["timed"])]
+        assert times == [5_000.0, 5_100.0, 5_200.0]
+    finally:
+        db.dispose()
 
 
 @pytest.mark.parametrize(

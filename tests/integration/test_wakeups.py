@@ -11,7 +11,7 @@ import pytest
 
 from messaging import Database, MessageStore
 from messaging.runtime._pulser import Pulser
-from messaging.store._wakeup import ANY_TOPIC, Listener, WakeUps
+from messaging.store._wakeup import _QUEUE_LENGTH, ANY_TOPIC, Listener, WakeUps
 from projections.examples.ledger import AccountOpened
 
 
@@ -38,6 +38,21 @@ def test_a_wake_up_names_its_topics_or_any(listening: tuple[WakeUps, Listener]) 
     assert listener.wait(5) == {ANY_TOPIC}
     listener.poke()
     assert listener.wait(5) == {ANY_TOPIC}
+    wakeups.notify({"line\nbreak"})  # a valid topic name, but not one to split on
+    assert listener.wait(5) == {ANY_TOPIC}
+
+
+def test_a_full_queue_counts_as_a_wake_up_about_any_topic(
+    listening: tuple[WakeUps, Listener],
+) -> None:
+    """Once the listener's queue is full a wake-up may have been refused, whatever its
+    topics: the listener takes the full queue for any topic."""
+    wakeups, listener = listening
+    for _ in range(_QUEUE_LENGTH + 5):  # the sends past the queue's length are refused
+        wakeups.notify({"payments"})
+    assert listener.wait(5) == {"payments", ANY_TOPIC}
+    wakeups.notify({"payments"})
+    assert listener.wait(5) == {"payments"}
 
 
 def test_a_commit_wakes_the_readers_of_the_topics_it_appended_to(tmp_path: Path) -> None:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from pymysql.constants import CLIENT
 
 from messaging import Database
@@ -29,20 +27,37 @@ def test_connections_after_the_first_skip_tls_only_where_the_server_offers_none(
         first.close()
 
 
-def _params_after(offered: bool | None, **given: Any) -> dict[str, Any]:
+def test_tls_options_of_the_url_and_a_server_offering_tls_are_left_alone(
+    db: Database,
+) -> None:
+    """Only a server known to offer no TLS gets a connection without TLS set-up; the
+    URL's own TLS options, or a server offering TLS or not known yet, leave SQLAlchemy
+    to connect as usual."""
+    dialect = db.engine.dialect
+    _, params = dialect.create_connect_args(db.engine.url)
     skip = SkipTlsWhereNone()
-    skip.offered = offered
-    params = dict(given)
-    skip.before_connect(None, None, (), params)
-    return params
+    for offered in (None, True):
+        skip.offered = offered
+        assert skip.connect(dialect, None, (), dict(params)) is None
+    skip.offered = False
+    assert skip.connect(dialect, None, (), {**params, "ssl_disabled": False}) is None
+    plain = skip.connect(dialect, None, (), dict(params))
+    try:
+        assert plain.ssl is False
+    finally:
+        plain.close()
 
 
-def test_tls_options_of_the_url_and_a_server_offering_tls_are_left_alone() -> None:
-    assert _params_after(False, host="h") == {"host": "h", "ssl_disabled": True}
-    assert _params_after(None, host="h") == {"host": "h"}  # nothing known yet
-    assert _params_after(True, host="h") == {"host": "h"}  # TLS offered: PyMySQL's way
-    assert _params_after(False, ssl_ca="/ca.pem") == {"ssl_ca": "/ca.pem"}
-    assert _params_after(False, ssl_disabled=False) == {"ssl_disabled": False}
+def test_a_connection_refused_without_tls_is_made_again_the_usual_way(db: Database) -> None:
+    """A server that refuses the connection made without TLS (say, it now requires TLS)
+    is not taken to offer none any more: SQLAlchemy connects as usual."""
+    dialect = db.engine.dialect
+    _, params = dialect.create_connect_args(db.engine.url)
+    skip = SkipTlsWhereNone()
+    skip.offered = False
+    refused = {**params, "host": "127.0.0.1", "port": 1, "connect_timeout": 2}
+    assert skip.connect(dialect, None, (), refused) is None
+    assert skip.offered is None
 
 
 def test_what_the_server_offered_is_learnt_from_each_connection() -> None:

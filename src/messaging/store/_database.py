@@ -137,9 +137,10 @@ def _mysql_engine(url: str, pool: bool) -> Engine:
         paramstyle="format",
         **({} if pool else {"poolclass": NullPool}),
     )
-    SkipTlsWhereNone().install(engine)  # first: a failover connects with its parameters
     if nodes:
         Failover(nodes).install(engine)
+    else:
+        SkipTlsWhereNone().install(engine)
     return engine
 
 

@@ -17,6 +17,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.sql import Executable
+from sqlalchemy.sql.elements import BindParameter
 from sqlalchemy.types import NullType
 
 from messaging._errors import SchemaError
@@ -37,6 +38,8 @@ class Reserver:
             .values(last_position=p.c.last_position + bindparam("n", type_=BigInteger()))
         )
         self._versions: dict[tuple[int, bool], Executable] = {}
+        self._now_bound = isinstance(db.clock.now(), BindParameter)
+        """A clock whose now is a value (a manual one): bound per read, not built in."""
 
     def reserve(
         self, conn: Connection, count: int, keys: Iterable[tuple[str, str]]
@@ -65,6 +68,8 @@ class Reserver:
                 chunk = _fastpath.padded(sources[start : start + 512])
                 params = dict(zip(_fastpath.numbered(("s",), len(chunk)), chunk, strict=True))
                 params.update(t=tenant, topic=topic)
+                if last is None and self._now_bound:
+                    params["now"] = self.db.clock.now().value  # a manual clock's value
                 query = self._versions_query(len(chunk), counter=last is None)
                 for source, version, clock in _fastpath.fetch(conn, query, params, direct=direct):
                     if source is None:  # the counter's row
@@ -88,7 +93,11 @@ class Reserver:
                 .group_by(m.c.source)
             )
             if counter:  # the clock as the driver gives it: converted by float() above
-                clock = type_coerce(self.db.clock.now(), NullType())
+                clock = (
+                    bindparam("now", type_=NullType())
+                    if self._now_bound
+                    else type_coerce(self.db.clock.now(), NullType())
+                )
                 read_back = select(null(), p.c.last_position, clock)
                 query = union_all(read_back.where(p.c.tenant == bindparam("t")), query)
             self._versions[(size, counter)] = query

@@ -1,12 +1,14 @@
 """PyMySQL's TLS set-up skipped for a server that offers no TLS.
 
-Given no TLS options, PyMySQL prefers TLS: every connection first builds a default SSL
-context (loading the system's CA certificates: about 17 ms of CPU) and only then learns
-whether the server offers TLS at all. An engine here remembers that its server offered
-none and connects without building one, until a server offers TLS again (which is then
-used, as PyMySQL would). A URL with TLS options of its own (``ssl_ca=...``,
+Given no TLS options, PyMySQL (2.x) prefers TLS: every connection first builds a
+default SSL context (loading the system's CA certificates: about 17 ms of CPU) and only
+then learns whether the server offers TLS at all. An engine of one server here
+remembers that its server offered none and connects without building one. Every
+connection says again what the server offers: once it offers TLS, it is used again, as
+PyMySQL would; a connection refused without TLS (a server that now requires it) is
+tried again at once the usual way. A URL with TLS options of its own (``ssl_ca=...``,
 ``ssl_disabled=...``) is left alone; so is a driver that does not say what the server
-offers.
+offers, and a failover list of servers (which may differ).
 """
 
 from __future__ import annotations
@@ -25,16 +27,19 @@ class SkipTlsWhereNone:
         """Whether the server offered TLS to the last connection (None: not known)."""
 
     def install(self, engine: Engine) -> None:
-        """Listen on ``engine``; before any other ``do_connect`` listener (a failover's)."""
-        event.listen(engine, "do_connect", self.before_connect)
+        event.listen(engine, "do_connect", self.connect)
         event.listen(engine, "connect", self.connected)
 
-    def before_connect(
-        self, _dialect: Any, _record: Any, _cargs: Any, cparams: dict[str, Any]
-    ) -> None:
-        """Connect without TLS set-up while the server is known to offer none."""
-        if self.offered is False and not any(key.startswith("ssl") for key in cparams):
-            cparams["ssl_disabled"] = True
+    def connect(self, dialect: Any, _record: Any, cargs: Any, cparams: dict[str, Any]) -> Any:
+        """A connection without TLS set-up while the server is known to offer none; None
+        (SQLAlchemy connects as usual) otherwise, or if that connection fails."""
+        if self.offered is not False or any(key.startswith("ssl") for key in cparams):
+            return None
+        try:
+            return dialect.connect(*cargs, **cparams, ssl_disabled=True)
+        except dialect.loaded_dbapi.Error:
+            self.offered = None
+            return None
 
     def connected(self, dbapi_connection: Any, _record: Any) -> None:
         """Note what the server offered this connection."""

@@ -5,9 +5,10 @@ naming the topics it appended to to every instance of the same database, tenant 
 table prefix on this host (a Unix datagram socket each, in a directory of the user's own
 under the temporary directory); an instance woken about a topic it reads reads its
 pulse at once instead of at its next beat (one about other topics only is ignored). An
-empty datagram stands for any topic (too many names to send, or a stop). It is only a
-hint: a lost datagram, another host, or a platform without Unix sockets costs at most
-one ``idle-poll-interval``, which the pulse would have waited anyway.
+empty datagram stands for any topic (too many names to send, a name holding a line
+break, or a stop), and so does a full queue (a wake-up may have been refused). It is
+only a hint: a lost datagram, another host, or a platform without Unix sockets costs at
+most one ``idle-poll-interval``, which the pulse would have waited anyway.
 """
 
 from __future__ import annotations
@@ -36,6 +37,18 @@ ANY_TOPIC = ""
 _MAX_PAYLOAD = 4096
 """Bytes of topic names a datagram carries at most; more are sent as any topic."""
 
+
+def _queue_length() -> int:
+    """How many datagrams a socket's queue holds before a send is refused (Linux says;
+    elsewhere a guess on the low side: a full queue is then only assumed too often)."""
+    try:
+        return int(Path("/proc/sys/net/unix/max_dgram_qlen").read_text())
+    except (OSError, ValueError):
+        return 8
+
+
+_QUEUE_LENGTH = _queue_length()
+
 _LISTING_TTL = 1.0
 """Seconds a listing of the listeners is reused by an appender."""
 
@@ -56,10 +69,14 @@ class Listener:
         if not readable:
             return frozenset()
         topics: set[str] = set()
+        taken = 0
         with contextlib.suppress(OSError):  # BlockingIOError once every one is taken
             while True:
                 payload = self.socket.recv(_MAX_PAYLOAD + 1)
                 topics.update(payload.decode("utf-8", "replace").split("\n"))
+                taken += 1
+        if taken >= _QUEUE_LENGTH:  # the queue was full: a wake-up may have been refused
+            topics.add(ANY_TOPIC)
         return frozenset(topics)
 
     def poke(self) -> None:
@@ -106,8 +123,9 @@ class WakeUps:
             self._listed_at = now
         if not self._listing:
             return
-        payload = "\n".join(sorted(topics)).encode()
-        if len(payload) > _MAX_PAYLOAD:
+        names = sorted(topics)
+        payload = "\n".join(names).encode()
+        if len(payload) > _MAX_PAYLOAD or any("\n" in name for name in names):
             payload = ANY_TOPIC.encode()
         with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sender:
             sender.setblocking(False)
@@ -119,4 +137,4 @@ class WakeUps:
                         os.unlink(path)  # left behind by a process that died
                     self._listed_at = float("-inf")
                 except OSError:
-                    pass  # a full queue: that listener has a wake-up pending anyway
+                    pass  # a full queue: the listener takes a full queue for any topic
