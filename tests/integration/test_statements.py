@@ -147,6 +147,35 @@ def test_driver_errors_are_raised_as_sqlalchemy_errors(db: Database, items: Tabl
         assert conn.execute(select(items.c.id).order_by(items.c.id)).scalars().all() == [1, 2]
 
 
+def test_error_listeners_hear_the_errors_of_statements_sent_straight_to_the_driver(
+    db: Database, items: Table, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A ``handle_error`` listener (a failover list's) keeps statements on the fast path
+    and hears each driver error as it would through ``Connection.execute``: one for the
+    duplicate key, with the error SQLAlchemy raises."""
+    add = insert(items).values(id=bindparam("key"), name=bindparam("label"))
+    heard: list[tuple[type, type]] = []
+
+    def listener(context: Any) -> None:
+        heard.append((type(context.original_exception), type(context.sqlalchemy_exception)))
+
+    event.listen(db.engine, "handle_error", listener)
+    try:
+        with db.transaction() as conn:
+            _write(conn, add, [{"key": 1, "label": "a"}])  # learnt
+        counter = _Counter(monkeypatch)
+        with pytest.raises(IntegrityError), db.transaction() as conn:
+            assert _fastpath.sends_directly(conn)
+            _write(conn, add, [{"key": 1, "label": "again"}])
+        assert counter.calls == 0  # straight to the driver
+    finally:
+        event.remove(db.engine, "handle_error", listener)
+    assert len(heard) == 1
+    driver_error, raised = heard[0]
+    assert issubclass(driver_error, db.engine.dialect.loaded_dbapi.IntegrityError)
+    assert raised is IntegrityError
+
+
 @pytest.mark.parametrize(
     "name", ["before_execute", "after_execute", "before_cursor_execute", "after_cursor_execute"]
 )

@@ -71,6 +71,8 @@ def test_the_private_attributes_read_by_the_fast_path_exist() -> None:
         compiled: Any = context.compiled  # an SQLCompiler: its private cache is not typed
         assert isinstance(compiled._bind_processors, dict)
         assert context.execute_style is ExecuteStyle.EXECUTEMANY
+        # a driver error is raised through the connection's own error handling
+        assert callable(getattr(conn, "_handle_dbapi_exception", None))
 
 
 def test_a_plain_statement_is_learned_and_then_sent_directly() -> None:

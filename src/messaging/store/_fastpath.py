@@ -13,13 +13,14 @@ when those are, in that order, what the plan sends, the tuples go to the driver 
 are (the batched upserts of :mod:`messaging.runtime._upserts`).
 
 SQLAlchemy sends the statement again whenever skipping it could be noticed: outside a
-transaction, with execute, cursor-execute or error events listening, with SQL logging on,
-or with a schema translate map (:func:`sends_directly`). A tenant's table translation
+transaction, with execute or cursor-execute events listening, with SQL logging on, or
+with a schema translate map (:func:`sends_directly`). A tenant's table translation
 (:mod:`messaging.store._tenancy`) is the one listener that does not count: a plan is learned
 from what SQLAlchemy sent, which is already the translated SQL, and plans are kept per
-engine (per dialect object). Driver errors are raised as the
-SQLAlchemy exceptions ``Connection.execute`` would raise (so ``IntegrityError`` handling
-and transient-error retries see no difference), and a lost connection is invalidated.
+engine (per dialect object). Driver errors go through ``Connection.execute``'s own error
+handling: the same SQLAlchemy exceptions (so ``IntegrityError`` handling and
+transient-error retries see no difference), the engine's ``handle_error`` listeners told
+(a failover list's: :mod:`messaging.store._nodes`), a lost connection invalidated.
 """
 
 from __future__ import annotations
@@ -32,7 +33,6 @@ from typing import Any, NoReturn, TypeVar
 
 from sqlalchemy import Connection
 from sqlalchemy.engine.interfaces import ExecuteStyle
-from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql import Executable
 from sqlalchemy.sql.compiler import SQLCompiler
 
@@ -43,8 +43,9 @@ T = TypeVar("T")
 
 def sends_directly(conn: Connection) -> bool:
     """Whether plans may skip SQLAlchemy on ``conn`` now: in a transaction, with no
-    execute, cursor-execute or error events (but a tenant's translation), no SQL logging
-    and no schema translate map."""
+    execute or cursor-execute events (but a tenant's translation), no SQL logging and no
+    schema translate map. Error events do not count: a driver error goes through
+    SQLAlchemy's own error handling, which tells them."""
     dispatch: Any = conn.dispatch
     return (
         conn.in_transaction()
@@ -54,7 +55,6 @@ def sends_directly(conn: Connection) -> bool:
             or dispatch.after_execute
             or dispatch.before_cursor_execute
             or dispatch.after_cursor_execute
-            or conn.dialect.dispatch.handle_error
         )
         and not conn.engine.logger.isEnabledFor(logging.INFO)
     )
@@ -366,7 +366,7 @@ def _send(conn: Connection, sql: str, parameters: Any, many: bool) -> int:
             cursor.execute(sql, parameters)
         count: int = cursor.rowcount
     except BaseException as exc:
-        _raise_as_sqlalchemy(conn, exc, sql, parameters, cursor, many)
+        _raise_as_sqlalchemy(conn, exc, sql, parameters, cursor)
     cursor.close()
     return count
 
@@ -378,34 +378,21 @@ def _query(conn: Connection, sql: str, parameters: Any) -> Sequence[Any]:
         cursor.execute(sql, parameters)
         rows: Sequence[Any] = cursor.fetchall()
     except BaseException as exc:
-        _raise_as_sqlalchemy(conn, exc, sql, parameters, cursor, False)
+        _raise_as_sqlalchemy(conn, exc, sql, parameters, cursor)
     cursor.close()
     return rows
 
 
 def _raise_as_sqlalchemy(
-    conn: Connection, exc: BaseException, sql: str, parameters: Any, cursor: Any, many: bool
+    conn: Connection, exc: BaseException, sql: str, parameters: Any, cursor: Any
 ) -> NoReturn:
-    """Raise what ``Connection.execute`` raises for a driver error: the wrapping SQLAlchemy
-    exception, with the connection invalidated when the error means it is gone (or, for an
-    interrupt such as KeyboardInterrupt, when its state is unknown)."""
-    dbapi_error: type[Exception] = conn.dialect.loaded_dbapi.Error
-    if not isinstance(exc, dbapi_error):
+    """Raise what ``Connection.execute`` raises for a driver error, the way it does: its
+    error handling wraps the error, tells the engine's ``handle_error`` listeners (a
+    failover list's among them) and invalidates the connection (and the pool's older
+    ones) when the error means it is gone. An interrupt such as KeyboardInterrupt, which
+    leaves the connection's state unknown, invalidates it too."""
+    if not isinstance(exc, conn.dialect.loaded_dbapi.Error):
         if not isinstance(exc, Exception):
             conn.invalidate(exc)
         raise exc
-    driver_error: Any = exc
-    disconnect = conn.dialect.is_disconnect(driver_error, conn.connection.dbapi_connection, cursor)
-    error = DBAPIError.instance(
-        sql,
-        parameters,
-        exc,
-        dbapi_error,
-        hide_parameters=conn.engine.hide_parameters,
-        connection_invalidated=disconnect,
-        dialect=conn.dialect,
-        ismulti=many,
-    )
-    if disconnect:
-        conn.invalidate(exc)
-    raise error from exc
+    conn._handle_dbapi_exception(exc, sql, parameters, cursor, None)
