@@ -97,15 +97,24 @@ def test_instances_on_different_nodes_with_appends_through_every_node(
     ]
     wait_until(lambda: _both_own(db, names), timeout=30, what="both instances to own partitions")
     conflicts_before = _conflicts(galera)
-    files = [tmp_path / f"traffic-{node}.jsonl" for node in range(3)]
-    lines = [
-        ledger_lines(path, seed=node, messages=600, prefix=f"n{node}")
-        for node, path in enumerate(files)
-    ]
-    appenders = [_append(galera.url(node, galera_db), files[node]) for node in range(3)]
-    results = [process.communicate(timeout=120) for process in appenders]
-    assert [p.returncode for p in appenders] == [0, 0, 0], results
-    assert [out.strip() for out, _ in results] == [f"appended {n} messages" for n in lines]
+    # Rounds of three appenders at once until their commits collided (whether processes
+    # started apart overlap at all is up to the machine): at most five rounds.
+    lines: list[int] = []
+    for round_no in range(5):
+        files = [tmp_path / f"traffic-{round_no}-{node}.jsonl" for node in range(3)]
+        sizes = [
+            ledger_lines(
+                path, seed=10 * round_no + node, messages=600, prefix=f"r{round_no}n{node}"
+            )
+            for node, path in enumerate(files)
+        ]
+        appenders = [_append(galera.url(node, galera_db), files[node]) for node in range(3)]
+        results = [process.communicate(timeout=120) for process in appenders]
+        assert [p.returncode for p in appenders] == [0, 0, 0], results
+        assert [out.strip() for out, _ in results] == [f"appended {n} messages" for n in sizes]
+        lines += sizes
+        if _conflicts(galera) > conflicts_before:
+            break
     conflicts = _conflicts(galera) - conflicts_before
     wait_until(lambda: _caught_up(db), timeout=60, what="the instances to catch up")
     assert [stop_instance(process) for process in instances] == [0, 0]
@@ -113,7 +122,10 @@ def test_instances_on_different_nodes_with_appends_through_every_node(
     assert wait_until(
         lambda: every_node_matches_replay(galera, galera_db), timeout=30, what="every node"
     )
-    print(f"\n{sum(lines)} lines through 3 nodes at once; {conflicts} certification conflicts")
+    print(
+        f"\n{sum(lines)} lines through 3 nodes at once in {len(lines) // 3} round(s); "
+        f"{conflicts} certification conflicts"
+    )
     assert conflicts > 0  # the appends did collide, and their retries succeeded
     for name in names:
         log = (tmp_path / f"{name}.log").read_text()
