@@ -42,6 +42,7 @@ from sqlalchemy.types import NullType
 
 from messaging._errors import ConcurrentUpdate
 from messaging.store import _fastpath
+from messaging.store._clock import cached_now, now_params
 from messaging.store._database import Database
 from sagas._rows import Deadline, Due, SagaRow
 
@@ -74,7 +75,6 @@ class SagaStore:
         self._chunk = 250 if db.is_sqlite else 2_000
         self._due_statements: dict[tuple[int, bool], CompoundSelect | Select[Any]] = {}
         self._listings: dict[tuple[str, int], Executable] = {}
-        self._now_bound = isinstance(db.clock.now(), BindParameter)
 
     def _of_saga(self, table: Any) -> list[ColumnElement[bool]]:
         return [table.c.tenant == self.db.tenant, table.c.saga == self.saga]
@@ -309,11 +309,11 @@ class SagaStore:
         if shape not in self._due_statements:
             d = self._deadlines
             cut = bindparam("until", type_=d.c.due_at.type) if until else None
-            # a clock whose now is a value (a manual one) has it bound per read
-            now = bindparam("now", type_=d.c.due_at.type) if self._now_bound else None
-            # due_at as the driver gives it (float() below): no result processing
+            now = cached_now(self.db.clock)  # a manual clock's is bound per read
+            # due_at and the server's clock as the driver gives them (float() below): no
+            # result processing (a bound value stays typed: it renders as a literal)
             due_at = type_coerce(d.c.due_at, NullType())
-            clock = now if now is not None else type_coerce(self.db.clock.now(), NullType())
+            clock = now if isinstance(now, BindParameter) else type_coerce(now, NullType())
             t = self._sagas
             columns = (
                 *(d.c.saga_key, d.c.name, d.c.partition_no, due_at, d.c.type, d.c.payload),
@@ -342,9 +342,9 @@ class SagaStore:
         return self._due_statements[shape]
 
     def _due_params(self, quotas: Mapping[int, int], until: float | None) -> dict[str, Any]:
-        params: dict[str, Any] = {} if until is None else {"until": until}
-        if self._now_bound:
-            params["now"] = self.db.clock.now().value  # a manual clock's bound value
+        params: dict[str, Any] = now_params(self.db.clock)
+        if until is not None:
+            params["until"] = until
         for i, (partition, quota) in enumerate(quotas.items()):
             params[f"p{i}"], params[f"q{i}"] = partition, quota
         return params

@@ -29,7 +29,7 @@ from sqlalchemy.exc import IntegrityError
 from messaging.store import _fastpath
 from messaging.store._database import Database
 
-__all__ = ["Pulse", "PulseReader", "bump_generation", "read_generation", "read_pulse"]
+__all__ = ["Pulse", "PulseReader", "bump_generation", "read_generation"]
 
 
 @attrs.frozen
@@ -80,11 +80,6 @@ class PulseReader:
             generation=int(row[0]),
             heads={topic: int(head) for topic, head in zip(self.topics, row[1:], strict=True)},
         )
-
-
-def read_pulse(db: Database, conn: Connection, topics: Sequence[str]) -> Pulse:
-    """The generation and the heads of ``topics``, in one statement."""
-    return PulseReader(db, topics).read(conn)
 
 
 def read_generation(db: Database, conn: Connection) -> int:

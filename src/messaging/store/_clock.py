@@ -7,10 +7,10 @@ database clock, skew between hosts cannot make a live instance look dead.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
-from sqlalchemy import Float, literal, literal_column
-from sqlalchemy.sql.elements import ColumnElement
+from sqlalchemy import Float, bindparam, literal, literal_column
+from sqlalchemy.sql.elements import BindParameter, ColumnElement
 
 _NOW_SQL = {
     # julianday() has sub-millisecond resolution, unlike CURRENT_TIMESTAMP.
@@ -53,3 +53,21 @@ class ManualClock:
 
     def now(self) -> ColumnElement[float]:
         return literal(self.value, Float)
+
+
+NOW_PARAMETER = "now"
+"""The parameter a cached statement binds a manual clock's time to."""
+
+
+def cached_now(clock: Clock) -> ColumnElement[float]:
+    """``clock``'s now for a statement built once and run many times: the server's clock
+    as it is, a clock whose now is a value (a manual one) as the parameter
+    :data:`NOW_PARAMETER`, to be given :func:`now_params` at each run."""
+    now = clock.now()
+    return bindparam(NOW_PARAMETER, type_=now.type) if isinstance(now, BindParameter) else now
+
+
+def now_params(clock: Clock) -> dict[str, Any]:
+    """The parameters a statement built with :func:`cached_now` takes now."""
+    now = clock.now()
+    return {NOW_PARAMETER: now.value} if isinstance(now, BindParameter) else {}

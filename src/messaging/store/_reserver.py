@@ -4,6 +4,7 @@ last version of each source appended to, read under that counter's row lock."""
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 from sqlalchemy import (
     BigInteger,
@@ -17,11 +18,11 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.sql import Executable
-from sqlalchemy.sql.elements import BindParameter
 from sqlalchemy.types import NullType
 
 from messaging._errors import SchemaError
 from messaging.store import _fastpath
+from messaging.store._clock import cached_now, now_params
 from messaging.store._database import Database
 from messaging.store._wakeup import APPENDED
 
@@ -38,8 +39,6 @@ class Reserver:
             .values(last_position=p.c.last_position + bindparam("n", type_=BigInteger()))
         )
         self._versions: dict[tuple[int, bool], Executable] = {}
-        self._now_bound = isinstance(db.clock.now(), BindParameter)
-        """A clock whose now is a value (a manual one): bound per read, not built in."""
 
     def reserve(
         self, conn: Connection, count: int, keys: Iterable[tuple[str, str]]
@@ -66,10 +65,12 @@ class Reserver:
             sources = sorted(unsorted)
             for start in range(0, len(sources), 512):
                 chunk = _fastpath.padded(sources[start : start + 512])
-                params = dict(zip(_fastpath.numbered(("s",), len(chunk)), chunk, strict=True))
+                params: dict[str, Any] = dict(
+                    zip(_fastpath.numbered(("s",), len(chunk)), chunk, strict=True)
+                )
                 params.update(t=tenant, topic=topic)
-                if last is None and self._now_bound:
-                    params["now"] = self.db.clock.now().value  # a manual clock's value
+                if last is None:
+                    params.update(now_params(self.db.clock))
                 query = self._versions_query(len(chunk), counter=last is None)
                 for source, version, clock in _fastpath.fetch(conn, query, params, direct=direct):
                     if source is None:  # the counter's row
@@ -93,11 +94,7 @@ class Reserver:
                 .group_by(m.c.source)
             )
             if counter:  # the clock as the driver gives it: converted by float() above
-                clock = (
-                    bindparam("now", type_=NullType())
-                    if self._now_bound
-                    else type_coerce(self.db.clock.now(), NullType())
-                )
+                clock = type_coerce(cached_now(self.db.clock), NullType())
                 read_back = select(null(), p.c.last_position, clock)
                 query = union_all(read_back.where(p.c.tenant == bindparam("t")), query)
             self._versions[(size, counter)] = query
