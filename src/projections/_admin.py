@@ -291,6 +291,7 @@ def make_server(
             peer_host, peer_port = self.client_address[:2]
             who = f"admin token@{peer_host}"
             reason = body.get("reason", "")
+            skip = bool(body.get("skip_poison"))
 
             def through_database() -> dict[str, Any]:
                 if command == "pause":
@@ -303,7 +304,7 @@ def make_server(
                         consumer,
                         who=who,
                         reason=reason,
-                        skip_poison=body.get("skip_poison", False),
+                        skip_poison=skip,
                     )
                     return {"halted": halted}
                 return {}
@@ -311,13 +312,11 @@ def make_server(
             def run() -> dict[str, Any]:
                 result: dict[str, Any] = {"consumer": consumer, "command": command}
                 if instance is not None and consumer in instance.in_memory:
-                    skip = bool(body.get("skip_poison"))
                     result = instance.operate_in_memory(consumer, command, skip_poison=skip)
                 else:
                     try:
                         result.update(through_database())
                     except OperationError:
-                        skip = bool(body.get("skip_poison"))
                         where = in_memory_pointer(
                             db, consumer_settings, consumer, command, skip_poison=skip
                         )

@@ -3,14 +3,17 @@ a consumer applies, partition keys and the ids every message carries."""
 
 from __future__ import annotations
 
-import json
 import zlib
 from collections.abc import Mapping
 from typing import Any, Final
 
 import attrs
 
+from messaging._json import make_dumps
 from messaging._messages import MESSAGE_ID_HEADER
+
+_dumps = make_dumps()
+"""``json.dumps`` of stored headers, without its per-call set-up."""
 
 
 def partition_hash(key: str) -> int:
@@ -49,7 +52,7 @@ def headers_json(headers: Mapping[str, Any] | None) -> str | None:
         and "\\" not in message_id
     ):
         return f'{{"{MESSAGE_ID_HEADER}": "{message_id}"}}'
-    return json.dumps(headers)
+    return _dumps(headers)
 
 
 def partition_of(key: str, partitions: int) -> int:

@@ -33,7 +33,7 @@ from messaging.distribution._ownership import Claim, Ownership
 from messaging.routing._consumer import ROUTE_CONSUMER
 from messaging.runtime._worker import ConsumerWorker
 from messaging.store._clock import ManualClock
-from messaging.store._rows import NewMessage
+from messaging.store._rows import PARTITION_HASH, POSITION, NewMessage
 from projections import _operations as operations
 from projections._kinds import PROJECTION
 from projections.testing.database import configured_database, scratch_database
@@ -238,7 +238,8 @@ class SimulatedCluster:
                 types=spec.type_names(),
                 limit=max(m.after for m in moved.values()) - min(m.before for m in moved.values()),
             )
-        count = sum(row[0] <= moved[row[3] % spec.partitions].after for row in rows)
+        n = spec.partitions
+        count = sum(row[POSITION] <= moved[row[PARTITION_HASH] % n].after for row in rows)
         self._lost = count
         last = max(m.after for m in moved.values())
         parts = " ".join(f"p{p}/e{m.epoch}" for p, m in sorted(moved.items()))
