@@ -6,14 +6,26 @@ import os
 
 from messaging._config import load_settings
 from messaging._settings import Settings
-from messaging.store._database import Database
+from messaging.store._database import Database, answer_bound
 
 __all__ = ["connect", "database_for"]
 
+_FROM_SETTINGS = -1.0
 
-def database_for(settings: Settings) -> Database:
-    """The database the settings name, with their tenant and table prefix (not prepared)."""
-    return Database(settings.database, tenant=settings.tenant, table_prefix=settings.table_prefix)
+
+def database_for(settings: Settings, *, answer_timeout: float | None = _FROM_SETTINGS) -> Database:
+    """The database the settings name, with their tenant and table prefix (not prepared).
+    Its MySQL/MariaDB connections wait ``answer_timeout`` seconds at most for an answer:
+    by default the bound of the settings' stale-instance-timeout
+    (:func:`~messaging.store._database.answer_bound`); None waits for ever (migrations)."""
+    if answer_timeout == _FROM_SETTINGS:
+        answer_timeout = answer_bound(settings.messaging.consumer.stale_instance_timeout)
+    return Database(
+        settings.database,
+        tenant=settings.tenant,
+        table_prefix=settings.table_prefix,
+        answer_timeout=answer_timeout,
+    )
 
 
 def connect(

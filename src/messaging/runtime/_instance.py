@@ -45,7 +45,7 @@ from messaging.runtime._outage import Outage, run_every
 from messaging.runtime._pulser import Pulser
 from messaging.runtime._rebalancer import Rebalancer
 from messaging.runtime._worker import ConsumerWorker
-from messaging.store._database import Database, lock_wait_bound
+from messaging.store._database import Database, answer_bound, lock_wait_bound
 from messaging.store._retry import report_retry, retry_transient
 from messaging.store._store import MessageStore
 
@@ -90,7 +90,9 @@ class Instance:
         self.registry = registry
         self.id = uuid.uuid4().hex
         self.name = name or default_instance_name()
-        db.bound_lock_waits(lock_wait_bound(self.consumer_settings.stale_instance_timeout))
+        stale = self.consumer_settings.stale_instance_timeout
+        db.bound_lock_waits(lock_wait_bound(stale))
+        db.bound_answers(answer_bound(stale))
         self.membership = Membership(db)
         self.ownership = Ownership(db)
         self.store = MessageStore(db, registry)

@@ -371,16 +371,15 @@ class ConsumerWorker(Worker):
         self._catching_up = False
 
     def _lose(self, partitions: Sequence[int]) -> None:
-        for partition in partitions:
-            lifecycle_event(
-                "lost",
-                level=logging.WARNING,
-                consumer=self.spec.name,
-                partition=partition,
-                instance=self.instance_name,
-                instance_id=self.instance_id,
-                reason="another instance owns it now; the batch was rolled back",
-            )
+        lifecycle_event(  # one line for the batch's partitions
+            "lost",
+            level=logging.WARNING,
+            consumer=self.spec.name,
+            partitions=",".join(map(str, sorted(partitions))),
+            instance=self.instance_name,
+            instance_id=self.instance_id,
+            reason="another instance owns it now; the batch was rolled back",
+        )
         self.drop(partitions)
         for partition in partitions:
             self.hooks.projections_partition_released(

@@ -23,6 +23,7 @@ from sqlalchemy.exc import ArgumentError, IntegrityError
 from sqlalchemy.pool import NullPool
 
 from messaging._errors import ConfigError
+from messaging.store._answers import AnswerBound
 from messaging.store._clock import Clock, DatabaseClock
 from messaging.store._nodes import Failover, join_hosts, split_hosts
 from messaging.store._schema import Schema
@@ -46,6 +47,19 @@ def lock_wait_bound(stale_instance_timeout: float) -> float:
     (SQLite) before failing, well below ``stale-instance-timeout``: a frozen holder cannot
     hold its waiters longer, and the wait is retried (and logged) like any lock conflict."""
     return max(1.0, stale_instance_timeout / LOCK_WAIT_FRACTION)
+
+
+def answer_bound(stale_instance_timeout: float) -> float:
+    """Seconds an instance waits for a MySQL/MariaDB server to answer (to connect, to take
+    or send a packet) before it takes the connection for dead (see
+    :mod:`messaging.store._answers`): twice the lock-wait bound, so that the server ends a
+    statement waiting for a lock first; 15 s at the defaults."""
+    return 2 * lock_wait_bound(stale_instance_timeout)
+
+
+DEFAULT_ANSWER_TIMEOUT = answer_bound(30.0)
+"""The answer bound of a :class:`Database` made without one: that of the default
+stale-instance-timeout."""
 
 
 def parse_database_url(url: str) -> URL:
@@ -120,7 +134,7 @@ def _sqlite_engine(url: str, pool: bool) -> Engine:
     return engine
 
 
-def _mysql_engine(url: str, pool: bool) -> Engine:
+def _mysql_engine(url: str, pool: bool, answers: AnswerBound) -> Engine:
     # Every transaction here ends in a commit or rollback of its own, so the pool need not
     # send another on return; a connection the server dropped fails its first statement,
     # which is a transient error the callers retry, so no ping before each use either.
@@ -137,6 +151,7 @@ def _mysql_engine(url: str, pool: bool) -> Engine:
         paramstyle="format",
         **({} if pool else {"poolclass": NullPool}),
     )
+    answers.install(engine)  # first: the listeners below connect with its parameters
     if nodes:
         Failover(nodes).install(engine)
     else:
@@ -155,11 +170,19 @@ class Database:
         table_prefix: str = "prj_",
         clock: Clock | None = None,
         pool: bool = True,
+        answer_timeout: float | None = DEFAULT_ANSWER_TIMEOUT,
     ) -> None:
+        """``answer_timeout``: seconds a MySQL/MariaDB connection waits for its server to
+        answer before it is taken for dead (None: for ever, as for a long migration)."""
         self.url = _normalize_url(url)
         backend = parse_database_url(self.url).get_backend_name()
         self.is_sqlite = backend == "sqlite"
-        self.engine = (_sqlite_engine if self.is_sqlite else _mysql_engine)(self.url, pool)
+        self._answers = AnswerBound(None if self.is_sqlite else answer_timeout)
+        self.engine = (
+            _sqlite_engine(self.url, pool)
+            if self.is_sqlite
+            else _mysql_engine(self.url, pool, self._answers)
+        )
         self.tenant = tenant
         self.schema = Schema(table_prefix)
         self.clock: Clock = clock or DatabaseClock(self.engine.dialect.name)
@@ -173,6 +196,20 @@ class Database:
         """This process's MySQL sessions (None on SQLite)."""
         self.lock_wait: float | None = None
         """Seconds a lock wait lasts at most, once :meth:`bound_lock_waits` set it."""
+
+    @property
+    def answer_timeout(self) -> float | None:
+        """Seconds a MySQL/MariaDB connection waits for an answer (None: for ever, or SQLite)."""
+        return self._answers.seconds
+
+    def bound_answers(self, seconds: float) -> None:
+        """Make MySQL/MariaDB connections give up on a server that does not answer within
+        ``seconds`` (see :mod:`messaging.store._answers`); connections pooled before are
+        closed. Nothing on SQLite: its database is a local file."""
+        if self.is_sqlite or self.answer_timeout == seconds:
+            return
+        self._answers.seconds = seconds
+        self.engine.dispose()
 
     def _identity(self, prefix: str) -> str:
         """The same string in every process on this host that shares these messages."""

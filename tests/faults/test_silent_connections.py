@@ -1,0 +1,150 @@
+"""A network that dies without a word: one real instance process reaches MariaDB through a
+:class:`SilentProxy`, the other directly, while traffic flows.
+
+(a) the network freezes for longer than stale-instance-timeout, then passes again on the
+same connections; (b) it freezes, then the proxy forgets every connection (the server's
+side closed, the instance's side never told) while new ones pass. In both, the other
+instance takes over within stale-instance-timeout + 1 s, the frozen one owns partitions
+again within stale-instance-timeout + 5 s of the network's return, nothing is lost or
+applied twice, and the frozen instance says what happened in a few log lines.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import fault_app
+import pytest
+from clusters import lag, owners, start_instance, stop_instance, wait_until, write_config
+from fault_model import append_numbered, tally
+from silent_proxy import SilentProxy
+from sqlalchemy.engine import make_url
+
+from messaging import Database
+
+pytestmark = [pytest.mark.faults, pytest.mark.mysql, pytest.mark.multiprocess]
+
+STALE = 1.0
+"""stale-instance-timeout of write_config's settings."""
+FREEZE = 3 * STALE
+SOURCES = [f"src-{i}" for i in range(6)]
+SINGLE_OWNER = """\
+projections:
+  consumers:
+    fault-seq-single: {distribution: single-owner}
+"""
+CONSUMERS = fault_app.PROJECTIONS
+
+
+@pytest.fixture
+def silent(db: Database) -> Iterator[SilentProxy]:
+    url = make_url(db.url)
+    proxy = SilentProxy((url.host or "127.0.0.1", url.port or 3306))
+    yield proxy
+    proxy.close()
+
+
+class Traffic:
+    """Appends one numbered message per source every 20 ms, in a thread, until stopped."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+        self.rounds = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.02):
+            append_numbered(self.db, SOURCES, self.rounds + 1, 1)
+            self.rounds += 1
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._thread.join()
+        return self.rounds
+
+
+def _holders(db: Database) -> set[str]:
+    """Who owns partitions of the fault projections (live owners only)."""
+    return {
+        str(name)
+        for consumer in CONSUMERS
+        for name, state in owners(db, consumer).values()
+        if state == "OWNED"
+    }
+
+
+def _owned_only_by(db: Database, name: str) -> bool:
+    return all(
+        {owner for owner, state in owners(db, consumer).values() if state == "OWNED"} == {name}
+        and all(state == "OWNED" for _, state in owners(db, consumer).values())
+        for consumer in CONSUMERS
+    )
+
+
+def _holds_partitioned(db: Database, name: str) -> bool:
+    return any(owner == name for owner, _ in owners(db, "fault-seq").values())
+
+
+@pytest.mark.parametrize("ending", ["thaw", "forget"])
+def test_a_silently_dead_network_is_left_and_rejoined_with_nothing_lost(
+    db: Database, silent: SilentProxy, tmp_path: Path, ending: str
+) -> None:
+    direct = write_config(tmp_path / "direct.yaml", db, batch_size=20, extra=SINGLE_OWNER)
+    proxied_db = Database(silent.url(db.url), table_prefix=db.schema.prefix)
+    proxied = write_config(tmp_path / "proxied.yaml", proxied_db, batch_size=20, extra=SINGLE_OWNER)
+    proxied_db.dispose()
+    log = tmp_path / "frozen.log"
+    frozen = start_instance(proxied, "frozen", "fault_app", log=log)
+    steady = start_instance(direct, "steady", "fault_app", log=tmp_path / "steady.log")
+    traffic = Traffic(db)
+    try:
+        wait_until(
+            lambda: _holders(db) == {"frozen", "steady"} and _holds_partitioned(db, "frozen"),
+            timeout=30,
+            what="both instances to hold partitions",
+        )
+        silent.freeze()
+        frozen_at = time.monotonic()
+        wait_until(
+            lambda: _owned_only_by(db, "steady"),
+            timeout=STALE + 10,
+            what="the steady instance to take every partition",
+        )
+        taken_over = time.monotonic() - frozen_at
+        time.sleep(max(0.0, frozen_at + FREEZE - time.monotonic()))  # the outage's length
+        getattr(silent, ending)()
+        back_at = time.monotonic()
+        wait_until(
+            lambda: _holds_partitioned(db, "frozen"),
+            timeout=STALE + 30,
+            what="the frozen instance to own partitions again",
+        )
+        rejoined = time.monotonic() - back_at
+    finally:
+        rounds = traffic.stop()
+    wait_until(
+        lambda: all(lag(db, name) == 0 for name in CONSUMERS),
+        timeout=60,
+        what="every consumer to catch up",
+    )
+    codes = [stop_instance(frozen), stop_instance(steady)]
+    expected = dict.fromkeys(SOURCES, rounds)
+    tallies = {name: tally(db, name, expected) for name in CONSUMERS}
+    lines = log.read_text(encoding="utf-8").splitlines()
+    print(
+        f"\n{ending}: taken over {taken_over:.2f}s after the freeze, rejoined {rejoined:.2f}s "
+        f"after the network's return; {len(lines)} log lines; {tallies}"
+    )
+    print("\n".join(lines))
+    assert codes == [0, 0]
+    assert taken_over <= STALE + 1
+    assert rejoined <= STALE + 5
+    for name, result in tallies.items():
+        assert result.exact and result.applied == rounds * len(SOURCES), (name, result)
+    assert 0 < len(lines) <= 12, lines
+    assert not any("Traceback" in line for line in lines), lines
