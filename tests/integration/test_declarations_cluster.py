@@ -85,3 +85,25 @@ def test_declaration_changes_on_a_running_cluster(db: Database, cluster: TallyCl
     cluster.append(40)
     cluster.wait_applied_by(2, "r2 to apply new messages under v2")
     assert cluster.log("a1").count(REPLACED) == 1, "the warning is given once, not each round"
+
+
+def test_instances_on_the_replaced_declaration_retire_it_without_an_error(
+    cluster: TallyCluster,
+) -> None:
+    """A rolling deploy of v2 over two v1 instances: each v1 instance says once that it
+    stopped applying the projection, and logs no error."""
+    cluster.start("a1", 1)
+    cluster.start("b1", 1)
+    cluster.append(40)
+    cluster.wait_applied_by(1, "a1 and b1 to apply everything under v1")
+
+    cluster.start("c2", 2)
+    cluster.wait_applied_by(2, "c2 to rebuild the read model under v2")
+    for name in ("a1", "b1"):
+        cluster.wait_logged(name, REPLACED)
+    cluster.append(40)
+    cluster.wait_applied_by(2, "c2 alone to apply new messages")
+    for name in ("a1", "b1"):
+        log = cluster.log(name)
+        assert log.count(REPLACED) == 1, f"{name} did not say it once"
+        assert " ERROR " not in log and "Traceback" not in log, f"{name} logged an error"

@@ -151,7 +151,8 @@ class Rebalancer:
                 )
         owners: dict[str, dict[int, str | None]] = {name: {} for name in inst.workers}
         for row in rows:
-            owners[row.consumer][row.partition] = row.owner
+            if row.consumer in owners:  # not one retired above
+                owners[row.consumer][row.partition] = row.owner
         plans = plan(
             inst.id,
             live,
