@@ -202,6 +202,7 @@ class Rebalancer:
         )
         worker = inst.workers.pop(name)
         worker.holdings.hand_over(sorted(worker.claims()))
+        worker.retire()
         inst.forget(name)
 
     def _end_sessions(self, owners: set[str | None]) -> None:
