@@ -22,6 +22,12 @@ pytestmark = pytest.mark.multiprocess
 REPLACED = "rebuilt under another declaration; applying nothing until restarted"
 ONE_BACK = "this instance runs the previous declaration; applying nothing until restarted"
 OLDER = "this instance runs a declaration older than the previous one"
+LONG_IDLE_WAITS = {
+    "stale-instance-timeout": "10s",
+    "graceful-shutdown-timeout": "5s",
+}
+"""An idle apply loop waits up to stale-instance-timeout for news: one that nobody wakes
+would hold a stop until graceful-shutdown-timeout."""
 
 
 @pytest.fixture
@@ -85,3 +91,44 @@ def test_declaration_changes_on_a_running_cluster(db: Database, cluster: TallyCl
     cluster.append(40)
     cluster.wait_applied_by(2, "r2 to apply new messages under v2")
     assert cluster.log("a1").count(REPLACED) == 1, "the warning is given once, not each round"
+
+
+def test_instances_on_the_replaced_declaration_retire_it_without_an_error(
+    cluster: TallyCluster,
+) -> None:
+    """A rolling deploy of v2 over two v1 instances: each v1 instance says once that it
+    stopped applying the projection, and logs no error."""
+    cluster.start("a1", 1)
+    cluster.start("b1", 1)
+    cluster.append(40)
+    cluster.wait_applied_by(1, "a1 and b1 to apply everything under v1")
+
+    cluster.start("c2", 2)
+    cluster.wait_applied_by(2, "c2 to rebuild the read model under v2")
+    for name in ("a1", "b1"):
+        cluster.wait_logged(name, REPLACED)
+    cluster.append(40)
+    cluster.wait_applied_by(2, "c2 alone to apply new messages")
+    for name in ("a1", "b1"):
+        log = cluster.log(name)
+        assert log.count(REPLACED) == 1, f"{name} did not say it once"
+        assert " ERROR " not in log and "Traceback" not in log, f"{name} logged an error"
+
+
+def test_an_instance_on_the_replaced_declaration_stops_as_fast_as_any(
+    db: Database, tmp_path: Path
+) -> None:
+    """After a rolling deploy of v2, a v1 instance stops about as fast as the v2 instance
+    does, well within graceful-shutdown-timeout: its retired apply loop has ended."""
+    with TallyCluster(db, tmp_path, consumer=LONG_IDLE_WAITS) as cluster:
+        cluster.start("a1", 1)
+        cluster.append(40)
+        cluster.wait_applied_by(1, "a1 to apply everything under v1")
+        cluster.start("b2", 2)
+        cluster.wait_applied_by(2, "b2 to rebuild the read model under v2")
+        cluster.wait_logged("a1", REPLACED)
+
+        retired = cluster.stop("a1")
+        normal = cluster.stop("b2")
+    assert retired < min(normal + 1.0, 2.5), f"a1 took {retired:.1f} s, b2 {normal:.1f} s"
+    assert "still busy" not in cluster.log("a1")

@@ -7,11 +7,12 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
+import yaml
 from sqlalchemy import select
 
 from messaging import Database, MessageStore
@@ -23,28 +24,33 @@ from projections.examples import ledger
 SUPPORT = Path(__file__).resolve().parent
 """This directory: application modules of the tests live here."""
 
-FAST_CONSUMER_CONFIG = """\
-database: {url}
-table-prefix: {prefix}
-messaging:
-  consumer:
-    rebalance-interval: 300ms
-    stale-instance-timeout: 1s
-    heartbeat-interval: 200ms
-    graceful-shutdown-timeout: 3s
-    idle-poll-interval: 50ms
-    batch-size: {batch_size}
-    conflict-retry: {{max-retries: 5, max-delay: 100ms}}
-"""
+FAST_CONSUMER: dict[str, Any] = {
+    "rebalance-interval": "300ms",
+    "stale-instance-timeout": "1s",
+    "heartbeat-interval": "200ms",
+    "graceful-shutdown-timeout": "3s",
+    "idle-poll-interval": "50ms",
+    "conflict-retry": {"max-retries": 5, "max-delay": "100ms"},
+}
+"""The consumer settings of :func:`write_config`: sub-second intervals."""
 
 
-def write_config(path: Path, db: Database, *, batch_size: int = 100, extra: str = "") -> Path:
-    """A config file pointing at ``db`` with sub-second intervals (plus ``extra`` YAML)."""
-    path.write_text(
-        FAST_CONSUMER_CONFIG.format(url=db.url, prefix=db.schema.prefix, batch_size=batch_size)
-        + extra,
-        encoding="utf-8",
-    )
+def write_config(
+    path: Path,
+    db: Database,
+    *,
+    batch_size: int = 100,
+    extra: str = "",
+    consumer: Mapping[str, Any] | None = None,
+) -> Path:
+    """A config file pointing at ``db`` with :data:`FAST_CONSUMER` settings (``consumer``
+    overrides some of them) plus ``extra`` YAML."""
+    settings = {
+        "database": db.url,
+        "table-prefix": db.schema.prefix,
+        "messaging": {"consumer": {**FAST_CONSUMER, "batch-size": batch_size, **(consumer or {})}},
+    }
+    path.write_text(yaml.safe_dump(settings, sort_keys=False) + extra, encoding="utf-8")
     return path
 
 

@@ -4,8 +4,11 @@
 from __future__ import annotations
 
 import subprocess
+import time
 from collections import Counter
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import tally_app
 from clusters import start_instance, stop_instance, wait_until, write_config
@@ -19,10 +22,13 @@ class TallyCluster:
     """Real ``projections run`` processes of ``tally_app``, each started with a declaration
     version of its own; a context manager that stops those still running."""
 
-    def __init__(self, db: Database, tmp_path: Path) -> None:
+    def __init__(
+        self, db: Database, tmp_path: Path, consumer: Mapping[str, Any] | None = None
+    ) -> None:
+        """``consumer``: settings that override those of :func:`clusters.write_config`."""
         self.db = db
         self.tmp_path = tmp_path
-        self.config = write_config(tmp_path / "config.yaml", db)
+        self.config = write_config(tmp_path / "config.yaml", db, consumer=consumer)
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
         self.appended = 0
 
@@ -42,8 +48,11 @@ class TallyCluster:
         for name in list(self.processes):
             self.stop(name)
 
-    def stop(self, name: str) -> None:
+    def stop(self, name: str) -> float:
+        """SIGTERM ``name`` and wait for its clean exit; return the seconds it took."""
+        started = time.monotonic()
         assert stop_instance(self.processes.pop(name)) == 0, f"{name} did not stop cleanly"
+        return time.monotonic() - started
 
     def log(self, name: str) -> str:
         path = self.tmp_path / f"{name}.log"

@@ -65,11 +65,18 @@ class Worker:
         """Set by the instance whose pulse wakes this worker: then an idle worker waits for
         :meth:`wake` instead of polling every ``idle-poll-interval``."""
         self._news = threading.Event()
+        self._retired = threading.Event()
 
     def wake(self) -> None:
         """Poll again even though the last poll found nothing: the pulse saw a topic's head
         move, the worker was given partitions, or the instance is stopping."""
         self._news.set()
+
+    def retire(self) -> None:
+        """End the apply loop after its poll in flight, without waiting for the instance's
+        stop: the instance no longer runs this consumer, so nothing wakes the loop again."""
+        self._retired.set()
+        self.wake()
 
     def poll(self) -> int:
         """Apply one batch; return how many messages were applied."""
@@ -84,9 +91,9 @@ class Worker:
         return self.settings.idle_poll_interval
 
     def _loop(self, stop: threading.Event, poll: Callable[[], int]) -> None:
-        """Call ``poll`` until ``stop`` is set; after an empty poll wait for news (see the
-        module), after a failed one ``conflict-retry.max-delay``."""
-        while not stop.is_set():
+        """Call ``poll`` until ``stop`` is set or the worker is retired; after an empty poll
+        wait for news (see the module), after a failed one ``conflict-retry.max-delay``."""
+        while not (stop.is_set() or self._retired.is_set()):
             self._news.clear()  # before the poll: news arriving during it is kept
             try:
                 applied = poll()

@@ -151,7 +151,8 @@ class Rebalancer:
                 )
         owners: dict[str, dict[int, str | None]] = {name: {} for name in inst.workers}
         for row in rows:
-            owners[row.consumer][row.partition] = row.owner
+            if row.consumer in owners:  # not one retired above
+                owners[row.consumer][row.partition] = row.owner
         plans = plan(
             inst.id,
             live,
@@ -201,6 +202,7 @@ class Rebalancer:
         )
         worker = inst.workers.pop(name)
         worker.holdings.hand_over(sorted(worker.claims()))
+        worker.retire()
         inst.forget(name)
 
     def _end_sessions(self, owners: set[str | None]) -> None:
