@@ -62,7 +62,9 @@ def _gone(pid: int) -> bool:
     return False
 
 
-def _supervisor(db: Database, config: Path, log: Path, *modules: str) -> subprocess.Popen[bytes]:
+def _supervisor(
+    db: Database, config: Path, log: Path, *modules: str, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
     with log.open("wb") as stderr:
         return subprocess.Popen(
             [
@@ -83,7 +85,7 @@ def _supervisor(db: Database, config: Path, log: Path, *modules: str) -> subproc
                 str(config),
             ],
             stderr=stderr,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
         )
 
 
@@ -172,3 +174,48 @@ def test_a_worker_spawned_while_stopping_is_told_to_stop() -> None:
     supervisor._start(1)
     assert supervisor.processes[1].wait(timeout=30) == -signal.SIGTERM
     assert supervisor._wait_all() == 0
+
+
+def test_a_worker_whose_loop_is_stuck_exits_and_is_replaced(
+    sqlite_db: Database, tmp_path: Path
+) -> None:
+    """A worker's heartbeat loop stuck in a plugin hook (no timeout can free it): the
+    watchdog says so at ERROR and exits 70, the supervisor starts the worker again."""
+    db = sqlite_db
+    config = write_config(
+        tmp_path / "fast.yaml",
+        db,
+        consumer={"conflict-retry": {"max-retries": 1, "max-delay": "100ms"}},
+    )
+    log = tmp_path / "supervisor.log"
+    support = str(Path(__file__).resolve().parents[1] / "support")
+    env = {
+        "STUCK_DIR": str(tmp_path),
+        "PYTHONPATH": os.pathsep.join([support, os.environ.get("PYTHONPATH", "")]),
+    }
+    supervisor = _supervisor(db, config, log, "projections.examples.ledger", "stuck_app", env=env)
+    try:
+        first = wait_until(
+            lambda: (live := _live(db)).keys() == {"sup-1", "sup-2"} and live,
+            timeout=START_TIMEOUT,
+            what="two live workers sup-1 and sup-2",
+        )
+        stuck = first["sup-1"]
+        (tmp_path / f"stuck-{stuck}").touch()
+        restarted = wait_until(
+            lambda: (
+                (live := _live(db)).keys() == {"sup-1", "sup-2"} and live["sup-1"] != stuck and live
+            ),
+            timeout=RESTART_TIMEOUT + 10,  # the watchdog's bound (3.4 s here), then a restart
+            what="the stuck worker 1 replaced under a new pid",
+        )
+        assert restarted["sup-2"] == first["sup-2"]
+        text = log.read_text()
+        assert f"worker 1 (pid {stuck}) exited with 70; restarting" in text, text
+        assert "its heartbeat loop made no progress" in text and "projections_heartbeat" in text
+        supervisor.send_signal(signal.SIGTERM)
+        assert supervisor.wait(timeout=30) == 0, log.read_text()
+    finally:
+        if supervisor.poll() is None:
+            supervisor.kill()
+            supervisor.wait()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from pymysql.constants import CLIENT
 
 from messaging import Database
@@ -55,9 +56,22 @@ def test_a_connection_refused_without_tls_is_made_again_the_usual_way(db: Databa
     _, params = dialect.create_connect_args(db.engine.url)
     skip = SkipTlsWhereNone()
     skip.offered = False
-    refused = {**params, "host": "127.0.0.1", "port": 1, "connect_timeout": 2}
+    refused = {**params, "user": "no_such_user_here", "connect_timeout": 2}  # the server says no
     assert skip.connect(dialect, None, (), refused) is None
     assert skip.offered is None
+
+
+def test_a_server_not_reached_is_not_tried_twice(db: Database) -> None:
+    """A connection that never reached the server (or got no answer) fails as it is: the
+    usual way would wait as long again for nothing."""
+    dialect = db.engine.dialect
+    _, params = dialect.create_connect_args(db.engine.url)
+    skip = SkipTlsWhereNone()
+    skip.offered = False
+    unreachable = {**params, "host": "127.0.0.1", "port": 1, "connect_timeout": 2}
+    with pytest.raises(dialect.loaded_dbapi.OperationalError, match="2003"):
+        skip.connect(dialect, None, (), unreachable)
+    assert skip.offered is False
 
 
 def test_what_the_server_offered_is_learnt_from_each_connection() -> None:

@@ -44,6 +44,7 @@ from messaging.runtime._lifecycle import lifecycle_event
 from messaging.runtime._outage import Outage, run_every
 from messaging.runtime._pulser import Pulser
 from messaging.runtime._rebalancer import Rebalancer
+from messaging.runtime._watchdog import Watchdog
 from messaging.runtime._worker import ConsumerWorker
 from messaging.store._database import Database, answer_bound, lock_wait_bound
 from messaging.store._retry import report_retry, retry_transient
@@ -121,6 +122,8 @@ class Instance:
         """Tells the workers and the rounds when there is something to look at."""
         self.admin_url: str | None = None
         """Where this instance's admin endpoints answer, if it serves them (published)."""
+        self.watchdog = Watchdog(f"instance {self.name}", db.answer_timeout)
+        """Ends database waits past the answer bound; exits when a loop is stuck."""
 
     def _group(self, spec: ConsumerSpec) -> ConsumerGroupSettings:
         return self.settings.group(spec.kind.settings_group)
@@ -219,6 +222,7 @@ class Instance:
         self.rebalancer.announce_wait()
         if not loops:
             return
+        self._spawn("watchdog", self.watchdog.run, self.stop_requested)
         self._spawn("heartbeat", self._heartbeat_loop, self._stop_heartbeat)
         self._spawn("rebalance", self.rebalancer.loop, self._stop_rebalance)
         for worker in [*self.workers.values(), *self.in_memory.values()]:
@@ -370,11 +374,28 @@ class Instance:
         self.retry(self.publish_in_memory, "publish the in-memory consumers")
         return {"consumer": name, "command": command, "instance": self.name, **result}
 
+    def round_bound(self, interval: float) -> float:
+        """Seconds a round of a loop that runs every ``interval`` takes at most, with room to
+        spare: the interval, every retry of ``conflict-retry`` waiting as long as a database
+        wait may (the answer bound, or the lock-wait bound on SQLite), and
+        stale-instance-timeout on top. A loop past it is stuck (see
+        :mod:`messaging.runtime._watchdog`)."""
+        c = self.consumer_settings
+        wait = self.db.answer_timeout or lock_wait_bound(c.stale_instance_timeout)
+        retries = c.conflict_retry.max_retries + 1
+        return interval + retries * (wait + c.conflict_retry.max_delay) + c.stale_instance_timeout
+
     def _heartbeat_loop(self, stop: threading.Event) -> None:
         heartbeat = partial(self.retry, self.heartbeat, "heartbeat")
         interval = self.consumer_settings.heartbeat_interval
+        self.watchdog.watch("heartbeat", self.round_bound(interval))
         run_every(
-            interval, heartbeat, f"instance {self.name}: heartbeat", stop, self.heartbeat_outage
+            interval,
+            heartbeat,
+            f"instance {self.name}: heartbeat",
+            stop,
+            self.heartbeat_outage,
+            beat=partial(self.watchdog.beat, "heartbeat"),
         )
 
     # -- stop --------------------------------------------------------------------------

@@ -113,12 +113,19 @@ class Failing:
 
 
 def run_every(
-    interval: float, action: Callable[[], None], what: str, stop: threading.Event, outage: Outage
+    interval: float,
+    action: Callable[[], None],
+    what: str,
+    stop: threading.Event,
+    outage: Outage,
+    *,
+    beat: Callable[[], None],
 ) -> None:
     """Run ``action`` every ``interval`` seconds until ``stop`` is set, counted from each
     round's start, so a slow round (a lock wait, a batch in flight) does not push the next
     one back. An unreachable database is logged by ``outage``, once per outage; any other
-    error with its traceback (``what`` names the loop)."""
+    error with its traceback (``what`` names the loop). ``beat`` is called after each
+    round, failed or not."""
     due = time.monotonic() + interval
     while not stop.wait(max(0.0, due - time.monotonic())):
         due = max(due + interval, time.monotonic())
@@ -129,3 +136,4 @@ def run_every(
                 log.exception("%s failed; trying again next round", what)
         else:
             outage.succeeded()
+        beat()

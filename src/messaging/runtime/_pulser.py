@@ -95,6 +95,7 @@ class Pulser:
         """Beat every ``idle-poll-interval`` (sooner when woken) until ``stop`` is set."""
         inst = self.instance
         interval = inst.consumer_settings.idle_poll_interval
+        inst.watchdog.watch("pulse", inst.round_bound(interval))
         due = time.monotonic()
         try:
             while not stop.is_set():
@@ -109,6 +110,7 @@ class Pulser:
                 due = started + interval
                 if self.look():
                     inst.rebalancer.request_round()
+                inst.watchdog.beat("pulse")
                 stop.wait(max(0.0, started + MIN_GAP - time.monotonic()))
         finally:
             if self._listener is not None:

@@ -265,6 +265,7 @@ class Rebalancer:
     def loop(self, stop: threading.Event) -> None:
         inst = self.instance
         interval = inst.consumer_settings.rebalance_interval
+        inst.watchdog.watch("rebalance", inst.round_bound(interval))
         started = time.monotonic()
         while self._wait_for_round(stop, started):
             started = time.monotonic()
@@ -278,3 +279,4 @@ class Rebalancer:
                     )
             else:
                 inst.outage.succeeded()
+            inst.watchdog.beat("rebalance")

@@ -6,7 +6,8 @@ then learns whether the server offers TLS at all. An engine of one server here
 remembers that its server offered none and connects without building one. Every
 connection says again what the server offers: once it offers TLS, it is used again, as
 PyMySQL would; a connection refused without TLS (a server that now requires it) is
-tried again at once the usual way. A URL with TLS options of its own (``ssl_ca=...``,
+tried again at once the usual way, but not one that never reached the server or got no
+answer (a second wait as long would not help). A URL with TLS options of its own (``ssl_ca=...``,
 ``ssl_disabled=...``) is left alone; so is a driver that does not say what the server
 offers, and a failover list of servers (which may differ).
 """
@@ -37,7 +38,9 @@ class SkipTlsWhereNone:
             return None
         try:
             return dialect.connect(*cargs, **cparams, ssl_disabled=True)
-        except dialect.loaded_dbapi.Error:
+        except dialect.loaded_dbapi.Error as exc:
+            if _client_side(exc):
+                raise  # the server was not reached or did not answer: TLS would not help
             self.offered = None
             return None
 
@@ -46,3 +49,10 @@ class SkipTlsWhereNone:
         capabilities = getattr(dbapi_connection, "server_capabilities", None)
         if isinstance(capabilities, int):
             self.offered = bool(capabilities & CLIENT.SSL)
+
+
+def _client_side(exc: BaseException) -> bool:
+    """Whether a failed connect is the client's own error (codes 2000-2999: the server
+    could not be reached, or stopped answering) rather than the server's refusal."""
+    code = next(iter(getattr(exc, "args", ())), None)
+    return isinstance(code, int) and 2000 <= code < 3000

@@ -1,0 +1,70 @@
+"""The watchdog's verdict on a loop, with a clock of the test's own: a loop that beats is
+left alone, one stuck past its bound ends the process once with EXIT_STUCK, and a stuck
+loop is reported with where it is stuck."""
+
+from __future__ import annotations
+
+import sys
+import threading
+
+import pytest
+
+from messaging.runtime._watchdog import EXIT_STUCK, Watchdog
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _blocked_loop(
+    watchdog: Watchdog, registered: threading.Event, release: threading.Event
+) -> None:
+    watchdog.watch("rebalance", 10.0)
+    registered.set()
+    release.wait()  # stuck here, as in a hook that never returns
+
+
+def test_a_loop_stuck_past_its_bound_ends_the_process_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock, exits = Clock(), []
+    watchdog = Watchdog("instance i", answer_bound=None, clock=clock, exit=exits.append)
+    registered, release = threading.Event(), threading.Event()
+    thread = threading.Thread(target=_blocked_loop, args=(watchdog, registered, release))
+    thread.start()
+    try:
+        registered.wait(5)
+        clock.now += 9.0
+        watchdog.look(sys._current_frames())
+        watchdog.beat("rebalance")  # a round: the bound counts from here
+        clock.now += 9.5
+        watchdog.look(sys._current_frames())
+        assert exits == []
+        clock.now += 1.0
+        watchdog.look(sys._current_frames())
+        watchdog.look(sys._current_frames())
+        assert exits == [EXIT_STUCK]
+        [record] = [r for r in caplog.records if r.name == "messaging.runtime.watchdog"]
+        assert "its rebalance loop made no progress for 10.5 s" in record.getMessage()
+        assert "_blocked_loop" in record.getMessage()
+    finally:
+        release.set()
+        thread.join()
+
+
+def test_a_loop_whose_thread_ended_is_not_judged() -> None:
+    clock, exits = Clock(), []
+    watchdog = Watchdog("instance i", answer_bound=None, clock=clock, exit=exits.append)
+    registered, release = threading.Event(), threading.Event()
+    thread = threading.Thread(target=_blocked_loop, args=(watchdog, registered, release))
+    thread.start()
+    registered.wait(5)
+    release.set()
+    thread.join()
+    clock.now += 60.0
+    watchdog.look(sys._current_frames())
+    assert exits == []
