@@ -128,9 +128,14 @@ def _claims_match_the_database(db: Database, worker: Any) -> bool:
     return bool(stored == worker.claims())
 
 
+@pytest.mark.parametrize("silent", [False, True], ids=["cut", "silent"])
 def test_projection_batch_whose_ack_is_lost_is_applied_once(
-    db: Database, proxied: Database, proxy: AckProxy
+    db: Database, proxied: Database, proxy: AckProxy, silent: bool
 ) -> None:
+    """Cut: the connection is closed after the COMMIT. Silent: it stays open and the answer
+    never comes; the worker gives up after the answer bound, with the same outcome."""
+    proxy.silent = silent
+    proxied.bound_answers(1.0)
     worker = _worker(db, proxied, fault_app.SingleSequence)
     sources = [f"s{i}" for i in range(6)]
     append_numbered(db, sources, 1, 5)

@@ -9,7 +9,9 @@ untouched (no TLS: PyMySQL asks for it only when given ``ssl`` options).
 When a ``COMMIT`` is to lose its acknowledgement, the proxy forwards it to the server,
 waits for the server's answer (the commit has happened), and closes the client's
 connection without passing that answer on: the client sees a lost connection (2013)
-and cannot know whether its transaction committed. That happens on demand
+and cannot know whether its transaction committed. With :attr:`AckProxy.silent` the
+connection is kept open instead and the answer never comes: the client gives up after
+its answer bound, with the same error. That happens on demand
 (:meth:`AckProxy.arm`: the next N commits, optionally only of transactions whose
 statements match a predicate) and at random (:attr:`AckProxy.probability`).
 
@@ -64,6 +66,9 @@ class AckProxy:
         """COMMITs forwarded so far."""
         self.dropped = 0
         """Acknowledgements lost so far."""
+        self.silent = False
+        """Lose acknowledgements without a word: the client's connection is kept open and
+        silent (as a forgotten NAT entry leaves it) instead of cut."""
         self.on_drop: Callable[[], object] | None = None
         """Called after a lost acknowledgement's commit, before the client's connection is
         cut: whatever it does happens before the client can retry."""
@@ -172,13 +177,14 @@ class AckProxy:
                         self.dropped += 1
                     if self.on_drop is not None:
                         self.on_drop()
+                    if self.silent:
+                        return  # the client waits; its giving up closes both sides
                     break
                 client.sendall(packet[0] + packet[1])
         except OSError:
             pass
-        finally:
-            self._shut(client)
-            self._shut(server)
+        self._shut(client)
+        self._shut(server)
 
     def _shut(self, sock: socket.socket) -> None:
         with contextlib.suppress(OSError):
