@@ -242,8 +242,10 @@ def test_node_killed_under_traffic_moves_its_instance_and_loses_nothing(
     )
     assert resumed < 1 + 6  # stale-instance-timeout + Galera's eviction of the dead node
     moves = run.moves("on-node0")
-    assert len(moves) == 1, moves
-    node = galera.sql_ports.index(int(moves[0].rsplit(":", 1)[1]))
+    # One move; or two when a statement on the first live node outlasted the answer bound
+    # (2 s with this stale-instance-timeout of 1 s) while the cluster evicted node 0 (~3 s).
+    assert 1 <= len(moves) <= 2, moves
+    node = galera.sql_ports.index(int(moves[-1].rsplit(":", 1)[1]))
     assert int((galera.status(node) or {})["wsrep_causal_reads"]) > 0  # read-your-writes
     assert "Traceback" not in run.log("on-node0") + run.log("on-node1")
 

@@ -111,6 +111,21 @@ class Membership:
         )
         return result.rowcount == 1
 
+    def publish_sessions(self, instance_id: str, dbapi_connection: Any) -> None:
+        """Record this process's sessions in ``instance_id``'s row through a new DB-API
+        connection, before its first use (see :mod:`messaging.store._sessions`). A failure
+        is left to the next heartbeat, which records them too."""
+        t = self.table
+        try:
+            with dbapi_connection.cursor() as cursor:
+                cursor.execute(
+                    f"UPDATE {t.name} SET sessions = %s WHERE tenant = %s AND id = %s",
+                    (self._sessions().get("sessions"), self.db.tenant, instance_id),
+                )
+            dbapi_connection.commit()
+        except self.db.engine.dialect.loaded_dbapi.Error as exc:  # the driver's, unwrapped
+            log.debug("could not publish the new session now: %s", exc)
+
     def update_runs(
         self, conn: Connection, instance_id: str, runs: Mapping[str, Mapping[str, Any]]
     ) -> None:

@@ -42,9 +42,10 @@ from messaging.runtime._heap import freeze_once
 from messaging.runtime._in_memory import InMemoryConsumer
 from messaging.runtime._lifecycle import lifecycle_event
 from messaging.runtime._outage import Outage, run_every
+from messaging.runtime._process import default_instance_name, process_exists
 from messaging.runtime._pulser import Pulser
 from messaging.runtime._rebalancer import Rebalancer
-from messaging.runtime._watchdog import Watchdog
+from messaging.runtime._watchdog import Watchdog, round_bound
 from messaging.runtime._worker import ConsumerWorker
 from messaging.store._database import Database, answer_bound, lock_wait_bound
 from messaging.store._retry import report_retry, retry_transient
@@ -53,21 +54,6 @@ from messaging.store._store import MessageStore
 log = logging.getLogger("messaging.runtime.instance")
 
 T = TypeVar("T")
-
-
-def _process_exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # it exists, as another user's process
-    return True
-
-
-def default_instance_name() -> str:
-    """``host:pid``, unique among the processes of one host."""
-    return f"{socket.gethostname()}:{os.getpid()}"
 
 
 class Instance:
@@ -124,6 +110,10 @@ class Instance:
         """Where this instance's admin endpoints answer, if it serves them (published)."""
         self.watchdog = Watchdog(f"instance {self.name}", db.answer_timeout)
         """Ends database waits past the answer bound; exits when a loop is stuck."""
+        self.loop_bound = partial(
+            round_bound, self.consumer_settings, answer_bound=db.answer_timeout
+        )
+        """Seconds a round of a loop run every so many seconds may take (its watchdog bound)."""
 
     def _group(self, spec: ConsumerSpec) -> ConsumerGroupSettings:
         return self.settings.group(spec.kind.settings_group)
@@ -171,6 +161,8 @@ class Instance:
         )
         self.retry(self._register, "register")
         self._registered = True
+        if self.db.sessions is not None:  # each new session published before its first use
+            self.db.sessions.on_open = partial(self.membership.publish_sessions, self.id)
         for spec in self.specs:
             if not spec.transactional:
                 self.in_memory[spec.name] = InMemoryConsumer(
@@ -255,7 +247,7 @@ class Instance:
                     return  # an earlier attempt committed unacknowledged: registered already
                 if other.name != self.name:
                     continue
-                if other.host == self.info.host and not _process_exists(other.pid):
+                if other.host == self.info.host and not process_exists(other.pid):
                     log.info(
                         "instance %s: its previous holder (pid %d) is gone; taking over",
                         self.name,
@@ -374,29 +366,12 @@ class Instance:
         self.retry(self.publish_in_memory, "publish the in-memory consumers")
         return {"consumer": name, "command": command, "instance": self.name, **result}
 
-    def round_bound(self, interval: float) -> float:
-        """Seconds a round of a loop that runs every ``interval`` takes at most, with room to
-        spare: the interval, every retry of ``conflict-retry`` waiting as long as a database
-        wait may (the answer bound, or the lock-wait bound on SQLite), and
-        stale-instance-timeout on top. A loop past it is stuck (see
-        :mod:`messaging.runtime._watchdog`)."""
-        c = self.consumer_settings
-        wait = self.db.answer_timeout or lock_wait_bound(c.stale_instance_timeout)
-        retries = c.conflict_retry.max_retries + 1
-        return interval + retries * (wait + c.conflict_retry.max_delay) + c.stale_instance_timeout
-
     def _heartbeat_loop(self, stop: threading.Event) -> None:
         heartbeat = partial(self.retry, self.heartbeat, "heartbeat")
         interval = self.consumer_settings.heartbeat_interval
-        self.watchdog.watch("heartbeat", self.round_bound(interval))
-        run_every(
-            interval,
-            heartbeat,
-            f"instance {self.name}: heartbeat",
-            stop,
-            self.heartbeat_outage,
-            beat=partial(self.watchdog.beat, "heartbeat"),
-        )
+        self.watchdog.watch("heartbeat", self.loop_bound(interval))
+        beat, what = partial(self.watchdog.beat, "heartbeat"), f"instance {self.name}: heartbeat"
+        run_every(interval, heartbeat, what, stop, self.heartbeat_outage, beat=beat)
 
     # -- stop --------------------------------------------------------------------------
 

@@ -95,7 +95,7 @@ class Pulser:
         """Beat every ``idle-poll-interval`` (sooner when woken) until ``stop`` is set."""
         inst = self.instance
         interval = inst.consumer_settings.idle_poll_interval
-        inst.watchdog.watch("pulse", inst.round_bound(interval))
+        inst.watchdog.watch("pulse", inst.loop_bound(interval))
         due = time.monotonic()
         try:
             while not stop.is_set():

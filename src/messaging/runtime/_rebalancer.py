@@ -265,7 +265,7 @@ class Rebalancer:
     def loop(self, stop: threading.Event) -> None:
         inst = self.instance
         interval = inst.consumer_settings.rebalance_interval
-        inst.watchdog.watch("rebalance", inst.round_bound(interval))
+        inst.watchdog.watch("rebalance", inst.loop_bound(interval))
         started = time.monotonic()
         while self._wait_for_round(stop, started):
             started = time.monotonic()

@@ -37,7 +37,10 @@ from typing import Any
 
 import attrs
 
-__all__ = ["EXIT_STUCK", "Watchdog"]
+from messaging._settings import ConsumerSettings
+from messaging.store._database import lock_wait_bound
+
+__all__ = ["EXIT_STUCK", "Watchdog", "round_bound"]
 
 log = logging.getLogger("messaging.runtime.watchdog")
 
@@ -48,6 +51,17 @@ GRACE = 2.0
 _DRIVER = os.path.join("pymysql", "connections.py")
 _WAITS = frozenset({"_read_bytes", "_write_bytes", "connect"})
 """PyMySQL's functions that wait for the server."""
+
+
+def round_bound(settings: ConsumerSettings, interval: float, answer_bound: float | None) -> float:
+    """Seconds a round of an instance's loop that runs every ``interval`` takes at most,
+    with room to spare: the interval, every retry of ``conflict-retry`` waiting as long as
+    a database wait may (``answer_bound``, or the lock-wait bound on SQLite), and
+    stale-instance-timeout on top. A loop past it is stuck."""
+    wait = answer_bound or lock_wait_bound(settings.stale_instance_timeout)
+    retry = settings.conflict_retry
+    attempts = retry.max_retries + 1
+    return interval + attempts * (wait + retry.max_delay) + settings.stale_instance_timeout
 
 
 @attrs.define
