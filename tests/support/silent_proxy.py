@@ -102,8 +102,9 @@ class SilentProxy:
             sockets = [s for link in self._links for s in (link.client, link.server)]
             sockets += self._kept
         for sock in [self._listener, *sockets]:
-            with contextlib.suppress(OSError):
-                sock.close()
+            with contextlib.suppress(OSError):  # shut down first: a blocked recv keeps it open
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
 
     def _accept(self) -> None:
         while True:
