@@ -37,6 +37,10 @@ name                                   instrument       from hook
 ``projections.partition.lag``          gauge            projections_lag
 =====================================  ===============  ===========================
 
+The histograms (all durations, in seconds) advise the bucket boundaries
+:data:`DURATION_BUCKETS`, 1 ms to 30 s (the SDK's default ones go from 0 to 10,000 in
+steps too coarse for sub-second times); a View of the application's own still wins.
+
 ``projections.message.failures`` and ``projections.partition.halts`` also carry
 ``type`` (the message type); ``projections.retries`` carries ``what`` (what was being
 done) and ``error.type``; ``projections.lock.contentions`` carries ``what`` and
@@ -69,6 +73,7 @@ from __future__ import annotations
 
 from projections_otel.propagation import context_of, trace_headers
 from projections_otel.telemetry import (
+    DURATION_BUCKETS,
     INSTRUMENTATION_NAME,
     Telemetry,
     default_telemetry,
@@ -88,6 +93,7 @@ from projections_otel.telemetry import (
 )
 
 __all__ = [
+    "DURATION_BUCKETS",
     "INSTRUMENTATION_NAME",
     "Telemetry",
     "context_of",

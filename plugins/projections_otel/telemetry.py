@@ -18,6 +18,26 @@ _VERSION = "0.1.0"
 
 log = logging.getLogger(__name__)
 
+DURATION_BUCKETS: tuple[float, ...] = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+)
+"""Bucket boundaries (seconds) the duration histograms advise, from 1 ms to 30 s: the SDK's
+default ones (0, 5, 10, ... 10,000) would put every sub-second batch in one bucket. A View
+of the application's own still wins."""
+
 
 _RECORDING = threading.Lock()
 """Hooks fire from several threads at once (one per batch lane); the SDK can lose the first
@@ -63,6 +83,7 @@ class Telemetry:
         self.batch_duration = meter.create_histogram(
             "projections.batch.duration",
             unit="s",
+            explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
             description="Time to read, apply and commit one batch",
         )
         self.checkpoint_position = meter.create_gauge(
@@ -113,21 +134,25 @@ class Telemetry:
         self.deadline_lateness = meter.create_histogram(
             "projections.deadline.lateness",
             unit="s",
+            explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
             description="Time from a saga deadline's due time to its delivery",
         )
         self.heartbeat_duration = meter.create_histogram(
             "projections.heartbeat.duration",
             unit="s",
+            explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
             description="Time to write one heartbeat",
         )
         self.rebalance_duration = meter.create_histogram(
             "projections.rebalance.duration",
             unit="s",
+            explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
             description="Time of one rebalance round",
         )
         self.membership_read_duration = meter.create_histogram(
             "projections.membership.read.duration",
             unit="s",
+            explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
             description="Time to read the membership and ownership rows of a round",
         )
         self.live_members = meter.create_gauge(

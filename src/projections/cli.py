@@ -1,6 +1,8 @@
 """The ``projections`` command line: run instances, report, migrate, append, demo.
 
-Errors exit non-zero with one clear line; ``--traceback`` shows the whole story.
+Errors exit non-zero with one clear line; ``--traceback`` shows the whole story. A
+command whose output is no longer read (``projections status | head``) ends quietly
+with :data:`EXIT_STDOUT_CLOSED`.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ import argparse
 import json
 import logging
 import os
+import select
 import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -31,6 +34,8 @@ from messaging.store._migrations import migrate
 from projections._cli_parser import build_parser
 
 EXIT_ERROR = 1
+EXIT_STDOUT_CLOSED = 141
+"""128 + SIGPIPE: what a shell reports for a command that a closed pipe ended, as ``cat``."""
 
 
 def _use_app_dir(args: argparse.Namespace) -> None:
@@ -358,6 +363,24 @@ _COMMANDS = {
 }
 
 
+def _reader_gone() -> bool:
+    """Whether stdout is a pipe or socket whose reader went away (not some other pipe)."""
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
+    except (AttributeError, OSError, ValueError):  # no poll(), or no file behind stdout
+        return False
+
+
+def _stdout_closed() -> int:
+    """The reader of stdout went away (``| head``): end quietly. Python flushes stdout
+    again at exit, so it is pointed at /dev/null first (the Python docs' recipe)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    return EXIT_STDOUT_CLOSED
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``projections`` console script."""
     args = build_parser().parse_args(argv)
@@ -366,7 +389,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     try:
-        return _COMMANDS[args.command](args)
+        code = _COMMANDS[args.command](args)
+        sys.stdout.flush()  # a reader gone shows here at the latest, not at exit
+        return code
     except ProjectionsError as exc:
         if args.traceback:
             raise
@@ -381,6 +406,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except Exception as exc:  # a bug or an unforeseen failure: still one line
+        if isinstance(exc, BrokenPipeError) and _reader_gone():
+            return _stdout_closed()
         if args.traceback:
             raise
         first = (str(exc).splitlines() or [""])[0]

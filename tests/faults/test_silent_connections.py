@@ -13,9 +13,13 @@ applied twice, and the frozen instance says what happened in a few log lines.
 
 from __future__ import annotations
 
+import os
+import re
+import signal
 import threading
 import time
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
 import fault_app
@@ -150,3 +154,67 @@ def test_a_silently_dead_network_is_left_and_rejoined_with_nothing_lost(
         assert result.exact and result.applied == rounds * len(SOURCES), (name, result)
     assert 0 < len(lines) <= 12, lines
     assert not any("Traceback" in line for line in lines), lines
+
+
+@pytest.mark.parametrize("freeze", ["network", "process"])
+def test_sessions_ended_by_the_successor_are_not_called_an_unreachable_database(
+    db: Database, silent: SilentProxy, tmp_path: Path, freeze: str
+) -> None:
+    """The network (or the process, SIGSTOP) freezes past stale-instance-timeout but
+    within the answer bound: the steady instance takes over and ends the frozen one's
+    sessions, then the freeze ends. The frozen instance's connections are lost (2013
+    here; 1927, "connection was killed", where the server says so), in whichever loop
+    meets them first, retried or not: it says once that it was taken for stale and its
+    sessions were ended by the instance that took over, never that the database is
+    unreachable (it never was), and shares again."""
+    direct = write_config(tmp_path / "direct.yaml", db, batch_size=20)
+    proxied_db = Database(silent.url(db.url), table_prefix=db.schema.prefix)
+    proxied = write_config(tmp_path / "proxied.yaml", proxied_db, batch_size=20)
+    proxied_db.dispose()
+    log, steady_log = tmp_path / "frozen.log", tmp_path / "steady.log"
+    frozen = start_instance(proxied, "frozen", "fault_app", log=log)
+    steady = start_instance(direct, "steady", "fault_app", log=steady_log)
+    stop, go = (
+        (silent.freeze, silent.thaw)
+        if freeze == "network"
+        else (
+            partial(os.kill, frozen.pid, signal.SIGSTOP),
+            partial(os.kill, frozen.pid, signal.SIGCONT),
+        )
+    )
+    traffic = Traffic(db)
+    try:
+        wait_until(
+            lambda: _holds_partitioned(db, "frozen") and _holds_partitioned(db, "steady"),
+            timeout=30,
+            what="both instances to hold partitions",
+        )
+        time.sleep(0.5)  # heartbeats: the frozen instance's sessions are recorded
+        stop()
+        try:
+            wait_until(
+                lambda: "session(s) of stale instance frozen" in steady_log.read_text("utf-8"),
+                timeout=STALE + 10,
+                what="the steady instance to end the frozen one's sessions",
+            )
+        finally:
+            go()
+        wait_until(
+            lambda: _holds_partitioned(db, "frozen"),
+            timeout=STALE + 30,
+            what="the frozen instance to own partitions again",
+        )
+    finally:
+        traffic.stop()
+    assert [stop_instance(frozen), stop_instance(steady)] == [0, 0]
+    lines = log.read_text(encoding="utf-8").splitlines()
+    print("\n".join(lines))
+    ended = [line for line in lines if "its database sessions were ended" in line]
+    assert len(ended) == 1, lines
+    assert re.search(
+        r"instance frozen: no heartbeat for \d+\.\d s, past stale-instance-timeout \(1 s\): "
+        "taken for stale, its database sessions were ended by the instance that took over "
+        "its partitions",
+        ended[0],
+    )
+    assert not any("unreachable" in line for line in lines), lines

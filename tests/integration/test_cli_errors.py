@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -9,6 +10,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from messaging import Database
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
@@ -139,3 +142,44 @@ def test_traceback_still_shows_everything(tmp_path: Path) -> None:
     assert result.returncode != 0
     assert "Traceback (most recent call last)" in result.stderr
     assert "no database at" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "buffered"),
+    [
+        (("status",), True),
+        (("status", "--json"), False),
+        (("instances",), True),
+        (("audit",), False),
+    ],
+)
+def test_a_reader_that_closes_early_ends_the_command_quietly(
+    tmp_path: Path, args: tuple[str, ...], buffered: bool
+) -> None:
+    """`projections status | head`, the reader gone first: a real `head -n 0` exits
+    without reading, then the command writes into its pipe. It exits 141 (as SIGPIPE would
+    end it) with nothing on stderr, whether its stdout is buffered (the broken pipe shows
+    at the last flush) or not (at the first line)."""
+    url = f"sqlite:///{tmp_path / 'app.db'}"
+    db = Database(url)
+    db.prepare()
+    db.dispose()
+    read, write = os.pipe()
+    head = subprocess.Popen(["head", "-n", "0"], stdin=read)
+    os.close(read)
+    assert head.wait(timeout=30) == 0  # nothing reads the pipe any more
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    if not buffered:
+        env["PYTHONUNBUFFERED"] = "1"
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "projections.cli", *args, "--database", url],
+            stdout=write,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            timeout=60,
+        )
+    finally:
+        os.close(write)
+    assert (result.returncode, result.stderr) == (141, "")

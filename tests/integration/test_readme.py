@@ -9,11 +9,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import attrs
 import pytest
+import yaml
 from clusters import stop_instance, wait_until
 from sqlalchemy import text
 
-from messaging import Database
+import sagas  # noqa: F401  (registers the saga kind: its section is a key of the file)
+from messaging import Database, Settings
+from messaging._settings import consumer_sections
 
 pytestmark = pytest.mark.multiprocess
 
@@ -42,6 +46,35 @@ def test_every_python_block_is_valid_python() -> None:
         compile(block, f"README.md python block {number}", "exec")
 
 
+def _dotted_keys(value: object, prefix: str = "") -> set[str]:
+    """Every key of a parsed YAML mapping, nested ones as ``section.key``."""
+    if not isinstance(value, dict):
+        return set()
+    keys = set()
+    for key, inner in value.items():
+        keys |= {prefix + key, *_dotted_keys(inner, f"{prefix}{key}.")}
+    return keys
+
+
+def _settings_keys(cls: type, prefix: str = "") -> set[str]:
+    """The keys a settings file may give for the attrs settings class ``cls``."""
+    keys = set()
+    for field in attrs.fields(attrs.resolve_types(cls)):
+        key = prefix + field.name.replace("_", "-")
+        keys.add(key)
+        if isinstance(field.type, type) and attrs.has(field.type):
+            keys |= _settings_keys(field.type, f"{key}.")
+    return keys
+
+
+def test_the_configuration_reference_names_every_key() -> None:
+    """The YAML block under "Configuration" shows every key of the settings file: those
+    of `Settings` (sections nested) and the consumer kinds' sections."""
+    documented = _dotted_keys(yaml.safe_load(_after("## Configuration", "yaml")))
+    expected = _settings_keys(Settings) - {"consumer-groups"} | set(consumer_sections())
+    assert sorted(expected - documented) == []
+
+
 def test_the_first_app_runs_verbatim(
     tmp_path: Path, database_url: str, table_prefix: str, backend: str
 ) -> None:
@@ -58,6 +91,7 @@ def test_the_first_app_runs_verbatim(
         config += f"table-prefix: {table_prefix}\n"
     (app / "app.yaml").write_text(config, encoding="utf-8")
     (app / "deposit.py").write_text(_after("save this as `deposit.py`", "python"))
+    (app / "balance.py").write_text(_after("save this as `balance.py`", "python"))
     launcher = tmp_path / "bin" / "projections"
     launcher.parent.mkdir()
     launcher.write_text(LAUNCHER, encoding="utf-8")
@@ -92,6 +126,10 @@ def test_the_first_app_runs_verbatim(
             return {account: balance for account, balance in rows}.get("acct-1") == 10 or None
 
         wait_until(balance, timeout=60, what="the deposit in the read model")
+        read = subprocess.run(
+            [sys.executable, "balance.py"], cwd=app, env=env, capture_output=True, text=True
+        )
+        assert (read.returncode, read.stdout) == (0, "acct-1 10\n"), read.stderr
         again = subprocess.run(
             [sys.executable, "deposit.py"], cwd=app, env=env, capture_output=True, text=True
         )

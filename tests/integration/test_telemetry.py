@@ -259,6 +259,43 @@ def test_hooks_never_raise(telemetry: Telemetry, monkeypatch: pytest.MonkeyPatch
     telemetry.projections_retrying(what="apply x", instance_id="i", error=TimeoutError())
 
 
+def test_durations_land_in_sub_second_buckets(
+    telemetry: Telemetry, reader: InMemoryMetricReader
+) -> None:
+    """A batch of 0.02 s is counted in the bucket (0.01, 0.025], not in the SDK's default
+    first bucket (0, 5] with every other sub-second time: each duration histogram advises
+    the plugin's boundaries, 1 ms to 30 s."""
+    telemetry.projections_batch_applied(
+        consumer="c",
+        partitions=[0],
+        epochs={0: 1},
+        instance_id="i",
+        count=1,
+        last_position=1,
+        seconds=0.02,
+    )
+    telemetry.projections_heartbeat(instance_id="i", seconds=0.003)
+    telemetry.projections_rebalanced(
+        instance_id="i", seconds=0.04, membership_seconds=0.002, live_members=1
+    )
+    telemetry.projections_deadlines_delivered(
+        consumer="c", instance_id="i", count=1, lateness=[0.15]
+    )
+    points = _points(reader)
+    [batch] = points["projections.batch.duration"]
+    bucket = list(batch.bucket_counts).index(1)
+    assert tuple(batch.explicit_bounds[bucket - 1 : bucket + 1]) == (0.01, 0.025)
+    histograms = [
+        "projections.heartbeat.duration",
+        "projections.rebalance.duration",
+        "projections.membership.read.duration",
+        "projections.deadline.lateness",
+    ]
+    for name in histograms:
+        [point] = points[name]
+        assert tuple(point.explicit_bounds) == projections_otel.DURATION_BUCKETS, name
+
+
 def _contended_instance(
     tmp_path: Path, telemetry: Telemetry
 ) -> tuple[Database, Instance, ConsumerWorker]:

@@ -25,6 +25,7 @@ from tally_cluster import TallyCluster
 from messaging import Database, Instance, Settings, collect_consumers, create_plugin_manager
 from messaging._settings import ConsumerSettings
 from messaging.distribution._membership import Membership
+from projections._operations import pause
 from projections._reports import consumers_report
 
 pytestmark = pytest.mark.multiprocess
@@ -148,18 +149,19 @@ def test_a_joiner_says_what_it_waits_for_and_gets_it_soon(instances: Instances) 
         )
 
 
+def _tally_instance(db: Database, name: str) -> Instance:
+    """An in-process instance of ``tally_app``, driven by hand (``start(loops=False)``)."""
+    manager = create_plugin_manager(["tally_app"], load_entrypoints=False)
+    return Instance(db, collect_consumers(manager), Settings(), manager.hook, name=name)
+
+
 def test_a_joiner_whose_share_is_held_says_so_then_that_it_has_it(
     db: Database, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Rounds driven by hand, so that the joiner's first round surely finds its share held:
     it logs what it waits for and the bound at start, and once the holder's round has
     handed the share over, that it has it and after how long."""
-
-    def instance(name: str) -> Instance:
-        manager = create_plugin_manager(["tally_app"], load_entrypoints=False)
-        return Instance(db, collect_consumers(manager), Settings(), manager.hook, name=name)
-
-    a, b = instance("a"), instance("b")
+    a, b = _tally_instance(db, "a"), _tally_instance(db, "b")
     a.start(loops=False)  # the only instance: holds all 4 partitions
     try:
         with caplog.at_level(logging.INFO, logger="messaging"):
@@ -180,6 +182,43 @@ def test_a_joiner_whose_share_is_held_says_so_then_that_it_has_it(
     finally:
         b.stop()
         a.stop()
+
+
+@pytest.mark.parametrize("held_back", ["halted", "paused"])
+def test_a_share_that_waits_for_an_operator_is_not_awaited_from_live_instances(
+    db: Database, caplog: pytest.LogCaptureFixture, held_back: str
+) -> None:
+    """A partition halted at a poison message (or a paused consumer) is claimed by nobody
+    until an operator resumes it: an instance starting alone says so, naming the command,
+    and never that live instances hold it and hand it over within a second."""
+    a = _tally_instance(db, "a")
+    a.start(loops=False)
+    if held_back == "halted":
+        claim = a.workers[tally_app.CONSUMER].claims()[0]
+        with db.transaction() as conn:
+            assert a.ownership.halt(
+                conn, tally_app.CONSUMER, claim, a.id, position=1, type_name="t", error="boom"
+            )
+    else:
+        pause(db, tally_app.CONSUMER, who="test")
+    a.stop()  # releases every partition, a halted one too
+    expected = (
+        "1 partition(s) of tally halted"
+        if held_back == "halted"
+        else "4 partition(s) of tally paused"
+    )
+    b = _tally_instance(db, "b")
+    try:
+        with caplog.at_level(logging.INFO, logger="messaging"):
+            b.start(loops=False)
+        assert len(b.workers[tally_app.CONSUMER].claims()) == (3 if held_back == "halted" else 0)
+        assert (
+            f"instance b: {expected} (`projections resume tally`): they wait for an operator, "
+            "not for another instance"
+        ) in caplog.text
+        assert "held by live instances" not in caplog.text
+    finally:
+        b.stop()
 
 
 def test_rebuild_progress_moves_as_messages_are_replayed(

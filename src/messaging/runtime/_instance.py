@@ -41,7 +41,7 @@ from messaging.runtime._declarations import (
 from messaging.runtime._heap import freeze_once
 from messaging.runtime._in_memory import InMemoryConsumer
 from messaging.runtime._lifecycle import lifecycle_event
-from messaging.runtime._outage import Outage, run_every
+from messaging.runtime._outage import Heartbeats, Outage, run_every
 from messaging.runtime._process import default_instance_name, process_exists
 from messaging.runtime._pulser import Pulser
 from messaging.runtime._rebalancer import Rebalancer
@@ -99,9 +99,10 @@ class Instance:
         self.in_memory: dict[str, InMemoryConsumer] = {}
         self._started = False
         self.distributions: dict[str, Distribution] = {}
-        self.outage = Outage(f"instance {self.name}")
+        self.heartbeats = Heartbeats(self.name, stale, db.engine)
+        self.outage = Outage(f"instance {self.name}", self.heartbeats)
         """The database as the workers and the rebalance loop see it: logged on its edges."""
-        self.heartbeat_outage = Outage(f"instance {self.name} heartbeat")
+        self.heartbeat_outage = Outage(f"instance {self.name} heartbeat", self.heartbeats)
         self.rebalancer = Rebalancer(self)
         """Claims and releases this instance's share (the rebalance rounds)."""
         self.pulser = Pulser(self)
@@ -328,6 +329,7 @@ class Instance:
                 self._publish_in_memory(conn)
             if stopping or joined:  # the others plan without (or with) this instance now
                 bump_generation(self.db, conn)
+        self.heartbeats.beat()
         self.hooks.projections_heartbeat(instance_id=self.id, seconds=time.perf_counter() - started)
         self.membership.remove_stale_when_due(self.consumer_settings.stale_instance_timeout)
 
@@ -385,6 +387,7 @@ class Instance:
         if not self._started:
             return
         self._started = False
+        self.heartbeats.close()
         self.stop_requested.set()
         self._stop_rebalance.set()  # claim nothing more while draining
         self.rebalancer.request_round()  # wakes its loop, which sees the stop

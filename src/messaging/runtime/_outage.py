@@ -3,6 +3,11 @@
 A stopped or unreachable server makes every poll, rebalance and heartbeat fail until it
 returns; logging each failure would bury the one thing an operator needs ("unreachable
 since T", "back after 10.1 s") under hundreds of identical tracebacks.
+
+Connections lost by an instance that went without a heartbeat past stale-instance-timeout
+(frozen, paused, or cut off by a network that came back) are no outage: the instance that
+took over its partitions ended its sessions (:mod:`messaging.store._sessions`), and new
+ones work at once. That is said once instead (:class:`Heartbeats`).
 """
 
 from __future__ import annotations
@@ -12,11 +17,12 @@ import threading
 import time
 from collections.abc import Callable
 
+from sqlalchemy import Engine, event
 from sqlalchemy.exc import DBAPIError
 
-from messaging.store._retry import is_unreachable
+from messaging.store._retry import is_ambiguous, is_unreachable
 
-__all__ = ["Failing", "Outage", "is_unreachable", "run_every"]
+__all__ = ["Failing", "Heartbeats", "Outage", "is_unreachable", "run_every"]
 
 log = logging.getLogger("messaging.runtime.outage")
 
@@ -26,22 +32,107 @@ def _first_line(exc: BaseException) -> str:
     return lines[0] if lines else ""
 
 
+class Heartbeats:
+    """When an instance's heartbeat last went through: a gap past ``stale_instance_timeout``
+    means its peers took it for stale, and the one taking over its partitions ended its
+    database sessions. Every connection of ``engine`` lost during such a gap (retried or
+    not, in any loop) is taken for one of those, and said once per gap. Thread-safe."""
+
+    def __init__(
+        self, name: str, stale_instance_timeout: float, engine: Engine | None = None
+    ) -> None:
+        self.name = name
+        self.timeout = stale_instance_timeout
+        self._last: float | None = None
+        """When the last heartbeat went through (None: none yet, or stopped)."""
+        self._gap: tuple[float, float] | None = None
+        """The last gap past the timeout that a heartbeat ended: its start and end."""
+        self._told: float | None = None
+        """The start of the gap whose ended sessions were told."""
+        self._lock = threading.Lock()
+        self._engine = engine
+        if engine is not None:
+            event.listen(engine, "invalidate", self._invalidated)
+
+    def close(self) -> None:
+        """Stop judging: the instance stops, and its heartbeats with it."""
+        with self._lock:
+            self._last = self._gap = None
+        if self._engine is not None:
+            event.remove(self._engine, "invalidate", self._invalidated)
+            self._engine = None
+
+    def beat(self) -> None:
+        """Record a heartbeat that went through."""
+        with self._lock:
+            now = time.monotonic()
+            if self._last is not None and now - self._last > self.timeout:
+                self._gap = (self._last, now)
+            self._last = now
+
+    def sessions_ended(self, exc: BaseException) -> bool:
+        """Whether ``exc``, a lost connection, comes from sessions ended by the instance
+        that took over during a gap past the timeout (said once per gap)."""
+        return is_ambiguous(exc) and self._lost_while_stale(exc)
+
+    def _invalidated(self, _dbapi: object, _record: object, exc: BaseException | None) -> None:
+        """A connection of the pool found gone, by whichever thread."""
+        if exc is not None:
+            self._lost_while_stale(exc)
+
+    def _lost_while_stale(self, exc: BaseException) -> bool:
+        with self._lock:
+            gap = self._stale_gap(time.monotonic())
+            if gap is None:
+                return False
+            start, length = gap
+            if self._told != start:
+                self._told = start
+                log.warning(
+                    "instance %s: no heartbeat for %.1f s, past stale-instance-timeout (%g s): "
+                    "taken for stale, its database sessions were ended by the instance that "
+                    "took over its partitions (%s: %s); reconnecting",
+                    self.name,
+                    length,
+                    self.timeout,
+                    type(exc).__name__,
+                    _first_line(exc),
+                )
+        return True
+
+    def _stale_gap(self, now: float) -> tuple[float, float] | None:
+        """The gap past the timeout going on now, or the last one if it ended within the
+        timeout (after a freeze the loops wake in any order): its start and length."""
+        if self._last is not None and now - self._last > self.timeout:
+            return self._last, now - self._last
+        if self._gap is not None and now - self._gap[1] <= self.timeout:
+            return self._gap[0], self._gap[1] - self._gap[0]
+        return None
+
+
 class Outage:
     """The reachability of the database as one loop (or several sharing it) sees it.
 
     :meth:`failed` logs a WARNING with the first error when the database becomes
     unreachable and nothing more while it stays so; :meth:`succeeded` logs one INFO
-    with how long it was down when it is back. Thread-safe.
+    with how long it was down when it is back. Lost connections of an instance taken for
+    stale (``heartbeats``) start no outage unless failures go on for :attr:`settle`
+    seconds. Thread-safe.
     """
 
     settle: float = 1.0
     """Seconds an outage lasts at least: as a server goes down, a connection opened before
     may still answer once, which must not end the outage and start another."""
 
-    def __init__(self, who: str, what: str = "database") -> None:
+    def __init__(
+        self, who: str, heartbeats: Heartbeats | None = None, what: str = "database"
+    ) -> None:
         self.who = who
         self.what = what
+        self.heartbeats = heartbeats
         self._since: float | None = None
+        self._quiet = False
+        """The failures so far were sessions ended by a successor, not an outage."""
         self._lock = threading.Lock()
 
     @property
@@ -55,16 +146,25 @@ class Outage:
         if not is_unreachable(exc):
             return False
         with self._lock:
+            now = time.monotonic()
             if self._since is None:
-                self._since = time.monotonic()
-                log.warning(
-                    "%s: %s unreachable (%s: %s); retrying quietly until it is back",
-                    self.who,
-                    self.what,
-                    type(exc).__name__,
-                    _first_line(exc),
-                )
+                self._since = now
+                self._quiet = self.heartbeats is not None and self.heartbeats.sessions_ended(exc)
+                if not self._quiet:
+                    self._unreachable(exc)
+            elif self._quiet and now - self._since >= self.settle:
+                self._quiet = False  # new sessions fail too: the database is unreachable
+                self._unreachable(exc)
         return True
+
+    def _unreachable(self, exc: BaseException) -> None:
+        log.warning(
+            "%s: %s unreachable (%s: %s); retrying quietly until it is back",
+            self.who,
+            self.what,
+            type(exc).__name__,
+            _first_line(exc),
+        )
 
     def succeeded(self) -> None:
         """Record a success; logs once how long the outage lasted, if there was one (and
@@ -76,6 +176,8 @@ class Outage:
             if since is None or time.monotonic() - since < self.settle:
                 return  # another thread logged it meanwhile, or too early to tell
             self._since = None
+            if self._quiet:
+                return
         log.info(
             "%s: %s reachable again after %.1f s", self.who, self.what, time.monotonic() - since
         )

@@ -12,13 +12,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Sequence, Set
 from functools import partial
 from typing import TYPE_CHECKING
 
 import attrs
 
-from messaging._states import ConsumerState
+from messaging._states import ConsumerState, PartitionStatus
 from messaging.distribution._membership import InstanceRow
 from messaging.distribution._ownership import PartitionRow
 from messaging.distribution._pulse import bump_generation, read_generation
@@ -58,6 +58,8 @@ class Rebalancer:
         self._requested = threading.Event()
         self._awaited: dict[str, int] = {}
         """Partitions of each consumer assigned here but still held by live peers."""
+        self._for_operator: dict[str, str] = {}
+        """What of each consumer's share waits for an operator, not a peer (halted, paused)."""
         self._awaiting_since: float | None = None
         self._members: dict[str, InstanceRow] = {}
         """The instances as the last round read them, by id."""
@@ -109,8 +111,16 @@ class Rebalancer:
 
     def announce_wait(self) -> None:
         """Say, once at start, what this instance waits for and for how long at most: the
-        partitions assigned here that live peers still hold until their next round."""
+        partitions assigned here that live peers still hold until their next round; and
+        those no peer will hand over, which wait for an operator."""
         inst = self.instance
+        for_operator = [what for _, what in sorted(self._for_operator.items()) if what]
+        if for_operator:
+            log.info(
+                "instance %s: %s: they wait for an operator, not for another instance",
+                inst.name,
+                ", ".join(for_operator),
+            )
         awaited = {name: n for name, n in self._awaited.items() if n}
         if not awaited:
             return
@@ -150,9 +160,12 @@ class Rebalancer:
                     instance_name=inst.name,
                 )
         owners: dict[str, dict[int, str | None]] = {name: {} for name in inst.workers}
+        halted: dict[str, set[int]] = {name: set() for name in inst.workers}
         for row in rows:
             if row.consumer in owners:  # not one retired above
                 owners[row.consumer][row.partition] = row.owner
+                if row.status == PartitionStatus.HALTED:
+                    halted[row.consumer].add(row.partition)
         plans = plan(
             inst.id,
             live,
@@ -175,18 +188,31 @@ class Rebalancer:
                 log.warning("consumer %s: applying nothing here: %s", name, target.waiting_for)
             self._waiting[name] = target.waiting_for
             wanted = sorted(target.target - set(worker.claims()) - worker.holdings.leaving())
-            self._awaited[name] = 0
-            if not wanted:
-                continue
-            self._end_sessions({owners[name].get(p) for p in wanted})
-            with inst.db.transaction() as conn:
-                claims = inst.ownership.claim(conn, name, wanted, inst.id, live_ids)
-            worker.add_claims(claims)
-            self._awaited[name] = len(target.target - set(worker.claims()))
-            claimed += len(claims)
-            for claim in claims:
-                inst.partition_event(name, claim.partition, claim.epoch)
+            if wanted:
+                self._end_sessions({owners[name].get(p) for p in wanted})
+                with inst.db.transaction() as conn:
+                    claims = inst.ownership.claim(conn, name, wanted, inst.id, live_ids)
+                worker.add_claims(claims)
+                claimed += len(claims)
+                for claim in claims:
+                    inst.partition_event(name, claim.partition, claim.epoch)
+            unclaimed = target.target - set(worker.claims()) - worker.holdings.leaving()
+            self._note_unclaimed(name, unclaimed, declared[name][1], halted[name])
         return Moved(claimed=claimed, released=released)
+
+    def _note_unclaimed(self, name: str, unclaimed: Set[int], state: str, halted: Set[int]) -> None:
+        """Sort the partitions of ``name`` assigned here but not claimed: those of a paused
+        consumer and halted ones wait for an operator (``projections resume``), the rest
+        for the live peers that hold them."""
+        paused = state == ConsumerState.PAUSED
+        stuck = unclaimed if paused else unclaimed & halted
+        self._awaited[name] = len(unclaimed - stuck)
+        why = "paused" if paused else "halted"
+        self._for_operator[name] = (
+            f"{len(stuck)} partition(s) of {name} {why} (`projections resume {name}`)"
+            if stuck
+            else ""
+        )
 
     def _retire(self, name: str) -> None:
         """Stop applying a consumer whose declaration was replaced by another instance."""
