@@ -18,22 +18,16 @@ import fault_app
 import pytest
 from ack_proxy import AckProxy
 from clusters import lag, start_instance, stop_instance, wait_until, write_config
-from fault_model import append_numbered, effects, message_ids, tally
+from fault_model import SINGLE_OWNER, SOURCES, append_numbered, effects, message_ids, tally
 from sqlalchemy import func, select
 
 from messaging import Database, MessageStore
 
 pytestmark = [pytest.mark.faults, pytest.mark.mysql, pytest.mark.multiprocess]
 
-SOURCES = [f"src-{i}" for i in range(6)]
 ROUNDS = 50
 TIMERS = [f"timer-{i}" for i in range(20)]
 DROP_PROBABILITY = 0.08
-SINGLE_OWNER = """\
-projections:
-  consumers:
-    fault-seq-single: {distribution: single-owner}
-"""
 
 
 def _deadlines(db: Database) -> int:

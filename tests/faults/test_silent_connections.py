@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import threading
 import time
 from collections.abc import Iterator
 from functools import partial
@@ -25,7 +24,7 @@ from pathlib import Path
 import fault_app
 import pytest
 from clusters import lag, owners, start_instance, stop_instance, wait_until, write_config
-from fault_model import append_numbered, tally
+from fault_model import SINGLE_OWNER, SOURCES, Traffic, tally
 from silent_proxy import SilentProxy
 from sqlalchemy.engine import make_url
 
@@ -36,12 +35,6 @@ pytestmark = [pytest.mark.faults, pytest.mark.mysql, pytest.mark.multiprocess]
 STALE = 1.0
 """stale-instance-timeout of write_config's settings."""
 FREEZE = 3 * STALE
-SOURCES = [f"src-{i}" for i in range(6)]
-SINGLE_OWNER = """\
-projections:
-  consumers:
-    fault-seq-single: {distribution: single-owner}
-"""
 CONSUMERS = fault_app.PROJECTIONS
 
 
@@ -51,27 +44,6 @@ def silent(db: Database) -> Iterator[SilentProxy]:
     proxy = SilentProxy((url.host or "127.0.0.1", url.port or 3306))
     yield proxy
     proxy.close()
-
-
-class Traffic:
-    """Appends one numbered message per source every 20 ms, in a thread, until stopped."""
-
-    def __init__(self, db: Database) -> None:
-        self.db = db
-        self.rounds = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.wait(0.02):
-            append_numbered(self.db, SOURCES, self.rounds + 1, 1)
-            self.rounds += 1
-
-    def stop(self) -> int:
-        self._stop.set()
-        self._thread.join()
-        return self.rounds
 
 
 def _holders(db: Database) -> set[str]:

@@ -13,11 +13,13 @@ from pathlib import Path
 
 import pytest
 from ack_proxy import AckProxy
-from clusters import lag, owned_by, start_instance, stop_instance, wait_until, write_config
+from clusters import lag, owned_by, start_instance, stop_instance, wait_until
 from galera_cluster import GaleraCluster
 from galera_ledger import (
+    MOVED,
     applying,
     every_node_matches_replay,
+    instance_config,
     ledger_lines,
     message_count,
 )
@@ -30,16 +32,10 @@ from projections._reports import consumers_report
 pytestmark = [pytest.mark.galera, pytest.mark.mysql, pytest.mark.multiprocess]
 
 APPEND = [sys.executable, "-m", "projections.cli", "append"]
-MOVED = "now using 127.0.0.1:"
-"""What an instance logs when it moves to another node."""
 
 
 def _config(tmp_path: Path, name: str, url: str) -> Path:
-    db = Database(url)
-    try:
-        return write_config(tmp_path / f"{name}.yaml", db, batch_size=50)
-    finally:
-        db.dispose()
+    return instance_config(tmp_path / f"{name}.yaml", url, batch_size=50)
 
 
 def _append(config_url: str, path: Path) -> subprocess.Popen[str]:

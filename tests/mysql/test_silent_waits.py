@@ -86,7 +86,7 @@ def test_keepalive_and_timeouts_are_set_on_every_connection(db: Database) -> Non
 
 def test_the_watchdog_abandons_a_wait_that_no_bound_ends(db: Database, silent: SilentProxy) -> None:
     proxied = Database(silent.url(db.url), table_prefix=db.schema.prefix, answer_timeout=None)
-    watchdog = Watchdog("instance test", answer_bound=1.0)
+    watchdog = Watchdog("instance test", answer_bound=lambda: 1.0)
     stop = threading.Event()
     looking = threading.Thread(target=watchdog.run, args=(stop,), daemon=True)
     try:

@@ -168,12 +168,15 @@ def ledger_matches_replay(db: Database) -> tuple[dict[str, Any], dict[str, Any]]
     return ledger.read_model(stored), expected
 
 
-def owners(db: Database, consumer: str = "ledger-balances") -> dict[int, tuple[str | None, str]]:
-    """Partition → (instance name, state) as ``projections status`` reports it."""
+def owners(
+    db: Database, consumer: str = "ledger-balances", *, stale: float = 1.0
+) -> dict[int, tuple[str | None, str]]:
+    """Partition → (instance name, state) as ``projections status`` reports it (instances
+    whose stale-instance-timeout is ``stale``)."""
     report = consumers_report(
         db,
         ConsumerSettings(
-            stale_instance_timeout=1.0, rebalance_interval=0.3, heartbeat_interval=0.2
+            stale_instance_timeout=stale, rebalance_interval=0.3, heartbeat_interval=0.2
         ),
     )
     for entry in report["consumers"]:

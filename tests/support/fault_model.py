@@ -1,18 +1,32 @@
 """The sequential model the fault tests compare with: what applying every message exactly
-once, in order, leaves in the fault application's tables (see ``fault_app``)."""
+once, in order, leaves in the fault application's tables (see ``fault_app``); and the
+numbered traffic they append."""
 
 from __future__ import annotations
 
 import itertools
 import json
+import threading
+import time
 from collections import Counter
 from collections.abc import Iterable
 
 import attrs
 import fault_app
 from sqlalchemy import select
+from sqlalchemy.exc import OperationalError
 
 from messaging import Database, MessageStore
+from messaging.store._retry import lock_conflict
+
+SOURCES = [f"src-{i}" for i in range(6)]
+"""The sources of the numbered traffic."""
+SINGLE_OWNER = """\
+projections:
+  consumers:
+    fault-seq-single: {distribution: single-owner}
+"""
+"""Configuration that makes ``fault-seq-single`` single-owner."""
 
 
 def append_numbered(db: Database, sources: Iterable[str], start: int, count: int) -> int:
@@ -76,3 +90,45 @@ def message_ids(db: Database, topic: str) -> Counter[str]:
             select(m.c.headers).where(m.c.tenant == db.tenant, m.c.topic == topic)
         ).scalars()
         return Counter(json.loads(h or "{}").get("message-id", "") for h in headers)
+
+
+class Traffic:
+    """Appends one numbered message per source (seq = round) every 20 ms, in a thread, until
+    stopped. A deadlock (a Galera certification conflict) certainly failed: the round is
+    appended again; any other error ends the traffic and is raised by :meth:`stop`."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+        self.rounds = 0
+        self.committed: list[float] = []
+        """When (monotonic) each round committed."""
+        self._error: BaseException | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.wait(0.02):
+                try:
+                    append_numbered(self.db, SOURCES, self.rounds + 1, 1)
+                except OperationalError as exc:
+                    if lock_conflict(exc) != "deadlock":
+                        raise
+                    continue
+                self.rounds += 1
+                self.committed.append(time.monotonic())
+        except BaseException as exc:
+            self._error = exc
+
+    def first_commit_after(self, moment: float) -> float | None:
+        """When the first round that committed after ``moment`` did (None: none yet)."""
+        return next((t for t in self.committed if t > moment), None)
+
+    def stop(self) -> int:
+        """Stop appending; return the number of rounds appended."""
+        self._stop.set()
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self.rounds

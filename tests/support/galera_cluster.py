@@ -171,8 +171,12 @@ class GaleraCluster:
     def status(self, node: int) -> dict[str, str] | None:
         """The node's ``wsrep_%`` status variables, or None when it does not answer."""
         try:
-            conn = pymysql.connect(
-                host="127.0.0.1", port=self.sql_ports[node], user="root", connect_timeout=1
+            conn = pymysql.connect(  # a paused node answers nothing: do not wait for ever
+                host="127.0.0.1",
+                port=self.sql_ports[node],
+                user="root",
+                connect_timeout=1,
+                read_timeout=5,
             )
         except pymysql.err.OperationalError:
             return None
@@ -208,6 +212,20 @@ class GaleraCluster:
                 )
             time.sleep(0.1)
 
+    def wait_rejoined(self, node: int, *, timeout: float = 90) -> None:
+        """Wait until a node that was cut off (paused, isolated) is back: in the same
+        membership as every other node (``wsrep_cluster_conf_id``: a node that has just
+        resumed still reports the one it had before), all of them, and synced."""
+        deadline = time.monotonic() + timeout
+        while True:
+            views = {(self.status(i) or {}).get("wsrep_cluster_conf_id") for i in range(self.size)}
+            if len(views) == 1 and None not in views:
+                break
+            if time.monotonic() > deadline:
+                raise GaleraError(f"galera node{node} not back after {timeout}s: views {views}")
+            time.sleep(0.1)
+        self.wait_synced(node, cluster_size=self.size, timeout=timeout)
+
     def _launch(self, node: int, *extra: str) -> None:
         self._pid_file(node).unlink(missing_ok=True)
         self._processes[node] = subprocess.Popen(
@@ -231,6 +249,13 @@ class GaleraCluster:
     def stop_node(self, node: int, *, timeout: float = 60) -> None:
         """A clean shutdown (SIGTERM), waited for."""
         self._signal(node, signal.SIGTERM, timeout)
+
+    def pause_node(self, node: int, paused: bool = True) -> None:
+        """SIGSTOP the node's server, as a frozen VM: its clients and peers get no answer
+        and no reset, nothing is closed; or SIGCONT it."""
+        pid = self._pid(node)
+        if pid is not None:
+            os.kill(pid, signal.SIGSTOP if paused else signal.SIGCONT)
 
     def kill_node(self, node: int) -> None:
         """SIGKILL the node, as a crash would; returns once the process is gone."""

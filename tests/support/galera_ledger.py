@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pymysql
-from clusters import ledger_matches_replay
+from clusters import ledger_matches_replay, write_config
 from galera_cluster import GaleraCluster
 from sqlalchemy import func, select
 
@@ -23,6 +23,8 @@ from messaging.store._migrations import migrate
 from projections._reports import consumers_report
 from projections.examples import ledger
 
+MOVED = "now using 127.0.0.1:"
+"""What an instance logs when it moves to another node."""
 FAST = ConsumerSettings(stale_instance_timeout=1.0, rebalance_interval=0.3, heartbeat_interval=0.2)
 """The timings of the instances' configuration (tests/support/clusters.py)."""
 
@@ -41,6 +43,16 @@ def cluster_database(cluster: GaleraCluster, prefix: str = "g_") -> Iterator[str
     finally:
         db.dispose()
         _execute(cluster, f"DROP DATABASE IF EXISTS `{name}`")
+
+
+def instance_config(path: Path, url: str, **options: Any) -> Path:
+    """:func:`clusters.write_config` (``options`` are its own) of an instance on the cluster
+    at ``url``: one node, or a failover list."""
+    db = Database(url)
+    try:
+        return write_config(path, db, **options)
+    finally:
+        db.dispose()
 
 
 def _execute(cluster: GaleraCluster, sql: str) -> None:

@@ -32,7 +32,7 @@ def test_a_loop_stuck_past_its_bound_ends_the_process_once(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     clock, exits = Clock(), list[int]()
-    watchdog = Watchdog("instance i", answer_bound=None, clock=clock, exit=exits.append)
+    watchdog = Watchdog("instance i", answer_bound=lambda: None, clock=clock, exit=exits.append)
     registered, release = threading.Event(), threading.Event()
     thread = threading.Thread(target=_blocked_loop, args=(watchdog, registered, release))
     thread.start()
@@ -58,7 +58,7 @@ def test_a_loop_stuck_past_its_bound_ends_the_process_once(
 
 def test_a_loop_whose_thread_ended_is_not_judged() -> None:
     clock, exits = Clock(), list[int]()
-    watchdog = Watchdog("instance i", answer_bound=None, clock=clock, exit=exits.append)
+    watchdog = Watchdog("instance i", answer_bound=lambda: None, clock=clock, exit=exits.append)
     registered, release = threading.Event(), threading.Event()
     thread = threading.Thread(target=_blocked_loop, args=(watchdog, registered, release))
     thread.start()

@@ -109,11 +109,9 @@ class Instance:
         """Tells the workers and the rounds when there is something to look at."""
         self.admin_url: str | None = None
         """Where this instance's admin endpoints answer, if it serves them (published)."""
-        self.watchdog = Watchdog(f"instance {self.name}", db.answer_timeout)
+        self.watchdog = Watchdog(f"instance {self.name}", lambda: db.answer_timeout)
         """Ends database waits past the answer bound; exits when a loop is stuck."""
-        self.loop_bound = partial(
-            round_bound, self.consumer_settings, answer_bound=db.answer_timeout
-        )
+        self.loop_bound = partial(round_bound, self.consumer_settings, db=db)
         """Seconds a round of a loop run every so many seconds may take (its watchdog bound)."""
 
     def _group(self, spec: ConsumerSpec) -> ConsumerGroupSettings:

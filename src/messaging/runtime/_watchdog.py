@@ -38,7 +38,7 @@ from typing import Any
 import attrs
 
 from messaging._settings import ConsumerSettings
-from messaging.store._database import lock_wait_bound
+from messaging.store._database import Database, lock_wait_bound
 
 __all__ = ["EXIT_STUCK", "Watchdog", "round_bound"]
 
@@ -53,12 +53,12 @@ _WAITS = frozenset({"_read_bytes", "_write_bytes", "connect"})
 """PyMySQL's functions that wait for the server."""
 
 
-def round_bound(settings: ConsumerSettings, interval: float, answer_bound: float | None) -> float:
+def round_bound(settings: ConsumerSettings, interval: float, *, db: Database) -> float:
     """Seconds a round of an instance's loop that runs every ``interval`` takes at most,
     with room to spare: the interval, every retry of ``conflict-retry`` waiting as long as
-    a database wait may (``answer_bound``, or the lock-wait bound on SQLite), and
-    stale-instance-timeout on top. A loop past it is stuck."""
-    wait = answer_bound or lock_wait_bound(settings.stale_instance_timeout)
+    a database wait may (``db``'s answer bound as it is now, or the lock-wait bound on
+    SQLite), and stale-instance-timeout on top. A loop past it is stuck."""
+    wait = db.answer_timeout or lock_wait_bound(settings.stale_instance_timeout)
     retry = settings.conflict_retry
     attempts = retry.max_retries + 1
     return interval + attempts * (wait + retry.max_delay) + settings.stale_instance_timeout
@@ -81,12 +81,13 @@ class _Wait:
 
 class Watchdog:
     """Watches the loops of one instance (``who`` names it in the log) and every thread's
-    database waits; ``answer_bound`` is None where no wait is bounded (SQLite)."""
+    database waits; ``answer_bound`` tells the bound of a database wait as it is now (None
+    where none is bounded: SQLite)."""
 
     def __init__(
         self,
         who: str,
-        answer_bound: float | None,
+        answer_bound: Callable[[], float | None],
         *,
         clock: Callable[[], float] = time.monotonic,
         exit: Callable[[int], Any] = os._exit,
@@ -145,7 +146,8 @@ class Watchdog:
                 self._exit(EXIT_STUCK)
 
     def _abandon_long_waits(self, waiting: dict[int, tuple[Any, FrameType]], now: float) -> None:
-        if self.answer_bound is None:
+        bound = self.answer_bound()
+        if bound is None:
             self._waits.clear()
             return
         for thread in set(self._waits) - set(waiting):
@@ -155,13 +157,13 @@ class Watchdog:
             if seen is None or seen.frame is not frame:
                 self._waits[thread] = _Wait(frame, now)
                 continue
-            if now - seen.since > self.answer_bound + GRACE:
+            if now - seen.since > bound + GRACE:
                 log.error(
                     "%s: a database wait lasted %.1f s, past the answer bound (%.1f s); "
                     "abandoning its connection (in %s)",
                     self.who,
                     now - seen.since,
-                    self.answer_bound,
+                    bound,
                     _where(frame),
                 )
                 _abandon(connection)

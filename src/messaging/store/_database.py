@@ -199,14 +199,16 @@ class Database:
 
     @property
     def answer_timeout(self) -> float | None:
-        """Seconds a MySQL/MariaDB connection waits for an answer (None: for ever, or SQLite)."""
-        return self._answers.seconds
+        """Seconds a MySQL/MariaDB connection waits for an answer (None: for ever, or SQLite):
+        the bound asked for, or a Galera cluster's eviction time where longer (known once
+        connected)."""
+        return self._answers.longest
 
     def bound_answers(self, seconds: float) -> None:
         """Make MySQL/MariaDB connections give up on a server that does not answer within
         ``seconds`` (see :mod:`messaging.store._answers`); connections pooled before are
         closed. Nothing on SQLite: its database is a local file."""
-        if self.is_sqlite or self.answer_timeout == seconds:
+        if self.is_sqlite or self._answers.seconds == seconds:
             return
         self._answers.seconds = seconds
         self.engine.dispose()

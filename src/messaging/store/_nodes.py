@@ -5,14 +5,21 @@ cluster, tried in that order (the MariaDB Connector/J "sequential" style). A new
 goes to the node the last one went to; when that node refuses, or answers but is not ready
 (``wsrep_ready=OFF``: joining, or cut off from the primary component), the next node is
 tried, and so on round the list. A statement that fails because its node went away (lost
-connection) or left the primary component (errors 1047, 1180) invalidates the connection
-pool and moves the next connection on. Every move is logged in one line.
+connection, or no answer within the answer bound) or left the primary component (errors
+1047, 1180) invalidates the connection pool and moves the next connection on; a connection
+that reaches a node only after the list has moved on from it (a frozen node answering once
+it resumes, before it knows its cluster evicted it) is closed, and the list followed. Every
+move is logged in one line.
 
 A connection made after a move first waits until its node has applied every transaction
 the cluster committed before (one causal read, ``wsrep_sync_wait``), so an instance reads
 its own last writes on the node it moved to. Correctness does not depend on it (a write
 computed from a stale read fails Galera's certification, error 1213, and is retried), but
 it spares those retries.
+
+While a cluster evicts a member that fell silent, its other nodes hold every commit (and
+causal read) for up to :func:`eviction_time`; the connections' answer bound is never
+shorter (:mod:`messaging.store._answers`), so a healthy node is not taken for dead then.
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ from sqlalchemy.engine import ExceptionContext
 
 from messaging._errors import ConfigError
 
-__all__ = ["NOT_PRIMARY", "Failover", "join_hosts", "split_hosts"]
+__all__ = ["NOT_PRIMARY", "Failover", "eviction_time", "join_hosts", "split_hosts"]
 
 log = logging.getLogger("messaging.store.nodes")
 
@@ -40,6 +47,11 @@ NOT_PRIMARY = {
 _HOSTS = re.compile(r"^(?P<head>[^:/]+://(?:[^/]*@)?)(?P<hosts>[^/?]*,[^/?]*)(?P<tail>[/?].*)?$")
 _ONE_HOST = re.compile(r"^(?P<head>[^:/]+://(?:[^/]*@)?)(?P<host>[^/?]*)(?P<tail>.*)$")
 _NODE = "projections_node"
+_MOVED = "projections_moved"
+_DURATION = re.compile(
+    r"^P(?:(?P<D>[\d.]+)D)?(?:T(?:(?P<H>[\d.]+)H)?(?:(?P<M>[\d.]+)M)?(?:(?P<S>[\d.]+)S)?)?$"
+)
+_SECONDS = {"D": 86400.0, "H": 3600.0, "M": 60.0, "S": 1.0}
 
 
 def split_hosts(url: str) -> tuple[str, list[tuple[str, int | None]]]:
@@ -91,8 +103,10 @@ class Failover:
         self._lock = threading.Lock()
 
     def install(self, engine: Engine) -> None:
-        """Make ``engine`` connect through this failover list."""
+        """Make ``engine`` connect through this failover list (after the answer bound's
+        listeners: the causal wait after a move waits as long as any statement may)."""
         event.listen(engine, "do_connect", self._connect)
+        event.listen(engine, "connect", self._after_move)
         event.listen(engine, "handle_error", self._on_error)
 
     def _connect(self, dialect: Any, record: Any, cargs: Any, cparams: dict[str, Any]) -> Any:
@@ -100,8 +114,10 @@ class Failover:
             start = self.current
         failures: list[str] = []
         error: BaseException | None = None
-        for step in range(len(self.nodes)):
+        step, followed = 0, False
+        while step < len(self.nodes):
             index = (start + step) % len(self.nodes)
+            step += 1
             host, port = self.nodes[index]
             params = {**cparams, "host": host, **({"port": port} if port else {})}
             try:
@@ -117,9 +133,17 @@ class Failover:
                 failures.append(f"{_name(self.nodes[index])}: {reason}")
                 error = dialect.loaded_dbapi.OperationalError(1047, reason)
                 continue
+            with self._lock:
+                current = self.current
+            if current not in (start, index) and not followed:
+                # The list moved on while this connection was made (a frozen node that
+                # answered once it resumed, not knowing yet that its cluster evicted it):
+                # follow the list rather than lead it back.
+                connection.close()
+                start, step, followed = current, 0, True
+                continue
             record.info[_NODE] = index
-            if self._arrived(index, failures) and ready:
-                _causal_wait(connection)
+            record.info[_MOVED] = self._arrived(index, failures) and ready
             return connection
         assert error is not None
         raise error
@@ -138,6 +162,10 @@ class Failover:
             _name(self.nodes[index]),
         )
         return True
+
+    def _after_move(self, dbapi_connection: Any, record: Any) -> None:
+        if record.info.pop(_MOVED, False):
+            _causal_wait(dbapi_connection)
 
     def _on_error(self, context: ExceptionContext) -> None:
         code = next(iter(getattr(context.original_exception, "args", ())), None)
@@ -168,6 +196,30 @@ def _wsrep_ready(connection: Any) -> bool | None:
         cursor.execute("SHOW STATUS LIKE 'wsrep_ready'")
         row = cursor.fetchone()
     return row is not None and str(row[1]).upper() == "ON"
+
+
+def eviction_time(connection: Any) -> float | None:
+    """Seconds the Galera node behind a DB-API connection may hold every commit while its
+    cluster evicts a member that fell silent: ``evs.suspect_timeout`` (until the others
+    suspect it) + ``evs.install_timeout`` (to agree on the membership without it); 12.5 s at
+    Galera's defaults. None when the server is not a Galera node."""
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW VARIABLES LIKE 'wsrep_provider_options'")
+        row = cursor.fetchone()
+    items = (item.partition("=") for item in str(row[1] if row else "").split(";"))
+    options = {key.strip(): value.strip() for key, _, value in items}
+    try:
+        return _duration(options["evs.suspect_timeout"]) + _duration(options["evs.install_timeout"])
+    except (KeyError, ValueError):
+        return None
+
+
+def _duration(text: str) -> float:
+    """Seconds of an ISO 8601 duration as Galera writes them (``PT5S``, ``PT0.5S``, ``PT1M``)."""
+    match = _DURATION.match(text)
+    if match is None or not any(match.groupdict().values()):
+        raise ValueError(f"not a duration: {text!r}")
+    return sum(float(v) * _SECONDS[unit] for unit, v in match.groupdict().items() if v)
 
 
 def _causal_wait(connection: Any) -> None:
