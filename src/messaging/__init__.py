@@ -19,6 +19,7 @@ from messaging._errors import (
     ProjectionsError,
     RegistrationError,
     SchemaError,
+    Unanswered,
     VersionConflict,
 )
 from messaging._hookspecs import hookimpl, hookspec
@@ -75,6 +76,7 @@ __all__ = [
     "RegistrationError",
     "SchemaError",
     "Settings",
+    "Unanswered",
     "UntranslatableStatement",
     "VersionConflict",
     "collect_consumers",

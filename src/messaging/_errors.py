@@ -74,3 +74,31 @@ class ConcurrentUpdate(ProjectionsError):
 
 class OperationError(ProjectionsError, ValueError):
     """An operator command cannot be carried out as asked (unknown consumer, wrong state)."""
+
+
+class Unanswered(ProjectionsError):
+    """A one-shot command gave its transaction up: the database did not answer (or a lock
+    stayed taken) for the command's whole time budget. ``outcome_unknown``: an attempt lost
+    its connection, so it may have committed."""
+
+    def __init__(
+        self,
+        what: str,
+        database: str,
+        waited: float,
+        attempts: int,
+        error: BaseException,
+        *,
+        outcome_unknown: bool,
+    ) -> None:
+        reason = (str(getattr(error, "orig", None) or error).splitlines() or [""])[0]
+        super().__init__(
+            f"{what} gave up after {waited:.1f}s and {attempts} attempt(s) waiting for "
+            f"database {database}: {reason}" + (" (it may have committed)" * outcome_unknown)
+        )
+        self.what = what
+        self.database = database
+        self.waited = waited
+        self.attempts = attempts
+        self.error = error
+        self.outcome_unknown = outcome_unknown

@@ -35,7 +35,7 @@ from urllib.parse import unquote
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
-from messaging._errors import OperationError, ProjectionsError
+from messaging._errors import OperationError, ProjectionsError, Unanswered
 from messaging._settings import Distribution, Settings
 from messaging._states import OwnerState
 from messaging.runtime._instance import Instance
@@ -230,7 +230,7 @@ def make_server(
                 data = work()
             except OperationError as exc:
                 self.send_json(409, {"error": str(exc)})
-            except (DBAPIError, PoolTimeout) as exc:  # PoolTimeout: every connection busy
+            except (DBAPIError, PoolTimeout, Unanswered) as exc:  # PoolTimeout: all busy
                 log.warning("admin %s: database unavailable: %s", what, _one_line(exc))
                 self.send_json(503, {"error": DATABASE_UNAVAILABLE})
             except Exception:

@@ -11,6 +11,11 @@ the attempt of unknown outcome wrote after. A :class:`VersionConflict` on the re
 checked against the messages stored at that attempt's positions: if they are the ones
 sent, it committed. A deadlock or a Galera certification conflict (1213, also at COMMIT)
 is a certain failure: the batch is simply appended again.
+
+A database that stops answering ends the command within the budget of a one-shot command
+(:func:`~messaging.store._retry.retry_command`): the error names the batch's lines, the
+database, the time waited, whether the batch may have been stored, and how many lines
+before it were.
 """
 
 from __future__ import annotations
@@ -23,11 +28,11 @@ from typing import IO, Any
 import attrs
 from sqlalchemy import Connection, func, select
 
-from messaging._errors import ProjectionsError, VersionConflict
+from messaging._errors import ProjectionsError, Unanswered, VersionConflict
 from messaging._messages import MESSAGE_ID_HEADER, MessageRegistry
 from messaging._settings import ConflictRetrySettings
 from messaging.store._database import Database
-from messaging.store._retry import for_command, is_ambiguous, retry_transient
+from messaging.store._retry import for_command, is_ambiguous, retry_command
 from messaging.store._rows import NewMessage
 from messaging.store._store import MessageStore
 
@@ -119,8 +124,9 @@ def append_lines(
 ) -> int:
     """Append every line of ``stream`` (text; :func:`utf8_lines` reads a binary one), in
     transactions of ``batch_size`` lines; return how many messages were appended. Each
-    batch commits once, also when an acknowledgement is lost (retried per ``retry``, at least
-    :data:`~messaging.retry.COMMAND_RETRIES` times)."""
+    batch commits once, also when an acknowledgement is lost (retried per ``retry`` as a
+    one-shot command's transaction, :func:`~messaging.store._retry.retry_command`);
+    :class:`ProjectionsError` naming its lines when the database does not answer."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be 1 or more, got {batch_size}")
     store = MessageStore(db)
@@ -133,7 +139,13 @@ def append_lines(
                     messages.append(parse_line(number, line, registry))
                 except (ValueError, ProjectionsError) as exc:
                     raise AppendError(number, str(exc), written) from None
-            append_once(db, store, messages, for_command(retry or ConflictRetrySettings()))
+            try:
+                append_once(db, store, messages, retry or ConflictRetrySettings())
+            except Unanswered as exc:
+                lines = f"lines {batch[0][0]}-{batch[-1][0]}"
+                raise ProjectionsError(
+                    f"{lines}: {exc}; {written} earlier lines were appended"
+                ) from exc
             written += len(messages)
     except _NotText as exc:
         raise AppendError(exc.line, str(exc), written) from None
@@ -166,7 +178,9 @@ def append_once(
     versions it appended after, and a :class:`VersionConflict` then counts as success only
     if the positions of such an attempt hold exactly these messages (by message id). An
     attempt that certainly failed (a deadlock, Galera's certification conflict at COMMIT)
-    binds nothing: the retry appends afresh."""
+    binds nothing: the retry appends afresh. Retried as a one-shot command's transaction
+    (:func:`~messaging.store._retry.retry_command`): :class:`Unanswered` when the database
+    does not answer within its budget."""
     sent = [_identified(m) for m in messages]
     wanted = [(m.topic, m.source, m.type, m.payload, m.headers) for m in sent]
     unknown: dict[str, Any] = {}
@@ -186,15 +200,15 @@ def append_once(
                 if any(_stored(conn, db, p) == wanted for p in unknown.get("positions", [])):
                     return  # an earlier attempt committed; its acknowledgement was lost
                 raise
-            latest["positions"] = positions
-            latest["expected"] = unknown.get("expected") or _versions_before(conn, db, positions)
+            expected = unknown.get("expected") or _versions_before(conn, db, positions)
+            latest.update(positions=positions, expected=expected)  # together: see on_retry
 
     def on_retry(exc: BaseException) -> None:
         if is_ambiguous(exc) and "positions" in latest:
             unknown.setdefault("expected", latest["expected"])
             unknown.setdefault("positions", []).append(latest["positions"])
 
-    retry_transient(attempt, retry, what="append", on_retry=on_retry)
+    retry_command(attempt, db, for_command(retry), what="append", on_retry=on_retry)
 
 
 def _versions_before(

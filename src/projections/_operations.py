@@ -32,7 +32,7 @@ from messaging.distribution._pulse import bump_generation
 from messaging.routing._consumer import ROUTE_CONSUMER
 from messaging.runtime._lifecycle import lifecycle_event
 from messaging.store._database import Database
-from messaging.store._retry import for_command, retry_transient
+from messaging.store._retry import for_command, retry_command
 from projections._kinds import PROJECTION
 
 T = TypeVar("T")
@@ -118,8 +118,9 @@ def _once(
     recorded: Callable[[dict[str, Any]], T],
 ) -> T:
     """Run ``body(conn, command_id)`` (which audits with that id) in a transaction, retried
-    on transient errors; after one of unknown outcome, first look for the audit entry:
-    found, the command is not applied again and ``recorded(its detail)`` is returned."""
+    on transient errors as a one-shot command's (:func:`~messaging.store._retry.retry_command`);
+    after one of unknown outcome, first look for the audit entry: found, the command is not
+    applied again and ``recorded(its detail)`` is returned."""
     command_id = uuid.uuid4().hex
 
     def attempt() -> T:
@@ -132,8 +133,8 @@ def _once(
             raise _Recorded(detail)
 
     try:
-        return retry_transient(
-            attempt, for_command(ConflictRetrySettings()), what=command, reread=reread
+        return retry_command(
+            attempt, db, for_command(ConflictRetrySettings()), what=command, reread=reread
         )
     except _Recorded as found:
         return recorded(found.detail)

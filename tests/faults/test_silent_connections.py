@@ -17,7 +17,6 @@ import os
 import re
 import signal
 import time
-from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 
@@ -26,7 +25,6 @@ import pytest
 from clusters import lag, owners, start_instance, stop_instance, wait_until, write_config
 from fault_model import SINGLE_OWNER, SOURCES, Traffic, tally
 from silent_proxy import SilentProxy
-from sqlalchemy.engine import make_url
 
 from messaging import Database
 
@@ -36,14 +34,6 @@ STALE = 1.0
 """stale-instance-timeout of write_config's settings."""
 FREEZE = 3 * STALE
 CONSUMERS = fault_app.PROJECTIONS
-
-
-@pytest.fixture
-def silent(db: Database) -> Iterator[SilentProxy]:
-    url = make_url(db.url)
-    proxy = SilentProxy((url.host or "127.0.0.1", url.port or 3306))
-    yield proxy
-    proxy.close()
 
 
 def _holders(db: Database) -> set[str]:

@@ -11,6 +11,9 @@ balancer or a moved virtual IP lets it die.
 - :meth:`SilentProxy.drop`: the same, but the server side is kept open and silent too, as
   a NAT gateway that forgot a connection leaves it: the server's session, and any
   transaction it holds open with its locks, lives on until somebody ends it.
+- :meth:`SilentProxy.freeze_at_commit`: the next ``COMMIT`` of a transaction that sent a
+  given statement reaches the server, then everything freezes: the transaction commits,
+  its client never hears so.
 
 Bytes a frozen connection receives are held and passed on at the thaw, as TCP would
 retransmit them.
@@ -21,8 +24,14 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
+import time
 
 from sqlalchemy.engine import make_url
+
+_COMMIT = b"\x03COMMIT"
+_ROLLBACK = b"\x03ROLLBACK"
+"""COM_QUERY packets' command byte and text, as PyMySQL's ``commit()`` and ``rollback()``
+send them."""
 
 
 class _Link:
@@ -32,6 +41,8 @@ class _Link:
         self.client = client
         self.server = server
         self.forgotten = False
+        self.wrote = False
+        """Whether the transaction under way sent the statement a freeze waits for."""
 
 
 class SilentProxy:
@@ -47,6 +58,9 @@ class SilentProxy:
         self._links: list[_Link] = []
         self._kept: list[socket.socket] = []
         """Client sides of forgotten links: open until :meth:`close`, never used."""
+        self._armed: tuple[bytes, int] | None = None
+        self.frozen_at: float | None = None
+        """When (monotonic) the proxy last froze."""
         threading.Thread(target=self._accept, name="silent-proxy", daemon=True).start()
 
     def url(self, url: str) -> str:
@@ -61,6 +75,14 @@ class SilentProxy:
         """Stop every byte, both ways, on every connection (old and new)."""
         with self._flowing:
             self._frozen = True
+            self.frozen_at = time.monotonic()
+
+    def freeze_at_commit(self, statement: bytes, *, skip: int = 0) -> None:
+        """Freeze right after passing on the ``COMMIT`` of the ``skip + 1``-th transaction
+        from now that sent a statement containing ``statement``: it commits on the server,
+        and its answer is held with everything else."""
+        with self._flowing:
+            self._armed = (statement, skip)
 
     def thaw(self) -> None:
         """Let bytes pass again."""
@@ -84,10 +106,8 @@ class SilentProxy:
             for link in links:
                 link.forgotten = True
                 self._kept.append(link.client)
-                if close_server:  # shut down first: a pump blocked on it keeps it open
-                    with contextlib.suppress(OSError):
-                        link.server.shutdown(socket.SHUT_RDWR)
-                    link.server.close()
+                if close_server:
+                    _shut(link.server)
                 else:
                     self._kept.append(link.server)
             self._frozen = False
@@ -102,9 +122,7 @@ class SilentProxy:
             sockets = [s for link in self._links for s in (link.client, link.server)]
             sockets += self._kept
         for sock in [self._listener, *sockets]:
-            with contextlib.suppress(OSError):  # shut down first: a blocked recv keeps it open
-                sock.shutdown(socket.SHUT_RDWR)
-            sock.close()
+            _shut(sock)
 
     def _accept(self) -> None:
         while True:
@@ -135,12 +153,34 @@ class SilentProxy:
                 self._flowing.wait()
             return not self._closed and not (link and link.forgotten)
 
+    def _commits_then_freezes(self, link: _Link, data: bytes) -> bool:
+        """Whether ``data`` from the client is the armed COMMIT (the proxy freezes now)."""
+        with self._flowing:
+            if self._armed is None or self._frozen:
+                return False
+            statement, skip = self._armed
+            link.wrote = (link.wrote or statement in data) and _ROLLBACK not in data
+            if _COMMIT not in data or not link.wrote:
+                return False
+            link.wrote = False
+            if skip:
+                self._armed = (statement, skip - 1)
+                return False
+            self._armed = None
+            self._frozen = True
+            self.frozen_at = time.monotonic()
+            return True
+
     def _pump(self, link: _Link, source: socket.socket, target: socket.socket) -> None:
         while True:
             try:
                 data = source.recv(65536)
             except OSError:
                 data = b""
+            if source is link.client and self._commits_then_freezes(link, data):
+                with contextlib.suppress(OSError):
+                    target.sendall(data)  # the COMMIT: only its answer is held
+                continue
             if not self._wait_flowing(link):
                 return  # forgotten: the client side stays open, silent
             if not data:
@@ -153,3 +193,12 @@ class SilentProxy:
             for sock in (source, target):
                 with contextlib.suppress(OSError):
                     sock.shutdown(socket.SHUT_RDWR)
+
+
+def _shut(sock: socket.socket) -> None:
+    """Close ``sock`` for its peer too: a close alone leaves a socket that a pump thread is
+    reading open (the server's session, and its locks, would linger)."""
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
+    with contextlib.suppress(OSError):
+        sock.close()

@@ -4,9 +4,10 @@ SQLite (file, WAL) is the embedded default; MySQL/MariaDB through PyMySQL is the
 production backend. Write transactions on SQLite begin ``IMMEDIATE`` so that a
 transaction that reads and then writes waits for the busy timeout instead of
 failing at once with ``SQLITE_BUSY`` when another process wrote in between.
-MySQL sessions run at READ COMMITTED so pollers never sit on an old snapshot. An
-instance bounds its connections' lock waits (:meth:`Database.bound_lock_waits`), and on
-MySQL its sessions are tracked (:mod:`messaging.store._sessions`).
+MySQL sessions run at READ COMMITTED so pollers never sit on an old snapshot; their lock
+waits give up after half the answer bound, and an instance bounds them by its settings
+(:meth:`Database.bound_lock_waits`); on MySQL its sessions are tracked
+(:mod:`messaging.store._sessions`).
 """
 
 from __future__ import annotations
@@ -173,7 +174,9 @@ class Database:
         answer_timeout: float | None = DEFAULT_ANSWER_TIMEOUT,
     ) -> None:
         """``answer_timeout``: seconds a MySQL/MariaDB connection waits for its server to
-        answer before it is taken for dead (None: for ever, as for a long migration)."""
+        answer before it is taken for dead (None: for ever, as for a long migration). Its
+        lock waits give up after half of that (1205), so that the server ends one first and
+        it fails as a lock wait, not as a connection that stopped answering."""
         self.url = _normalize_url(url)
         backend = parse_database_url(self.url).get_backend_name()
         self.is_sqlite = backend == "sqlite"
@@ -196,6 +199,8 @@ class Database:
         """This process's MySQL sessions (None on SQLite)."""
         self.lock_wait: float | None = None
         """Seconds a lock wait lasts at most, once :meth:`bound_lock_waits` set it."""
+        if self._answers.seconds is not None:
+            self.bound_lock_waits(self._answers.seconds / 2)
 
     @property
     def answer_timeout(self) -> float | None:
@@ -275,10 +280,12 @@ class Database:
 
     def prepare(self) -> None:
         """Make the schema ready: created on SQLite, checked on MySQL. Each step is
-        idempotent, so a transient error (a lost connection, a Galera node leaving) retries."""
+        idempotent, so a transient error (a lost connection, a Galera node leaving) retries,
+        within a one-shot command's budget (:func:`~messaging.store._retry.retry_command`:
+        :class:`~messaging._errors.Unanswered` when the database does not answer)."""
         from messaging._settings import ConflictRetrySettings
         from messaging.store._migrations import check_schema, create_sqlite_schema
-        from messaging.store._retry import retry_transient
+        from messaging.store._retry import retry_command
 
         def attempt() -> None:
             if self.is_sqlite:
@@ -287,7 +294,7 @@ class Database:
                 check_schema(self)
             self.ensure_tenant()
 
-        retry_transient(attempt, ConflictRetrySettings(), what="prepare")
+        retry_command(attempt, self, ConflictRetrySettings(), what="prepare")
 
     def ensure_tenant(self) -> None:
         """Create this tenant's position counter and generation (see
@@ -312,7 +319,11 @@ class Database:
         """Close every pooled connection."""
         self.engine.dispose()
 
-    def __repr__(self) -> str:
+    @property
+    def safe_url(self) -> str:
+        """:attr:`url` with its password hidden (for messages)."""
         first, nodes = split_hosts(self.url)
-        safe_url = join_hosts(make_url(first).render_as_string(hide_password=True), nodes)
-        return f"Database({safe_url!r}, tenant={self.tenant!r})"
+        return join_hosts(make_url(first).render_as_string(hide_password=True), nodes)
+
+    def __repr__(self) -> str:
+        return f"Database({self.safe_url!r}, tenant={self.tenant!r})"

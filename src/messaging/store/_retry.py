@@ -5,6 +5,10 @@ was lost during or right after a statement, possibly the COMMIT) need more than 
 the transaction may have committed. A retry then first re-reads whatever the retried
 transaction assumes (``reread``), and every write the framework retries is conditional
 on the state it was computed from, so one that already committed matches nothing.
+
+A one-shot command (:func:`retry_command`) also has a time budget: an attempt that waited
+for the database may have waited a whole answer bound, so those are retried only for
+:data:`COMMAND_PATIENCE` answer bounds.
 """
 
 from __future__ import annotations
@@ -18,12 +22,14 @@ from typing import TYPE_CHECKING, TypeVar
 import attrs
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 
-from messaging._errors import ConcurrentUpdate
+from messaging._errors import ConcurrentUpdate, Unanswered
 from messaging._settings import ConflictRetrySettings
 from messaging.store._nodes import NOT_PRIMARY
 
 if TYPE_CHECKING:
     import pluggy
+
+    from messaging.store._database import Database
 
 T = TypeVar("T")
 log = logging.getLogger("messaging.store.retry")
@@ -54,9 +60,74 @@ Galera cluster concurrent writers through other nodes meet as certification conf
 (1213 at COMMIT), which a few short retries may not outlast."""
 
 
+COMMAND_PATIENCE = 2
+"""A one-shot command retries an attempt that waited for the database until this many answer
+bounds have passed since its first attempt: a whole wait, and a retry (on the next node of
+a failover list) that may wait as long."""
+
+
 def for_command(settings: ConflictRetrySettings) -> ConflictRetrySettings:
     """``settings`` with at least :data:`COMMAND_RETRIES` retries."""
     return attrs.evolve(settings, max_retries=max(settings.max_retries, COMMAND_RETRIES))
+
+
+def retry_command(
+    action: Callable[[], T],
+    db: Database,
+    settings: ConflictRetrySettings,
+    *,
+    what: str,
+    reread: Callable[[BaseException], object] | None = None,
+    on_retry: Callable[[BaseException], object] | None = None,
+) -> T:
+    """Run a one-shot command's transaction (``projections append``, an operator command,
+    :meth:`~messaging.store._database.Database.prepare`) under :func:`retry_transient`
+    per ``settings`` (:func:`for_command` for a command that meets certification conflicts),
+    except that an attempt that ended a wait (:func:`ended_a_wait`) is retried only until
+    :data:`COMMAND_PATIENCE` answer bounds of ``db`` have passed since the first attempt
+    (for ever without a bound); deadlocks and certification conflicts, quick, keep their
+    count. Giving up on a wait raises :class:`Unanswered` (it names the database and the
+    time waited)."""
+    started = time.monotonic()
+    attempts = 0
+    unknown = False
+
+    def attempt() -> T:
+        nonlocal attempts
+        attempts += 1
+        return action()
+
+    def impatient(exc: BaseException) -> bool:
+        bound = db.answer_timeout
+        spent = time.monotonic() - started
+        return bound is not None and ended_a_wait(exc) and spent >= COMMAND_PATIENCE * bound
+
+    def retrying(exc: BaseException) -> None:
+        nonlocal unknown
+        unknown = unknown or is_ambiguous(exc)
+        if on_retry is not None:
+            on_retry(exc)
+
+    try:
+        return retry_transient(
+            attempt,
+            settings,
+            what=what,
+            on_retry=retrying,
+            reread=reread,
+            give_up=impatient,
+        )
+    except Exception as exc:
+        if db.answer_timeout is None or not ended_a_wait(exc):
+            raise
+        raise Unanswered(
+            what,
+            db.safe_url,
+            time.monotonic() - started,
+            attempts,
+            exc,
+            outcome_unknown=unknown or is_ambiguous(exc),
+        ) from exc
 
 
 def is_transient(exc: BaseException) -> bool:
@@ -85,6 +156,13 @@ def is_ambiguous(exc: BaseException) -> bool:
         code = next(iter(getattr(exc.orig, "args", ())), None)
         return isinstance(code, int) and code in _MYSQL_LOST
     return False
+
+
+def ended_a_wait(exc: BaseException) -> bool:
+    """Whether ``exc`` ends a wait for the database, which may have lasted a whole answer
+    bound: a lost or unanswered connection (:func:`is_ambiguous`), a lock wait that ran out
+    (MySQL 1205, SQLite busy)."""
+    return is_ambiguous(exc) or lock_conflict(exc) in ("lock-wait-timeout", "busy")
 
 
 def lock_conflict(exc: BaseException) -> str | None:
@@ -179,8 +257,10 @@ def retry_transient(
     sleep: Callable[[float], object] = time.sleep,
     on_retry: Callable[[BaseException], object] | None = None,
     reread: Callable[[BaseException], object] | None = None,
+    give_up: Callable[[BaseException], bool] | None = None,
 ) -> T:
-    """Run ``action``; on a transient error retry it per ``conflict-retry``, then re-raise.
+    """Run ``action``; on a transient error retry it per ``conflict-retry`` (unless
+    ``give_up`` says otherwise for that error), then re-raise.
 
     After an error of unknown outcome (:func:`is_ambiguous`, logged at WARNING) ``reread``
     runs before the retry: it re-reads from the database what ``action`` assumes, and
@@ -191,6 +271,8 @@ def retry_transient(
             return action()
         except Exception as exc:
             if attempt >= settings.max_retries or not is_transient(exc):
+                raise
+            if give_up is not None and give_up(exc):
                 raise
             delay = backoff_delays(settings)[attempt]
             attempt += 1

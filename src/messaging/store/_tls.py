@@ -5,9 +5,10 @@ default SSL context (loading the system's CA certificates: about 17 ms of CPU) a
 then learns whether the server offers TLS at all. An engine of one server here
 remembers that its server offered none and connects without building one. Every
 connection says again what the server offers: once it offers TLS, it is used again, as
-PyMySQL would; a connection refused without TLS (a server that now requires it) is
-tried again at once the usual way, but not one that never reached the server or got no
-answer (a second wait as long would not help). A URL with TLS options of its own (``ssl_ca=...``,
+PyMySQL would; a connection the server refused without TLS (a server that now requires
+it) is tried again at once the usual way. One that got no answer at all (refused or
+unreachable, or no answer within the answer bound) is not: the usual way would wait as
+long again. A URL with TLS options of its own (``ssl_ca=...``,
 ``ssl_disabled=...``) is left alone; so is a driver that does not say what the server
 offers, and a failover list of servers (which may differ).
 """
@@ -18,6 +19,10 @@ from typing import Any
 
 from pymysql.constants import CLIENT
 from sqlalchemy import Engine, event
+
+_CLIENT_ERRORS = 2000
+"""MySQL error codes from here up are the client's own (refused, unreachable, lost or
+unanswered connections), below are the server's."""
 
 
 class SkipTlsWhereNone:
@@ -33,14 +38,16 @@ class SkipTlsWhereNone:
 
     def connect(self, dialect: Any, _record: Any, cargs: Any, cparams: dict[str, Any]) -> Any:
         """A connection without TLS set-up while the server is known to offer none; None
-        (SQLAlchemy connects as usual) otherwise, or if that connection fails."""
+        (SQLAlchemy connects as usual) otherwise, or if the server refused that connection.
+        A connection the server did not answer fails as it is."""
         if self.offered is not False or any(key.startswith("ssl") for key in cparams):
             return None
         try:
             return dialect.connect(*cargs, **cparams, ssl_disabled=True)
         except dialect.loaded_dbapi.Error as exc:
-            if _client_side(exc):
-                raise  # the server was not reached or did not answer: TLS would not help
+            code = next(iter(exc.args), None)
+            if isinstance(code, int) and code >= _CLIENT_ERRORS:
+                raise
             self.offered = None
             return None
 
@@ -49,10 +56,3 @@ class SkipTlsWhereNone:
         capabilities = getattr(dbapi_connection, "server_capabilities", None)
         if isinstance(capabilities, int):
             self.offered = bool(capabilities & CLIENT.SSL)
-
-
-def _client_side(exc: BaseException) -> bool:
-    """Whether a failed connect is the client's own error (codes 2000-2999: the server
-    could not be reached, or stopped answering) rather than the server's refusal."""
-    code = next(iter(getattr(exc, "args", ())), None)
-    return isinstance(code, int) and 2000 <= code < 3000
