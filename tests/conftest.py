@@ -11,6 +11,7 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
+from silent_proxy import SilentProxy
 from sqlalchemy import MetaData, create_engine, text
 from sqlalchemy.engine import make_url
 
@@ -111,6 +112,15 @@ def db(
     if not database.is_sqlite:
         drop_tables(database, [t for m in read_model_metadata for t in m.tables])
     database.dispose()
+
+
+@pytest.fixture
+def silent(db: Database) -> Iterator[SilentProxy]:
+    """A proxy in front of the test's MySQL server whose network can die without a word."""
+    url = make_url(db.url)
+    proxy = SilentProxy((url.host or "127.0.0.1", url.port or 3306))
+    yield proxy
+    proxy.close()
 
 
 @pytest.fixture(autouse=True)

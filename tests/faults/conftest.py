@@ -9,7 +9,6 @@ from collections.abc import Iterator
 import fault_app
 import pytest
 from ack_proxy import AckProxy
-from silent_proxy import SilentProxy
 from sqlalchemy import MetaData
 from sqlalchemy.engine import make_url
 
@@ -34,15 +33,6 @@ def proxy(db: Database) -> Iterator[AckProxy]:
     ack_proxy = AckProxy((url.host or "127.0.0.1", url.port or 3306))
     yield ack_proxy
     ack_proxy.close()
-
-
-@pytest.fixture
-def silent(db: Database) -> Iterator[SilentProxy]:
-    """A proxy in front of the test server whose network can die without a word."""
-    url = make_url(db.url)
-    proxy = SilentProxy((url.host or "127.0.0.1", url.port or 3306))
-    yield proxy
-    proxy.close()
 
 
 @pytest.fixture

@@ -6,11 +6,9 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 
 import pytest
 from silent_proxy import SilentProxy
-from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError
 
 from messaging import Database
@@ -18,14 +16,6 @@ from messaging.runtime._watchdog import GRACE, Watchdog
 from messaging.store._retry import is_ambiguous
 
 pytestmark = pytest.mark.mysql
-
-
-@pytest.fixture
-def silent(db: Database) -> Iterator[SilentProxy]:
-    url = make_url(db.url)
-    proxy = SilentProxy((url.host or "127.0.0.1", url.port or 3306))
-    yield proxy
-    proxy.close()
 
 
 def _timed_select(db: Database) -> tuple[float, BaseException | None]:
