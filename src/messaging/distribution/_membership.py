@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import attrs
@@ -111,10 +111,16 @@ class Membership:
         )
         return result.rowcount == 1
 
-    def publish_sessions(self, instance_id: str, dbapi_connection: Any) -> None:
+    def publish_sessions(
+        self, instance_id: str, fresh: Callable[[], bool], dbapi_connection: Any
+    ) -> None:
         """Record this process's sessions in ``instance_id``'s row through a new DB-API
-        connection, before its first use (see :mod:`messaging.store._sessions`). A failure
-        is left to the next heartbeat, which records them too."""
+        connection, before its first use (see :mod:`messaging.store._sessions`), while the
+        instance is ``fresh`` (taken for live by its peers: one taken for stale records
+        them with its next heartbeat, so the peer taking over ends only sessions it had
+        before). A failure is left to the next heartbeat, which records them too."""
+        if not fresh():
+            return
         t = self.table
         try:
             with dbapi_connection.cursor() as cursor:

@@ -160,8 +160,10 @@ class Instance:
         )
         self.retry(self._register, "register")
         self._registered = True
+        self.heartbeats.beat()  # the registration stamped the first heartbeat
         if self.db.sessions is not None:  # each new session published before its first use
-            self.db.sessions.on_open = partial(self.membership.publish_sessions, self.id)
+            publish = self.membership.publish_sessions
+            self.db.sessions.on_open = partial(publish, self.id, self.heartbeats.fresh)
         for spec in self.specs:
             if not spec.transactional:
                 self.in_memory[spec.name] = InMemoryConsumer(
