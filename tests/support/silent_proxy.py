@@ -8,9 +8,6 @@ balancer or a moved virtual IP lets it die.
 - :meth:`SilentProxy.forget`: every connection carried so far is forgotten: its server
   side is closed, its client side is kept open and never read nor written again (the
   client never hears of it); connections made from then on pass normally.
-- :meth:`SilentProxy.drop`: the same, but the server side is kept open and silent too, as
-  a NAT gateway that forgot a connection leaves it: the server's session, and any
-  transaction it holds open with its locks, lives on until somebody ends it.
 - :meth:`SilentProxy.freeze_at_commit`: the next ``COMMIT`` of a transaction that sent a
   given statement reaches the server, then everything freezes: the transaction commits,
   its client never hears so.
@@ -93,23 +90,12 @@ class SilentProxy:
     def forget(self) -> None:
         """Forget every connection so far: close its server side, keep its client side
         open and silent. Also thaws, so that new connections pass."""
-        self._abandon(close_server=True)
-
-    def drop(self) -> None:
-        """Forget every connection so far, keeping both of its sides open and silent. Also
-        thaws, so that new connections pass."""
-        self._abandon(close_server=False)
-
-    def _abandon(self, *, close_server: bool) -> None:
         with self._flowing:
             links, self._links = self._links, []
             for link in links:
                 link.forgotten = True
                 self._kept.append(link.client)
-                if close_server:
-                    _shut(link.server)
-                else:
-                    self._kept.append(link.server)
+                _shut(link.server)
             self._frozen = False
             self._flowing.notify_all()
 

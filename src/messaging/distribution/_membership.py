@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import attrs
@@ -110,27 +110,6 @@ class Membership:
             .values(heartbeat_at=self.db.clock.now(), stopping=stopping, **self._sessions())
         )
         return result.rowcount == 1
-
-    def publish_sessions(
-        self, instance_id: str, fresh: Callable[[], bool], dbapi_connection: Any
-    ) -> None:
-        """Record this process's sessions in ``instance_id``'s row through a new DB-API
-        connection, before its first use (see :mod:`messaging.store._sessions`), while the
-        instance is ``fresh`` (taken for live by its peers: one taken for stale records
-        them with its next heartbeat, so the peer taking over ends only sessions it had
-        before). A failure is left to the next heartbeat, which records them too."""
-        if not fresh():
-            return
-        t = self.table
-        try:
-            with dbapi_connection.cursor() as cursor:
-                cursor.execute(
-                    f"UPDATE {t.name} SET sessions = %s WHERE tenant = %s AND id = %s",
-                    (self._sessions().get("sessions"), self.db.tenant, instance_id),
-                )
-            dbapi_connection.commit()
-        except self.db.engine.dialect.loaded_dbapi.Error as exc:  # the driver's, unwrapped
-            log.debug("could not publish the new session now: %s", exc)
 
     def update_runs(
         self, conn: Connection, instance_id: str, runs: Mapping[str, Mapping[str, Any]]

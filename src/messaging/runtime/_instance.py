@@ -160,10 +160,6 @@ class Instance:
         )
         self.retry(self._register, "register")
         self._registered = True
-        self.heartbeats.beat()  # the registration stamped the first heartbeat
-        if self.db.sessions is not None:  # each new session published before its first use
-            publish = self.membership.publish_sessions
-            self.db.sessions.on_open = partial(publish, self.id, self.heartbeats.fresh)
         for spec in self.specs:
             if not spec.transactional:
                 self.in_memory[spec.name] = InMemoryConsumer(

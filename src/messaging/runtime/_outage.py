@@ -70,14 +70,6 @@ class Heartbeats:
                 self._gap = (self._last, now)
             self._last = now
 
-    def fresh(self) -> bool:
-        """Whether the last heartbeat went through within half the timeout: the peers take
-        this instance for live, so a session it opens now is one they may end only if it
-        goes stale again (not one it opens while they take it for stale)."""
-        with self._lock:
-            last = self._last
-        return last is not None and time.monotonic() - last <= self.timeout / 2
-
     def sessions_ended(self, exc: BaseException) -> bool:
         """Whether ``exc``, a lost connection, comes from sessions ended by the instance
         that took over during a gap past the timeout (said once per gap)."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import random
+import threading
 import time
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, TypeVar
@@ -249,6 +250,28 @@ def backoff_delays(settings: ConflictRetrySettings) -> list[float]:
     ]
 
 
+class _Storm:
+    """The level of a line that may come from every loop at once (a lost network loses
+    every connection): WARNING, then INFO for the others within :attr:`window` seconds."""
+
+    window = 5.0
+
+    def __init__(self) -> None:
+        self._last = -self.window
+        self._lock = threading.Lock()
+
+    def level(self) -> int:
+        with self._lock:
+            now = time.monotonic()
+            quiet = now - self._last < self.window
+            if not quiet:
+                self._last = now
+        return logging.INFO if quiet else logging.WARNING
+
+
+_LOST = _Storm()
+
+
 def retry_transient(
     action: Callable[[], T],
     settings: ConflictRetrySettings,
@@ -277,7 +300,8 @@ def retry_transient(
             delay = backoff_delays(settings)[attempt]
             attempt += 1
             if is_ambiguous(exc):
-                log.warning(  # the driver's error alone: one line, no SQL or parameters
+                log.log(  # the driver's error alone: one line, no SQL or parameters
+                    _LOST.level(),
                     "%s: connection lost, outcome unknown; re-reading, retrying in %.3fs: %s",
                     what,
                     delay,

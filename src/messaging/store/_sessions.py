@@ -5,11 +5,8 @@ Each connection's id (``CONNECTION_ID()``) is recorded when the pool opens it, w
 server (``@@hostname:@@port``) and the server's start time (ids start again when the
 server restarts, and each Galera node has its own), and forgotten when it is closed.
 An instance publishes them with its registration and heartbeats (the ``sessions``
-column, migration V8), and each new one at once, before its first use
-(:attr:`Sessions.on_open`): a session opened since the last heartbeat may be the one an
-instance froze in, holding row locks, after its network died without a word. No process
-ends a session it opened itself, so instances that run in one process (tests,
-simulations) never end each other's.
+column, migration V8). No process ends a session it opened itself, so instances that
+run in one process (tests, simulations) never end each other's.
 """
 
 from __future__ import annotations
@@ -17,7 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 import attrs
@@ -66,9 +63,6 @@ class Sessions:
         self._open: dict[int, Session] = {}  # by id() of the DB-API connection
         self._ended: set[Session] = set()
         self._refused = False
-        self.on_open: Callable[[Any], object] | None = None
-        """Called with each new DB-API connection once its session is recorded, before its
-        first use (an instance publishes its sessions through it)."""
         event.listen(engine, "connect", self._connected)
         event.listen(engine, "close", self._closed)
         event.listen(engine, "close_detached", self._closed)
@@ -125,8 +119,6 @@ class Sessions:
         self._open[id(dbapi_connection)] = session
         with _OWN_LOCK:
             _OWN.add(session)
-        if self.on_open is not None:
-            self.on_open(dbapi_connection)
 
     def _closed(self, dbapi_connection: Any, _record: Any = None) -> None:
         session = self._open.pop(id(dbapi_connection), None)
