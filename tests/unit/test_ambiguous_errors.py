@@ -10,6 +10,7 @@ import pytest
 from sqlalchemy.exc import IntegrityError, InterfaceError, OperationalError
 
 from messaging._settings import ConflictRetrySettings
+from messaging.store import _retry as retry
 from messaging.store._retry import is_ambiguous, is_transient, retry_transient
 
 
@@ -35,8 +36,9 @@ def test_errors_of_unknown_outcome(error: Exception, ambiguous: bool, transient:
 
 
 def test_a_retry_after_an_ambiguous_error_rereads_first_and_warns(
-    caplog: pytest.LogCaptureFixture,
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(retry, "_LOST", retry._Storm())  # no storm from earlier tests
     calls: list[str] = []
     errors = [_mysql(1213), _mysql(2013)]
 
@@ -79,3 +81,12 @@ def test_a_reread_that_finds_the_commit_gives_the_retry_up() -> None:
             sleep=lambda _delay: None,
             reread=reread,
         )
+
+
+def test_a_storm_of_lost_connections_warns_once_per_window() -> None:
+    """Every loop loses its connection at once when the network goes: the first says so at
+    WARNING, the others within the window at INFO, and the next storm warns again."""
+    storm = retry._Storm()
+    assert [storm.level() for _ in range(3)] == [logging.WARNING, logging.INFO, logging.INFO]
+    storm.window = 0.0
+    assert storm.level() == logging.WARNING
