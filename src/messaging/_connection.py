@@ -10,16 +10,14 @@ from messaging.store._database import Database, answer_bound
 
 __all__ = ["connect", "database_for"]
 
-_FROM_SETTINGS = -1.0
 
-
-def database_for(settings: Settings, *, answer_timeout: float | None = _FROM_SETTINGS) -> Database:
+def database_for(settings: Settings, *, bounded: bool = True) -> Database:
     """The database the settings name, with their tenant and table prefix (not prepared).
-    Its MySQL/MariaDB connections wait ``answer_timeout`` seconds at most for an answer:
-    by default the bound of the settings' stale-instance-timeout
-    (:func:`~messaging.store._database.answer_bound`); None waits for ever (migrations)."""
-    if answer_timeout == _FROM_SETTINGS:
-        answer_timeout = answer_bound(settings.messaging.consumer.stale_instance_timeout)
+    Its MySQL/MariaDB connections wait for an answer at most the bound of the settings'
+    stale-instance-timeout (:func:`~messaging.store._database.answer_bound`), or for ever
+    when not ``bounded`` (migrations)."""
+    stale = settings.messaging.consumer.stale_instance_timeout
+    answer_timeout = answer_bound(stale) if bounded else None
     return Database(
         settings.database,
         tenant=settings.tenant,

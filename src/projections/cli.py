@@ -205,7 +205,7 @@ def cmd_instances(args: argparse.Namespace) -> int:
 
 def cmd_db(args: argparse.Namespace) -> int:
     settings = _settings(args)
-    db = _database(settings, answer_timeout=None)  # a migration may take long
+    db = _database(settings, bounded=False)  # a migration may take long
     try:
         applied = migrate(db)
     finally:

@@ -64,10 +64,6 @@ class SilentProxy:
         """``url`` with its host and port replaced by this proxy's."""
         return make_url(url).set(host="127.0.0.1", port=self.port).render_as_string(False)
 
-    @property
-    def frozen(self) -> bool:
-        return self._frozen
-
     def freeze(self) -> None:
         """Stop every byte, both ways, on every connection (old and new)."""
         with self._flowing:
