@@ -94,8 +94,10 @@ def message_ids(db: Database, topic: str) -> Counter[str]:
 
 class Traffic:
     """Appends one numbered message per source (seq = round) every 20 ms, in a thread, until
-    stopped. A deadlock (a Galera certification conflict) certainly failed: the round is
-    appended again; any other error ends the traffic and is raised by :meth:`stop`."""
+    stopped. A lock conflict (a deadlock or Galera certification conflict; a lock wait
+    that ran out behind a frozen instance's transaction) certainly failed: the round is
+    appended again, as an application's appender would; any other error ends the traffic
+    and is raised by :meth:`stop`."""
 
     def __init__(self, db: Database) -> None:
         self.db = db
@@ -113,7 +115,7 @@ class Traffic:
                 try:
                     append_numbered(self.db, SOURCES, self.rounds + 1, 1)
                 except OperationalError as exc:
-                    if lock_conflict(exc) != "deadlock":
+                    if lock_conflict(exc) is None:
                         raise
                     continue
                 self.rounds += 1
