@@ -23,6 +23,7 @@ import pytest
 from clusters import lag, owners, start_instance, stop_instance, wait_until, write_config
 from fault_model import SINGLE_OWNER, SOURCES, Traffic, tally
 from silent_proxy import SilentProxy
+from sqlalchemy import select
 
 from messaging import Database
 
@@ -52,6 +53,12 @@ def _owned_only_by(db: Database, name: str) -> bool:
     )
 
 
+def _heartbeat(db: Database, name: str) -> float:
+    t = db.schema.instances
+    with db.read() as conn:
+        return float(conn.execute(select(t.c.heartbeat_at).where(t.c.name == name)).scalar_one())
+
+
 def _holds_partitioned(db: Database, name: str) -> bool:
     return any(owner == name for owner, _ in owners(db, "fault-seq").values())
 
@@ -74,6 +81,10 @@ def test_a_silently_dead_network_is_left_and_rejoined_with_nothing_lost(
             timeout=30,
             what="both instances to hold partitions",
         )
+        # Its sessions are recorded at once when they open, but a freeze within those
+        # milliseconds would leave one unknown (README: "A network that dies silently").
+        beat = _heartbeat(db, "frozen")
+        wait_until(lambda: _heartbeat(db, "frozen") > beat, timeout=10, what="a heartbeat")
         silent.freeze()
         frozen_at = time.monotonic()
         wait_until(

@@ -87,6 +87,8 @@ class Instance:
         self._stop_workers = threading.Event()
         self._stop_rebalance = threading.Event()
         self._stop_heartbeat = threading.Event()
+        self._beat_soon = threading.Event()
+        """Set when a database session opens: the heartbeat records it at once."""
         self.fingerprints: dict[str, str] = {}
         self.info = InstanceInfo(
             id=self.id, name=self.name, host=socket.gethostname(), pid=os.getpid()
@@ -369,7 +371,10 @@ class Instance:
         interval = self.consumer_settings.heartbeat_interval
         self.watchdog.watch("heartbeat", self.loop_bound(interval))
         beat, what = partial(self.watchdog.beat, "heartbeat"), f"instance {self.name}: heartbeat"
-        run_every(interval, heartbeat, what, stop, self.heartbeat_outage, beat=beat)
+        if self.db.sessions is not None:
+            self.db.sessions.on_open(self._beat_soon)
+        soon = self._beat_soon
+        run_every(interval, heartbeat, what, stop, self.heartbeat_outage, beat=beat, soon=soon)
 
     # -- stop --------------------------------------------------------------------------
 
@@ -405,6 +410,7 @@ class Instance:
         if stuck:
             log.warning("instance %s: %s still busy after the graceful timeout", self.name, stuck)
         self._stop_heartbeat.set()
+        self._beat_soon.set()
         for thread in self._threads:
             thread.join(timeout=max(0.0, deadline - time.monotonic()))
         if not self._registered:

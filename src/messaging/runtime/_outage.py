@@ -222,15 +222,20 @@ def run_every(
     outage: Outage,
     *,
     beat: Callable[[], None],
+    soon: threading.Event | None = None,
 ) -> None:
     """Run ``action`` every ``interval`` seconds until ``stop`` is set, counted from each
     round's start, so a slow round (a lock wait, a batch in flight) does not push the next
-    one back. An unreachable database is logged by ``outage``, once per outage; any other
-    error with its traceback (``what`` names the loop). ``beat`` is called after each
-    round, failed or not."""
+    one back; and early whenever ``soon`` is set (whoever sets ``stop`` sets it too), but
+    not sooner than a quarter ``interval`` after the previous round. An
+    unreachable database is logged by ``outage``, once per outage; any other error with its
+    traceback (``what`` names the loop). ``beat`` is called after each round, failed or not."""
     due = time.monotonic() + interval
-    while not stop.wait(max(0.0, due - time.monotonic())):
-        due = max(due + interval, time.monotonic())
+    earliest = time.monotonic() + interval / 4
+    while not _stopped(stop, soon, due, earliest):
+        earliest = time.monotonic() + interval / 4
+        if time.monotonic() >= due:
+            due = max(due + interval, time.monotonic())
         try:
             action()
         except Exception as exc:
@@ -239,3 +244,15 @@ def run_every(
         else:
             outage.succeeded()
         beat()
+
+
+def _stopped(
+    stop: threading.Event, soon: threading.Event | None, due: float, earliest: float
+) -> bool:
+    """Wait for ``stop`` until ``due``, or until ``soon`` is set (then cleared) but not
+    before ``earliest`` (monotonic times); whether stopped."""
+    if soon is None:
+        return stop.wait(max(0.0, due - time.monotonic()))
+    soon.wait(max(0.0, due - time.monotonic()))
+    soon.clear()
+    return stop.wait(max(0.0, min(due, earliest) - time.monotonic()))

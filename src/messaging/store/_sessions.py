@@ -5,8 +5,11 @@ Each connection's id (``CONNECTION_ID()``) is recorded when the pool opens it, w
 server (``@@hostname:@@port``) and the server's start time (ids start again when the
 server restarts, and each Galera node has its own), and forgotten when it is closed.
 An instance publishes them with its registration and heartbeats (the ``sessions``
-column, migration V8). No process ends a session it opened itself, so instances that
-run in one process (tests, simulations) never end each other's.
+column, migration V8), and a heartbeat runs at once after a session opens
+(:meth:`Sessions.on_open`), so that a session opened between heartbeats, perhaps the one
+an instance freezes in holding row locks, is known within milliseconds (a short window
+remains). No process ends a session it opened itself, so instances that run in one
+process (tests, simulations) never end each other's.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import weakref
 from collections.abc import Iterable
 from typing import Any
 
@@ -63,9 +67,14 @@ class Sessions:
         self._open: dict[int, Session] = {}  # by id() of the DB-API connection
         self._ended: set[Session] = set()
         self._refused = False
+        self._wakes: weakref.WeakSet[threading.Event] = weakref.WeakSet()
         event.listen(engine, "connect", self._connected)
         event.listen(engine, "close", self._closed)
         event.listen(engine, "close_detached", self._closed)
+
+    def on_open(self, wake: threading.Event) -> None:
+        """Set ``wake`` after each new session opens (for as long as it exists)."""
+        self._wakes.add(wake)
 
     def recorded(self) -> str:
         """The open sessions, as an instance row records them (JSON)."""
@@ -119,6 +128,8 @@ class Sessions:
         self._open[id(dbapi_connection)] = session
         with _OWN_LOCK:
             _OWN.add(session)
+        for wake in list(self._wakes):
+            wake.set()
 
     def _closed(self, dbapi_connection: Any, _record: Any = None) -> None:
         session = self._open.pop(id(dbapi_connection), None)
