@@ -19,9 +19,14 @@ class ConsumerState(enum.StrEnum):
     PAUSED = "paused"
     """An operator paused it: no partition is applied until ``resume``."""
     REBUILDING = "rebuilding"
-    """Replaying from the start up to its rebuild target."""
+    """Left by an older release's rebuild in place; taken as a rebuild request."""
     REBUILD_REQUESTED = "rebuild-requested"
-    """An operator asked for a rebuild; the first instance running the consumer performs it."""
+    """An operator asked for a rebuild; the first instance running the consumer starts a
+    new version of it (:mod:`messaging.runtime._versions`)."""
+    CUTTING_OVER = "cutting-over"
+    """The live version stopped applying: a new version is taking its place."""
+    RETIRED = "retired"
+    """A version that is not live any more, or was replaced while being built."""
 
 
 class PartitionStatus(enum.StrEnum):
@@ -56,7 +61,8 @@ class DeclarationOutcome(enum.StrEnum):
 
     CREATED = "created"
     UNCHANGED = "unchanged"
-    REBUILT = "rebuilt"
+    BUILDING = "building"
+    """A new version of a projection is built under this declaration, beside the live one."""
     REDECLARED = "redeclared"
     """A consumer of a kind never rebuilt, under a new declaration: it goes on from its
     checkpoints."""

@@ -2,9 +2,10 @@
 
 A partition is OWNED while a live instance owns it, ORPHANED when its owner is no
 longer live, and UNCLAIMED when nobody owns it. Lag is the number of messages of the
-partition (in the consumer's topics and types) after its checkpoint. A rebuilt consumer
-is ``rebuilding`` until its checkpoints reach the head position as of its rebuild, with
-its progress under ``rebuild``.
+partition (in the consumer's topics and types) after its checkpoint. Each consumer
+reports its ``version``; a version of a projection being built beside the live one is
+reported as the consumer ``name@N`` (``version_of``: the projection) with its progress
+under ``build`` while it runs, and a version a cutover replaced is ``retired``.
 """
 
 from __future__ import annotations
@@ -13,11 +14,12 @@ import json
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, RowMapping, and_, case, func, select
+from sqlalchemy import Connection, and_, func, select
 
 from messaging._settings import ConsumerSettings
 from messaging._states import ConsumerState, OwnerState
 from messaging.distribution._membership import Membership
+from messaging.runtime._versions import split_unit
 from messaging.store._database import Database
 
 LATE_HEARTBEATS = 2
@@ -44,15 +46,9 @@ def consumers_report(db: Database, settings: ConsumerSettings) -> dict[str, Any]
         report = []
         for consumer in declared:
             topics, types = json.loads(consumer["topics"]), json.loads(consumer["types"])
-            target = consumer["rebuild_target"]
-            replaying = consumer["state"] == ConsumerState.RUNNING and target is not None
-            to_replay = func.count(case((messages.c.position <= (target or 0), 1)))
+            name, version = split_unit(consumer["name"])
             lag = (
-                select(
-                    parts.c.partition_no,
-                    func.count(messages.c.position).label("lag"),
-                    to_replay.label("to_replay"),
-                )
+                select(parts.c.partition_no, func.count(messages.c.position).label("lag"))
                 .select_from(
                     parts.outerjoin(
                         messages,
@@ -71,7 +67,6 @@ def consumers_report(db: Database, settings: ConsumerSettings) -> dict[str, Any]
             )
             counts = conn.execute(lag).all()
             lags: dict[int, int] = {int(row.partition_no): int(row.lag) for row in counts}
-            remaining = sum(int(row.to_replay) for row in counts) if replaying else 0
             rows = conn.execute(
                 select(parts)
                 .where(parts.c.tenant == db.tenant, parts.c.consumer == consumer["name"])
@@ -109,16 +104,14 @@ def consumers_report(db: Database, settings: ConsumerSettings) -> dict[str, Any]
                 "kind": consumer["kind"],
                 "distribution": consumer["distribution"],
                 "state": consumer["state"],
+                "version": version or consumer["version"] or 1,
                 "partitions": partitions,
             }
-            if remaining:
-                total = _replay_total(db, conn, consumer, topics, types)
-                entry["state"] = ConsumerState.REBUILDING
-                entry["rebuild"] = {
-                    "target": target,
-                    "replayed": total - remaining,
-                    "total": total,
-                }
+            if version is not None:
+                entry["version_of"] = name
+                if consumer["state"] == ConsumerState.RUNNING:
+                    total = _total(db, conn, topics, types)
+                    entry["build"] = {"applied": total - sum(lags.values()), "total": total}
             report.append(entry)
         in_memory = _in_memory(db, conn, instances)
     return {"consumers": report, "in_memory": in_memory}
@@ -193,18 +186,13 @@ def in_memory_pointer(
     )
 
 
-def _replay_total(
-    db: Database, conn: Connection, consumer: RowMapping, topics: list[str], types: list[str]
-) -> int:
-    """How many messages of ``consumer`` a rebuild replays: those up to its target."""
+def _total(db: Database, conn: Connection, topics: list[str], types: list[str]) -> int:
+    """How many messages of ``topics`` and ``types`` there are: what a version builds."""
     m = db.schema.messages
     return int(
         conn.execute(
             select(func.count()).where(
-                m.c.tenant == db.tenant,
-                m.c.topic.in_(topics),
-                m.c.type.in_(types),
-                m.c.position <= consumer["rebuild_target"],
+                m.c.tenant == db.tenant, m.c.topic.in_(topics), m.c.type.in_(types)
             )
         ).scalar_one()
     )
@@ -241,10 +229,11 @@ def format_consumers(report: dict[str, Any]) -> str:
     """The consumers report as a plain-text table."""
     lines = []
     for consumer in report["consumers"]:
-        state = consumer["state"]
-        if "rebuild" in consumer:
-            r = consumer["rebuild"]
-            state += f": {r['replayed']}/{r['total']} replayed up to position {r['target']}"
+        state = f"version {consumer['version']}, {consumer['state']}"
+        if "build" in consumer:
+            b = consumer["build"]
+            state = f"version {consumer['version']} of {consumer['version_of']}, building: "
+            state += f"{b['applied']}/{b['total']} applied"
         lines.append(
             f"{consumer['name']}  ({consumer['kind']}, {consumer['distribution']}, {state})"
         )

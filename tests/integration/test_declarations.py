@@ -1,19 +1,21 @@
-"""Declaration changes: a rebuild fences every old owner, the declaration one back applies
-nothing, and an interrupted rebuild is redone."""
+"""Declaration changes: a new declaration builds a version beside the live one, the
+declaration one back applies nothing once the new one is live, and a rebuild left in
+place by an older release is taken as a request."""
 
 from __future__ import annotations
 
 import attrs
-import pytest
 from sqlalchemy import Column, Integer, MetaData, String, Table, insert, select, update
 
-from messaging import Database, HandlerContext, OwnershipLost, handler, message
+from messaging import Database, HandlerContext, handler, message
 from messaging._consumers import consumer_spec
 from messaging._settings import Distribution
 from messaging._states import DeclarationOutcome
 from messaging.distribution._membership import InstanceInfo, Membership
 from messaging.distribution._ownership import Ownership
-from messaging.runtime._declarations import declare
+from messaging.runtime._cutover import step
+from messaging.runtime._declarations import declare, start_requested_rebuild
+from messaging.runtime._versions import split_unit, unit_rows
 from projections import _operations as operations
 from projections import projection
 
@@ -50,8 +52,28 @@ def _register(db: Database, instance_id: str) -> None:
         )
 
 
-def test_a_rebuild_fences_the_old_owner_and_empties_the_read_model(db: Database) -> None:
-    """After a new declaration, the old owner's epoch can commit nothing; its writes are gone."""
+def _cut_over(db: Database, spec, unit: str) -> None:  # type: ignore[no-untyped-def]
+    """Take the cutover steps of version ``unit`` of ``spec`` (an empty stream: each at once)."""
+    step(db, spec, unit, batch_size=100)  # the live version stops
+    step(db, spec, unit, batch_size=100)  # the versions change places
+    with db.read() as conn:
+        assert [u.version for u in unit_rows(db, conn, [spec.name]) if u.live] == [
+            split_unit(unit)[1]
+        ]
+
+
+def _count(db: Database, name: str) -> int:
+    with db.read() as conn:
+        return int(conn.exec_driver_sql(f"SELECT COUNT(*) FROM {_quoted(db, name)}").scalar_one())
+
+
+def _quoted(db: Database, name: str) -> str:
+    return f"`{name}`" if not db.is_sqlite else f'"{name}"'
+
+
+def test_a_new_declaration_builds_a_version_beside_the_live_one(db: Database) -> None:
+    """The live owner keeps its claims and rows; the new version has partitions of its
+    own from checkpoint 0 and empty tables of its own, ``_v2__<table>``."""
     v1, table = _spec(db, 1)
     v2, _ = _spec(db, 2)
     _register(db, "old")
@@ -63,41 +85,59 @@ def test_a_rebuild_fences_the_old_owner_and_empties_the_read_model(db: Database)
         conn.execute(insert(table), {"text": "written under v1"})
     held = {c.partition: c for c in claims}
 
-    assert declare(db, v2, P, "new", instance_name="new").outcome == DeclarationOutcome.REBUILT
+    declared = declare(db, v2, P, "new", instance_name="new")
+    assert (declared.outcome, declared.unit) == (DeclarationOutcome.BUILDING, "decl-notes@2")
 
-    with pytest.raises(OwnershipLost), db.transaction() as conn:
+    with db.transaction() as conn:
         ownership.commit_checkpoint(conn, "decl-notes", "old", held, 99)
     with db.read() as conn:
-        rows = ownership.partitions(conn, ["decl-notes"])
-        assert conn.execute(select(table)).all() == []
-    assert {r.owner for r in rows} == {"new"}
-    assert all(r.epoch > held[r.partition].epoch and r.checkpoint == 0 for r in rows)
+        assert len(conn.execute(select(table)).all()) == 1
+        built = ownership.partitions(conn, ["decl-notes@2"])
+    assert [(r.owner, r.checkpoint) for r in built] == [(None, 0)] * 4
+    assert _count(db, f"_v2__{table.name}") == 0
 
 
-def test_the_declaration_one_back_is_stale_and_does_not_rebuild(db: Database) -> None:
+def test_instances_join_the_build_and_a_newer_declaration_replaces_it(db: Database) -> None:
+    v1, _ = _spec(db, 1)
+    v2, _ = _spec(db, 2)
+    v3, _ = _spec(db, 3)
+    _register(db, "a")
+    declare(db, v1, P, "a", instance_name="a")
+    assert declare(db, v2, P, "a", instance_name="a").unit == "decl-notes@2"
+    assert declare(db, v2, P, "b", instance_name="b").unit == "decl-notes@2"
+    assert declare(db, v3, P, "a", instance_name="a").unit == "decl-notes@3"
+    assert declare(db, v1, P, "a", instance_name="a").outcome == DeclarationOutcome.UNCHANGED
+    with db.read() as conn:
+        states = {u.unit: u.state for u in unit_rows(db, conn, ["decl-notes"])}
+    assert states == {"decl-notes": "running", "decl-notes@2": "retired", "decl-notes@3": "running"}
+
+
+def test_the_declaration_one_back_is_stale_once_the_new_one_is_live(db: Database) -> None:
     """An instance still on the previous declaration is told to apply nothing."""
     v1, _ = _spec(db, 1)
     v2, _ = _spec(db, 2)
     _register(db, "a")
     declare(db, v1, P, "a", instance_name="a")
-    assert declare(db, v2, P, "a", instance_name="a").outcome == DeclarationOutcome.REBUILT
+    _cut_over(db, v2, declare(db, v2, P, "a", instance_name="a").unit)
     assert declare(db, v1, P, "a", instance_name="a").outcome == DeclarationOutcome.STALE
     assert declare(db, v2, P, "a", instance_name="a").outcome == DeclarationOutcome.UNCHANGED
 
 
-def test_an_interrupted_rebuild_is_redone(db: Database) -> None:
-    """A consumer left REBUILDING (crash mid-rebuild) is rebuilt again by the next start."""
+def test_a_rebuild_left_in_place_by_an_older_release_is_taken_as_a_request(db: Database) -> None:
+    """A consumer left REBUILDING (by a release that rebuilt in place) builds a version."""
     v1, table = _spec(db, 1)
     _register(db, "a")
-    declare(db, v1, P, "a", instance_name="a")
+    fingerprint = declare(db, v1, P, "a", instance_name="a").fingerprint
     consumers = db.schema.consumers
     with db.transaction() as conn:
         conn.execute(insert(table), {"text": "half-rebuilt"})
         conn.execute(update(consumers).values(state="rebuilding"))
-    assert declare(db, v1, P, "a", instance_name="a").outcome == DeclarationOutcome.REBUILT
+    assert start_requested_rebuild(db, v1, fingerprint, P)
+    assert not start_requested_rebuild(db, v1, fingerprint, P)
     with db.read() as conn:
-        assert conn.execute(select(table)).all() == []
-        assert conn.execute(select(consumers.c.state)).scalar_one() == "running"
+        assert len(conn.execute(select(table)).all()) == 1  # read until the cutover
+        states = {u.unit: u.state for u in unit_rows(db, conn, ["decl-notes"])}
+    assert states == {"decl-notes": "running", "decl-notes@2": "running"}
 
 
 def test_an_even_older_declaration_applies_nothing_and_does_not_rebuild_back(
@@ -109,22 +149,24 @@ def test_an_even_older_declaration_applies_nothing_and_does_not_rebuild_back(
     v3, _ = _spec(db, 3)
     _register(db, "a")
     declare(db, v1, P, "a", instance_name="a")
-    assert declare(db, v2, P, "a", instance_name="a").outcome == DeclarationOutcome.REBUILT
-    assert declare(db, v3, P, "a", instance_name="a").outcome == DeclarationOutcome.REBUILT
+    _cut_over(db, v2, declare(db, v2, P, "a", instance_name="a").unit)
+    _cut_over(db, v3, declare(db, v3, P, "a", instance_name="a").unit)
     assert declare(db, v1, P, "a", instance_name="a").outcome == DeclarationOutcome.STALE
     assert declare(db, v2, P, "a", instance_name="a").outcome == DeclarationOutcome.STALE
     assert declare(db, v3, P, "a", instance_name="a").outcome == DeclarationOutcome.UNCHANGED
 
 
 def test_a_requested_rebuild_rolls_back_to_a_left_behind_declaration(db: Database) -> None:
-    """v1 → v2, then an operator asks for a rebuild: an instance starting on v1 rebuilds
-    under v1, which is current again, and v2 is the one left behind."""
+    """v1 → v2, then an operator asks for a rebuild: an instance starting on v1 builds a
+    version under v1, which is live again after its cutover, and v2 is left behind."""
     v1, _ = _spec(db, 1)
     v2, _ = _spec(db, 2)
     _register(db, "a")
     declare(db, v1, P, "a", instance_name="a")
-    assert declare(db, v2, P, "a", instance_name="a").outcome == DeclarationOutcome.REBUILT
+    _cut_over(db, v2, declare(db, v2, P, "a", instance_name="a").unit)
     operations.rebuild(db, "decl-notes", who="test", reason="roll back")
-    assert declare(db, v1, P, "a", instance_name="a").outcome == DeclarationOutcome.REBUILT
+    declared = declare(db, v1, P, "a", instance_name="a")
+    assert (declared.outcome, declared.unit) == (DeclarationOutcome.BUILDING, "decl-notes@3")
+    _cut_over(db, v1, declared.unit)
     assert declare(db, v1, P, "a", instance_name="a").outcome == DeclarationOutcome.UNCHANGED
     assert declare(db, v2, P, "a", instance_name="a").outcome == DeclarationOutcome.STALE

@@ -146,7 +146,8 @@ def test_resume_without_skipping_retries_the_poison_message(cluster: SimulatedCl
 
 
 def test_rebuild_replays_the_read_model_from_scratch(cluster: SimulatedCluster) -> None:
-    """A rebuild empties the read model (junk included) and replays every message once."""
+    """A rebuild builds a new version beside the live one (junk included, read until the
+    cutover), which replays every message once and takes over."""
     db = cluster.db
     _append(db, "a", "b", "c")
     _drain(cluster)
@@ -156,10 +157,26 @@ def test_rebuild_replays_the_read_model_from_scratch(cluster: SimulatedCluster) 
     with pytest.raises(OperationError, match="already being rebuilt"):
         rebuild(db, "ops-notes", who="ops@test")
     assert cluster.poll_all() == 0
-    cluster.tick()  # the first instance to see the request rebuilds
+    cluster.tick()  # the first instance to see the request starts a version
+    assert _texts(db) == ["a", "b", "c", "junk"]
+    for _ in range(10):
+        cluster.tick()  # claims, then the cutover's steps
+        _drain(cluster)
+        if _live_version(db) == 2:
+            break
+    assert _live_version(db) == 2
+    assert _texts(db) == ["a", "b", "c"]
+    _append(db, "d")
     cluster.tick()
     _drain(cluster)
-    assert _texts(db) == ["a", "b", "c"]
+    assert _texts(db) == ["a", "b", "c", "d"]
+
+
+def _live_version(db: Database) -> int:
+    c = db.schema.consumers
+    with db.read() as conn:
+        version = conn.execute(select(c.c.version).where(c.c.name == "ops-notes")).scalar_one()
+    return int(version or 1)
 
 
 def test_unknown_consumers_and_invalid_transitions_are_refused(cluster: SimulatedCluster) -> None:

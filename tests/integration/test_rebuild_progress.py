@@ -1,6 +1,6 @@
-"""A rebuilt consumer reports REBUILDING with its progress (messages replayed of those up
-to the head as of the rebuild) until it reaches that head, then RUNNING: in the report,
-``status``, ``status --json``, ``/admin/consumers`` and the admin page."""
+"""A rebuild's new version reports its progress (messages applied of those there are)
+until it takes over: in the report, ``status``, ``status --json``, ``/admin/consumers``
+and the admin page."""
 
 from __future__ import annotations
 
@@ -22,11 +22,12 @@ from projections._admin import make_server
 from projections._reports import consumers_report
 
 CONSUMER = "ledger-balances"
+BUILDING = f"{CONSUMER}@2"
 
 
-def _balances(db: Database) -> dict[str, Any]:
+def _entry(db: Database, name: str = CONSUMER) -> dict[str, Any]:
     report = consumers_report(db, load_settings(None).messaging.consumer)
-    return next(c for c in report["consumers"] if c["name"] == CONSUMER)
+    return next(c for c in report["consumers"] if c["name"] == name)
 
 
 @pytest.fixture
@@ -49,48 +50,56 @@ def rebuilder(db: Database, tmp_path: Path) -> Iterator[tuple[Path, Instance]]:
         instance.stop()
 
 
-def test_a_rebuild_reports_its_progress_until_it_reaches_the_head_as_of_the_rebuild(
+def test_a_rebuild_reports_the_new_versions_progress_until_it_takes_over(
     db: Database, rebuilder: tuple[Path, Instance], tmp_path: Path
 ) -> None:
-    """Each batch moves ``replayed`` on; messages appended after the rebuild are not part
-    of it; the state returns to running once the rebuild's head is reached."""
+    """The version being built is reported as ``ledger-balances@2`` with its progress
+    (messages applied of those there are), which each batch moves on, beside the live
+    version; after the cutover the live version is 2 and version 1 is retired."""
     config, instance = rebuilder
-    worker = instance.workers[CONSUMER]
+    live = instance.workers[CONSUMER]
     replayed = seed_ledger(db, 150)
-    while worker.poll():
+    while live.poll():
         pass
-    assert _balances(db)["state"] == "running" and "rebuild" not in _balances(db)
+    assert _entry(db)["version"] == 1 and "build" not in _entry(db)
 
     operations.rebuild(db, CONSUMER, who="test")
-    instance.rebalance()  # performs the rebuild and claims every partition again
-    seed_ledger(db, 40, seed=2, prefix="later")  # after the rebuild's head
+    instance.rebalance()  # starts version 2
+    instance.rebalance()  # its worker claims every partition
+    total = replayed + seed_ledger(db, 40, seed=2, prefix="later")
+    building = instance.workers[BUILDING]
 
-    entry = _balances(db)
-    assert entry["state"] == "rebuilding"
-    assert entry["rebuild"] == {"target": replayed, "replayed": 0, "total": replayed}
-    assert worker.poll() == 20
-    entry = _balances(db)
-    assert entry["rebuild"]["replayed"] == 20
+    entry = _entry(db, BUILDING)
+    assert (entry["state"], entry["version"], entry["version_of"]) == ("running", 2, CONSUMER)
+    assert entry["build"] == {"applied": 0, "total": total}
+    assert building.poll() == 20
+    entry = _entry(db, BUILDING)
+    assert entry["build"]["applied"] == 20
 
     text = cli(config, "status")
-    assert f"rebuilding: 20/{replayed} replayed up to position {replayed}" in text
+    assert f"{BUILDING}  (projection, partitioned, version 2 of {CONSUMER}, building: " in text
+    assert f"building: 20/{total} applied" in text
     as_json = check(json.loads(cli(config, "status", "--json")), CONSUMERS)
-    (listed,) = [c for c in as_json["consumers"] if c["name"] == CONSUMER]
-    assert listed["state"] == "rebuilding" and listed["rebuild"] == entry["rebuild"]
+    (listed,) = [c for c in as_json["consumers"] if c["name"] == BUILDING]
+    assert listed["build"] == entry["build"]
     _check_admin(db, config, tmp_path, entry)
 
-    seen = [entry["rebuild"]["replayed"]]
-    while True:
-        assert worker.poll() > 0
-        entry = _balances(db)
-        if entry["state"] != "rebuilding":
+    seen = [entry["build"]["applied"]]
+    for _ in range(100):
+        live.poll()
+        building.poll()
+        instance.rebalance()  # the cutover's steps, once the new version is close
+        if _entry(db)["version"] == 2:
             break
-        assert seen[-1] < entry["rebuild"]["replayed"] < replayed
-        seen.append(entry["rebuild"]["replayed"])
-    assert "rebuild" not in entry
-    assert entry["state"] == "running"
-    assert sum(p["lag"] for p in entry["partitions"]) > 0  # the later messages: lag, not rebuild
-    assert "rebuilding" not in cli(config, "status")
+        seen.append(_entry(db, BUILDING)["build"]["applied"])
+    assert seen == sorted(seen) and seen[-1] <= total
+    assert "build" not in _entry(db)
+    assert _entry(db, f"{CONSUMER}@1")["state"] == "retired"
+    instance.rebalance()  # the next round stops the version's own worker
+    assert BUILDING not in instance.workers
+    while instance.workers[CONSUMER].poll():
+        pass
+    assert sum(p["lag"] for p in _entry(db)["partitions"]) == 0
 
 
 def _check_admin(db: Database, config: Path, tmp_path: Path, entry: dict[str, Any]) -> None:
@@ -101,15 +110,15 @@ def _check_admin(db: Database, config: Path, tmp_path: Path, entry: dict[str, An
         status, body = get_json(base + "/admin/consumers")
         assert status == 200
         check(body, CONSUMERS)
-        (listed,) = [c for c in body["consumers"] if c["name"] == CONSUMER]
-        assert listed["state"] == "rebuilding" and listed["rebuild"] == entry["rebuild"]
+        (listed,) = [c for c in body["consumers"] if c["name"] == BUILDING]
+        assert listed["build"] == entry["build"]
         dom = chromium(tmp_path / "profile", "--dump-dom", url=base + "/admin")
         assert dom.returncode == 0, dom.stderr
-        total = entry["rebuild"]["total"]
+        total = entry["build"]["total"]
         percent = f"{100 * 20 / total:.1f}"
         assert (
-            f'<li data-consumer-state="{CONSUMER}" class="rebuilding">{CONSUMER}: rebuilding '
-            f"20/{total} ({percent}%) replayed up to position {total}</li>"
+            f'<li data-consumer-state="{BUILDING}" class="building">{BUILDING}: version 2 of '
+            f"{CONSUMER}, building 20/{total} ({percent}%)</li>"
         ) in dom.stdout
     finally:
         server.shutdown()

@@ -224,8 +224,8 @@ def test_a_share_that_waits_for_an_operator_is_not_awaited_from_live_instances(
 def test_rebuild_progress_moves_as_messages_are_replayed(
     db: Database, instances: Instances, tmp_path: Path
 ) -> None:
-    """With two instances and 10 s rounds, a requested rebuild is picked up, handed out and
-    replayed within a few seconds; the progress seen meanwhile only grows."""
+    """With two instances and 10 s rounds, a requested rebuild's version is started, handed
+    out, built and cut over within a few seconds; the progress seen meanwhile only grows."""
     instances.start("a")
     instances.start("b")
     wait_until(lambda: instances.owned() == {"a": 2, "b": 2}, timeout=60, what="the tally shared")
@@ -242,11 +242,12 @@ def test_rebuild_progress_moves_as_messages_are_replayed(
     seen: list[int] = []
 
     def rebuilt() -> bool:
-        [consumer] = consumers_report(db, ConsumerSettings())["consumers"]
-        if "rebuild" in consumer:
-            seen.append(consumer["rebuild"]["replayed"])
-        done = consumer["state"] == "running" and "rebuild" not in consumer
-        return done and sum(p["lag"] for p in consumer["partitions"]) == 0
+        consumers = {c["name"]: c for c in consumers_report(db, ConsumerSettings())["consumers"]}
+        building = consumers.get(f"{tally_app.CONSUMER}@2", {})
+        if "build" in building:
+            seen.append(building["build"]["applied"])
+        live = consumers[tally_app.CONSUMER]
+        return live["version"] == 2 and sum(p["lag"] for p in live["partitions"]) == 0
 
     wait_until(rebuilt, timeout=60, what="the rebuild done")
     assert time.monotonic() - started < 5.0

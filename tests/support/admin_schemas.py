@@ -48,10 +48,20 @@ CONSUMERS = _object(
                     "name": _ID,
                     "kind": _ID,
                     "distribution": {"enum": ["partitioned", "single-owner"]},
-                    "state": {"enum": ["running", "paused", "rebuild-requested", "rebuilding"]},
+                    "state": {
+                        "enum": [
+                            "running",
+                            "paused",
+                            "rebuild-requested",
+                            "rebuilding",
+                            "cutting-over",
+                            "retired",
+                        ]
+                    },
+                    "version": {"type": "integer", "minimum": 1},
                     "partitions": {"type": "array", "items": _PARTITION},
                 },
-                {"rebuild": _object({"target": _INT, "replayed": _INT, "total": _INT})},
+                {"version_of": _ID, "build": _object({"applied": _INT, "total": _INT})},
             ),
         }
     },

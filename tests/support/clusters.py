@@ -156,6 +156,16 @@ def lag(db: Database, consumer: str = "ledger-balances") -> int | None:
     return None
 
 
+def live_version(db: Database, consumer: str = "ledger-balances") -> int | None:
+    """The number of the live version of ``consumer`` (None while not declared yet)."""
+    c = db.schema.consumers
+    with db.read() as conn:
+        row = conn.execute(
+            select(c.c.version).where(c.c.tenant == db.tenant, c.c.name == consumer)
+        ).one_or_none()
+    return None if row is None else int(row.version or 1)
+
+
 def ledger_matches_replay(db: Database) -> tuple[dict[str, Any], dict[str, Any]]:
     """(read model, sequential replay) of the ledger balances."""
     m = db.schema.messages

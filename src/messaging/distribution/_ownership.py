@@ -141,6 +141,31 @@ class Ownership:
             )
         )
 
+    def fence_all(self, conn: Connection, consumer: str, *, floor: int = 0) -> None:
+        """Take every partition of ``consumer`` from its owner under a new epoch (above
+        ``floor`` too): every commit of an earlier claim fails from now on."""
+        epoch = max(self.top_epoch(conn, [consumer]), floor) + 1
+        conn.execute(
+            update(self.table)
+            .where(*self._consumer(consumer))
+            .values(owner=None, epoch=epoch, updated_at=self.db.clock.now())
+        )
+
+    def rename(self, conn: Connection, consumer: str, to: str) -> None:
+        """Give the partition rows of ``consumer`` to the consumer named ``to``."""
+        t = self.table
+        conn.execute(update(t).where(*self._consumer(consumer)).values(consumer=to))
+
+    def top_epoch(self, conn: Connection, consumers: Sequence[str]) -> int:
+        """The highest epoch of any partition of ``consumers`` (0 if none)."""
+        t = self.table
+        top = conn.execute(
+            select(func.max(t.c.epoch)).where(
+                t.c.tenant == self.db.tenant, t.c.consumer.in_(consumers)
+            )
+        ).scalar_one_or_none()
+        return int(top or 0)
+
     def claim(
         self,
         conn: Connection,

@@ -104,6 +104,7 @@ class HandlerContext(MessageContext):
         "_outbox",
         "_outgoing",
         "_params",
+        "_quiet",
         "_runs",
         "_sent",
         "_statement",
@@ -120,9 +121,13 @@ class HandlerContext(MessageContext):
         *,
         immediate: bool = False,
         outbox: Outbox | None = None,
+        quiet: Callable[[Envelope], bool] | None = None,
     ) -> None:
+        """``quiet``: whether the sends and appends of handling a message are dropped (a
+        version being built, for what the live version sent: :mod:`messaging.runtime._gate`)."""
         self._conn = conn
         self._outbox = outbox
+        self._quiet = quiet
         self._outgoing: list[NewMessage] = []
         self._sent: dict[str, int] = {}
         self.cause: str | None = None
@@ -234,6 +239,8 @@ class HandlerContext(MessageContext):
         count = self._sent[cause] = self._sent.get(cause, 0) + 1
         if message_id is None:
             message_id = outbox.derived_id(cause, count)
+        if self._quiet is not None and self._quiet(self.envelope):
+            return message_id
         self._outgoing.append(
             outbox.store.outgoing(
                 destination, message, key=key, message_id=message_id, headers=headers
@@ -251,7 +258,10 @@ class HandlerContext(MessageContext):
     ) -> None:
         """Append ``message`` of ``source`` to ``topic`` when the batch commits (an outbox),
         with ``headers`` if given."""
-        self._outgoing.append(self._require_outbox().event(topic, source, message, headers))
+        outbox = self._require_outbox()
+        if self._quiet is not None and self._quiet(self.envelope):
+            return
+        self._outgoing.append(outbox.event(topic, source, message, headers))
 
     def _require_outbox(self) -> Outbox:
         if self._outbox is None or self._conn is None:

@@ -1,18 +1,16 @@
 """Consumer declarations in the database: the ``consumers`` table and read-model tables.
 
 A consumer's fingerprint covers its version, topics, handled types, partition count
-and read-model schema. When an instance starts with a declaration the database has not
-seen, it rebuilds the consumer: in one transaction it records the new fingerprint
-(keeping the old one as the one back), marks the consumer REBUILDING, and takes every
-partition for itself under a new epoch with checkpoint 0, which fences off every
-instance still applying the old declaration. Then it drops and recreates the read
-models (outside that transaction: DDL commits implicitly on MySQL) and marks the
-consumer running, replaying up to the head position of that moment (its rebuild target:
-reports show it REBUILDING until its checkpoints reach it). A crash in between leaves it
-REBUILDING, and the next start redoes the rebuild. An instance that starts with a
-declaration the consumer has left behind (the one back, or any older one) applies
-nothing and says which, unless an operator requested a rebuild: then it rebuilds under
-its declaration (a roll back). A declaration never seen before is new, and rebuilds.
+and read-model schema. When an instance starts with a declaration of a projection the
+database has not seen, it starts a new version of the projection under that declaration
+(:mod:`messaging.runtime._versions`): built beside the live one, which goes on being
+applied and read until the new one takes its place (:mod:`messaging.runtime._cutover`).
+An instance whose declaration is that of a version being built joins its build. An
+instance that starts with a declaration the projection has left behind (one a cutover
+retired) applies nothing and says which, unless an operator requested a rebuild: then
+it builds a version under its declaration (a roll back). Kinds that act beyond their
+own tables (route consumers, sagas) are never rebuilt: a new declaration goes on from
+their checkpoints.
 """
 
 from __future__ import annotations
@@ -22,8 +20,8 @@ import logging
 from typing import Any
 
 import attrs
-from sqlalchemy import Connection, and_, insert, inspect, or_, select, update
-from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
+from sqlalchemy import Connection, insert, select, update
+from sqlalchemy.exc import IntegrityError
 
 from messaging._consumers import ConsumerSpec
 from messaging._errors import RegistrationError
@@ -34,8 +32,12 @@ from messaging._states import ConsumerState, DeclarationOutcome
 from messaging.distribution._ownership import Ownership
 from messaging.distribution._pulse import bump_generation
 from messaging.runtime._lifecycle import lifecycle_event
+from messaging.runtime._versions import (
+    create_tables,
+    start_version,
+    unit_rows,
+)
 from messaging.store._database import Database
-from messaging.store._store import MessageStore
 from messaging.store._table_registry import register
 
 log = logging.getLogger("messaging.runtime.declarations")
@@ -48,6 +50,8 @@ class Declared:
     consumer: str
     outcome: DeclarationOutcome
     fingerprint: str
+    unit: str
+    """The consumer this instance applies: the live version, or a version being built."""
 
 
 def create_read_models(db: Database, spec: ConsumerSpec) -> None:
@@ -61,23 +65,7 @@ def create_read_models(db: Database, spec: ConsumerSpec) -> None:
     if tables:
         with db.transaction() as conn:
             register(db, conn, spec.name, tables)
-    for read_model in tables:
-        try:
-            with db.transaction() as conn:
-                read_model.create(conn, checkfirst=True)
-        except (OperationalError, ProgrammingError) as exc:
-            with db.read() as conn:
-                if not inspect(conn).has_table(read_model.name):
-                    raise
-            log.debug("read model %s created concurrently: %s", read_model.name, exc)
-
-
-def _recreate_read_models(db: Database, spec: ConsumerSpec) -> None:
-    """Drop and create the tenant's own copies of the consumer's tables (no other's)."""
-    with db.transaction() as conn:
-        for read_model in reversed(db.read_models.tables(spec.options.tables)):
-            read_model.drop(conn, checkfirst=True)
-    create_read_models(db, spec)
+    create_tables(db, tables)
 
 
 def tenant_fingerprint(
@@ -96,45 +84,21 @@ def declare(
     instance_name: str,
 ) -> Declared:
     """Record ``spec`` for this instance (already registered as ``instance_id``, logged
-    as ``instance_name``): create it, accept it unchanged, rebuild it under a new
-    declaration, or report it stale."""
+    as ``instance_name``): create it, accept it unchanged, build a new version of it (or
+    join that build), or report it stale."""
     create_read_models(db, spec)
     with db.transaction() as conn:
-        declared, rebuild = _record(db, conn, spec, distribution, instance_id, instance_name)
+        declared = _record(db, conn, spec, distribution, instance_id, instance_name)
         bump_generation(db, conn)  # a new consumer, declaration or distribution: plan again
-    if rebuild:
-        _finish_rebuild(db, spec)
     return declared
 
 
-def _finish_rebuild(db: Database, spec: ConsumerSpec) -> None:
-    """Recreate the read models and let the consumer run again (its partitions were reset),
-    recording the head position it replays up to as its ``rebuild_target``."""
-    _recreate_read_models(db, spec)
-    table = db.schema.consumers
-    with db.transaction() as conn:
-        target = MessageStore(db).head(conn)
-        conn.execute(
-            update(table)
-            .where(table.c.tenant == db.tenant, table.c.name == spec.name)
-            .values(state=ConsumerState.RUNNING, rebuild_target=target, updated_at=db.clock.now())
-        )
-        bump_generation(db, conn)  # running again: the others may claim their share
-    lifecycle_event(
-        "rebuilt", consumer=spec.name, position=target, reason="replaying from the start"
-    )
-
-
-def perform_requested_rebuild(
-    db: Database, spec: ConsumerSpec, instance_id: str, stale_timeout: float, *, instance_name: str
+def start_requested_rebuild(
+    db: Database, spec: ConsumerSpec, fingerprint: str, distribution: Distribution
 ) -> bool:
-    """Rebuild ``spec`` if an operator asked for it (or a rebuild was left unfinished for
-    longer than ``stale_timeout``), unless another instance got there first. The winner of
-    a compare-and-set on the consumer's state does it, under new epochs of its own.
-
-    A rebuild this instance took but left unfinished (the acknowledgement of that commit
-    was lost, or the recreation of the read models failed) is finished at once: the
-    consumer is REBUILDING with every partition reset to this instance."""
+    """Start a new version of ``spec`` if an operator asked for a rebuild (or an older
+    release left it rebuilding in place), unless another instance got there first: the
+    winner of a compare-and-set on the consumer's state, which the live version keeps."""
     table = db.schema.consumers
     with db.transaction() as conn:
         won = conn.execute(
@@ -142,40 +106,18 @@ def perform_requested_rebuild(
             .where(
                 table.c.tenant == db.tenant,
                 table.c.name == spec.name,
-                or_(
-                    table.c.state == ConsumerState.REBUILD_REQUESTED,
-                    and_(
-                        table.c.state == ConsumerState.REBUILDING,
-                        table.c.updated_at < db.clock.now() - stale_timeout,
-                    ),
-                ),
+                table.c.fingerprint == fingerprint,
+                table.c.state.in_([ConsumerState.REBUILD_REQUESTED, ConsumerState.REBUILDING]),
             )
-            .values(state=ConsumerState.REBUILDING, updated_at=db.clock.now())
+            .values(state=ConsumerState.RUNNING, updated_at=db.clock.now())
         ).rowcount
-        if won != 1 and not _taken_by(db, conn, spec.name, instance_id):
+        if won != 1:
             return False
-        Ownership(db).reset(conn, spec.name, spec.partitions, owner=instance_id)
+        start_version(
+            db, conn, spec, fingerprint, distribution, types=spec.type_names(), reason="requested"
+        )
         bump_generation(db, conn)
-    lifecycle_event(
-        "rebuild",
-        consumer=spec.name,
-        instance=instance_name,
-        instance_id=instance_id,
-        reason="requested",
-    )
-    _finish_rebuild(db, spec)
     return True
-
-
-def _taken_by(db: Database, conn: Connection, consumer: str, instance_id: str) -> bool:
-    """Whether ``instance_id`` took the rebuild of ``consumer`` (REBUILDING, every partition
-    reset to it: nobody claims a partition of a consumer that is not running)."""
-    table = db.schema.consumers
-    state = conn.execute(
-        select(table.c.state).where(table.c.tenant == db.tenant, table.c.name == consumer)
-    ).scalar_one_or_none()
-    owners = {r.owner for r in Ownership(db).partitions(conn, [consumer])}
-    return state == ConsumerState.REBUILDING and owners == {instance_id}
 
 
 def _record(
@@ -185,7 +127,7 @@ def _record(
     distribution: Distribution,
     instance_id: str,
     instance_name: str,
-) -> tuple[Declared, bool]:
+) -> Declared:
     table = db.schema.consumers
     ownership = Ownership(db)
     fingerprint = tenant_fingerprint(db, spec)
@@ -221,7 +163,9 @@ def _record(
                 declaration=fingerprint,
                 **fields,
             )
-        return Declared(consumer=spec.name, outcome=found, fingerprint=fingerprint)
+        return Declared(consumer=spec.name, outcome=found, fingerprint=fingerprint, unit=unit)
+
+    unit = spec.name
 
     if row is None:
         try:
@@ -231,11 +175,20 @@ def _record(
             row = conn.execute(current.with_for_update()).one()
         else:
             ownership.ensure_partitions(conn, spec.name, spec.partitions)
-            return outcome(DeclarationOutcome.CREATED), False
-    if row.fingerprint == fingerprint and row.state != ConsumerState.REBUILDING:
+            return outcome(DeclarationOutcome.CREATED)
+    if row.fingerprint == fingerprint:
         conn.execute(update(table).where(*where).values(distribution=distribution.value))
         ownership.ensure_partitions(conn, spec.name, spec.partitions)
-        return outcome(DeclarationOutcome.UNCHANGED), False
+        return outcome(DeclarationOutcome.UNCHANGED)
+    if spec.kind.rebuildable:
+        joined = [
+            u
+            for u in unit_rows(db, conn, [spec.name])
+            if u.building and u.fingerprint == fingerprint
+        ]
+        if joined:
+            unit = joined[0].unit
+            return outcome(DeclarationOutcome.BUILDING)
     retired: list[str] = json.loads(row.retired_fingerprints or "[]")
     rolling_back = fingerprint in retired and row.fingerprint != fingerprint
     if rolling_back and row.state != ConsumerState.REBUILD_REQUESTED:
@@ -249,11 +202,10 @@ def _record(
             "declaration-mismatch",
             current=row.fingerprint,
             reason=f"this instance runs {which}; applying nothing until restarted",
-        ), False
-    previous = row.previous_fingerprint if row.fingerprint == fingerprint else row.fingerprint
-    if row.fingerprint != fingerprint:
-        retired = [f for f in retired if f != fingerprint] + [row.fingerprint]
+        )
     if not spec.kind.rebuildable:
+        previous = row.fingerprint
+        retired = [f for f in retired if f != fingerprint] + [row.fingerprint]
         # A kind that acts beyond its own tables would send and do everything again if
         # replayed, so a new declaration goes on where the old one stopped.
         if row.partitions != spec.partitions:
@@ -276,23 +228,14 @@ def _record(
             "redeclared",
             previous=row.fingerprint,
             reason=f"new declaration; checkpoints kept ({spec.kind.article} is never rebuilt)",
-        ), False
-    conn.execute(
-        update(table)
-        .where(*where)
-        .values(
-            **{**values, "state": ConsumerState.REBUILDING},
-            previous_fingerprint=previous,
-            retired_fingerprints=json.dumps(retired),
         )
+    if rolling_back:  # the request is taken by this declaration's version
+        conn.execute(update(table).where(*where).values(state=ConsumerState.RUNNING))
+    reason = "rolling back: rebuild requested" if rolling_back else "new declaration"
+    unit = start_version(
+        db, conn, spec, fingerprint, distribution, types=spec.type_names(), reason=reason
     )
-    ownership.reset(conn, spec.name, spec.partitions, owner=instance_id)
-    return outcome(
-        DeclarationOutcome.REBUILT,
-        "rebuild",
-        previous=row.fingerprint,
-        reason="rolling back: rebuild requested" if rolling_back else "new declaration",
-    ), True
+    return outcome(DeclarationOutcome.BUILDING, "build", previous=row.fingerprint, reason=reason)
 
 
 def current_declarations(

@@ -15,7 +15,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from types import FrameType
 from typing import Any, TypeVar
@@ -45,6 +45,7 @@ from messaging.runtime._outage import Heartbeats, Outage, run_every
 from messaging.runtime._process import default_instance_name, process_exists
 from messaging.runtime._pulser import Pulser
 from messaging.runtime._rebalancer import Rebalancer
+from messaging.runtime._units import Units
 from messaging.runtime._watchdog import Watchdog, round_bound
 from messaging.runtime._worker import ConsumerWorker
 from messaging.store._database import Database, answer_bound, lock_wait_bound
@@ -94,7 +95,7 @@ class Instance:
             id=self.id, name=self.name, host=socket.gethostname(), pid=os.getpid()
         )
         self._registered = False
-        self._limiter = threading.BoundedSemaphore(self.consumer_settings.executor.max_workers)
+        self.limiter = threading.BoundedSemaphore(self.consumer_settings.executor.max_workers)
         """Bounds the batches applied at once across every consumer of the instance."""
         self._threads: list[threading.Thread] = []
         self.workers: dict[str, ConsumerWorker] = {}
@@ -105,6 +106,8 @@ class Instance:
         self.outage = Outage(f"instance {self.name}", self.heartbeats)
         """The database as the workers and the rebalance loop see it: logged on its edges."""
         self.heartbeat_outage = Outage(f"instance {self.name} heartbeat", self.heartbeats)
+        self.units = Units(self)
+        """Starts and stops the workers as the consumers' rows change."""
         self.rebalancer = Rebalancer(self)
         """Claims and releases this instance's share (the rebalance rounds)."""
         self.pulser = Pulser(self)
@@ -116,12 +119,12 @@ class Instance:
         self.loop_bound = partial(round_bound, self.consumer_settings, db=db)
         """Seconds a round of a loop run every so many seconds may take (its watchdog bound)."""
 
-    def _group(self, spec: ConsumerSpec) -> ConsumerGroupSettings:
+    def group(self, spec: ConsumerSpec) -> ConsumerGroupSettings:
         return self.settings.group(spec.kind.settings_group)
 
     def distribution(self, spec: ConsumerSpec) -> Distribution:
         """The configured distribution of a consumer."""
-        return self._group(spec).distribution_for(spec.name)
+        return self.group(spec).distribution_for(spec.name)
 
     # -- start -------------------------------------------------------------------------
 
@@ -177,22 +180,9 @@ class Instance:
             declaring = partial(declare, self.db, spec, distribution, self.id, self.name)
             if self.retry(declaring, f"declare {spec.name}").outcome == DeclarationOutcome.STALE:
                 self.forget(spec.name)
-                continue
-            worker_class = spec.options.worker or spec.kind.worker or ConsumerWorker
-            self.workers[spec.name] = worker_class(
-                db=self.db,
-                spec=spec,
-                instance_id=self.id,
-                instance_name=self.name,
-                settings=self.consumer_settings,
-                hooks=self.hooks,
-                registry=self.registry,
-                whole=distribution is Distribution.SINGLE_OWNER,
-                lanes=self._lanes(spec),
-                limiter=self._limiter,
-            )
-        for worker in [*self.workers.values(), *self.in_memory.values()]:
-            worker.outage = self.outage
+                del self.fingerprints[spec.name]
+        for memory in self.in_memory.values():
+            memory.outage = self.outage
         if self.in_memory:
             self.retry(self.publish_in_memory, "publish the in-memory consumers")
         log.info(
@@ -205,35 +195,26 @@ class Instance:
         self.hooks.projections_instance_started(
             instance_id=self.id, name=self.name, consumers=[s.name for s in self.specs]
         )
+        self.retry(self.rebalance, "rebalance")  # starts the workers (messaging.runtime._units)
         if self.settings.messaging.gc_freeze:
             freeze_once()  # what is held now is held until the stop (messaging.runtime._heap)
             for worker in self.workers.values():
                 worker.after_first_batch = partial(freeze_once, "applied")
-        self.retry(self.rebalance, "rebalance")
         self.rebalancer.announce_wait()
         if not loops:
             return
         self._spawn("watchdog", self.watchdog.run, self.stop_requested)
         self._spawn("heartbeat", self._heartbeat_loop, self._stop_heartbeat)
         self._spawn("rebalance", self.rebalancer.loop, self._stop_rebalance)
-        for worker in [*self.workers.values(), *self.in_memory.values()]:
-            worker.pulsed = True
+        for looped in [*self.workers.values(), *self.in_memory.values()]:
+            looped.pulsed = True
         self.pulser.listen()
         self._spawn("pulse", self.pulser.loop, self._stop_workers)
         for name, worker in self.workers.items():
-            self._spawn(f"apply:{name}", worker.run, self._stop_workers)
+            self.spawn(f"apply:{name}", worker.run)
+        self.units.looping = True
         for name, memory in self.in_memory.items():
             self._spawn(f"memory:{name}", memory.run, self._stop_workers)
-
-    def _lanes(self, spec: ConsumerSpec) -> int:
-        """How many batches of ``spec`` this instance applies at once: its concurrency-limit,
-        which only lowers ``executor.max-workers``. One on SQLite, whose single writer
-        would only make parallel batches wait for each other."""
-        if self.db.is_sqlite:
-            return 1
-        limit = self._group(spec).concurrency_limit_for(spec.name)
-        workers = self.consumer_settings.executor.max_workers
-        return min(workers, limit) if limit is not None else workers
 
     def _register(self) -> None:
         """Insert this instance's row, refusing a name a live instance already has. A holder
@@ -276,19 +257,26 @@ class Instance:
         thread.start()
         self._threads.append(thread)
 
+    def spawn(self, name: str, target: object) -> None:
+        """Run the apply loop ``target`` in a thread of its own until the workers stop."""
+        self._spawn(name, target, self._stop_workers)
+
     # -- loops -------------------------------------------------------------------------
 
     def forget(self, name: str) -> None:
         """Stop telling the peers that this instance runs ``name``: it applies nothing of
         it, so nobody may plan partitions of it here."""
-        runs = {consumer: run for consumer, run in self.info.runs.items() if consumer != name}
+        self.publish_runs({c: run for c, run in self.info.runs.items() if c != name})
+
+    def publish_runs(self, runs: Mapping[str, Mapping[str, Any]]) -> None:
+        """Tell the peers which consumers (by name) this instance runs, and how."""
         self.info = attrs.evolve(self.info, runs=runs)
 
         def update() -> None:
             with self.db.transaction() as conn:
                 self.membership.update_runs(conn, self.id, runs)
 
-        self.retry(update, f"forget {name}")
+        self.retry(update, "publish what it runs")
 
     def partition_event(self, consumer: str, partition: int, epoch: int | None) -> None:
         """A claim (with its epoch) or a release (``epoch`` None): log it, tell the plugins."""
@@ -427,6 +415,7 @@ class Instance:
                 bump_generation(self.db, conn)
 
         self.retry(leave, "release and deregister")
+        self.units.close()
         for consumer, partition in released:
             self.partition_event(consumer, partition, None)
         log.info("instance %s stopped", self.name)

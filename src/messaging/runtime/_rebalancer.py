@@ -23,11 +23,9 @@ from messaging.distribution._membership import InstanceRow
 from messaging.distribution._ownership import PartitionRow
 from messaging.distribution._pulse import bump_generation, read_generation
 from messaging.distribution._rebalance import plan
-from messaging.runtime._declarations import (
-    current_declarations,
-    perform_requested_rebuild,
-)
-from messaging.runtime._lifecycle import lifecycle_event
+from messaging.runtime._cutover import step
+from messaging.runtime._declarations import start_requested_rebuild
+from messaging.runtime._versions import UnitRow, split_unit, unit_rows
 
 if TYPE_CHECKING:
     from messaging.runtime._instance import Instance
@@ -83,11 +81,13 @@ class Rebalancer:
             members = inst.membership.instances(conn, timeout)
             self._members = {m.id: m for m in members}
             live = [i for i in members if i.live and not i.stopping]
+            units = unit_rows(inst.db, conn, inst.units.specs())
+        inst.units.sync(units)  # the workers of the consumers to apply here
+        with inst.db.read() as conn:
             rows = inst.ownership.partitions(conn, sorted(inst.workers))
-            declared = current_declarations(inst.db, conn, sorted(inst.workers))
             head = inst.store.head(conn)
         read_seconds = time.perf_counter() - started
-        moved = self._round(live, rows, declared)
+        moved = self._round(live, rows, units)
         inst.hooks.projections_rebalanced(
             instance_id=inst.id,
             seconds=time.perf_counter() - started,
@@ -141,24 +141,26 @@ class Rebalancer:
         self,
         live: list[InstanceRow],
         rows: list[PartitionRow],
-        declared: dict[str, tuple[str, str]],
+        units: list[UnitRow],
     ) -> Moved:
         """One round's decisions from the rows just read; returns what moved."""
         inst = self.instance
         claimed = released = 0
-        for name in [n for n in inst.workers if declared.get(n, ("",))[0] != inst.fingerprints[n]]:
-            self._retire(name)
-        for name, worker in list(inst.workers.items()):
-            state = declared[name][1]
-            if state in (ConsumerState.REBUILD_REQUESTED, ConsumerState.REBUILDING):
-                worker.holdings.hand_over(sorted(worker.claims()))  # the reset fences the rest
-                perform_requested_rebuild(
-                    inst.db,
-                    worker.spec,
-                    inst.id,
-                    inst.consumer_settings.stale_instance_timeout,
-                    instance_name=inst.name,
-                )
+        specs = inst.units.specs()
+        for unit in units:
+            if unit.unit not in inst.workers:
+                continue
+            spec = specs[unit.name]
+            if unit.live and unit.state in (
+                ConsumerState.REBUILD_REQUESTED,
+                ConsumerState.REBUILDING,
+            ):
+                fingerprint = inst.fingerprints[unit.name]
+                distribution = inst.distributions[unit.name]
+                start_requested_rebuild(inst.db, spec, fingerprint, distribution)
+            elif unit.building:
+                step(inst.db, spec, unit.unit, inst.consumer_settings.batch_size)
+        declared = {u.unit: (u.fingerprint, u.state) for u in units}
         owners: dict[str, dict[int, str | None]] = {name: {} for name in inst.workers}
         halted: dict[str, set[int]] = {name: set() for name in inst.workers}
         for row in rows:
@@ -171,8 +173,8 @@ class Rebalancer:
             live,
             owners,
             {name: worker.spec.partitions for name, worker in inst.workers.items()},
-            {name: inst.distributions[name] for name in inst.workers},
-            inst.fingerprints,
+            {name: inst.distributions[split_unit(name)[0]] for name in inst.workers},
+            {name: inst.fingerprints[split_unit(name)[0]] for name in inst.workers},
         )
         live_ids = inst.membership.live_ids(inst.consumer_settings.stale_instance_timeout)
         for name, target in plans.items():
@@ -213,23 +215,6 @@ class Rebalancer:
             if stuck
             else ""
         )
-
-    def _retire(self, name: str) -> None:
-        """Stop applying a consumer whose declaration was replaced by another instance."""
-        inst = self.instance
-        lifecycle_event(
-            "declaration-mismatch",
-            level=logging.WARNING,
-            consumer=name,
-            instance=inst.name,
-            instance_id=inst.id,
-            declaration=inst.fingerprints[name],
-            reason="rebuilt under another declaration; applying nothing until restarted",
-        )
-        worker = inst.workers.pop(name)
-        worker.holdings.hand_over(sorted(worker.claims()))
-        worker.retire()
-        inst.forget(name)
 
     def _end_sessions(self, owners: set[str | None]) -> None:
         """Before taking partitions from ``owners``: end the MySQL sessions of those that

@@ -28,6 +28,7 @@ from messaging._settings import ConsumerSettings
 from messaging.distribution._ownership import Claim, Ownership
 from messaging.runtime._batch import Batch, split_lanes
 from messaging.runtime._context import HandlerContext
+from messaging.runtime._gate import VersionGate
 from messaging.runtime._holdings import Holdings
 from messaging.runtime._lanes import Lanes
 from messaging.runtime._lifecycle import lifecycle_event
@@ -87,6 +88,8 @@ class ConsumerWorker(Worker):
         """An error of unknown outcome happened: re-read the claims before applying more."""
         self._lanes = Lanes(self.lanes)
         self._stop = threading.Event()  # the apply loop's, once it runs
+        self.gate: VersionGate | None = None
+        """For a version being built: what the live version applied and sent."""
 
     # -- ownership, changed by the rebalance loop ----------------------------------------
 
@@ -298,15 +301,20 @@ class ConsumerWorker(Worker):
     def _fetch(
         self, conn: Connection, claims: Mapping[int, Claim], limit: int | None = None
     ) -> Sequence[StoredRow]:
-        return self.store.read_batch(
+        rows = self.store.read_batch(
             conn,
             self.spec.topics,
             partitions={p: c.checkpoint for p, c in claims.items()},
             partition_count=self.spec.partitions,
             types=self.dispatcher.type_names,
             limit=limit or self.settings.batch_size,
-            hashes=self.lanes > 1,  # one lane: a poison message's partition is looked up
+            # one lane: a poison message's partition is looked up; a gate needs them all
+            hashes=self.lanes > 1 or self.gate is not None,
         )
+        if self.gate is None:
+            return rows
+        self.gate.read(conn)
+        return self.gate.cap(rows)
 
     def _commit(self, batch: Batch, *, immediate: bool) -> Sequence[StoredRow]:
         """In one transaction: read the rows unless the batch has them, apply them, commit
@@ -321,6 +329,7 @@ class ConsumerWorker(Worker):
                 lambda: self.store.envelopes(conn, [row[POSITION] for row in rows]),
                 immediate=immediate,
                 outbox=self.outbox,
+                quiet=None if self.gate is None else self.gate.quiet,
             )
             try:
                 self.dispatcher.apply(rows, ctx, self.spec.partitions)

@@ -172,11 +172,14 @@ class Database:
         clock: Clock | None = None,
         pool: bool = True,
         answer_timeout: float | None = DEFAULT_ANSWER_TIMEOUT,
+        version: int | None = None,
     ) -> None:
         """``answer_timeout``: seconds a MySQL/MariaDB connection waits for its server to
         answer before it is taken for dead (None: for ever, as for a long migration). Its
         lock waits give up after half of that (1205), so that the server ends one first and
-        it fails as a lock wait, not as a connection that stopped answering."""
+        it fails as a lock wait, not as a connection that stopped answering. ``version``:
+        statements naming a declared read model go to that version's tables (built beside
+        the live ones, :mod:`messaging.runtime._versions`) instead of the live ones."""
         self.url = _normalize_url(url)
         backend = parse_database_url(self.url).get_backend_name()
         self.is_sqlite = backend == "sqlite"
@@ -189,7 +192,7 @@ class Database:
         self.tenant = tenant
         self.schema = Schema(table_prefix)
         self.clock: Clock = clock or DatabaseClock(self.engine.dialect.name)
-        self.read_models = ReadModels(tenant)
+        self.read_models = ReadModels(tenant, version)
         """This tenant's physical read-model tables; statements on :attr:`engine` naming a
         declared table are sent to this tenant's copy (see :mod:`messaging.store._tenancy`)."""
         self.read_models.install(self.engine)
@@ -314,6 +317,21 @@ class Database:
                             conn.execute(insert(table).values(tenant=self.tenant, **{column: 0}))
                     except IntegrityError:
                         pass  # another process created it first
+
+    def for_version(self, version: int) -> Database:
+        """Another engine on this database, tenant and clock whose statements naming a
+        declared read model go to ``version``'s tables."""
+        sibling = Database(
+            self.url,
+            tenant=self.tenant,
+            table_prefix=self.schema.prefix,
+            clock=self.clock,
+            answer_timeout=self._answers.seconds,
+            version=version,
+        )
+        if self.lock_wait is not None:
+            sibling.bound_lock_waits(self.lock_wait)
+        return sibling
 
     def dispose(self) -> None:
         """Close every pooled connection."""

@@ -24,7 +24,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects import mysql
 
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 """The newest schema migration this code expects."""
 
 LONG_TEXT = Text().with_variant(mysql.LONGTEXT(), "mysql", "mariadb")
@@ -107,6 +107,8 @@ class Schema:
             Column("updated_at", SECONDS, nullable=False),
             Column("retired_fingerprints", LONG_TEXT, nullable=True),  # V2, hence last
             Column("rebuild_target", BigInteger, nullable=True),  # V4
+            Column("version", Integer, nullable=True),  # V10: the live version (NULL: 1)
+            Column("cutover", LONG_TEXT, nullable=True),  # V10: a version taking over (JSON)
             PrimaryKeyConstraint("tenant", "name"),
         )
         self.partitions = Table(

@@ -50,9 +50,13 @@ class UntranslatableStatement(ProjectionsError):
     """A consumer of a non-default tenant ran SQL text, which cannot be given its tables."""
 
 
-def physical_name(tenant: str, name: str) -> str:
-    """The name a tenant's copy of the table or index ``name`` has in the database."""
-    return name if tenant == DEFAULT_TENANT else f"{tenant}{SEPARATOR}{name}"
+def physical_name(tenant: str, name: str, version: int | None = None) -> str:
+    """The name a tenant's copy of the table or index ``name`` has in the database; that
+    of a version built beside the live one (:mod:`messaging.runtime._versions`) starts
+    with ``_v<version>__``, which no tenant's name can (tenants start with a letter or
+    digit, declared names hold no separator)."""
+    named = name if tenant == DEFAULT_TENANT else f"{tenant}{SEPARATOR}{name}"
+    return named if version is None else f"_v{version}{SEPARATOR}{named}"
 
 
 class ReadModels:
@@ -61,16 +65,19 @@ class ReadModels:
     Thread-safe: instances of one process share it across their worker threads.
     """
 
-    def __init__(self, tenant: str) -> None:
+    def __init__(self, tenant: str, version: int | None = None) -> None:
         self.tenant = tenant
+        self.version = version
+        """The version whose tables these are, if not the live one's."""
         self._copies: dict[Table, Table] = {}
         self._lock = threading.Lock()
         self._translated: dict[int, tuple[ClauseElement, ClauseElement]] = {}
 
     @property
     def renames(self) -> bool:
-        """Whether this tenant's tables are copies (every tenant but the default)."""
-        return self.tenant != DEFAULT_TENANT
+        """Whether this tenant's tables are copies (every tenant but the default's live
+        tables)."""
+        return self.tenant != DEFAULT_TENANT or self.version is not None
 
     def physical(self, table: Table) -> Table:
         """This tenant's table for the declared ``table`` (the table itself for the
@@ -113,14 +120,14 @@ class ReadModels:
                 f"read-model table {table.name!r} has foreign keys, which tenant "
                 f"{self.tenant!r}'s copy cannot keep: drop them from the declaration"
             )
-        name = physical_name(self.tenant, table.name)
+        name = physical_name(self.tenant, table.name, self.version)
         convention: Any = table.metadata.naming_convention
         copy = table.to_metadata(MetaData(naming_convention=convention), name=name)
         names = [name]
         items: list[Any] = [*copy.indexes, *copy.constraints]
         for item in items:
             if isinstance(item.name, str):
-                item.name = physical_name(self.tenant, item.name)
+                item.name = physical_name(self.tenant, item.name, self.version)
                 names.append(item.name)
         too_long = [n for n in names if len(n) > MAX_NAME]
         if too_long:

@@ -16,8 +16,6 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from functools import partial
 
-from sqlalchemy import Connection
-
 from messaging import (
     Database,
     Distribution,
@@ -29,15 +27,21 @@ from messaging import (
 )
 from messaging._config import settings_from_mapping
 from messaging._consumers import ConsumerSpec, collect_specs
-from messaging.distribution._ownership import Claim, Ownership
+from messaging.distribution._ownership import Ownership
 from messaging.routing._consumer import ROUTE_CONSUMER
+from messaging.runtime._versions import cutting_over, versions_changing
 from messaging.runtime._worker import ConsumerWorker
 from messaging.store._clock import ManualClock
 from messaging.store._rows import PARTITION_HASH, POSITION, NewMessage
 from projections import _operations as operations
 from projections._kinds import PROJECTION
 from projections.testing.database import configured_database, scratch_database
-from projections.testing.outcomes import OutcomeLosingDatabase, UnknownOutcome
+from projections.testing.outcomes import (
+    DiesAtCommit,
+    OutcomeLosingDatabase,
+    ProcessDied,
+    UnknownOutcome,
+)
 from projections.testing.records import Claimed, Commit, Delivery, Recorder
 
 SIMULATION_CONFIG: Mapping[str, object] = {
@@ -66,27 +70,7 @@ _OPERATOR = "projections.testing"
 """Who the simulated operator commands are recorded as, in the audit log."""
 
 
-class _ProcessDied(BaseException):
-    """The simulated process died: not an error any retry or halt may catch."""
-
-
-class _DiesAtCommit(Ownership):
-    """The ownership of a process that dies when it commits a checkpoint."""
-
-    def __init__(self, ownership: Ownership) -> None:
-        super().__init__(ownership.db)
-
-    def commit_checkpoint(
-        self,
-        conn: Connection,
-        consumer: str,
-        instance_id: str,
-        claims: Mapping[int, Claim],
-        position: int,
-    ) -> None:
-        raise _ProcessDied
-
-
+_CUTOVER_ROUNDS = 50  # rounds a settle goes on for, at most, while a new version takes over
 POLL_TAKES = 1e-6
 """Seconds of the manual clock each poll of an instance takes: no two polls share a "now",
 so a saga deadline scheduled again after its delivery never has the due time it had."""
@@ -191,8 +175,8 @@ class SimulatedCluster:
         instance = self.running.pop(name)
         for worker in instance.workers.values():
             if isinstance(worker, ConsumerWorker):
-                worker.ownership = _DiesAtCommit(worker.ownership)
-        with suppress(_ProcessDied):
+                worker.ownership = DiesAtCommit(worker.ownership)
+        with suppress(ProcessDied):
             self._poll(instance)
         self._record(f"crash_during_commit({name!r})")
 
@@ -391,7 +375,8 @@ class SimulatedCluster:
         """Time passes with no failures: rounds go by (``each_round`` is called after each)
         until one moves nothing and every partition is owned by a running instance, or
         for as long as any handover may take; then every running instance polls until
-        nothing is left. Returns how many messages were applied."""
+        nothing is left, and while a version of a projection is being built, rounds and
+        polls go on until it took over. Returns how many messages were applied."""
         interval = self.settings.messaging.consumer.rebalance_interval
         for _ in range(math.ceil(self.handover_bound / interval) + 2):
             moves = self.moves
@@ -402,16 +387,30 @@ class SimulatedCluster:
         applied = 0
         while count := self._poll_all():
             applied += count
+        for _ in range(_CUTOVER_ROUNDS):
+            if not versions_changing(self.db, [s.name for s in self.specs]):
+                break
+            self._tick(None)
+            each_round()
+            while count := self._poll_all():
+                applied += count
         self._record("settle()", f"applied {applied}")
         return applied
 
     # -- observing ---------------------------------------------------------------------------
 
     def owners(self) -> dict[tuple[str, int], str | None]:
-        """(consumer, partition) → the name of its owner (None when unowned)."""
+        """(consumer, partition) → its owner's name (None: unowned), but for a projection whose
+        new version takes over (its live version stopped on purpose)."""
+        names = [s.name for s in self.specs]
         with self.db.read() as conn:
-            rows = Ownership(self.db).partitions(conn, [s.name for s in self.specs])
-        return {(r.consumer, r.partition): self._names.get(r.owner or "", r.owner) for r in rows}
+            rows = Ownership(self.db).partitions(conn, names)
+            stopped = cutting_over(self.db, conn, names)
+        return {
+            (r.consumer, r.partition): self._names.get(r.owner or "", r.owner)
+            for r in rows
+            if r.consumer not in stopped
+        }
 
     def name_of(self, instance_id: str) -> str:
         """The name an instance joined under ("?" for one this cluster did not start)."""

@@ -8,6 +8,7 @@ the ``projections_database`` ini option (see :mod:`projections.testing.plugin`).
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 import uuid
 from collections.abc import Iterable, Iterator
@@ -41,11 +42,17 @@ def configured_database() -> str | None:
 
 
 def drop_tables(db: Database, tables: Iterable[str] = ()) -> None:
-    """Drop every table of ``db``'s prefix, and the named ``tables``, where they exist."""
+    """Drop every table of ``db``'s prefix, and the named ``tables`` with their versions'
+    copies (``_vN__<table>``), where they exist."""
     extra = set(tables)
     with db.engine.begin() as conn:
         for name in inspect(conn).get_table_names():
-            if name.startswith(db.schema.prefix) or name in extra:
+            versioned = re.fullmatch(r"_v\d+__(.+)", name)
+            if (
+                name.startswith(db.schema.prefix)
+                or name in extra
+                or (versioned is not None and versioned.group(1) in extra)
+            ):
                 conn.execute(text(f"DROP TABLE IF EXISTS `{name}`"))
 
 

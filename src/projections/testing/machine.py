@@ -42,6 +42,7 @@ from projections.testing.events import (
     Tick,
     Wake,
 )
+from projections.testing.lineage import Lineage
 from projections.testing.strategies import pauses, picks, ticks
 from projections.testing.testcase import TestCaseProperty
 
@@ -101,9 +102,8 @@ class ClusterMachine(RuleBasedStateMachine):
         self.epochs: dict[tuple[str, int], int] = {}
         self.checkpoints: dict[tuple[str, int], int] = {}
         self.unowned_since: dict[tuple[str, int], float] = {}
-        self.rebuilt_at: dict[str, int] = {}
-        """Consumer → how many commits the cluster had recorded when it was last rebuilt
-        (those before are not counted any more)."""
+        self.lineage = Lineage()
+        """Which commits count as each projection's live version's, across rebuilds."""
         self.batches: dict[tuple[str, str], Append] = {}
         """(topic, source) → the last append drawn for it."""
         self.last_failure = self.cluster.clock.value
@@ -287,7 +287,7 @@ class ClusterMachine(RuleBasedStateMachine):
         for name in rebuilt:
             for key in [k for k in self.checkpoints if k[0] == name]:
                 del self.checkpoints[key]  # a rebuild starts its checkpoints again
-            self.rebuilt_at[name] = len(self.cluster.commits)
+            self.lineage.rebuilt(name, len(self.cluster.commits))
         self.settle()
         with self.cluster.db.read() as conn:
             after = self.actual(conn)
@@ -345,11 +345,7 @@ class ClusterMachine(RuleBasedStateMachine):
     # -- invariants --------------------------------------------------------------------------
 
     def _committed(self) -> Counter[str]:
-        committed: Counter[str] = Counter()
-        for index, commit in enumerate(self.cluster.commits):
-            if index >= self.rebuilt_at.get(commit.consumer, 0):
-                committed[commit.consumer] += commit.count
-        return committed
+        return self.lineage.committed(self.cluster.commits)
 
     def _handled(self) -> Counter[str]:
         """Per transactional consumer, how many of the messages appended (or sent again) it
@@ -388,6 +384,7 @@ class ClusterMachine(RuleBasedStateMachine):
 
     @invariant()
     def epochs_and_checkpoints_never_decrease(self) -> None:
+        self._observe_versions()
         with self.cluster.db.read() as conn:
             rows = Ownership(self.cluster.db).partitions(conn)
         for row in rows:
@@ -419,7 +416,12 @@ class ClusterMachine(RuleBasedStateMachine):
     def partitions_owned_again_within_the_bounds(self) -> None:
         self._observe_ownership()
 
+    def _observe_versions(self) -> None:
+        names = [s.name for s in self.cluster.specs]
+        self.lineage.observe(self.cluster.db, names, len(self.cluster.commits), self.checkpoints)
+
     def _observe_ownership(self) -> None:
+        self._observe_versions()
         now, bound = self.cluster.clock.value, self.cluster.handover_bound
         for key, owner in self.cluster.owners().items():
             if owner in self.cluster.running or not self.cluster.running:

@@ -18,7 +18,7 @@ from sqlalchemy import Connection
 from sqlalchemy.exc import OperationalError
 
 from messaging import Database
-from messaging.distribution._ownership import Ownership
+from messaging.distribution._ownership import Claim, Ownership
 
 LOST_DURING_COMMIT = 2013
 """MySQL's "Lost connection to MySQL server during query", which PyMySQL raises when the
@@ -118,3 +118,24 @@ class OutcomeLosingDatabase(Database):
         """Partition → (epoch, checkpoint) of ``consumer``, as ``conn`` sees them."""
         rows = Ownership(self).partitions(conn, [consumer])
         return {row.partition: (row.epoch, row.checkpoint) for row in rows}
+
+
+class ProcessDied(BaseException):
+    """The simulated process died: not an error any retry or halt may catch."""
+
+
+class DiesAtCommit(Ownership):
+    """The ownership of a process that dies when it commits a checkpoint."""
+
+    def __init__(self, ownership: Ownership) -> None:
+        super().__init__(ownership.db)
+
+    def commit_checkpoint(
+        self,
+        conn: Connection,
+        consumer: str,
+        instance_id: str,
+        claims: Mapping[int, Claim],
+        position: int,
+    ) -> None:
+        raise ProcessDied

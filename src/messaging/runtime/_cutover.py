@@ -1,0 +1,295 @@
+"""A version being built takes the live version's place: readers see one or the other whole.
+
+Three steps, each a compare-and-set any instance building the version may take (the
+rebalance rounds of those instances try them; a crash between two leaves a state the
+next round goes on from):
+
+1. **Stop the live version** once the new one is within a batch of it
+   (:func:`ready`): in one transaction the live partitions are fenced, the consumer is
+   marked ``cutting-over`` (no claim is granted) and the live checkpoints, final now,
+   are recorded in its ``cutover`` column. The new version applies past them
+   (:mod:`messaging.runtime._gate`).
+2. **Swap** once the new version includes everything the live one applied
+   (:func:`caught_up`): the new version's partitions are fenced, the live tables are
+   renamed to ``_vL__<table>`` and the new ones to the declared names, the partition
+   rows and the ``consumers`` rows change places (``name`` is the new version, ``name@L``
+   the retired one). On SQLite all of it is one transaction (its DDL is transactional).
+   On MySQL/MariaDB the tables change places in one ``RENAME TABLE`` statement (atomic,
+   and replicated in total order on Galera); the rows before it (marking the swap and
+   fencing the new version) and after it are two transactions, and an instance finding
+   a swap marked redoes what is missing.
+3. The new version's partitions are claimed again under the declared names, by the
+   instances running its declaration; the others retire the consumer.
+
+Readers see the old version until the swap (its last state stays put from step 1),
+then the new one, which includes every message the old one had applied.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+
+from sqlalchemy import Connection, delete, func, inspect, select, update
+
+from messaging._consumers import ConsumerSpec
+from messaging._states import ConsumerState
+from messaging.distribution._ownership import Ownership
+from messaging.distribution._pulse import bump_generation
+from messaging.runtime._gate import VersionGate
+from messaging.runtime._lifecycle import lifecycle_event
+from messaging.runtime._versions import UnitRow, unit_name, unit_rows
+from messaging.store._database import Database
+from messaging.store._rows import POSITION
+from messaging.store._store import MessageStore
+from messaging.store._table_registry import register
+from messaging.store._tenancy import ReadModels
+
+log = logging.getLogger("messaging.runtime.cutover")
+
+
+def behind(db: Database, conn: Connection, unit: UnitRow, spec: ConsumerSpec, limit: int) -> int:
+    """How many messages the live version applied that version ``unit`` has not (counted
+    among the next ``limit`` after its checkpoints; ``limit`` means at least that many)."""
+    gate = VersionGate(db, unit.name)
+    gate.read(conn)
+    checkpoints = {r.partition: r.checkpoint for r in Ownership(db).partitions(conn, [unit.unit])}
+    rows = MessageStore(db).read_batch(
+        conn,
+        spec.topics,
+        partitions=checkpoints,
+        partition_count=spec.partitions,
+        types=list(unit.types),
+        limit=limit,
+    )
+    counted = gate.behind(rows)
+    full = len(rows) >= limit and rows[-1][POSITION] <= max(gate.checkpoints.values(), default=0)
+    return max(counted, limit) if full else counted
+
+
+def step(db: Database, spec: ConsumerSpec, unit: str, batch_size: int) -> None:
+    """Take the next cutover step of version ``unit`` of ``spec``, if it is due."""
+    with db.read() as conn:
+        rows = {r.unit: r for r in unit_rows(db, conn, [spec.name])}
+        building, live = rows.get(unit), rows.get(spec.name)
+        if building is None or live is None or not building.building:
+            return
+        cutover = live.cutover
+        if cutover is None:
+            if live.state != ConsumerState.RUNNING:
+                return  # paused by an operator, or a rebuild request not taken yet
+            if behind(db, conn, building, spec, batch_size) >= batch_size:
+                return
+        elif cutover["version"] != building.version or (
+            not cutover.get("swapping") and behind(db, conn, building, spec, batch_size)
+        ):
+            return
+    if cutover is None:
+        _stop_live(db, live, building)
+    else:
+        _swap(db, spec, live, building)
+
+
+def _stop_live(db: Database, live: UnitRow, building: UnitRow) -> None:
+    """Step 1: fence the live version and record its final checkpoints."""
+    t, ownership = db.schema.consumers, Ownership(db)
+    with db.transaction() as conn:
+        still = conn.execute(
+            select(t.c.state).where(t.c.tenant == db.tenant, t.c.name == building.unit)
+        ).scalar_one_or_none()
+        if still != ConsumerState.RUNNING:  # replaced, or live already (rows read before)
+            return
+        taken = conn.execute(
+            update(t)
+            .where(
+                t.c.tenant == db.tenant,
+                t.c.name == live.unit,
+                t.c.state == ConsumerState.RUNNING,
+                t.c.cutover.is_(None),
+                func.coalesce(t.c.version, 1) == live.version,
+            )
+            .values(state=ConsumerState.CUTTING_OVER, updated_at=db.clock.now())
+        ).rowcount
+        if taken != 1:
+            return
+        ownership.fence_all(conn, live.unit)
+        checkpoints = {r.partition: r.checkpoint for r in ownership.partitions(conn, [live.unit])}
+        cutover = {
+            "version": building.version,
+            "partitions": live.partitions,
+            "checkpoints": {str(p): c for p, c in checkpoints.items()},
+        }
+        conn.execute(
+            update(t)
+            .where(t.c.tenant == db.tenant, t.c.name == live.unit)
+            .values(cutover=json.dumps(cutover))
+        )
+        bump_generation(db, conn)
+    lifecycle_event(
+        "cutover",
+        consumer=live.name,
+        version=building.version,
+        live=live.version,
+        reason="the new version is within a batch: the live version stopped applying",
+    )
+
+
+def _swap(db: Database, spec: ConsumerSpec, live: UnitRow, building: UnitRow) -> None:
+    """Step 2: the tables, partitions and rows of the two versions change places."""
+    assert live.cutover is not None
+    renames = _renames(db, spec, live, building)
+    if db.is_sqlite:
+        with db.transaction() as conn:
+            if _swap_marked(db, conn, live, building, mark=False):
+                for leftover in _leftovers(conn, renames, live):
+                    conn.exec_driver_sql(f'DROP TABLE "{leftover}"')
+                for old, new in renames.items():
+                    conn.exec_driver_sql(f'ALTER TABLE "{old}" RENAME TO "{new}"')
+                _swap_rows(db, conn, spec, live, building)
+        return
+    if not live.cutover.get("swapping"):
+        with db.transaction() as conn:
+            if not _swap_marked(db, conn, live, building, mark=True):
+                return
+    with db.engine.connect() as conn:
+        present = set(inspect(conn).get_table_names())
+        pending = {old: new for old, new in renames.items() if old in present}
+        first_new = ReadModels(db.tenant, building.version).tables(spec.options.tables)
+        if any(t.name in present for t in first_new):  # not renamed yet (all or none)
+            wait = max(1, int(db.lock_wait or 1))
+            conn.exec_driver_sql(f"SET SESSION lock_wait_timeout = {wait}")
+            for leftover in _leftovers(conn, pending, live):
+                conn.exec_driver_sql(f"DROP TABLE `{leftover}`")
+            conn.exec_driver_sql(
+                "RENAME TABLE " + ", ".join(f"`{old}` TO `{new}`" for old, new in pending.items())
+            )
+    with db.transaction() as conn:
+        if _swap_marked(db, conn, live, building, mark=False, swapping=True):
+            _swap_rows(db, conn, spec, live, building)
+
+
+def _renames(
+    db: Database, spec: ConsumerSpec, live: UnitRow, building: UnitRow
+) -> Mapping[str, str]:
+    """The table renames of the swap, in order: the live tables (those registered for
+    the consumer and those its new version declares) out of the way, then the new
+    version's under the declared names."""
+    new = ReadModels(db.tenant, building.version).tables(spec.options.tables)
+    declared = db.read_models.tables(spec.options.tables)
+    with db.read() as conn:
+        r = db.schema.read_models
+        registered = conn.execute(
+            select(r.c.table_name).where(r.c.tenant == db.tenant, r.c.consumer == spec.name)
+        ).scalars()
+        present = set(inspect(conn).get_table_names())
+    old = sorted({*registered, *(d.name for d in declared)} & present)
+    renames = {name: f"_v{live.version}__{name}" for name in old}
+    renames.update({v.name: d.name for v, d in zip(new, declared, strict=True)})
+    return renames
+
+
+def _leftovers(conn: Connection, renames: Mapping[str, str], live: UnitRow) -> list[str]:
+    """Tables in the way of the live ones' new names: left by a version of the live one's
+    number whose rows are gone (the live version's own tables have the declared names)."""
+    present = set(inspect(conn).get_table_names())
+    prefix = f"_v{live.version}__"
+    return [new for new in renames.values() if new.startswith(prefix) and new in present]
+
+
+def _swap_marked(
+    db: Database,
+    conn: Connection,
+    live: UnitRow,
+    building: UnitRow,
+    *,
+    mark: bool,
+    swapping: bool = False,
+) -> bool:
+    """Whether the swap of ``building`` is still to do (the rows read again in ``conn``'s
+    transaction, locked); with ``mark``, record that it started and fence the new
+    version (MySQL: before the tables change places)."""
+    t = db.schema.consumers
+    row = conn.execute(
+        select(t.c.state, t.c.cutover)
+        .where(t.c.tenant == db.tenant, t.c.name == live.unit)
+        .with_for_update()
+    ).one_or_none()
+    unit = conn.execute(
+        select(t.c.state).where(t.c.tenant == db.tenant, t.c.name == building.unit)
+    ).scalar_one_or_none()
+    if row is None or row.state != ConsumerState.CUTTING_OVER or unit != ConsumerState.RUNNING:
+        return False
+    cutover = json.loads(row.cutover or "{}")
+    if cutover.get("version") != building.version or bool(cutover.get("swapping")) != swapping:
+        return False
+    if mark:
+        Ownership(db).fence_all(conn, building.unit)
+        conn.execute(
+            update(t)
+            .where(t.c.tenant == db.tenant, t.c.name == live.unit)
+            .values(cutover=json.dumps({**cutover, "swapping": True}))
+        )
+    return True
+
+
+def _swap_rows(
+    db: Database, conn: Connection, spec: ConsumerSpec, live: UnitRow, building: UnitRow
+) -> None:
+    """The partition and ``consumers`` rows of the two versions change places; every
+    partition of both gets a new epoch above any either had."""
+    t, ownership = db.schema.consumers, Ownership(db)
+    retired = unit_name(live.name, live.version)
+    floor = ownership.top_epoch(conn, [live.unit, building.unit])
+    p = db.schema.partitions
+    conn.execute(delete(p).where(p.c.tenant == db.tenant, p.c.consumer == retired))
+    conn.execute(delete(t).where(t.c.tenant == db.tenant, t.c.name == retired))
+    ownership.rename(conn, live.unit, retired)
+    ownership.rename(conn, building.unit, live.unit)
+    ownership.fence_all(conn, retired, floor=floor)
+    ownership.fence_all(conn, live.unit, floor=floor)
+    old = (
+        conn.execute(select(t).where(t.c.tenant == db.tenant, t.c.name == live.unit))
+        .one()
+        ._asdict()
+    )
+    new = (
+        conn.execute(select(t).where(t.c.tenant == db.tenant, t.c.name == building.unit))
+        .one()
+        ._asdict()
+    )
+    carried = ("kind", "distribution", "partitions", "topics", "types", "fingerprint")
+    retired_list: list[str] = json.loads(old["retired_fingerprints"] or "[]")
+    if old["fingerprint"] != new["fingerprint"]:
+        retired_list = [f for f in retired_list if f != new["fingerprint"]]
+        retired_list.append(old["fingerprint"])
+    now = db.clock.now()
+    conn.execute(
+        update(t)
+        .where(t.c.tenant == db.tenant, t.c.name == building.unit)
+        .values(name=retired, state=ConsumerState.RETIRED, updated_at=now, version=live.version)
+        .values({c: old[c] for c in carried})
+    )
+    conn.execute(
+        update(t)
+        .where(t.c.tenant == db.tenant, t.c.name == live.unit)
+        .values({c: new[c] for c in carried})
+        .values(
+            state=ConsumerState.RUNNING,
+            version=building.version,
+            cutover=None,
+            rebuild_target=None,
+            previous_fingerprint=old["fingerprint"],
+            retired_fingerprints=json.dumps(retired_list),
+            updated_at=now,
+        )
+    )
+    register(db, conn, spec.name, db.read_models.tables(spec.options.tables))
+    bump_generation(db, conn)
+    lifecycle_event(
+        "live",
+        consumer=live.name,
+        version=building.version,
+        retired=live.version,
+        reason="the new version took over in one commit",
+    )

@@ -1,0 +1,203 @@
+"""Versions of a projection's read models: a rebuild builds a new version beside the live one.
+
+The live version of projection ``name`` is applied as the consumer ``name`` on the
+declared tables; its row in ``consumers`` records its number (``version``, NULL for 1).
+A rebuild, requested by an operator or caused by a changed declaration, starts version
+N as the consumer ``name@N``: a ``consumers`` row of its own holding its declaration,
+partitions from checkpoint 0, and tables named ``_vN__<table>``
+(:func:`~messaging.store._tenancy.physical_name`). Every instance that runs its
+declaration claims its partitions like any consumer's (same assignor, claims and fence),
+writes its tables through a sibling engine (:meth:`Database.for_version`) and sends
+nothing the live version sends (:mod:`messaging.runtime._gate`). Once it has caught up,
+it takes the live version's place in one commit (:mod:`messaging.runtime._cutover`);
+the version it replaced stays as ``name@L`` (state ``retired``) with its tables.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import attrs
+from sqlalchemy import Connection, Table, insert, inspect, or_, select, update
+from sqlalchemy.exc import OperationalError, ProgrammingError
+
+from messaging._consumers import ConsumerSpec
+from messaging._settings import Distribution
+from messaging._states import ConsumerState
+from messaging.distribution._ownership import Ownership
+from messaging.runtime._lifecycle import lifecycle_event
+from messaging.store._database import Database
+from messaging.store._tenancy import ReadModels
+
+log = logging.getLogger("messaging.runtime.versions")
+
+MARK = "@"
+"""Between a projection's name and a version's number in the consumer name of a version
+that is not live (consumer names cannot hold it)."""
+
+
+def unit_name(name: str, version: int) -> str:
+    """The consumer name under which version ``version`` of ``name`` is built or kept."""
+    return f"{name}{MARK}{version}"
+
+
+def split_unit(unit: str) -> tuple[str, int | None]:
+    """(projection name, version) of a version's consumer name; (``unit``, None) for a
+    consumer name that is not one (a live version, or any other consumer)."""
+    name, mark, number = unit.rpartition(MARK)
+    return (name, int(number)) if mark and number.isdigit() else (unit, None)
+
+
+@attrs.frozen(kw_only=True)
+class UnitRow:
+    """A ``consumers`` row of a projection's live version or of another of its versions."""
+
+    unit: str
+    name: str
+    version: int
+    fingerprint: str
+    state: str
+    partitions: int
+    topics: tuple[str, ...]
+    types: tuple[str, ...]
+    cutover: dict[str, Any] | None
+    """On the live row while a version takes over: what the live version had applied."""
+
+    @property
+    def live(self) -> bool:
+        return self.unit == self.name
+
+    @property
+    def building(self) -> bool:
+        """A version being built (not the live one, not retired)."""
+        return not self.live and self.state == ConsumerState.RUNNING
+
+
+def unit_rows(db: Database, conn: Connection, names: Iterable[str]) -> list[UnitRow]:
+    """The rows of consumers ``names`` and of their versions, live ones first."""
+    names = sorted(set(names))
+    if not names:
+        return []
+    t = db.schema.consumers
+    rows = conn.execute(
+        select(
+            t.c.name,
+            t.c.fingerprint,
+            t.c.state,
+            t.c.partitions,
+            t.c.topics,
+            t.c.types,
+            t.c.version,
+            t.c.cutover,
+        ).where(
+            t.c.tenant == db.tenant,
+            or_(
+                t.c.name.in_(names),
+                *(t.c.name.startswith(f"{n}{MARK}", autoescape=True) for n in names),
+            ),
+        )
+    )
+    found = []
+    for r in rows:
+        name, version = split_unit(r.name)
+        if name not in names:
+            continue
+        found.append(
+            UnitRow(
+                unit=r.name,
+                name=name,
+                version=version if version is not None else int(r.version or 1),
+                fingerprint=r.fingerprint,
+                state=r.state,
+                partitions=int(r.partitions),
+                topics=tuple(json.loads(r.topics)),
+                types=tuple(json.loads(r.types)),
+                cutover=json.loads(r.cutover) if r.cutover else None,
+            )
+        )
+    return sorted(found, key=lambda u: (u.name, not u.live, u.version))
+
+
+def cutting_over(db: Database, conn: Connection, names: Iterable[str]) -> set[str]:
+    """Those of projections ``names`` whose live version stopped for a cutover."""
+    return {r.unit for r in unit_rows(db, conn, names) if r.state == ConsumerState.CUTTING_OVER}
+
+
+def versions_changing(db: Database, names: Iterable[str]) -> bool:
+    """Whether a version of any of projections ``names`` is being built or taking over."""
+    with db.read() as conn:
+        rows = unit_rows(db, conn, names)
+    return any(r.building or r.state == ConsumerState.CUTTING_OVER for r in rows)
+
+
+def start_version(
+    db: Database,
+    conn: Connection,
+    spec: ConsumerSpec,
+    fingerprint: str,
+    distribution: Distribution,
+    *,
+    types: Sequence[str],
+    reason: str,
+) -> str:
+    """Record a new version of ``spec`` under ``fingerprint`` (in ``conn``'s transaction;
+    each instance building it makes its tables, :func:`create_version_tables`); return its
+    consumer name. Its number is the next one whose tables do not exist (a number is never
+    given twice, but tables may outlive rows). A version still being built under another
+    declaration is retired first: only the newest declaration is built."""
+    rows = unit_rows(db, conn, [spec.name])
+    version = max([1, *(r.version for r in rows)]) + 1
+    present = set(inspect(conn).get_table_names())
+    while any(
+        t.name in present for t in ReadModels(db.tenant, version).tables(spec.options.tables)
+    ):
+        version += 1
+    t = db.schema.consumers
+    for row in rows:
+        if row.building:
+            conn.execute(
+                update(t)
+                .where(t.c.tenant == db.tenant, t.c.name == row.unit)
+                .values(state=ConsumerState.RETIRED, updated_at=db.clock.now())
+            )
+            Ownership(db).fence_all(conn, row.unit)
+    unit = unit_name(spec.name, version)
+    conn.execute(
+        insert(t).values(
+            tenant=db.tenant,
+            name=unit,
+            kind=spec.kind.value,
+            distribution=distribution.value,
+            partitions=spec.partitions,
+            topics=json.dumps(sorted(spec.topics)),
+            types=json.dumps(list(types)),
+            fingerprint=fingerprint,
+            state=ConsumerState.RUNNING,
+            updated_at=db.clock.now(),
+        )
+    )
+    Ownership(db).ensure_partitions(conn, unit, spec.partitions)
+    lifecycle_event("version", consumer=spec.name, version=version, reason=reason)
+    return unit
+
+
+def create_version_tables(db: Database, spec: ConsumerSpec, version: int) -> None:
+    """Create the tables of ``version`` of ``spec`` that do not exist yet."""
+    create_tables(db, ReadModels(db.tenant, version).tables(spec.options.tables))
+
+
+def create_tables(db: Database, tables: Iterable[Table]) -> None:
+    """Create those of ``tables`` that do not exist yet, each in its own transaction (DDL
+    commits implicitly on MySQL); a concurrent creation by another instance is no error."""
+    for table in tables:
+        try:
+            with db.transaction() as conn:
+                table.create(conn, checkfirst=True)
+        except (OperationalError, ProgrammingError) as exc:
+            with db.read() as conn:
+                if not inspect(conn).has_table(table.name):
+                    raise
+            log.debug("read model %s created concurrently: %s", table.name, exc)
