@@ -40,6 +40,7 @@ from messaging._states import DeclarationOutcome
 from messaging.distribution._membership import InstanceInfo, Membership
 from messaging.distribution._ownership import Ownership
 from messaging.runtime._declarations import declare
+from messaging.runtime._versions import unit_rows
 from messaging.runtime._worker import ConsumerWorker
 from messaging.store._retry import retry_transient
 from messaging.store._rows import partition_of
@@ -400,35 +401,38 @@ def test_forget_processed_whose_ack_is_lost_returns_what_it_forgot(
     ]
 
 
-def test_a_rebuild_performed_whose_ack_is_lost_finishes_at_once(
+def test_a_rebuild_whose_version_commits_lose_their_acks_takes_over_once(
     db: Database, proxied: Database, proxy: AckProxy
 ) -> None:
-    """The instance that takes a requested rebuild (state 'rebuilding', every partition
-    reset to it) loses that commit's ack: the rebalance round is retried, recognises its
-    own rebuild and finishes it, instead of leaving the consumer applying nothing until the
-    rebuild counts as abandoned (stale-instance-timeout later). The finishing commit
-    (state 'running') loses its ack too: the next retry finds the consumer running."""
+    """A requested rebuild's commits lose their acks: the one starting the new version, the
+    one stopping the live version for the cutover, and the swap. Each rebalance round is
+    retried (as the loop does) and finds the step already taken: one version is started,
+    it takes over once, and it equals the replay."""
     manager = create_plugin_manager([], load_entrypoints=False)
     spec = consumer_spec(fault_app.SingleSequence)
     instance = Instance(proxied, [spec], Settings(), manager.hook, name="rebuilder")
     append_numbered(db, ["r"], 1, 3)
     instance.start(loops=False)
-    worker = instance.workers[spec.name]
-    _drive(worker, lambda: tally(db, spec.name, {}).applied >= 3, "messages")
+    _drive(instance.workers[spec.name], lambda: tally(db, spec.name, {}).applied >= 3, "messages")
     operations.rebuild(db, spec.name, who="ops")
-    taking, finishing = touches("SET state='rebuilding'"), touches("SET state='running'")
-    proxy.arm(2, when=lambda statements: taking(statements) or finishing(statements))
-    instance.retry(instance.rebalance, "rebalance")  # as the rebalance loop does
-    assert proxy.dropped == 2
-    consumers = db.schema.consumers
-    with db.read() as conn:
-        state = conn.execute(
-            select(consumers.c.state).where(consumers.c.name == spec.name)
-        ).scalar_one()
-    assert state == "running"
-    instance.retry(instance.rebalance, "rebalance")  # claims again, now that it runs
-    _drive(worker, lambda: tally(db, spec.name, {}).applied >= 3, "the replay")
-    assert tally(db, spec.name, {"r": 3}).exact
+    starting = touches("INSERT INTO", "consumers")
+    stopping, swapping = touches("SET state='cutting-over'"), touches("SET name=")
+    proxy.arm(3, when=lambda sql: starting(sql) or stopping(sql) or swapping(sql))
+    unit = f"{spec.name}@2"
+    for _ in range(20):
+        instance.retry(instance.rebalance, "rebalance")  # as the rebalance loop does
+        for worker in list(instance.workers.values()):
+            while worker.poll():
+                pass
+        with db.read() as conn:
+            versions = {u.unit: (u.version, u.state) for u in unit_rows(db, conn, [spec.name])}
+        if versions.get(spec.name, (1,))[0] == 2 and unit not in instance.workers:
+            break
+    assert proxy.dropped == 3
+    assert versions == {spec.name: (2, "running"), f"{spec.name}@1": (1, "retired")}
+    append_numbered(db, ["r"], 4, 2)
+    _drive(instance.workers[spec.name], lambda: tally(db, spec.name, {}).applied >= 5, "more")
+    assert tally(db, spec.name, {"r": 5}).exact
     instance.stop()
 
 
