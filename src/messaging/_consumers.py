@@ -119,6 +119,11 @@ def mark_consumer(cls: type, options: ConsumerOptions) -> None:
         raise RegistrationError(f"consumer {options.name!r}: decorate a class, not {cls!r}")
     if not options.name or not isinstance(options.name, str):
         raise RegistrationError(f"{cls.__qualname__}: a consumer name must be a non-empty string")
+    if "@" in options.name:
+        raise RegistrationError(
+            f"consumer {options.name!r}: '@' is reserved for a projection's versions "
+            "(NAME@2 is version 2 of NAME); rename the consumer"
+        )
     if not options.topics or any(not t or not isinstance(t, str) for t in options.topics):
         raise RegistrationError(f"consumer {options.name!r}: topics must be non-empty strings")
     if not isinstance(options.partitions, int) or not 1 <= options.partitions <= 4096:

@@ -31,6 +31,7 @@ from messaging.distribution._ownership import NOT_HALTED
 from messaging.distribution._pulse import bump_generation
 from messaging.routing._consumer import ROUTE_CONSUMER
 from messaging.runtime._lifecycle import lifecycle_event
+from messaging.runtime._versions import split_unit, unit_rows
 from messaging.store._database import Database
 from messaging.store._retry import for_command, retry_command
 from projections._kinds import PROJECTION
@@ -247,9 +248,13 @@ def resume(
 
 
 def rebuild(db: Database, consumer: str, *, who: str, reason: str = "") -> None:
-    """Empty ``consumer``'s read models and replay it from the start. The first instance
-    running it does the work (it has the table declarations); until then nothing applies it."""
+    """Build a new version of projection ``consumer`` beside the live one, which goes on
+    being applied and read until the new one takes over. The first instance running it
+    starts the version (it has the table declarations)."""
     check_reason(reason)
+    name, version = split_unit(consumer)
+    if version is not None:
+        raise OperationError(f"{consumer!r} is version {version} of {name!r}: rebuild {name!r}")
 
     def body(conn: Connection, command_id: str) -> None:
         state = _state(db, conn, consumer)
@@ -261,8 +266,13 @@ def rebuild(db: Database, consumer: str, *, who: str, reason: str = "") -> None:
             )
         if state in (ConsumerState.REBUILD_REQUESTED, ConsumerState.REBUILDING):
             raise OperationError(f"consumer {consumer!r} is already being rebuilt")
+        building = [u.unit for u in unit_rows(db, conn, [consumer]) if u.building]
+        if building or state == ConsumerState.CUTTING_OVER:
+            raise OperationError(
+                f"consumer {consumer!r} is already being rebuilt: "
+                f"{', '.join(building) or 'its new version is taking over'}"
+            )
         _set_state(db, conn, consumer, ConsumerState.REBUILD_REQUESTED)
-        _fence_all(db, conn, consumer)
         _audit(db, conn, "rebuild", consumer, who, {"reason": reason, "was": state}, command_id)
 
     _once(db, "rebuild", body, lambda _detail: None)

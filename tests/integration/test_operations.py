@@ -159,6 +159,10 @@ def test_rebuild_replays_the_read_model_from_scratch(cluster: SimulatedCluster) 
     assert cluster.poll_all() == 0
     cluster.tick()  # the first instance to see the request starts a version
     assert _texts(db) == ["a", "b", "c", "junk"]
+    with pytest.raises(OperationError, match="already being rebuilt: ops-notes@2"):
+        rebuild(db, "ops-notes", who="ops@test")
+    with pytest.raises(OperationError, match="'ops-notes@2' is version 2 of 'ops-notes'"):
+        rebuild(db, "ops-notes@2", who="ops@test")
     for _ in range(10):
         cluster.tick()  # claims, then the cutover's steps
         _drain(cluster)

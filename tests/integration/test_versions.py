@@ -6,7 +6,6 @@ to a sequential replay; a projection that sends sends nothing twice across a reb
 
 from __future__ import annotations
 
-import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -26,6 +25,7 @@ from clusters import (
     wait_until,
     write_config,
 )
+from readers import Reader, Traffic
 from sqlalchemy import MetaData, func, select
 
 from messaging import Database, MessageStore
@@ -34,63 +34,6 @@ from projections.examples import ledger
 pytestmark = pytest.mark.multiprocess
 
 BUILDING = "ledger-balances@2"
-
-
-class Reader(threading.Thread):
-    """Reads the ledger's accounts and entries every ``every`` seconds through an engine of
-    its own, as an application would, and counts answers that went back (fewer accounts
-    or entries than an earlier answer: an empty, partly built or older read model)."""
-
-    def __init__(self, db: Database, every: float = 0.01) -> None:
-        super().__init__(daemon=True)
-        self.db = Database(db.url, table_prefix=db.schema.prefix)
-        self.every = every
-        self.reads = self.went_back = 0
-        self.errors: list[str] = []
-        self.last = (0, 0)
-        self.halt = threading.Event()
-
-    def run(self) -> None:
-        query = select(func.count(), func.coalesce(func.sum(ledger.balances.c.entries), 0))
-        try:
-            while not self.halt.wait(self.every):
-                try:
-                    with self.db.read() as conn:
-                        accounts, entries = conn.execute(query).one()
-                except Exception as exc:  # a missing table is a failure of the test
-                    self.errors.append(f"{type(exc).__name__}: {exc}"[:200])
-                    continue
-                seen = (int(accounts), int(entries))
-                self.reads += 1
-                if seen[0] < self.last[0] or seen[1] < self.last[1]:
-                    self.went_back += 1
-                self.last = max(self.last, seen)
-        finally:
-            self.db.dispose()
-
-    def stop(self) -> None:
-        self.halt.set()
-        self.join(timeout=10)
-
-
-class Traffic(threading.Thread):
-    """Appends ledger traffic in small commits until stopped (new accounts each time: an
-    account opened again starts from zero entries)."""
-
-    def __init__(self, db: Database) -> None:
-        super().__init__(daemon=True)
-        self.db = db
-        self.halt = threading.Event()
-        self.rounds = 0
-
-    def run(self) -> None:
-        while not self.halt.is_set():
-            self.rounds += 1
-            seed_ledger(self.db, 20, seed=100 + self.rounds, prefix=f"t{self.rounds}")
-
-    def stop(self) -> None:
-        self.halt.set()
-        self.join(timeout=30)
 
 
 def test_readers_see_the_live_version_whole_until_the_new_one_takes_over(

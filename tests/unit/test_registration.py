@@ -392,6 +392,12 @@ def test_decorating_a_non_class_or_without_a_name_is_refused() -> None:
         in_memory_projection("", topics="reg")(type("Nameless", (), {}))
 
 
+def test_a_name_holding_the_version_mark_is_refused() -> None:
+    """``NAME@2`` names version 2 of projection NAME: no consumer may be named so."""
+    with pytest.raises(RegistrationError, match="'@' is reserved for a projection's versions"):
+        projection("test-reg@2", topics="reg")(type("Versioned", (), {}))
+
+
 def test_undecorated_class_is_not_a_consumer() -> None:
     """consumer_spec of a class without a consumer decorator fails naming the class."""
     with pytest.raises(RegistrationError, match="ExtraPlugin"):
