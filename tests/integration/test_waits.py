@@ -247,7 +247,7 @@ def test_rebuild_progress_moves_as_messages_are_replayed(
         if "build" in building:
             seen.append(building["build"]["applied"])
         live = consumers[tally_app.CONSUMER]
-        return live["version"] == 2 and sum(p["lag"] for p in live["partitions"]) == 0
+        return bool(live["version"] == 2 and sum(p["lag"] for p in live["partitions"]) == 0)
 
     wait_until(rebuilt, timeout=60, what="the rebuild done")
     assert time.monotonic() - started < 5.0
