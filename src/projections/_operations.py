@@ -274,6 +274,7 @@ def rebuild(db: Database, consumer: str, *, who: str, reason: str = "") -> None:
             )
         _set_state(db, conn, consumer, ConsumerState.REBUILD_REQUESTED)
         _audit(db, conn, "rebuild", consumer, who, {"reason": reason, "was": state}, command_id)
+        bump_generation(db, conn)  # the instances running it start the version at once
 
     _once(db, "rebuild", body, lambda _detail: None)
 

@@ -15,7 +15,7 @@ from messaging.distribution._membership import InstanceInfo, Membership
 from messaging.distribution._ownership import Ownership
 from messaging.runtime._cutover import step
 from messaging.runtime._declarations import declare, start_requested_rebuild
-from messaging.runtime._versions import split_unit, unit_rows
+from messaging.runtime._versions import create_version_tables, split_unit, unit_rows
 from projections import _operations as operations
 from projections import projection
 
@@ -53,7 +53,9 @@ def _register(db: Database, instance_id: str) -> None:
 
 
 def _cut_over(db: Database, spec, unit: str) -> None:  # type: ignore[no-untyped-def]
-    """Take the cutover steps of version ``unit`` of ``spec`` (an empty stream: each at once)."""
+    """Take the cutover steps of version ``unit`` of ``spec`` (an empty stream: each at once),
+    as an instance building it would (its tables made first)."""
+    create_version_tables(db, spec, split_unit(unit)[1] or 0)
     step(db, spec, unit, batch_size=100)  # the live version stops
     step(db, spec, unit, batch_size=100)  # the versions change places
     with db.read() as conn:
@@ -94,6 +96,7 @@ def test_a_new_declaration_builds_a_version_beside_the_live_one(db: Database) ->
         assert len(conn.execute(select(table)).all()) == 1
         built = ownership.partitions(conn, ["decl-notes@2"])
     assert [(r.owner, r.checkpoint) for r in built] == [(None, 0)] * 4
+    create_version_tables(db, v2, 2)  # as an instance building it does
     assert _count(db, f"_v2__{table.name}") == 0
 
 

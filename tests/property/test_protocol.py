@@ -42,14 +42,20 @@ from projections.testing import (
 )
 
 metadata = MetaData()
-applied = Table(
-    "sim_applied",
-    metadata,
-    Column("id", Integer, primary_key=True, autoincrement=True),
-    Column("consumer", String(20), nullable=False),
-    Column("position", BigInteger, nullable=False),
-)
-RECORD = insert(applied)
+
+
+def _applied_table(name: str) -> Table:
+    """A table of one projection (a rebuild swaps a projection's own tables)."""
+    return Table(
+        name,
+        metadata,
+        Column("id", Integer, primary_key=True, autoincrement=True),
+        Column("consumer", String(20), nullable=False),
+        Column("position", BigInteger, nullable=False),
+    )
+
+
+TABLES = {"partitioned": _applied_table("sim_applied"), "single": _applied_table("sim_single")}
 
 
 @message("test.sim.event")
@@ -58,18 +64,21 @@ class Event:
     n: int
 
 
-@projection("sim-partitioned", topics="sim", partitions=4, tables=[applied])
+@projection("sim-partitioned", topics="sim", partitions=4, tables=[TABLES["partitioned"]])
 class Partitioned:
     @handler
     def event(self, event: Event, ctx: HandlerContext) -> None:
-        ctx.execute(RECORD, {"consumer": "partitioned", "position": ctx.envelope.position})
+        record = {"consumer": "partitioned", "position": ctx.envelope.position}
+        ctx.execute(insert(TABLES["partitioned"]), record)
 
 
-@projection("sim-single", topics="sim", partitions=2, tables=[applied])
+@projection("sim-single", topics="sim", partitions=2, tables=[TABLES["single"]])
 class Single:
     @handler
     def event(self, event: Event, ctx: HandlerContext) -> None:
-        ctx.execute(RECORD, {"consumer": "single", "position": ctx.envelope.position})
+        ctx.execute(
+            insert(TABLES["single"]), {"consumer": "single", "position": ctx.envelope.position}
+        )
 
 
 CONSUMERS = {"sim-partitioned": "partitioned", "sim-single": "single"}
@@ -99,8 +108,8 @@ class ProtocolMachine(ClusterMachine):
 
     @staticmethod
     def _applied(conn: Connection, consumer: str) -> list[int]:
-        query = select(applied.c.position).where(applied.c.consumer == consumer)
-        return list(conn.execute(query).scalars())
+        table = TABLES[consumer]
+        return list(conn.execute(select(table.c.position)).scalars())
 
     def _stable(self) -> bool:
         """Every partition owned by a running instance and the partitioned consumer's shares

@@ -42,17 +42,14 @@ def configured_database() -> str | None:
 
 
 def drop_tables(db: Database, tables: Iterable[str] = ()) -> None:
-    """Drop every table of ``db``'s prefix, and the named ``tables`` with their versions'
+    """Drop every table of ``db``'s prefix and the named ``tables``, with their versions'
     copies (``_vN__<table>``), where they exist."""
     extra = set(tables)
     with db.engine.begin() as conn:
         for name in inspect(conn).get_table_names():
             versioned = re.fullmatch(r"_v\d+__(.+)", name)
-            if (
-                name.startswith(db.schema.prefix)
-                or name in extra
-                or (versioned is not None and versioned.group(1) in extra)
-            ):
+            base = name if versioned is None else versioned.group(1)
+            if base.startswith(db.schema.prefix) or base in extra:
                 conn.execute(text(f"DROP TABLE IF EXISTS `{name}`"))
 
 
