@@ -1,0 +1,54 @@
+"""Liveness and readiness of the instance an admin server runs beside, as load balancers
+and Kubernetes probes ask (``GET /admin/health/live``, ``/admin/health/ready``).
+
+- **Live**: every loop thread the instance started still runs, and none is past its
+  watchdog bound (:meth:`~messaging.runtime._watchdog.Watchdog.overdue`). An unreachable
+  database does not make an instance dead: restarting it would not bring the database
+  back. A stopping instance is live (its loops end on purpose).
+- **Ready**: registered, not stopping, and the database reachable as its loops last saw
+  it (no outage going on). Without an instance (``projections admin``, a supervisor), the
+  server is live while it answers and ready while a query reaches the database.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from sqlalchemy import literal, select
+
+from messaging.store._database import Database
+
+if TYPE_CHECKING:
+    from messaging.runtime._instance import Instance
+
+__all__ = ["liveness", "readiness"]
+
+UNREACHABLE = "the database is unreachable"
+
+
+def liveness(instance: Instance | None) -> list[str]:
+    """Why ``instance`` is not live (empty when it is)."""
+    if instance is None or instance.stop_requested.is_set():
+        return []
+    ended = [f"its {name} loop has ended" for name, alive in instance.loops().items() if not alive]
+    stuck = [f"its {name} loop is past its bound" for name in instance.watchdog.overdue()]
+    return ended + stuck
+
+
+def readiness(instance: Instance | None, db: Database) -> list[str]:
+    """Why ``instance`` (or, without one, this server) is not ready (empty when it is)."""
+    if instance is None:
+        try:
+            with db.read() as conn:
+                conn.execute(select(literal(1))).scalar_one()
+        except Exception:
+            return [UNREACHABLE]
+        return []
+    reasons = []
+    if not instance.registered:
+        reasons.append("not registered")
+    if instance.stop_requested.is_set():
+        reasons.append("stopping")
+    if instance.outage.down or instance.heartbeat_outage.down:
+        reasons.append(UNREACHABLE)
+    return reasons
