@@ -1,7 +1,9 @@
 """Health verdicts of real ``projections run`` processes, from the database: a frozen owner
 is ``stalled``, then ``unowned``, then ``caught-up`` once another instance took over; a
 pause, a rebuild and clean handovers raise no alarm; a halted partition is ``halted``; and
-``projections health`` exits 0, 1, 2 (3 on an error) accordingly."""
+``projections health`` exits 0, 1, 2 (3 on an error) accordingly; the probes of an
+instance's admin port answer 503 for ``ready`` while it stops and for ``live`` once a
+loop of it died."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+from unittest.mock import ANY
 
 import health_app
 import pytest
@@ -55,13 +58,16 @@ def _config(tmp_path: Path, db: Database, *, stale: float, stall: float = STALL)
     return write_config(tmp_path / "config.yaml", db, consumer=timings, extra=extra)
 
 
-def _start(config: Path, name: str, tmp_path: Path) -> subprocess.Popen[bytes]:
+def _start(
+    config: Path, name: str, tmp_path: Path, admin_port: int | None = None
+) -> subprocess.Popen[bytes]:
     return start_instance(
         config,
         name,
         "health_app",
         env={"HEALTH_DIR": str(tmp_path)},
         log=tmp_path / f"{name}.log",
+        options=() if admin_port is None else ("--admin-port", str(admin_port)),
     )
 
 
@@ -313,3 +319,55 @@ def test_halted_partitions_and_the_exit_codes_of_projections_health(
     assert unknown.returncode == 3
     assert "no consumer named 'no-such-consumer'" in unknown.stderr
     assert stop_instance(process) == 0
+
+
+def test_the_probes_while_an_instance_stops_and_once_its_apply_loop_died(
+    db: Database, tmp_path: Path
+) -> None:
+    """``ready`` and ``live`` answer 200 while an instance runs; ``ready`` 503 (``live``
+    200) while it stops behind a slow batch; on another instance whose apply loop ended
+    (its handler raised ``SystemExit``), ``live`` 503 naming the loop and ``ready`` 200.
+    The health routes answer beside: 404 naming an unknown consumer."""
+    config = _config(tmp_path, db, stale=5.0)
+    port = health_app.free_port()
+    first = _start(config, "p1", tmp_path, admin_port=port)
+    wait_until(lambda: _consumer(db, load_settings(config, environ={})), timeout=60, what="p1")
+    wait_until(lambda: health_app.probe(port, "health/ready")[0] == 200, timeout=60, what="ready")
+    assert health_app.probe(port, "health/live") == (
+        200,
+        {"status": "ok", "reasons": [], "by": ANY},
+    )
+    status, report = health_app.probe(port, "health")
+    assert status == 200 and report["thresholds"]["stall_timeout"] == STALL
+    status, one = health_app.probe(port, f"consumers/{CONSUMER}/health")
+    assert status == 200 and [c["name"] for c in one["consumers"]] == [CONSUMER]
+    assert health_app.probe(port, "consumers/nope/health") == (
+        404,
+        {"error": "no consumer named 'nope'"},
+    )
+
+    health_app.append(db, 0, 1, fate="slow")
+    wait_until(lambda: (tmp_path / f"slow-{first.pid}").exists(), timeout=60, what="slow batch")
+    first.send_signal(signal.SIGTERM)
+    status, ready = wait_until(
+        lambda: (answer := health_app.probe(port, "health/ready"))[0] == 503 and answer,
+        timeout=30,
+        what="ready to answer 503",
+    )
+    assert ready["reasons"] == ["stopping"]
+    assert health_app.probe(port, "health/live")[0] == 200
+    assert first.wait(timeout=30) == 0
+
+    port = health_app.free_port()
+    second = _start(config, "p2", tmp_path, admin_port=port)
+    wait_until(lambda: health_app.probe(port, "health/ready")[0] == 200, timeout=60, what="p2")
+    health_app.append(db, 1, 1, fate="fatal")
+    status, live = wait_until(
+        lambda: (answer := health_app.probe(port, "health/live"))[0] == 503 and answer,
+        timeout=30,
+        what="live to answer 503",
+    )
+    assert live["reasons"] == [f"its apply:{CONSUMER} loop has ended"]
+    assert health_app.probe(port, "health/ready")[0] == 200
+    second.kill()
+    second.wait(timeout=10)

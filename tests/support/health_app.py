@@ -5,9 +5,14 @@ the thread that applies it (``fatal``: ``SystemExit``, as a loop that dies)."""
 
 from __future__ import annotations
 
+import json
 import os
+import socket
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
+from typing import Any
 
 import attrs
 from sqlalchemy import BigInteger, Column, MetaData, Table, insert
@@ -54,3 +59,22 @@ def append(db: Database, first: int, count: int, fate: str = "ok") -> None:
     with db.transaction() as conn:
         for n in range(first, first + count):
             store.append(conn, TOPIC, f"s{n}", [Counted(n, fate)])
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def probe(port: int, path: str) -> tuple[int, Any]:
+    """(status, JSON body) of ``GET /admin/<path>`` on ``port``; (0, None) while nothing
+    answers there."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/admin/{path}", timeout=10) as answer:
+            return answer.status, json.loads(answer.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+    except (urllib.error.URLError, ConnectionError):
+        return 0, None

@@ -5,9 +5,10 @@ and Kubernetes probes ask (``GET /admin/health/live``, ``/admin/health/ready``).
   watchdog bound (:meth:`~messaging.runtime._watchdog.Watchdog.overdue`). An unreachable
   database does not make an instance dead: restarting it would not bring the database
   back. A stopping instance is live (its loops end on purpose).
-- **Ready**: registered, not stopping, and the database reachable as its loops last saw
-  it (no outage going on). Without an instance (``projections admin``, a supervisor), the
-  server is live while it answers and ready while a query reaches the database.
+- **Ready**: started (its loops run), registered, not stopping, and the database reachable
+  as its loops last saw it (no outage going on). Without an instance (``projections
+  admin``, a supervisor), the server is live while it answers and ready while a query
+  reaches the database.
 """
 
 from __future__ import annotations
@@ -45,6 +46,8 @@ def readiness(instance: Instance | None, db: Database) -> list[str]:
             return [UNREACHABLE]
         return []
     reasons = []
+    if not instance.loops():
+        reasons.append("starting")
     if not instance.registered:
         reasons.append("not registered")
     if instance.stop_requested.is_set():

@@ -1,0 +1,75 @@
+"""A Kubernetes-style probe of an instance whose MariaDB goes away: ``ready`` answers 503
+while the database is down and 200 once it is back; ``live`` stays 200 throughout (a
+restart would not bring the database back)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from unittest.mock import ANY
+
+import health_app
+import pytest
+from clusters import start_instance, stop_instance, wait_until, write_config
+from private_mariadb import PrivateMariaDB
+
+from messaging import Database
+from messaging.store._migrations import migrate
+
+pytestmark = [pytest.mark.mysql, pytest.mark.multiprocess]
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[PrivateMariaDB]:
+    folder = tmp_path / "mariadb"
+    folder.mkdir()
+    private = PrivateMariaDB(folder)
+    private.start()
+    private.execute("CREATE DATABASE probes")
+    try:
+        yield private
+    finally:
+        private.stop()
+
+
+def test_ready_is_503_while_the_database_is_down_and_live_stays_200(
+    server: PrivateMariaDB, tmp_path: Path
+) -> None:
+    db = Database(server.url("probes"))
+    migrate(db)
+    db.prepare()
+    timings = {
+        "stale-instance-timeout": "20s",
+        "conflict-retry": {"max-retries": 3, "max-delay": "100ms"},
+    }
+    config = write_config(tmp_path / "config.yaml", db, consumer=timings)
+    db.dispose()
+    port = health_app.free_port()
+    process = start_instance(
+        config,
+        "p1",
+        "health_app",
+        env={"HEALTH_DIR": str(tmp_path)},
+        log=tmp_path / "p1.log",
+        options=("--admin-port", str(port)),
+    )
+    wait_until(lambda: health_app.probe(port, "health/ready")[0] == 200, timeout=60, what="ready")
+
+    server.stop()
+    answers = []
+
+    def unready() -> bool:
+        answers.append(health_app.probe(port, "health/live")[0])
+        return health_app.probe(port, "health/ready") == (
+            503,
+            {"status": "fail", "reasons": ["the database is unreachable"], "by": ANY},
+        )
+
+    wait_until(unready, timeout=30, what="ready to answer 503")
+    for _ in range(20):  # live, asked again and again while the database stays down
+        answers.append(health_app.probe(port, "health/live")[0])
+    assert set(answers) == {200}
+
+    server.start()
+    wait_until(lambda: health_app.probe(port, "health/ready")[0] == 200, timeout=60, what="back")
+    assert stop_instance(process) == 0
