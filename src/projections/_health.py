@@ -9,7 +9,9 @@ partition row's ``updated_at`` (a claim, a release, an operator's command or an 
 checkpoint) or from when its oldest message to apply was recorded, whichever is later, so
 a partition just claimed, resumed or handed over, or that just got a message, is not
 stalled. A consumer's verdict is its partitions' most alarming one; the report's status is
-the worst severity (:class:`~messaging._states.Severity`).
+the worst severity (:class:`~messaging._states.Severity`), and at least ``degraded`` while
+the database refuses writes (a write that changes nothing is tried:
+:func:`~messaging.store._refusals.refused_writes`).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from messaging._settings import Settings, format_duration
 from messaging._states import ConsumerState, OwnerState, PartitionStatus, Severity, Verdict
 from messaging.distribution._membership import Membership
 from messaging.store._database import Database
+from messaging.store._refusals import refused_writes
 from projections._reports import consumers_report, pending
 
 UNOWNED_GRACE = 1.0
@@ -48,7 +51,7 @@ def thresholds(settings: Settings) -> dict[str, float]:
 
 
 def health_report(db: Database, settings: Settings, consumer: str | None = None) -> dict[str, Any]:
-    """``{"status", "thresholds", "consumers": [{"name", "kind", "verdict", "severity",
+    """``{"status", "database", "thresholds", "consumers": [{"name", "kind", "verdict", "severity",
     "partitions": [{"partition", "verdict", "severity", "lag", "instance", "reason"}]}]}``
     for every consumer, or for ``consumer`` alone (:class:`UnknownConsumer` if none)."""
     stale = settings.messaging.consumer.stale_instance_timeout
@@ -57,6 +60,7 @@ def health_report(db: Database, settings: Settings, consumer: str | None = None)
         report = consumers_report(db, settings.messaging.consumer, conn)
         silent = {r.id: stale - r.expires_in for r in Membership(db).instances(conn, stale)}
         ages = _ages(db, conn)
+    refused = refused_writes(db)
     chosen = [c for c in report["consumers"] if consumer in (None, c["name"])]
     if consumer is not None and not chosen:
         raise UnknownConsumer(consumer)
@@ -90,9 +94,12 @@ def health_report(db: Database, settings: Settings, consumer: str | None = None)
                 "partitions": partitions,
             }
         )
-    status = max((c["severity"] for c in consumers), key=list(Severity).index, default=None)
+    severities = [c["severity"] for c in consumers] + [Severity.HEALTHY]
+    if refused is not None:
+        severities.append(Severity.DEGRADED)
     return {
-        "status": status or Severity.HEALTHY,
+        "status": max(severities, key=list(Severity).index),
+        "database": "takes writes" if refused is None else f"refuses writes: {refused}",
         "thresholds": limits,
         "consumers": consumers,
     }
@@ -156,7 +163,8 @@ def format_health(report: dict[str, Any]) -> str:
     limits = report["thresholds"]
     lines = [
         f"{report['status']}  (stall-timeout {format_duration(limits['stall_timeout'])}, "
-        f"unowned after {format_duration(limits['unowned_after'])})"
+        f"unowned after {format_duration(limits['unowned_after'])}; the database "
+        f"{report['database']})"
     ]
     for consumer in report["consumers"]:
         lines.append(f"{consumer['name']}  {consumer['verdict']}  ({consumer['severity']})")

@@ -20,6 +20,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy.engine import URL
 from sqlalchemy.exc import DBAPIError
 
 from messaging._config import load_settings
@@ -32,6 +33,7 @@ from messaging._states import Severity
 from messaging.runtime._instance import Instance
 from messaging.store._database import Database, parse_database_url
 from messaging.store._migrations import migrate
+from messaging.store._refusals import refusal, refusal_words
 from projections._cli_parser import build_parser
 
 EXIT_ERROR = 1
@@ -394,6 +396,14 @@ def _stdout_closed() -> int:
     return EXIT_STDOUT_CLOSED
 
 
+def _database_url(args: argparse.Namespace) -> URL | None:
+    """The URL of the database a command used, if its settings can be read."""
+    try:
+        return parse_database_url(_settings(args).database)
+    except Exception:
+        return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``projections`` console script."""
     args = build_parser().parse_args(argv)
@@ -415,6 +425,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.traceback:
             raise
         reason = str(exc.orig).splitlines()[0] if exc.orig is not None else str(exc)
+        kind = refusal(exc)
+        if kind is not None:  # in words a user acts on, naming the file or server
+            reason = f"refuses writes: {refusal_words(kind, _database_url(args))} ({reason})"
         print(f"projections: error: database: {reason}", file=sys.stderr)
         return failed
     except KeyboardInterrupt:

@@ -14,7 +14,7 @@ from unittest.mock import ANY
 import health_app
 import pytest
 from clusters import start_instance, stop_instance, wait_until, write_config
-from private_mariadb import PrivateMariaDB
+from private_mariadb import PrivateMariaDB, running_server
 
 from messaging import Database
 from messaging.store._migrations import migrate
@@ -24,15 +24,8 @@ pytestmark = [pytest.mark.mysql, pytest.mark.multiprocess]
 
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[PrivateMariaDB]:
-    folder = tmp_path / "mariadb"
-    folder.mkdir()
-    private = PrivateMariaDB(folder)
-    private.start()
-    private.execute("CREATE DATABASE probes")
-    try:
+    with running_server(tmp_path, "probes") as private:
         yield private
-    finally:
-        private.stop()
 
 
 def _ready(ports: tuple[int, ...]) -> set[int]:

@@ -5,10 +5,10 @@ and Kubernetes probes ask (``GET /admin/health/live``, ``/admin/health/ready``).
   watchdog bound (:meth:`~messaging.runtime._watchdog.Watchdog.overdue`). An unreachable
   database does not make an instance dead: restarting it would not bring the database
   back. A stopping instance is live (its loops end on purpose).
-- **Ready**: started (its loops run), registered, not stopping, and the database reachable
-  as its loops last saw it (no outage going on). Without an instance (``projections
-  admin``, a supervisor), the server is live while it answers and ready while a query
-  reaches the database.
+- **Ready**: started (its loops run), registered, not stopping, and no outage going on
+  as its loops last saw the database (unreachable, or refusing writes: the reason says
+  which). Without an instance (``projections admin``, a supervisor), the server is live
+  while it answers and ready while a query reaches the database.
 """
 
 from __future__ import annotations
@@ -52,6 +52,5 @@ def readiness(instance: Instance | None, db: Database) -> list[str]:
         reasons.append("not registered")
     if instance.stop_requested.is_set():
         reasons.append("stopping")
-    if instance.outage.down or instance.heartbeat_outage.down:
-        reasons.append(UNREACHABLE)
-    return reasons
+    causes = {instance.heartbeat_outage.cause, instance.outage.cause} - {None}
+    return reasons + sorted(str(cause) for cause in causes)

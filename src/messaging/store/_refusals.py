@@ -1,0 +1,89 @@
+"""A database that refuses writes (a full disk, a failing one, a read-only file or server),
+told apart from other errors and put in words a user acts on.
+
+Such a database is an outage like an unreachable one (:mod:`messaging.runtime._outage`):
+nothing a handler wrote is wrong, and retrying once space is freed or writes are allowed
+again goes on where it stopped. A batch that meets it is never taken for a poison message.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from sqlalchemy import update
+from sqlalchemy.engine import URL
+from sqlalchemy.exc import DBAPIError
+
+from messaging.store._schema import SCHEMA_VERSION
+
+if TYPE_CHECKING:
+    from messaging.store._database import Database
+
+__all__ = ["FAILING", "FULL", "READ_ONLY", "refusal", "refusal_words", "refused_writes"]
+
+FULL = "full"
+FAILING = "failing"
+READ_ONLY = "read-only"
+
+_MYSQL = {
+    3: FULL,  # error writing file (errno 28: no space left on device)
+    1021: FULL,  # disk full
+    1114: FULL,  # the table is full
+    1036: READ_ONLY,  # table is read only
+    1290: READ_ONLY,  # the server runs with --read-only
+    1792: READ_ONLY,  # cannot execute statement in a READ ONLY transaction
+    1836: READ_ONLY,  # running in read-only mode
+}
+_SQLITE = {
+    "database or disk is full": FULL,
+    "disk i/o error": FAILING,
+    "attempt to write a readonly database": READ_ONLY,
+}
+
+
+def refusal(exc: BaseException) -> str | None:
+    """Why the database refused ``exc``'s write (:data:`FULL`, :data:`FAILING` or
+    :data:`READ_ONLY`), or None when ``exc`` is no such refusal."""
+    if not isinstance(exc, DBAPIError):
+        return None
+    args = getattr(exc.orig, "args", ())
+    if args and isinstance(args[0], int):
+        return _MYSQL.get(args[0])
+    text = str(exc.orig).lower()
+    return next((kind for found, kind in _SQLITE.items() if found in text), None)
+
+
+def refusal_words(kind: str, url: URL | None) -> str:
+    """A refusal of ``kind`` by the database at ``url``, as a user would act on it."""
+    if url is None:
+        return {
+            FULL: "the database's disk is full",
+            FAILING: "the database's disk fails to write",
+        }.get(kind, "the database is read-only")
+    if url.get_backend_name() == "sqlite":
+        path = url.database or "the database file"
+        return {
+            FULL: f"the disk holding {path} is full",
+            FAILING: f"the disk holding {path} fails to write (disk I/O error: full or failing)",
+        }.get(kind, f"{path} is read-only (its or its folder's permissions, or the mount)")
+    server = f"{url.host}:{url.port or 3306}"
+    if kind == READ_ONLY:
+        return f"the server {server} is read-only (read_only set: a replica, or an operator)"
+    return f"the server {server} has no space left (its data directory's disk, or a table's limit)"
+
+
+def refused_writes(db: Database) -> str | None:
+    """Commit a write that changes nothing (the schema version's row, which no loop locks):
+    why the database refused it, in words, or None when it went through. Errors other
+    than a refusal go on."""
+    t = db.schema.migrations
+    try:
+        with db.transaction() as conn:
+            same = t.c.applied_at
+            conn.execute(update(t).where(t.c.version == SCHEMA_VERSION).values(applied_at=same))
+    except DBAPIError as exc:
+        kind = refusal(exc)
+        if kind is None:
+            raise
+        return refusal_words(kind, db.engine.url)
+    return None
