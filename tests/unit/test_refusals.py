@@ -75,3 +75,20 @@ def test_a_refusal_is_one_outage_said_in_words(caplog: pytest.LogCaptureFixture)
     assert len(messages) == 2
     assert messages[1][0] == "INFO"
     assert messages[1][1].startswith("instance x: database takes writes again after ")
+
+
+def test_only_a_write_ends_a_refusal_of_writes() -> None:
+    """Reads go on while writes are refused: a round that only read ends no refusal, one
+    after a heartbeat went through (a write) does, as does a poll that applied."""
+    heartbeats = Heartbeats("x", 30.0)
+    outage = Outage("instance x", heartbeats)
+    outage.settle = 0.0
+    assert outage.failed(_mysql(1290, "running with the --read-only option"))
+    outage.succeeded(wrote=False)
+    still = outage.down
+    heartbeats.beat()
+    outage.succeeded(wrote=False)
+    assert (still, outage.down) == (True, False)
+    assert outage.failed(_mysql(1114, "The table is full"))
+    outage.succeeded()
+    assert not outage.down

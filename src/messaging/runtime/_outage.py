@@ -77,6 +77,11 @@ class Heartbeats:
                 self._gap = (self._last, now)
             self._last = now
 
+    def beaten_since(self, moment: float) -> bool:
+        """Whether a heartbeat (a write) went through after ``moment`` (monotonic)."""
+        last = self._last
+        return last is not None and last > moment
+
     def sessions_ended(self, exc: BaseException) -> bool:
         """Whether ``exc``, a lost connection, comes from sessions ended by the instance
         that took over during a gap past the timeout (said once per gap)."""
@@ -197,10 +202,16 @@ class Outage:
             _first_line(exc),
         )
 
-    def succeeded(self) -> None:
+    def succeeded(self, *, wrote: bool = True) -> None:
         """Record a success; logs once how long the outage lasted, if there was one (and
-        it began at least :attr:`settle` seconds ago; otherwise it goes on)."""
-        if self._since is None:
+        it began at least :attr:`settle` seconds ago; otherwise it goes on). A success that
+        may not have written (``wrote=False``: a read) ends a refusal of writes only if a
+        heartbeat went through since it began."""
+        since = self._since
+        if since is None:
+            return
+        writes = wrote or (self.heartbeats is not None and self.heartbeats.beaten_since(since))
+        if self._refused and not writes:
             return
         with self._lock:
             since = self._since
