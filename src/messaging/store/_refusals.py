@@ -8,6 +8,8 @@ again goes on where it stopped. A batch that meets it is never taken for a poiso
 
 from __future__ import annotations
 
+import os
+import shutil
 from typing import TYPE_CHECKING
 
 from sqlalchemy import update
@@ -21,6 +23,8 @@ if TYPE_CHECKING:
 
 __all__ = ["FAILING", "FULL", "READ_ONLY", "refusal", "refusal_words", "refused_writes"]
 
+SQLITE_ROOM = 64 * 1024
+"""Bytes a SQLite file's disk needs free to take writes: room for its log to grow."""
 FULL = "full"
 FAILING = "failing"
 READ_ONLY = "read-only"
@@ -75,7 +79,13 @@ def refusal_words(kind: str, url: URL | None) -> str:
 def refused_writes(db: Database) -> str | None:
     """Commit a write that changes nothing (the schema version's row, which no loop locks):
     why the database refused it, in words, or None when it went through. Errors other
-    than a refusal go on."""
+    than a refusal go on. A SQLite file whose disk has less than :data:`SQLITE_ROOM` bytes
+    free is full: a write may still fit in log pages a failed one left behind."""
+    url = db.engine.url
+    if db.is_sqlite and url.database and url.database != ":memory:":
+        folder = os.path.dirname(os.path.abspath(url.database))
+        if shutil.disk_usage(folder).free < SQLITE_ROOM:
+            return refusal_words(FULL, url)
     t = db.schema.migrations
     try:
         with db.transaction() as conn:
@@ -85,5 +95,5 @@ def refused_writes(db: Database) -> str | None:
         kind = refusal(exc)
         if kind is None:
             raise
-        return refusal_words(kind, db.engine.url)
+        return refusal_words(kind, url)
     return None
