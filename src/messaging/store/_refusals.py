@@ -77,15 +77,16 @@ def refusal_words(kind: str, url: URL | None) -> str:
 
 
 def refused_writes(db: Database) -> str | None:
-    """Commit a write that changes nothing (the schema version's row, which no loop locks):
-    why the database refused it, in words, or None when it went through. Errors other
-    than a refusal go on. A SQLite file whose disk has less than :data:`SQLITE_ROOM` bytes
-    free is full: a write may still fit in log pages a failed one left behind."""
+    """Why the database refuses writes now, in words, or None when it takes them.
+
+    On MySQL/MariaDB a write that changes nothing is committed (the schema version's row,
+    which no loop locks); errors other than a refusal go on. On SQLite nothing is written
+    (that would wait behind every writer of the file): its disk is full with less than
+    :data:`SQLITE_ROOM` bytes free, read-only when mounted so.
+    """
     url = db.engine.url
-    if db.is_sqlite and url.database and url.database != ":memory:":
-        folder = os.path.dirname(os.path.abspath(url.database))
-        if shutil.disk_usage(folder).free < SQLITE_ROOM:
-            return refusal_words(FULL, url)
+    if db.is_sqlite:
+        return _sqlite_refusal(url)
     t = db.schema.migrations
     try:
         with db.transaction() as conn:
@@ -96,4 +97,15 @@ def refused_writes(db: Database) -> str | None:
         if kind is None:
             raise
         return refusal_words(kind, url)
+    return None
+
+
+def _sqlite_refusal(url: URL) -> str | None:
+    if not url.database or url.database == ":memory:":
+        return None
+    folder = os.path.dirname(os.path.abspath(url.database))
+    if shutil.disk_usage(folder).free < SQLITE_ROOM:
+        return refusal_words(FULL, url)
+    if os.statvfs(folder).f_flag & os.ST_RDONLY:
+        return refusal_words(READ_ONLY, url)
     return None
