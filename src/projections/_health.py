@@ -68,7 +68,8 @@ def health_report(db: Database, settings: Settings, consumer: str | None = None)
     for entry in chosen:
         partitions = []
         for p in entry["partitions"]:
-            idle, unowned = ages[(entry["name"], p["partition"])]
+            # (a partition added between the two reads, as READ COMMITTED allows: just made)
+            idle, unowned = ages.get((entry["name"], p["partition"]), (0.0, 0.0))
             if p["state"] == OwnerState.ORPHANED and p["instance_id"] in silent:
                 unowned = silent[p["instance_id"]]  # since its owner's last heartbeat
             elif p["state"] == OwnerState.OWNED:

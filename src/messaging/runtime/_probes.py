@@ -15,9 +15,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from sqlalchemy import literal, select
-
 from messaging.store._database import Database
+from messaging.store._refusals import answers
 
 if TYPE_CHECKING:
     from messaging.runtime._instance import Instance
@@ -39,12 +38,7 @@ def liveness(instance: Instance | None) -> list[str]:
 def readiness(instance: Instance | None, db: Database) -> list[str]:
     """Why ``instance`` (or, without one, this server) is not ready (empty when it is)."""
     if instance is None:
-        try:
-            with db.read() as conn:
-                conn.execute(select(literal(1))).scalar_one()
-        except Exception:
-            return [UNREACHABLE]
-        return []
+        return [] if answers(db) else [UNREACHABLE]
     reasons = []
     if not instance.loops():
         reasons.append("starting")

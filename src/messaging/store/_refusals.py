@@ -1,5 +1,5 @@
 """A database that refuses writes (a full disk, a failing one, a read-only file or server),
-told apart from other errors and put in words a user acts on.
+told apart from other errors and put in words a user acts on; and whether it answers.
 
 Such a database is an outage like an unreachable one (:mod:`messaging.runtime._outage`):
 nothing a handler wrote is wrong, and retrying once space is freed or writes are allowed
@@ -12,7 +12,7 @@ import os
 import shutil
 from typing import TYPE_CHECKING
 
-from sqlalchemy import update
+from sqlalchemy import literal, select, update
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import DBAPIError
 
@@ -21,7 +21,15 @@ from messaging.store._schema import SCHEMA_VERSION
 if TYPE_CHECKING:
     from messaging.store._database import Database
 
-__all__ = ["FAILING", "FULL", "READ_ONLY", "refusal", "refusal_words", "refused_writes"]
+__all__ = [
+    "FAILING",
+    "FULL",
+    "READ_ONLY",
+    "answers",
+    "refusal",
+    "refusal_words",
+    "refused_writes",
+]
 
 SQLITE_ROOM = 64 * 1024
 """Bytes a SQLite file's disk needs free to take writes: room for its log to grow."""
@@ -74,6 +82,16 @@ def refusal_words(kind: str, url: URL | None) -> str:
     if kind == READ_ONLY:
         return f"the server {server} is read-only (read_only set: a replica, or an operator)"
     return f"the server {server} has no space left (its data directory's disk, or a table's limit)"
+
+
+def answers(db: Database) -> bool:
+    """Whether a query reaches the database now."""
+    try:
+        with db.read() as conn:
+            conn.execute(select(literal(1))).scalar_one()
+    except Exception:
+        return False
+    return True
 
 
 def refused_writes(db: Database) -> str | None:
