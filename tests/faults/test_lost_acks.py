@@ -54,7 +54,7 @@ def touches(*fragments: str) -> TransactionFilter:
     return lambda statements: any(all(f in s for f in fragments) for s in statements)
 
 
-CHECKPOINT = touches("consumer_partitions", "SET checkpoint")
+CHECKPOINT = touches("consumer_partitions", "checkpoint=CASE")
 """A batch's commit: it moves checkpoints."""
 
 
