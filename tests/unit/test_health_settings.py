@@ -21,18 +21,15 @@ def test_an_unknown_health_key_is_refused_with_its_path() -> None:
         settings_from_mapping({"health": {"stall": "1s"}})
 
 
-def test_a_stall_timeout_within_the_idle_poll_interval_is_refused_naming_both() -> None:
-    with pytest.raises(ConfigError) as info:
-        settings_from_mapping(
-            {
-                "health": {"stall-timeout": "200ms"},
-                "messaging": {"consumer": {"idle-poll-interval": "500ms"}},
-            }
-        )
-    assert (
-        "health.stall-timeout (200ms) must be above messaging.consumer.idle-poll-interval "
-        "(500ms)" in str(info.value)
-    )
+def test_a_stall_timeout_of_nothing_is_refused() -> None:
+    with pytest.raises(ConfigError, match=r"health.stall-timeout \(0s\) must be above 0s"):
+        settings_from_mapping({"health": {"stall-timeout": "0s"}})
+
+
+def test_a_long_idle_poll_interval_is_no_contradiction() -> None:
+    """New messages wake the workers at once: the idle poll is only a fallback."""
+    settings = settings_from_mapping({"messaging": {"consumer": {"idle-poll-interval": "1h"}}})
+    assert settings.health.stall_timeout == 30.0
 
 
 def test_a_stall_timeout_within_the_retries_of_a_batch_is_refused_naming_both() -> None:
