@@ -59,13 +59,13 @@ def _config(tmp_path: Path, db: Database, *, stale: float, stall: float = STALL)
 
 
 def _start(
-    config: Path, name: str, tmp_path: Path, admin_port: int | None = None
+    config: Path, name: str, tmp_path: Path, admin_port: int | None = None, version: int = 1
 ) -> subprocess.Popen[bytes]:
     return start_instance(
         config,
         name,
         "health_app",
-        env={"HEALTH_DIR": str(tmp_path)},
+        env={"HEALTH_DIR": str(tmp_path), "HEALTH_VERSION": str(version)},
         log=tmp_path / f"{name}.log",
         options=() if admin_port is None else ("--admin-port", str(admin_port)),
     )
@@ -231,8 +231,10 @@ class _Sampler:
 
 def test_a_pause_a_rebuild_and_clean_handovers_raise_no_alarm(db: Database, tmp_path: Path) -> None:
     """Under steady traffic, with the health read every 50 ms: a pause held for twice the
-    stall timeout, a resume, a rebuild, a clean stop handing partitions over and a join
-    taking some back; every reading is healthy (``paused`` and ``rebuilding`` seen)."""
+    stall timeout, a resume, a rebuild, a clean stop handing partitions over, a join
+    taking some back, and a rolling deploy of a new declaration (its first instance
+    rebuilds, the old ones stop); every reading is healthy (``paused`` and ``rebuilding``
+    seen)."""
     stall = 2.0
     config = _config(tmp_path, db, stale=3.0, stall=stall)
     settings = load_settings(config, environ={})
@@ -271,6 +273,22 @@ def test_a_pause_a_rebuild_and_clean_handovers_raise_no_alarm(db: Database, tmp_
         )
         behind = sampler.appended
         wait_until(lambda: _applied(db) >= behind, timeout=60, what="the handovers to settle")
+
+        rebuilds = sampler.seen_for(Verdict.REBUILDING)
+        processes["p3"] = _start(config, "p3", tmp_path, version=2)
+        wait_until(
+            lambda: sampler.seen_for(Verdict.REBUILDING) > rebuilds,
+            timeout=60,
+            what="the new declaration's rebuild",
+        )
+        for name in ("p1", "p2"):
+            assert stop_instance(processes.pop(name)) == 0
+        behind = sampler.appended
+        wait_until(
+            lambda: _applied(db) >= behind and sampler.samples[-1][2] != Verdict.REBUILDING,
+            timeout=60,
+            what="the new declaration to catch up",
+        )
     alarms = [s for s in sampler.samples if s[1] != Severity.HEALTHY]
     assert not alarms, alarms[:5]
     assert len(sampler.samples) > 50

@@ -1,7 +1,8 @@
 """An application for the health tests: one projection whose messages say how their
 handler fares: applied (``ok``), failing for ever (``poison``: the partition halts),
 sleeping a while first (``slow``: after creating ``$HEALTH_DIR/slow-<pid>``), or ending
-the thread that applies it (``fatal``: ``SystemExit``, as a loop that dies)."""
+the thread that applies it (``fatal``: ``SystemExit``, as a loop that dies). Its
+declaration's version comes from ``$HEALTH_VERSION`` (1), for rolling deploys."""
 
 from __future__ import annotations
 
@@ -38,7 +39,13 @@ class Counted:
     fate: str = "ok"
 
 
-@projection(CONSUMER, topics=TOPIC, partitions=4, tables=[applied])
+@projection(
+    CONSUMER,
+    topics=TOPIC,
+    partitions=4,
+    tables=[applied],
+    version=int(os.environ.get("HEALTH_VERSION", "1")),
+)
 class HealthTally:
     @handler
     def counted(self, event: Counted, ctx: HandlerContext) -> None:
