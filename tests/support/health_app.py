@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import os
 import socket
+import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -16,7 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import attrs
-from sqlalchemy import BigInteger, Column, MetaData, Table, insert
+from clusters import wait_until
+from sqlalchemy import BigInteger, Column, MetaData, Table, func, insert, select
+from sqlalchemy.exc import OperationalError, ProgrammingError
 
 from messaging import HandlerContext, MessageStore, handler, message
 from messaging.store._database import Database
@@ -27,7 +31,7 @@ CONSUMER = "health-tally"
 SLOW_SECONDS = 3.0
 
 metadata = MetaData()
-applied = Table(
+applied_table = Table(
     "health_tally", metadata, Column("position", BigInteger, primary_key=True, autoincrement=False)
 )
 
@@ -43,7 +47,7 @@ class Counted:
     CONSUMER,
     topics=TOPIC,
     partitions=4,
-    tables=[applied],
+    tables=[applied_table],
     version=int(os.environ.get("HEALTH_VERSION", "1")),
 )
 class HealthTally:
@@ -56,7 +60,7 @@ class HealthTally:
         if event.fate == "slow":
             (Path(os.environ["HEALTH_DIR"]) / f"slow-{os.getpid()}").touch()
             time.sleep(SLOW_SECONDS)
-        ctx.execute(insert(applied), {"position": ctx.envelope.position})
+        ctx.execute(insert(applied_table), {"position": ctx.envelope.position})
 
 
 def append(db: Database, first: int, count: int, fate: str = "ok") -> None:
@@ -85,3 +89,46 @@ def probe(port: int, path: str) -> tuple[int, Any]:
         return error.code, json.loads(error.read())
     except (urllib.error.URLError, ConnectionError):
         return 0, None
+
+
+def applied(db: Database) -> int:
+    """Messages in the read model (0 while it is not created, or being created again)."""
+    try:
+        with db.read() as conn:
+            return int(conn.execute(select(func.count()).select_from(applied_table)).scalar_one())
+    except (OperationalError, ProgrammingError):
+        return 0
+
+
+def health_cli(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``projections health ARGS --config CONFIG`` in a real process."""
+    return subprocess.run(
+        [sys.executable, "-m", "projections.cli", "health", *args, "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def wait_refused(config: Path, port: int, words: str) -> None:
+    """Until ``ready`` on ``port`` says the database refuses writes as ``words`` begin;
+    then ``projections health`` must be degraded or worse, saying so."""
+    said = f"the database refuses writes: {words}"
+    wait_until(
+        lambda: any(r.startswith(said) for r in probe(port, "health/ready")[1]["reasons"]),
+        timeout=30,
+        what=f"ready to say {said!r}",
+    )
+    health = health_cli(config, "--json")
+    assert health.returncode in (1, 2), health.stderr
+    assert json.loads(health.stdout)["database"].startswith(f"refuses writes: {words}")
+
+
+def assert_quiet(log: Path, words: str) -> None:
+    """An instance's log through a refusal of writes: no traceback, one warning per loop
+    that met it (the work, the heartbeat), each naming ``words``."""
+    lines = log.read_text(encoding="utf-8").splitlines()
+    assert "Traceback (most recent call last):" not in lines
+    warnings = [line for line in lines if " WARNING " in line or " ERROR " in line]
+    assert 1 <= len(warnings) <= 3, warnings
+    assert all(words in line for line in warnings), warnings
