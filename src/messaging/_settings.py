@@ -27,6 +27,7 @@ __all__ = [
     "ConsumerSettings",
     "Distribution",
     "ExecutorSettings",
+    "HealthSettings",
     "InvalidSettings",
     "MessagingSettings",
     "Settings",
@@ -158,6 +159,18 @@ class AdminSettings:
     allowed_hosts: tuple[str, ...] = ()
 
 
+@attrs.frozen(kw_only=True)
+class HealthSettings:
+    """The ``health`` section: when a partition's verdict turns from ``lagging`` to
+    ``stalled`` (``projections health``, ``GET /admin/health``).
+
+    :ivar stall_timeout: Seconds a partition may have messages to apply and commit no
+        checkpoint before it is ``stalled`` (``stall-timeout``).
+    """
+
+    stall_timeout: float = 30.0
+
+
 def consumer_sections() -> list[str]:
     """The settings sections of the registered consumer kinds (their ``settings_group``),
     sorted: the top-level keys a file may use besides those of :class:`Settings`."""
@@ -175,6 +188,7 @@ class Settings:
     :ivar messaging: Settings shared by every consumer.
     :ivar plugins: Modules to load as plugins beside the application's (e.g. telemetry).
     :ivar admin: Access to the admin server.
+    :ivar health: The thresholds of the health verdicts.
     :ivar consumer_groups: The configured sections of the consumer kinds, by section name
         (``projections``, ``routing``, ``sagas``, ... as the registered kinds name them;
         top-level keys in a file). :meth:`group` gives the defaults of one not configured.
@@ -186,6 +200,7 @@ class Settings:
     messaging: MessagingSettings = attrs.field(factory=MessagingSettings)
     plugins: tuple[str, ...] = ()
     admin: AdminSettings = attrs.field(factory=AdminSettings)
+    health: HealthSettings = attrs.field(factory=HealthSettings)
     consumer_groups: dict[str, ConsumerGroupSettings] = attrs.field(factory=dict)
 
     def __attrs_post_init__(self) -> None:
@@ -299,7 +314,7 @@ def _problems(settings: Settings) -> list[str]:
     if retry.max_retries < 0:
         problems.append(f"{p}conflict-retry.max-retries ({retry.max_retries}) must be 0 or more")
 
-    problems += _group_problems(settings)
+    problems += _group_problems(settings) + _health_problems(settings)
 
     if not settings.database.strip():
         problems.append("database must not be empty")
@@ -335,6 +350,24 @@ def _group_problems(settings: Settings) -> list[str]:
             elif limit is not None and limit < 1:
                 problems.append(f"{key} ({limit}) must be 1 or more")
     return problems
+
+
+def _health_problems(settings: Settings) -> list[str]:
+    """A stall timeout no longer than a batch may rightly go without a commit: retrying
+    transient errors. (The idle-poll-interval does not count: new messages wake the
+    workers at once.)"""
+    c = settings.messaging.consumer
+    stall, d, p = settings.health.stall_timeout, format_duration, "messaging.consumer."
+    retrying = c.conflict_retry.max_retries * c.conflict_retry.max_delay
+    if not stall > 0:
+        return [f"health.stall-timeout ({d(stall)}) must be above 0s"]
+    if not stall > retrying:
+        return [
+            f"health.stall-timeout ({d(stall)}) must be above {p}conflict-retry.max-retries "
+            f"({c.conflict_retry.max_retries}) * {p}conflict-retry.max-delay "
+            f"({d(c.conflict_retry.max_delay)}) = {d(retrying)}"
+        ]
+    return []
 
 
 def _admin_problems(admin: AdminSettings) -> list[str]:

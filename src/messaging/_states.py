@@ -8,7 +8,15 @@ from __future__ import annotations
 
 import enum
 
-__all__ = ["ConsumerState", "CopyState", "DeclarationOutcome", "OwnerState", "PartitionStatus"]
+__all__ = [
+    "ConsumerState",
+    "CopyState",
+    "DeclarationOutcome",
+    "OwnerState",
+    "PartitionStatus",
+    "Severity",
+    "Verdict",
+]
 
 
 class ConsumerState(enum.StrEnum):
@@ -69,3 +77,46 @@ class DeclarationOutcome(enum.StrEnum):
     STALE = "stale"
     """This instance runs a declaration the consumer has left behind (the one back or
     older): it must apply nothing of it."""
+
+
+class Severity(enum.StrEnum):
+    """How much a health verdict needs an operator (``projections health`` exits with its
+    :attr:`exit_code`)."""
+
+    HEALTHY = "healthy"
+    DEGRADED = "degraded"
+    """Not moving, but nothing says it cannot recover on its own."""
+    CRITICAL = "critical"
+    """Nothing will move it without an operator or a new instance."""
+
+    @property
+    def exit_code(self) -> int:
+        return list(Severity).index(self)
+
+
+class Verdict(enum.StrEnum):
+    """The health of a partition (and of a consumer: its partitions' worst), from the
+    database alone; members are listed from the least to the most alarming."""
+
+    CAUGHT_UP = "caught-up"
+    """Nothing of it left to apply."""
+    PAUSED = "paused"
+    """An operator paused the consumer."""
+    REBUILDING = "rebuilding"
+    """The consumer is being rebuilt (or a rebuild was asked for)."""
+    LAGGING = "lagging"
+    """Messages left to apply, and a checkpoint committed within the stall timeout."""
+    STALLED = "stalled"
+    """Messages left to apply and no checkpoint committed for the stall timeout."""
+    HALTED = "halted"
+    """A poison message stopped it."""
+    UNOWNED = "unowned"
+    """No live instance has owned it for stale-instance-timeout plus one second."""
+
+    @property
+    def severity(self) -> Severity:
+        if self is Verdict.STALLED:
+            return Severity.DEGRADED
+        if self in (Verdict.HALTED, Verdict.UNOWNED):
+            return Severity.CRITICAL
+        return Severity.HEALTHY

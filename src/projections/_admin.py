@@ -8,6 +8,10 @@ Routes:
 - ``GET /admin/cluster``: the live members and how each consumer's partitions are shared
   among them (:func:`cluster_report`), plus ``answered_by``, this server's host:pid;
 - ``GET /admin``: the HTML page (``admin_page.html``), refreshed every 2 s, with buttons;
+- ``GET /admin/health``: the health verdicts (:func:`projections._health.health_report`),
+  ``GET /admin/consumers/<name>/health`` one consumer's (404 for an unknown one);
+- ``GET /admin/health/live`` and ``/admin/health/ready``: 200 or 503 with the reasons
+  (:mod:`messaging.runtime._probes`), for load balancers and Kubernetes probes;
 - ``POST /admin/consumers/<name>/<pause|resume|rebuild>``: the commands, with an optional
   JSON body ``{"reason", "skip_poison"}``; the audit records ``admin token@<peer address>``.
 
@@ -39,10 +43,12 @@ from messaging._errors import OperationError, ProjectionsError, Unanswered
 from messaging._settings import Distribution, Settings
 from messaging._states import OwnerState
 from messaging.runtime._instance import Instance
+from messaging.runtime._probes import liveness, readiness
 from messaging.store._database import Database
 from projections import _operations as operations
 from projections._admin_guard import AdminGuard, Refusal, require_token_off_loopback
 from projections._admin_http import BoundedHTTPServer, LimitedRequestHandler
+from projections._health import UnknownConsumer, health_report
 from projections._reports import (
     consumers_report,
     in_memory_pointer,
@@ -208,6 +214,11 @@ def make_server(
             instances_report(db, consumer_settings),
             me,
         ),
+        "/admin/health": lambda: health_report(db, settings),
+    }
+    probes: dict[str, Callable[[], list[str]]] = {
+        "/admin/health/live": lambda: liveness(instance),
+        "/admin/health/ready": lambda: readiness(instance, db),
     }
 
     class Handler(LimitedRequestHandler):
@@ -230,6 +241,8 @@ def make_server(
                 data = work()
             except OperationError as exc:
                 self.send_json(409, {"error": str(exc)})
+            except UnknownConsumer as exc:
+                self.send_json(404, {"error": str(exc)})
             except (DBAPIError, PoolTimeout, Unanswered) as exc:  # PoolTimeout: all busy
                 log.warning("admin %s: database unavailable: %s", what, _one_line(exc))
                 self.send_json(503, {"error": DATABASE_UNAVAILABLE})
@@ -249,6 +262,16 @@ def make_server(
             path = "/" + "/".join(segments)
             if path == "/admin":
                 self.send_body(200, page, "text/html; charset=utf-8", headers=PAGE_HEADERS)
+                return
+            probe = probes.get(path)
+            if probe is not None:
+                reasons = probe()
+                body = {"status": "fail" if reasons else "ok", "reasons": reasons, "by": me}
+                self.send_json(503 if reasons else 200, body)
+                return
+            if segments[:2] == ["admin", "consumers"] and segments[3:] == ["health"]:
+                name = segments[2]
+                self._answer(path, lambda: health_report(db, settings, name))
                 return
             route = routes.get(path)
             if route is None:

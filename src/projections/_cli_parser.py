@@ -102,6 +102,15 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--json", action="store_true", help="print JSON")
     _add_database_options(status)
 
+    health = commands.add_parser(
+        "health",
+        help="health verdicts; exits 0 healthy, 1 degraded, 2 critical, 3 unknown (an error)",
+    )
+    health.add_argument("consumer", nargs="?", help="only this consumer")
+    health.add_argument("--json", action="store_true", help="print JSON")
+    health.set_defaults(error_exit=3)
+    _add_database_options(health)
+
     instances = commands.add_parser("instances", help="the registered instances")
     instances.add_argument("--json", action="store_true", help="print JSON")
     _add_database_options(instances)

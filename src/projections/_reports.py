@@ -11,10 +11,12 @@ under ``build`` while it runs, and a version a cutover replaced is ``retired``.
 from __future__ import annotations
 
 import json
+from contextlib import nullcontext
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, and_, func, select
+from sqlalchemy import Connection, RowMapping, and_, func, select
+from sqlalchemy.sql.elements import ColumnElement
 
 from messaging._settings import ConsumerSettings
 from messaging._states import ConsumerState, OwnerState
@@ -28,11 +30,27 @@ IN_MEMORY = "in-memory"
 """The kind of an in-memory consumer in the reports: each instance runs its own copy."""
 
 
-def consumers_report(db: Database, settings: ConsumerSettings) -> dict[str, Any]:
-    """``{"consumers": [{"name", "kind", "distribution", "partitions": [...]}]}``."""
+def pending(db: Database, consumer: RowMapping) -> ColumnElement[bool]:
+    """Joins a partition row of ``consumer`` (a ``consumers`` row) to its messages after
+    its checkpoint: those of the consumer's topics and types that hash to it."""
+    parts, messages = db.schema.partitions, db.schema.messages
+    return and_(
+        messages.c.tenant == parts.c.tenant,
+        messages.c.topic.in_(json.loads(consumer["topics"])),
+        messages.c.type.in_(json.loads(consumer["types"])),
+        messages.c.position > parts.c.checkpoint,
+        messages.c.partition_hash % consumer["partitions"] == parts.c.partition_no,
+    )
+
+
+def consumers_report(
+    db: Database, settings: ConsumerSettings, conn: Connection | None = None
+) -> dict[str, Any]:
+    """``{"consumers": [{"name", "kind", "distribution", "partitions": [...]}]}``, read in
+    ``conn``'s transaction if given, else in one of its own."""
     schema = db.schema
     consumers, parts, messages = schema.consumers, schema.partitions, schema.messages
-    with db.read() as conn:
+    with nullcontext(conn) if conn is not None else db.read() as conn:
         instances = {
             row.id: row for row in Membership(db).instances(conn, settings.stale_instance_timeout)
         }
@@ -49,19 +67,7 @@ def consumers_report(db: Database, settings: ConsumerSettings) -> dict[str, Any]
             name, version = split_unit(consumer["name"])
             lag = (
                 select(parts.c.partition_no, func.count(messages.c.position).label("lag"))
-                .select_from(
-                    parts.outerjoin(
-                        messages,
-                        and_(
-                            messages.c.tenant == parts.c.tenant,
-                            messages.c.topic.in_(topics),
-                            messages.c.type.in_(types),
-                            messages.c.position > parts.c.checkpoint,
-                            messages.c.partition_hash % consumer["partitions"]
-                            == parts.c.partition_no,
-                        ),
-                    )
-                )
+                .select_from(parts.outerjoin(messages, pending(db, consumer)))
                 .where(parts.c.tenant == db.tenant, parts.c.consumer == consumer["name"])
                 .group_by(parts.c.partition_no)
             )

@@ -20,6 +20,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy.engine import URL
 from sqlalchemy.exc import DBAPIError
 
 from messaging._config import load_settings
@@ -27,10 +28,12 @@ from messaging._connection import database_for
 from messaging._errors import ConfigError, OperationError, ProjectionsError
 from messaging._overrides import check_overrides
 from messaging._plugins import collect_consumers, create_plugin_manager, import_module
-from messaging._settings import ConsumerSettings, Settings
+from messaging._settings import Settings
+from messaging._states import Severity
 from messaging.runtime._instance import Instance
 from messaging.store._database import Database, parse_database_url
 from messaging.store._migrations import migrate
+from messaging.store._refusals import refusal, refusal_words
 from projections._cli_parser import build_parser
 
 EXIT_ERROR = 1
@@ -174,33 +177,44 @@ def _supervise(args: argparse.Namespace, settings: Settings) -> int:
 
 def _report(
     args: argparse.Namespace,
-    build: Callable[[Database, ConsumerSettings], dict[str, Any]],
+    build: Callable[[Database, Settings], dict[str, Any]],
     as_text: Callable[[dict[str, Any]], str],
-) -> int:
+) -> dict[str, Any]:
+    """Print the report ``build`` reads (as JSON with ``--json``); return it."""
     settings = _settings(args)
     db = _existing_database(settings)
     try:
         db.prepare()
-        report = build(db, settings.messaging.consumer)
+        report = build(db, settings)
     finally:
         db.dispose()
     if args.json:
         _print_json(report)
     else:
         print(as_text(report))
-    return 0
+    return report
 
 
 def cmd_status(args: argparse.Namespace) -> int:
     from projections._reports import consumers_report, format_consumers
 
-    return _report(args, consumers_report, format_consumers)
+    _report(args, lambda db, s: consumers_report(db, s.messaging.consumer), format_consumers)
+    return 0
+
+
+def cmd_health(args: argparse.Namespace) -> int:
+    """``projections health``: exits with the report's severity (0, 1 or 2)."""
+    from projections._health import format_health, health_report
+
+    report = _report(args, lambda db, s: health_report(db, s, args.consumer), format_health)
+    return Severity(report["status"]).exit_code
 
 
 def cmd_instances(args: argparse.Namespace) -> int:
     from projections._reports import format_instances, instances_report
 
-    return _report(args, instances_report, format_instances)
+    _report(args, lambda db, s: instances_report(db, s.messaging.consumer), format_instances)
+    return 0
 
 
 def cmd_db(args: argparse.Namespace) -> int:
@@ -351,6 +365,7 @@ _COMMANDS = {
     "run": cmd_run,
     "status": cmd_status,
     "instances": cmd_instances,
+    "health": cmd_health,
     "db": cmd_db,
     "append": cmd_append,
     "demo": cmd_demo,
@@ -381,9 +396,18 @@ def _stdout_closed() -> int:
     return EXIT_STDOUT_CLOSED
 
 
+def _database_url(args: argparse.Namespace) -> URL | None:
+    """The URL of the database a command used, if its settings can be read."""
+    try:
+        return parse_database_url(_settings(args).database)
+    except Exception:
+        return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``projections`` console script."""
     args = build_parser().parse_args(argv)
+    failed = getattr(args, "error_exit", EXIT_ERROR)  # `health`: 3, apart from its verdicts
     logging.basicConfig(
         level=getattr(logging, args.log_level),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -396,13 +420,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.traceback:
             raise
         print(f"projections: error: {exc}", file=sys.stderr)
-        return EXIT_ERROR
+        return failed
     except DBAPIError as exc:
         if args.traceback:
             raise
         reason = str(exc.orig).splitlines()[0] if exc.orig is not None else str(exc)
+        kind = refusal(exc)
+        if kind is not None:  # in words a user acts on, naming the file or server
+            reason = f"refuses writes: {refusal_words(kind, _database_url(args))} ({reason})"
         print(f"projections: error: database: {reason}", file=sys.stderr)
-        return EXIT_ERROR
+        return failed
     except KeyboardInterrupt:
         return 130
     except Exception as exc:  # a bug or an unforeseen failure: still one line
@@ -415,7 +442,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"projections: error: {type(exc).__name__}: {first} (--traceback shows where)",
             file=sys.stderr,
         )
-        return EXIT_ERROR
+        return failed
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 from clusters import SUPPORT, wait_until
-from private_mariadb import PrivateMariaDB
+from private_mariadb import PrivateMariaDB, running_server
 from sqlalchemy import func, select
 
 from messaging import Database, MessageStore
@@ -41,15 +41,8 @@ DOWN_FOR = 3.0
 
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[PrivateMariaDB]:
-    folder = tmp_path / "mariadb"
-    folder.mkdir()
-    private = PrivateMariaDB(folder)
-    private.start()
-    private.execute("CREATE DATABASE outage")
-    try:
+    with running_server(tmp_path, "outage") as private:
         yield private
-    finally:
-        private.stop()
 
 
 ACCOUNTS = [f"acct-{n}" for n in range(7)]

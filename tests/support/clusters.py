@@ -7,7 +7,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -60,9 +60,11 @@ def start_instance(
     *modules: str,
     env: dict[str, str] | None = None,
     log: Path | None = None,
+    options: Sequence[str] = (),
 ) -> subprocess.Popen[bytes]:
     """Start ``projections run`` as a real OS process, with ``env`` added to its environment
-    (tests/support on its path) and its log (stderr) written to ``log`` if given."""
+    (tests/support on its path), its log (stderr) written to ``log`` if given, and more
+    ``options`` of ``run`` (``--admin-port``)."""
     path = os.pathsep.join(filter(None, [str(SUPPORT), os.environ.get("PYTHONPATH")]))
     with ExitStack() as stack:
         stderr = None if log is None else stack.enter_context(log.open("ab"))
@@ -79,6 +81,7 @@ def start_instance(
                 str(config),
                 "--instance-name",
                 name,
+                *options,
             ],
             env={**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": path, **(env or {})},
             stderr=stderr,

@@ -7,7 +7,8 @@ import shutil
 import socket
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import pymysql
@@ -116,3 +117,18 @@ class PrivateMariaDB:
                 self._process.kill()
                 self._process.wait()
         self._process = None
+
+
+@contextmanager
+def running_server(tmp_path: Path, database: str) -> Iterator[PrivateMariaDB]:
+    """A private server in ``tmp_path/mariadb``, started, with ``database`` created; stopped
+    when the block ends."""
+    folder = tmp_path / "mariadb"
+    folder.mkdir()
+    private = PrivateMariaDB(folder)
+    private.start()
+    private.execute(f"CREATE DATABASE {database}")
+    try:
+        yield private
+    finally:
+        private.stop()

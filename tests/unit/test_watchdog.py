@@ -68,3 +68,19 @@ def test_a_loop_whose_thread_ended_is_not_judged() -> None:
     clock.now += 60.0
     watchdog.look(sys._current_frames())
     assert exits == []
+
+
+def test_overdue_names_the_loops_past_their_bound() -> None:
+    """What the liveness probe asks: the loops that have not beaten within their bound."""
+    clock = Clock()
+    watchdog = Watchdog("instance i", answer_bound=lambda: None, clock=clock, exit=print)
+    watchdog.watch("heartbeat", 5.0)
+    watchdog.watch("pulse", 2.0)
+    assert watchdog.overdue() == []
+    clock.now += 3.0
+    watchdog.beat("heartbeat")
+    assert watchdog.overdue() == ["pulse"]
+    clock.now += 5.5
+    assert watchdog.overdue() == ["heartbeat", "pulse"]
+    watchdog.beat("pulse")
+    assert watchdog.overdue() == ["heartbeat"]

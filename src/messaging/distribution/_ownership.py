@@ -1,5 +1,8 @@
 """Partition ownership: claims with epochs, the fenced checkpoint, release and halt.
 
+A row's ``updated_at`` is when it last changed: a claim, a release, a halt, an operator's
+command, or a checkpoint that advanced (what the health verdicts call progress).
+
 Every claim bumps the partition's epoch. A checkpoint (and so every effect written in
 the same transaction) commits only with ``WHERE owner = me AND epoch = my_epoch``; if
 that matches fewer rows than expected, ownership moved on and the whole transaction
@@ -14,6 +17,7 @@ matches no row when applied again, and rolls back (:class:`CheckpointMoved`).
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 import attrs
 from sqlalchemy import (
@@ -37,6 +41,7 @@ from sqlalchemy.sql.elements import ColumnElement
 from messaging._errors import CheckpointMoved, OwnershipLost
 from messaging._states import ConsumerState, PartitionStatus
 from messaging.store import _fastpath
+from messaging.store._clock import cached_now, now_params
 from messaging.store._database import Database
 
 _FENCE_CACHE_SIZE = 64
@@ -267,20 +272,33 @@ class Ownership:
                         ]
                     ),
                 )
-                .values(
-                    checkpoint=case(
-                        (t.c.checkpoint < position_param, position_param),
-                        else_=t.c.checkpoint,
-                    )
+                # updated_at first: MySQL assigns left to right, so a later assignment
+                # would compare the checkpoint already advanced.
+                .ordered_values(
+                    (
+                        t.c.updated_at,
+                        case(
+                            (t.c.checkpoint < position_param, cached_now(self.db.clock)),
+                            else_=t.c.updated_at,
+                        ),
+                    ),
+                    (
+                        t.c.checkpoint,
+                        case(
+                            (t.c.checkpoint < position_param, position_param),
+                            else_=t.c.checkpoint,
+                        ),
+                    ),
                 )
             )
             if len(self._fences) >= _FENCE_CACHE_SIZE:
                 self._fences.clear()
             self._fences[key] = statement
-        params: dict[str, int] = {
+        params: dict[str, Any] = {
             f"expected_{i}": claims[p].checkpoint for i, (p, _) in enumerate(pairs)
         }
         params["position"] = position
+        params.update(now_params(self.db.clock))
         updated = _fastpath.execute(
             conn, statement, [params], direct=_fastpath.sends_directly(conn)
         )

@@ -10,6 +10,7 @@ from messaging._messages import MessageRegistry
 from messaging.runtime._context import HandlerContext
 from messaging.runtime._poison import Poison
 from messaging.store._database import Database
+from messaging.store._refusals import refusal
 from messaging.store._retry import is_transient
 from messaging.store._rows import StoredRow, partition_in
 
@@ -43,7 +44,8 @@ class Dispatcher:
 
     def apply(self, rows: Sequence[StoredRow], ctx: HandlerContext, partition_count: int) -> None:
         """Decode and handle ``rows`` in order; raise the first failure as :class:`Poison`
-        (a transient database error as itself: the batch is retried)."""
+        (a transient database error, or one refusing writes, as itself: the batch is
+        retried)."""
         handlers = self.handlers
         row: StoredRow | None = None
         try:
@@ -52,6 +54,6 @@ class Dispatcher:
                 decode, call = handlers[row[1]]
                 call(decode(row[2], position), ctx)
         except Exception as exc:
-            if is_transient(exc) or row is None:
+            if is_transient(exc) or refusal(exc) or row is None:
                 raise
             raise Poison(row, partition_in(row, partition_count), exc) from exc

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import traceback
-from typing import Any
+from typing import Any, ClassVar
 
 from messaging._errors import OperationError
 from messaging._messages import Envelope
@@ -36,6 +36,7 @@ class InMemoryWorker(Worker):
 
     It starts with the state below (class defaults, replaced per copy as it runs)."""
 
+    writes: ClassVar[bool] = False
     position: int = 0
     """The position of the last message applied."""
     halted: str | None = None

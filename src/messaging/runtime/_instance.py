@@ -94,7 +94,7 @@ class Instance:
         self.info = InstanceInfo(
             id=self.id, name=self.name, host=socket.gethostname(), pid=os.getpid()
         )
-        self._registered = False
+        self.registered = False
         self.limiter = threading.BoundedSemaphore(self.consumer_settings.executor.max_workers)
         """Bounds the batches applied at once across every consumer of the instance."""
         self._threads: list[threading.Thread] = []
@@ -164,7 +164,7 @@ class Instance:
             id=self.id, name=self.name, host=socket.gethostname(), pid=os.getpid(), runs=runs
         )
         self.retry(self._register, "register")
-        self._registered = True
+        self.registered = True
         for spec in self.specs:
             if not spec.transactional:
                 self.in_memory[spec.name] = InMemoryConsumer(
@@ -251,6 +251,10 @@ class Instance:
             what=what,
             on_retry=partial(report_retry, self.hooks, self.id, what),
         )
+
+    def loops(self) -> dict[str, bool]:
+        """Each thread started for a loop, by name, and whether it still runs."""
+        return {thread.name: thread.is_alive() for thread in self._threads}
 
     def _spawn(self, name: str, target: object, stop: threading.Event) -> None:
         thread = threading.Thread(target=target, args=(stop,), name=name, daemon=True)  # type: ignore[arg-type]
@@ -380,7 +384,7 @@ class Instance:
         self.stop_requested.set()
         self._stop_rebalance.set()  # claim nothing more while draining
         self.rebalancer.request_round()  # wakes its loop, which sees the stop
-        if self._registered:
+        if self.registered:
             self.hooks.projections_instance_stopping(instance_id=self.id, name=self.name)
             try:
                 self.heartbeat()  # says "stopping": the others plan without this instance
@@ -401,7 +405,7 @@ class Instance:
         self._beat_soon.set()
         for thread in self._threads:
             thread.join(timeout=max(0.0, deadline - time.monotonic()))
-        if not self._registered:
+        if not self.registered:
             return
 
         released: dict[tuple[str, int], None] = {}

@@ -4,6 +4,9 @@ A stopped or unreachable server makes every poll, rebalance and heartbeat fail u
 returns; logging each failure would bury the one thing an operator needs ("unreachable
 since T", "back after 10.1 s") under hundreds of identical tracebacks.
 
+A database that refuses writes (a full disk, a read-only file or server:
+:mod:`messaging.store._refusals`) is an outage too, said in words a user acts on.
+
 Connections lost by an instance that went without a heartbeat past stale-instance-timeout
 (frozen, paused, or cut off by a network that came back) are no outage: the instance that
 took over its partitions ended its sessions (:mod:`messaging.store._sessions`), and new
@@ -18,8 +21,10 @@ import time
 from collections.abc import Callable
 
 from sqlalchemy import Engine, event
+from sqlalchemy.engine import URL
 from sqlalchemy.exc import DBAPIError
 
+from messaging.store._refusals import refusal, refusal_words
 from messaging.store._retry import is_ambiguous, is_unreachable
 
 __all__ = ["Failing", "Heartbeats", "Outage", "is_unreachable", "run_every"]
@@ -51,6 +56,8 @@ class Heartbeats:
         """The start of the gap whose ended sessions were told."""
         self._lock = threading.Lock()
         self._engine = engine
+        self.url: URL | None = None if engine is None else engine.url
+        """The database's URL, to say which disk or server refuses writes."""
         if engine is not None:
             event.listen(engine, "invalidate", self._invalidated)
 
@@ -69,6 +76,11 @@ class Heartbeats:
             if self._last is not None and now - self._last > self.timeout:
                 self._gap = (self._last, now)
             self._last = now
+
+    def beaten_since(self, moment: float) -> bool:
+        """Whether a heartbeat (a write) went through after ``moment`` (monotonic)."""
+        last = self._last
+        return last is not None and last > moment
 
     def sessions_ended(self, exc: BaseException) -> bool:
         """Whether ``exc``, a lost connection, comes from sessions ended by the instance
@@ -130,6 +142,9 @@ class Outage:
         self.who = who
         self.what = what
         self.heartbeats = heartbeats
+        self.cause: str | None = None
+        """What the outage going on is, in words (None: none is)."""
+        self._refused = False
         self._since: float | None = None
         self._quiet = False
         """The failures so far were sessions ended by a successor, not an outage."""
@@ -141,15 +156,27 @@ class Outage:
         return self._since is not None
 
     def failed(self, exc: BaseException) -> bool:
-        """Record a failure; True when it is an unreachable database (logged here, once per
-        outage), False for any other error, which the caller reports itself."""
-        if not is_unreachable(exc):
+        """Record a failure; True when it is an unreachable database or one that refuses
+        writes (logged here, once per outage), False for any other error, which the caller
+        reports itself."""
+        kind = refusal(exc)
+        if kind is None and not is_unreachable(exc):
             return False
         with self._lock:
             now = time.monotonic()
             if self._since is None:
                 self._since = now
-                self._quiet = self.heartbeats is not None and self.heartbeats.sessions_ended(exc)
+                self._refused = kind is not None
+                if kind is None:
+                    self.cause = f"the {self.what} is unreachable"
+                else:
+                    url = self.heartbeats.url if self.heartbeats is not None else None
+                    self.cause = f"the {self.what} refuses writes: {refusal_words(kind, url)}"
+                self._quiet = (
+                    kind is None
+                    and self.heartbeats is not None
+                    and self.heartbeats.sessions_ended(exc)
+                )
                 if not self._quiet:
                     self._unreachable(exc)
             elif self._quiet and now - self._since >= self.settle:
@@ -158,6 +185,15 @@ class Outage:
         return True
 
     def _unreachable(self, exc: BaseException) -> None:
+        if self._refused:
+            log.warning(
+                "%s: %s; retrying quietly until it takes writes again (%s: %s)",
+                self.who,
+                self.cause,
+                type(exc).__name__,
+                _first_line(exc),
+            )
+            return
         log.warning(
             "%s: %s unreachable (%s: %s); retrying quietly until it is back",
             self.who,
@@ -166,20 +202,27 @@ class Outage:
             _first_line(exc),
         )
 
-    def succeeded(self) -> None:
+    def succeeded(self, *, wrote: bool = True) -> None:
         """Record a success; logs once how long the outage lasted, if there was one (and
-        it began at least :attr:`settle` seconds ago; otherwise it goes on)."""
-        if self._since is None:
+        it began at least :attr:`settle` seconds ago; otherwise it goes on). A success that
+        may not have written (``wrote=False``: a read) ends a refusal of writes only if a
+        heartbeat went through since it began."""
+        since = self._since
+        if since is None:
+            return
+        writes = wrote or (self.heartbeats is not None and self.heartbeats.beaten_since(since))
+        if self._refused and not writes:
             return
         with self._lock:
             since = self._since
             if since is None or time.monotonic() - since < self.settle:
                 return  # another thread logged it meanwhile, or too early to tell
-            self._since = None
+            self._since = self.cause = None
             if self._quiet:
                 return
+        back = "takes writes" if self._refused else "reachable"
         log.info(
-            "%s: %s reachable again after %.1f s", self.who, self.what, time.monotonic() - since
+            "%s: %s %s again after %.1f s", self.who, self.what, back, time.monotonic() - since
         )
 
 

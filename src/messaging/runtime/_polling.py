@@ -34,6 +34,8 @@ class Worker:
 
     dispatcher_class: type[Dispatcher] = Dispatcher
     """Decodes and handles a batch; kinds of consumers with more to do bring their own."""
+    writes: ClassVar[bool] = True
+    """Whether a poll that applied wrote to the database (an in-memory one did not)."""
     timed: ClassVar[bool] = False
     """True for a worker with work that falls due by time alone (saga deadlines): under a
     pulse it still polls every :meth:`idle_wait` too."""
@@ -113,7 +115,7 @@ class Worker:
             # Only a poll that applied proves the database is back: one of nothing may not
             # have reached it (no claims, or all busy in other lanes); the pulse beats soon.
             if applied:
-                self.outage.succeeded()
+                self.outage.succeeded(wrote=self.writes)
                 settle = self.after_first_batch
                 if settle is not None:
                     self.after_first_batch = None

@@ -78,7 +78,7 @@ class Pulser:
             if not inst.outage.failed(exc):
                 self._failing.failed(exc)
             return False
-        inst.outage.succeeded()
+        inst.outage.succeeded(wrote=False)
         self._failing.succeeded()
         return due
 

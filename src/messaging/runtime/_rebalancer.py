@@ -289,5 +289,5 @@ class Rebalancer:
                         "instance %s: rebalance failed; trying again next round", inst.name
                     )
             else:
-                inst.outage.succeeded()
+                inst.outage.succeeded(wrote=False)  # a round may have written nothing
             inst.watchdog.beat("rebalance")

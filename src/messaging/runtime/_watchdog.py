@@ -112,6 +112,14 @@ class Watchdog:
         if loop is not None:
             loop.beaten = self._clock()
 
+    def overdue(self) -> list[str]:
+        """The loops that have not beaten within their bound, sorted: stuck (or in a
+        database wait about to be abandoned)."""
+        now = self._clock()
+        with self._lock:
+            loops = list(self._loops.items())
+        return sorted(name for name, loop in loops if now - loop.beaten > loop.bound)
+
     def run(self, stop: threading.Event) -> None:
         """Look once a second until ``stop`` is set."""
         while not stop.wait(1.0):

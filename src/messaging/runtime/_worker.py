@@ -35,6 +35,7 @@ from messaging.runtime._lifecycle import lifecycle_event
 from messaging.runtime._poison import Poison, halt_partition, isolate
 from messaging.runtime._polling import Worker
 from messaging.store._database import Database
+from messaging.store._refusals import refusal
 from messaging.store._retry import (
     is_ambiguous,
     is_transient,
@@ -336,7 +337,7 @@ class ConsumerWorker(Worker):
                 try:
                     ctx.flush()
                 except Exception as exc:
-                    if is_transient(exc):
+                    if is_transient(exc) or refusal(exc):
                         raise
                     last = rows[-1]
                     raise Poison(last, partition_in(last, self.spec.partitions), exc) from exc

@@ -1,0 +1,186 @@
+"""Health verdicts per consumer and partition, from the database alone (any host can ask).
+
+A partition is, in this order of precedence: ``paused`` (its consumer is), ``halted`` (at
+a poison message), ``rebuilding`` (a version of a projection being built, or a live one
+stopped while its new version takes over), ``unowned`` (no live owner for
+stale-instance-timeout plus one second: since its release, or since its owner's last
+heartbeat), ``rebuilding`` (a rebuild requested, not started yet),
+``stalled`` (messages to apply and no checkpoint committed for ``health.stall-timeout``),
+``lagging`` (messages to apply, progressing) or ``caught-up``. Progress is timed from the
+partition row's ``updated_at`` (a claim, a release, an operator's command or an advanced
+checkpoint) or from when its oldest message to apply was recorded, whichever is later, so
+a partition just claimed, resumed or handed over, or that just got a message, is not
+stalled. A consumer's verdict is its partitions' most alarming one; the report's status is
+the worst severity (:class:`~messaging._states.Severity`), and at least ``degraded`` while
+the database refuses writes (a write that changes nothing is tried:
+:func:`~messaging.store._refusals.refused_writes`). A retired version is not reported.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import Connection, func, select
+
+from messaging._errors import ProjectionsError
+from messaging._settings import Settings, format_duration
+from messaging._states import ConsumerState, OwnerState, PartitionStatus, Severity, Verdict
+from messaging.distribution._membership import Membership
+from messaging.store._database import Database
+from messaging.store._refusals import refused_writes
+from projections._reports import consumers_report, pending
+
+UNOWNED_GRACE = 1.0
+"""Seconds past stale-instance-timeout a partition may go without a live owner: the
+takeover of a crashed owner's partitions takes at most that long."""
+_RANK = list(Verdict)
+
+
+class UnknownConsumer(ProjectionsError):
+    """A health request names a consumer the database does not know."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"no consumer named {name!r}")
+        self.name = name
+
+
+def thresholds(settings: Settings) -> dict[str, float]:
+    """The thresholds of the verdicts, in seconds."""
+    return {
+        "stall_timeout": settings.health.stall_timeout,
+        "unowned_after": settings.messaging.consumer.stale_instance_timeout + UNOWNED_GRACE,
+    }
+
+
+def health_report(db: Database, settings: Settings, consumer: str | None = None) -> dict[str, Any]:
+    """``{"status", "database", "thresholds", "consumers": [{"name", "kind", "verdict", "severity",
+    "partitions": [{"partition", "verdict", "severity", "lag", "instance", "reason"}]}]}``
+    for every consumer, or for ``consumer`` alone (:class:`UnknownConsumer` if none)."""
+    stale = settings.messaging.consumer.stale_instance_timeout
+    limits = thresholds(settings)
+    with db.read() as conn:
+        report = consumers_report(db, settings.messaging.consumer, conn)
+        silent = {r.id: stale - r.expires_in for r in Membership(db).instances(conn, stale)}
+        ages = _ages(db, conn)
+    refused = refused_writes(db)
+    chosen = [c for c in report["consumers"] if consumer in (None, c["name"])]
+    if consumer is not None and not chosen:
+        raise UnknownConsumer(consumer)
+    consumers = []
+    for entry in chosen:
+        if entry["state"] == ConsumerState.RETIRED:
+            continue  # a version a cutover replaced: applied by no one, on purpose
+        partitions = []
+        for p in entry["partitions"]:
+            # (a partition added between the two reads, as READ COMMITTED allows: just made)
+            idle, unowned = ages.get((entry["name"], p["partition"]), (0.0, 0.0))
+            if p["state"] == OwnerState.ORPHANED and p["instance_id"] in silent:
+                unowned = silent[p["instance_id"]]  # since its owner's last heartbeat
+            elif p["state"] == OwnerState.OWNED:
+                unowned = 0.0
+            state = ConsumerState.REBUILDING if "build" in entry else entry["state"]
+            verdict, reason = _verdict(state, p, idle, unowned, limits)
+            partitions.append(
+                {
+                    "partition": p["partition"],
+                    "verdict": verdict,
+                    "severity": verdict.severity,
+                    "lag": p["lag"],
+                    "instance": p["instance"],
+                    "reason": reason,
+                }
+            )
+        worst = max((p["verdict"] for p in partitions), key=_RANK.index, default=Verdict.CAUGHT_UP)
+        consumers.append(
+            {
+                "name": entry["name"],
+                "kind": entry["kind"],
+                "verdict": worst,
+                "severity": worst.severity,
+                "partitions": partitions,
+            }
+        )
+    severities = [c["severity"] for c in consumers] + [Severity.HEALTHY]
+    if refused is not None:
+        severities.append(Severity.DEGRADED)
+    return {
+        "status": max(severities, key=list(Severity).index),
+        "database": "takes writes" if refused is None else f"refuses writes: {refused}",
+        "thresholds": limits,
+        "consumers": consumers,
+    }
+
+
+def _ages(db: Database, conn: Connection) -> dict[tuple[str, int], tuple[float, float]]:
+    """Per (consumer, partition): seconds since it last progressed (its row changed, or
+    its oldest message to apply was recorded, whichever is later; 0 with nothing to apply)
+    and since its row last changed (for an unowned one, since its release)."""
+    consumers, parts, messages = db.schema.consumers, db.schema.partitions, db.schema.messages
+    now = db.clock.now()
+    ages: dict[tuple[str, int], tuple[float, float]] = {}
+    rows = conn.execute(select(consumers).where(consumers.c.tenant == db.tenant)).mappings()
+    for consumer in rows.all():
+        oldest = func.min(messages.c.recorded_at)
+        query = (
+            select(parts.c.partition_no, now - parts.c.updated_at, now - oldest)
+            .select_from(parts.outerjoin(messages, pending(db, consumer)))
+            .where(parts.c.tenant == db.tenant, parts.c.consumer == consumer["name"])
+            .group_by(parts.c.partition_no, parts.c.updated_at)
+        )
+        for partition, changed, waiting in conn.execute(query):
+            idle = 0.0 if waiting is None else min(float(changed), float(waiting))
+            ages[(consumer["name"], int(partition))] = (max(idle, 0.0), max(float(changed), 0.0))
+    return ages
+
+
+def _verdict(
+    state: str, p: dict[str, Any], idle: float, unowned: float, limits: dict[str, float]
+) -> tuple[Verdict, str]:
+    """A partition's verdict and why, in words."""
+    if state == ConsumerState.PAUSED:
+        return Verdict.PAUSED, "an operator paused the consumer"
+    if p["status"] == PartitionStatus.HALTED:
+        halted = p.get("halted") or {}
+        return Verdict.HALTED, (
+            f"halted at position {halted.get('position')} ({halted.get('type')}): "
+            f"{halted.get('error')}"
+        )
+    if state in (ConsumerState.REBUILDING, ConsumerState.CUTTING_OVER):
+        return Verdict.REBUILDING, (
+            "a new version of the consumer is built beside the live one"
+            if state == ConsumerState.REBUILDING
+            else "the consumer's new version is taking over (its live version stopped)"
+        )
+    if unowned > limits["unowned_after"]:
+        who = f"its owner {p['instance']} was last heard" if p["instance"] else "released"
+        return Verdict.UNOWNED, (
+            f"no live owner: {who} {unowned:.1f} s ago (past stale-instance-timeout + "
+            f"{format_duration(UNOWNED_GRACE)} = {format_duration(limits['unowned_after'])})"
+        )
+    if state == ConsumerState.REBUILD_REQUESTED:
+        return Verdict.REBUILDING, f"the consumer is {state}"
+    if p["lag"] and idle > limits["stall_timeout"]:
+        return Verdict.STALLED, (
+            f"{p['lag']} message(s) to apply and no checkpoint committed for {idle:.1f} s "
+            f"(past health.stall-timeout {format_duration(limits['stall_timeout'])})"
+        )
+    if p["lag"]:
+        return Verdict.LAGGING, f"{p['lag']} message(s) to apply; last progress {idle:.1f} s ago"
+    return Verdict.CAUGHT_UP, "nothing to apply"
+
+
+def format_health(report: dict[str, Any]) -> str:
+    """The health report as text: the status, then one line per consumer and one per
+    partition that is not caught up."""
+    limits = report["thresholds"]
+    lines = [
+        f"{report['status']}  (stall-timeout {format_duration(limits['stall_timeout'])}, "
+        f"unowned after {format_duration(limits['unowned_after'])}; the database "
+        f"{report['database']})"
+    ]
+    for consumer in report["consumers"]:
+        lines.append(f"{consumer['name']}  {consumer['verdict']}  ({consumer['severity']})")
+        for p in consumer["partitions"]:
+            if p["verdict"] != Verdict.CAUGHT_UP:
+                lines.append(f"  partition {p['partition']:>4}  {p['verdict']:<11} {p['reason']}")
+    return "\n".join(lines)
