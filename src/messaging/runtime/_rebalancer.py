@@ -61,7 +61,7 @@ class Rebalancer:
         self._for_operator: dict[str, str] = {}
         """What of each consumer's share waits for an operator, not a peer (halted, paused)."""
         self._awaiting_since: float | None = None
-        self._members: dict[str, InstanceRow] = {}
+        self.members: dict[str, InstanceRow] = {}
         """The instances as the last round read them, by id."""
 
     def rebalance(self) -> None:
@@ -81,7 +81,7 @@ class Rebalancer:
             # so a change landing after the rows below were read bumps it past this value.
             self.generation = read_generation(inst.db, conn)
             members = inst.membership.instances(conn, timeout)
-            self._members = {m.id: m for m in members}
+            self.members = {m.id: m for m in members}
             live = [i for i in members if i.live and not i.stopping]
             rows = inst.ownership.partitions(conn, sorted(inst.workers))
             declared = current_declarations(inst.db, conn, sorted(inst.workers))
@@ -239,7 +239,7 @@ class Rebalancer:
         if inst.db.sessions is None:
             return
         for owner in owners:
-            member = self._members.get(owner or "")
+            member = self.members.get(owner or "")
             if member is None or member.live or not member.sessions:
                 continue
             ended = inst.db.sessions.end(member.sessions, member.name)

@@ -24,7 +24,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects import mysql
 
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 """The newest schema migration this code expects."""
 
 LONG_TEXT = Text().with_variant(mysql.LONGTEXT(), "mysql", "mariadb")
@@ -156,6 +156,7 @@ class Schema:
             Column("runs", LONG_TEXT, nullable=False),
             Column("in_memory", LONG_TEXT, nullable=True),  # V6
             Column("sessions", LONG_TEXT, nullable=True),  # V8: its MySQL sessions (JSON)
+            Column("liveness", LONG_TEXT, nullable=True),  # V10: its liveness signal (JSON)
             PrimaryKeyConstraint("tenant", "id"),
             Index(f"{prefix}ix_instances_heartbeat", "tenant", "heartbeat_at"),
         )
