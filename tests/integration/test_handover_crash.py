@@ -9,6 +9,7 @@ from __future__ import annotations
 import signal
 import statistics
 import time
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -49,6 +50,11 @@ def _holders(db: Database, stale: float) -> dict[int, str] | None:
     return {p: str(name) for p, (name, _) in current.items()}
 
 
+def _owns_a_share(db: Database, name: str) -> bool:
+    """Whether ``name`` owns a partition and every message is applied."""
+    return name in (_holders(db, 30.0) or {}).values() and lag(db) == 0
+
+
 def _moving_again(db: Database, survivor: str) -> bool:
     """Whether the survivor owns every partition and has applied every message."""
     held = _holders(db, 30.0)
@@ -68,7 +74,7 @@ def test_sigkilled_instances_partitions_move_within_seconds_at_the_defaults(
         name = f"victim-{n}"
         victim = start_instance(config, name)
         wait_until(
-            lambda name=name: name in (_holders(db, 30.0) or {}).values() and lag(db) == 0,
+            partial(_owns_a_share, db, name),
             timeout=60,
             what=f"{name} to own a share",
         )
