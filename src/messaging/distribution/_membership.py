@@ -92,8 +92,13 @@ class Membership:
     def hold(self, instance_id: str, interval: float) -> None:
         """Take this instance's liveness signal (before registering); its MySQL lock
         checks the peers' every ``interval`` seconds."""
-        self.signal = signal_for(self.db, instance_id, interval)
-        self.signal.hold()
+        signal = signal_for(self.db, instance_id, interval)
+        try:
+            signal.hold()
+        except BaseException:
+            signal.close()
+            raise
+        self.signal = signal
 
     def let_go(self) -> None:
         """Let this instance's liveness signal go (once it has left)."""

@@ -158,7 +158,8 @@ class Instance:
         self.info = InstanceInfo(
             id=self.id, name=self.name, host=socket.gethostname(), pid=os.getpid(), runs=runs
         )
-        self.membership.hold(self.id, self.consumer_settings.idle_poll_interval)
+        holding = partial(self.membership.hold, self.id, self.consumer_settings.idle_poll_interval)
+        self.retry(holding, "hold the liveness signal")
         self.retry(self._register, "register")
         self._registered = True
         for spec in self.specs:

@@ -60,6 +60,10 @@ _RECONNECT_DELAY = 0.1
 """Seconds between two attempts to reach the server for the named lock."""
 _VERIFY_EVERY = 5.0
 """Seconds between two checks of one's own named lock while no peer is watched."""
+_CLOSE_WAIT = 2.0
+"""Seconds a close waits for the liveness thread (which may be connecting) to end."""
+_SWEEP_AGE = 60.0
+"""Seconds after which a lock file nobody holds is removed by an instance starting."""
 
 
 def gone_reason(liveness: str | None) -> str | None:
@@ -100,6 +104,7 @@ class FileSignal(Signal):
 
     def hold(self) -> None:
         self.path.parent.mkdir(exist_ok=True)
+        self._sweep()
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a new file: nobody else holds it
         self._fd = fd
@@ -114,6 +119,14 @@ class FileSignal(Signal):
             if signal.get("host") == self.host and "file" in signal and _let_go(signal["file"]):
                 found.append(peer)
         return found
+
+    def _sweep(self) -> None:
+        """Remove the files of processes that died with no peer to see it (old files only:
+        an instance creates its file and locks it at once, so none of those is swept)."""
+        for path in self.path.parent.glob("*.lock"):
+            with contextlib.suppress(FileNotFoundError):
+                if path.stat().st_mtime < time.time() - _SWEEP_AGE:
+                    _let_go(str(path))
 
     def close(self) -> None:
         if self._fd is not None:
@@ -193,7 +206,9 @@ class LockSignal(Signal):
         self._stop.set()
         os.write(self._wake_write, b"x")
         if self._thread.is_alive():
-            self._thread.join()
+            self._thread.join(timeout=_CLOSE_WAIT)
+        if self._thread.is_alive():
+            return  # still connecting: it lets the lock go once done (a daemon thread)
         self._drop()
         os.close(self._wake_read)
         os.close(self._wake_write)
@@ -258,6 +273,7 @@ class LockSignal(Signal):
                 self._stop.wait(_RECONNECT_DELAY)
                 continue
             self._wait()
+        self._drop()
 
     def _wait(self) -> None:
         """Until the next check is due, the connection drops or :meth:`close` is called."""
