@@ -145,12 +145,11 @@ def _mysql_engine(url: str, pool: bool, answers: AnswerBound) -> Engine:
         isolation_level="READ COMMITTED",
         pool_reset_on_return=None,
         pool_recycle=3600,
-        # Keep what the lanes use open rather than reconnecting per batch: the instance
-        # row records its sessions at each heartbeat (see messaging.store._sessions).
-        pool_size=16,
         connect_args={"charset": "utf8mb4"},
         paramstyle="format",
-        **({} if pool else {"poolclass": NullPool}),
+        # Keep what the lanes use open rather than reconnecting per batch: the instance
+        # row records its sessions at each heartbeat (see messaging.store._sessions).
+        **({"pool_size": 16} if pool else {"poolclass": NullPool}),
     )
     answers.install(engine)  # first: the listeners below connect with its parameters
     if nodes:
@@ -314,6 +313,12 @@ class Database:
                             conn.execute(insert(table).values(tenant=self.tenant, **{column: 0}))
                     except IntegrityError:
                         pass  # another process created it first
+
+    def unpooled_engine(self) -> Engine:
+        """A new MySQL engine set up like :attr:`engine` (answer bound, failover) but
+        without a pool: each connection it opens is new and kept apart (the liveness lock's,
+        :mod:`messaging.store._liveness`), never one the pool found dead."""
+        return _mysql_engine(self.url, False, self._answers)
 
     def dispose(self) -> None:
         """Close every pooled connection."""

@@ -159,9 +159,10 @@ class LockSignal(Signal):
     again as soon as the connection drops, and that checks the peers' locks on the same
     connection every ``interval`` seconds (one statement)."""
 
-    def __init__(self, engine: Engine, sessions: Sessions, name: str, interval: float) -> None:
+    def __init__(self, engine: Engine, name: str, interval: float) -> None:
         self.engine = engine
-        self.sessions = sessions
+        """Without a pool: every connection is a new one."""
+        self.sessions = Sessions(engine)
         self.name = name
         self.interval = interval
         self._proxy: Any = None  # the detached pool connection holding the lock
@@ -210,12 +211,12 @@ class LockSignal(Signal):
         if self._thread.is_alive():
             return  # still connecting: it lets the lock go once done (a daemon thread)
         self._drop()
+        self.engine.dispose()
         os.close(self._wake_read)
         os.close(self._wake_write)
 
     def _connect(self) -> None:
         proxy = self.engine.raw_connection()
-        proxy.detach()  # for the process's lifetime, outside the pool
         self._proxy = proxy
         self._session = self.sessions.of(proxy.dbapi_connection)
         self._query("SET SESSION wait_timeout = 31536000")
@@ -294,7 +295,7 @@ def signal_for(db: Database, instance_id: str, interval: float) -> Signal:
     its peers' signals every ``interval`` seconds."""
     key = _digest(db.schema.prefix, db.tenant, instance_id)
     if db.sessions is not None:
-        return LockSignal(db.engine, db.sessions, f"live-{key}", interval)
+        return LockSignal(db.unpooled_engine(), f"live-{key}", interval)
     database = make_url(db.url).database
     if not database or database == ":memory:" or "mode=memory" in db.url:
         return Signal()
