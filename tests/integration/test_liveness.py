@@ -65,15 +65,18 @@ def test_a_holder_is_live_until_killed_then_gone(db: Database, peer: Signal) -> 
 
 
 def test_a_signal_out_of_sight_is_not_looked_at(db: Database, peer: Signal) -> None:
-    """A file on another host, a lock on another server: gone or not, nothing is said."""
+    """A file on another host or at another path (another mount), a lock on another
+    server: gone or not, nothing is said."""
     described = json.loads(str(peer.describe()))
     elsewhere = {**described, "host": "elsewhere", "server": "elsewhere:3306"}
     if "file" in elsewhere:
         elsewhere["file"] += ".missing"
+        mounted = {**described, "file": "/mnt/elsewhere/x.lock"}
     else:
         elsewhere["lock"] = "live-nobody-holds-this"
+        mounted = elsewhere
     time.sleep(2 * CONFIRMATION)
-    assert peer.gone({"other": json.dumps(elsewhere)}) == []
+    assert peer.gone({"other": json.dumps(elsewhere), "mounted": json.dumps(mounted)}) == []
 
 
 def _holder(db: Database, lock: str) -> int | None:

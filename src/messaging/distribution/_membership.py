@@ -133,7 +133,7 @@ class Membership:
         self, conn: Connection, instance_id: str, stale_timeout: float, *, stopping: bool = False
     ) -> str:
         """Stamp the heartbeat (and record this process's sessions and liveness signal).
-        Returns ``"live"``; ``"revived"`` if the row had turned stale or been declared gone
+        Returns ``"live"``; ``"stale"`` if the row had turned stale or been declared gone
         (the peers must plan with this instance again); ``"removed"`` if the row is gone."""
         t = self.table
         now = self.db.clock.now()
@@ -141,7 +141,7 @@ class Membership:
         mine = (t.c.tenant == self.db.tenant, t.c.id == instance_id)
         if conn.execute(stamp.where(*mine, t.c.heartbeat_at >= now - stale_timeout)).rowcount:
             return "live"
-        return "revived" if conn.execute(stamp.where(*mine)).rowcount else "removed"
+        return "stale" if conn.execute(stamp.where(*mine)).rowcount else "removed"
 
     def declare_gone(
         self, conn: Connection, instance_id: str, liveness: str, reason: str, stale_timeout: float

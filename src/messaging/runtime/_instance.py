@@ -315,14 +315,15 @@ class Instance:
 
     def heartbeat(self) -> None:
         """Stamp this instance's heartbeat (and whether it is stopping); register again if
-        its row was removed; now and then, remove rows of instances long dead."""
+        its row was removed, and tell the peers if it had turned stale or been declared
+        gone; now and then, remove rows of instances long dead."""
         started = time.perf_counter()
         stale = self.consumer_settings.stale_instance_timeout
         with self.db.transaction() as conn:
             stopping = self.stop_requested.is_set()
             beat = self.membership.heartbeat(conn, self.id, stale, stopping=stopping)
             if beat != "live":
-                log.warning("instance %s: row was %s; live again", self.name, beat)
+                log.warning("instance %s: its row was %s; live again", self.name, beat)
             if beat == "removed":
                 self.membership.register(conn, self.info)
             if self.in_memory:

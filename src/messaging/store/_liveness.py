@@ -4,8 +4,8 @@ waiting out ``stale-instance-timeout``.
 
 - SQLite (one host): an exclusive ``flock`` on a file of its own beside the database. The
   kernel releases it when the process ends, however it ends; a peer on the same host that
-  can take the lock knows the holder is gone. Peers on another host (a shared volume)
-  never look: its locks need not be theirs.
+  can take the lock knows the holder is gone. Peers on another host (a shared volume), or
+  that see the database at another path, never look: its locks need not be theirs.
 - MySQL/MariaDB: a named lock (``GET_LOCK``) held by a connection of its own. The server
   frees it when the connection drops, which the kernel makes happen at once when the
   process dies on a host that lives on. A connection cut while the process lives frees it
@@ -116,7 +116,11 @@ class FileSignal(Signal):
         found = []
         for peer, text in described.items():
             signal = json.loads(text)
-            if signal.get("host") == self.host and "file" in signal and _let_go(signal["file"]):
+            path = Path(signal.get("file", ""))
+            # Only files of this host in this directory: a peer whose path differs (another
+            # mount of a shared volume) is out of sight, not gone.
+            here = signal.get("host") == self.host and path.parent == self.path.parent
+            if here and _let_go(str(path)):
                 found.append(peer)
         return found
 
