@@ -102,7 +102,7 @@ class Pulser:
             ]
             if declared:
                 bump_generation(inst.db, conn)
-        self._declared.update(gone)
+        self._declared.update(gone)  # those not declared here: another peer was first
         for peer in (peers[i] for i in declared):
             log.warning(
                 "instance %s: declared instance %s (pid %d on %s) gone: %s; its partitions "
@@ -113,7 +113,7 @@ class Pulser:
                 peer.host,
                 GONE,
             )
-        return True
+        return bool(declared)
 
     def look(self) -> bool:
         """:meth:`beat`, a failure being no change (the regular round comes anyway), logged
