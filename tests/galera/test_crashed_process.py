@@ -72,3 +72,36 @@ def test_a_crash_is_seen_at_once_on_the_same_node_and_after_the_stale_timeout_ac
     assert max(same_node) < 3.0
     assert other_node > STALE - 1.0  # its last heartbeat came up to an interval before
     assert log.read_text(encoding="utf-8").count(GONE) == 3  # nothing said of node1
+
+
+def test_a_restarted_server_declares_nobody_gone(
+    galera: GaleraCluster, galera_db: str, tmp_path: Path
+) -> None:
+    """Node 0 restarts under two instances connected to it alone: every named lock on it
+    goes at once and comes back as each instance reconnects, and a peer trusts a freed
+    lock only once its own was held for the confirmation window: nobody is declared gone,
+    and both own a share again once the node is back."""
+    url = galera.url(0, galera_db)
+    db = Database(galera.url(1, galera_db))  # reports from a node that stays up
+    settings = {"stale-instance-timeout": "60s", "heartbeat-interval": "300ms"}
+    logs = [tmp_path / f"{name}.log" for name in ("a", "b")]
+    instances = [
+        start_instance(
+            instance_config(tmp_path / f"{p.stem}.yaml", url, consumer=settings), p.stem, log=p
+        )
+        for p in logs
+    ]
+    try:
+        wait_until(lambda: _holders(db) == {"a", "b"}, timeout=60, what="both to share")
+        galera.stop_node(0)
+        galera.restart_node(0)
+        back = time.monotonic()
+        wait_until(lambda: _holders(db) == {"a", "b"}, timeout=60, what="both to share again")
+        again = time.monotonic() - back
+    finally:
+        codes = [stop_instance(p) for p in instances]
+        db.dispose()
+    declared = sum(p.read_text(encoding="utf-8").count(GONE) for p in logs)
+    print(f"\nnode 0 restarted: both own a share {again:.2f} s after it is back; gone: {declared}")
+    assert codes == [0, 0]
+    assert declared == 0

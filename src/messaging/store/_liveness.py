@@ -169,7 +169,7 @@ class LockSignal(Signal):
         self.sessions = Sessions(engine)
         self.name = name
         self.interval = interval
-        self._proxy: Any = None  # the detached pool connection holding the lock
+        self._proxy: Any = None  # the connection holding the lock (None: not connected)
         self._session: Session | None = None
         self._held_since: float | None = None
         self._free_since: dict[str, float] = {}  # peer's lock name → when first seen free
