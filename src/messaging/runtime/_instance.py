@@ -155,11 +155,10 @@ class Instance:
                     "distribution": distribution.value,
                     "fingerprint": self.fingerprints[spec.name],
                 }
-        self.info = InstanceInfo(
-            id=self.id, name=self.name, host=socket.gethostname(), pid=os.getpid(), runs=runs
-        )
-        holding = partial(self.membership.hold, self.id, self.consumer_settings.idle_poll_interval)
-        self.retry(holding, "hold the liveness signal")
+        self.info = attrs.evolve(self.info, runs=runs)
+        if loops:  # a liveness signal its peers watch (none for an instance driven by hand)
+            hold = partial(self.membership.hold, self.id, self.consumer_settings.idle_poll_interval)
+            self.retry(hold, "hold the liveness signal")
         self.retry(self._register, "register")
         self._registered = True
         for spec in self.specs:
