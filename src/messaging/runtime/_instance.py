@@ -155,7 +155,7 @@ class Instance:
                     "distribution": distribution.value,
                     "fingerprint": self.fingerprints[spec.name],
                 }
-        self.info = attrs.evolve(self.info, runs=runs)
+        self.info = attrs.evolve(self.info, id=self.id, name=self.name, runs=runs)
         if loops:  # a liveness signal its peers watch (none for an instance driven by hand)
             hold = partial(self.membership.hold, self.id, self.consumer_settings.idle_poll_interval)
             self.retry(hold, "hold the liveness signal")
