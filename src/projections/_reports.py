@@ -23,6 +23,7 @@ from messaging._states import ConsumerState, OwnerState
 from messaging.distribution._membership import Membership
 from messaging.runtime._versions import split_unit
 from messaging.store._database import Database
+from messaging.store._liveness import STALE
 
 LATE_HEARTBEATS = 2
 """A live instance is late when its last heartbeat is older than this many intervals."""
@@ -206,9 +207,11 @@ def _total(db: Database, conn: Connection, topics: list[str], types: list[str]) 
 
 def instances_report(db: Database, settings: ConsumerSettings) -> dict[str, Any]:
     """``{"instances": [{"id", "name", "host", "pid", "started_at", "heartbeat_at", "live",
-    "stopping", "last_heard", "late"}]}``: ``last_heard`` is the seconds since its last
-    heartbeat by the database's clock; ``late`` a live instance whose heartbeat is more
-    than two intervals old (it may have died; it turns stale at stale-instance-timeout)."""
+    "stopping", "last_heard", "late", "gone"}]}``: ``last_heard`` is the seconds since its
+    last heartbeat by the database's clock; ``late`` a live instance whose heartbeat is more
+    than two intervals old (it may have died; it turns stale at stale-instance-timeout);
+    ``gone`` why an instance is not live (``process gone (lock released)`` or ``heartbeat
+    stale``), None for a live one."""
     with db.read() as conn:
         rows = Membership(db).instances(conn, settings.stale_instance_timeout)
     late_after = LATE_HEARTBEATS * settings.heartbeat_interval
@@ -225,6 +228,7 @@ def instances_report(db: Database, settings: ConsumerSettings) -> dict[str, Any]
                 "stopping": r.stopping,
                 "last_heard": round(max(0.0, settings.stale_instance_timeout - r.expires_in), 3),
                 "late": r.live and r.expires_in < settings.stale_instance_timeout - late_after,
+                "gone": r.gone_because,
             }
             for r in rows
         ]
@@ -280,7 +284,7 @@ def format_instances(report: dict[str, Any]) -> str:
     lines = [f"{'name':<30} {'state':<8} {'last heard':<18} {'host:pid':<24} id"]
     for row in report["instances"]:
         state = (
-            "stale"
+            ("stale" if row.get("gone", STALE) == STALE else "gone")
             if not row["live"]
             else "stopping"
             if row["stopping"]

@@ -174,7 +174,7 @@ def test_an_instance_whose_row_was_removed_registers_again_and_loses_to_the_new_
         assert len(sleeper.workers[CONSUMER].claims()) == 8
         # The sleeper "pauses" for 1000 s: its last heartbeat is that old, then it is purged.
         with backdated.transaction() as conn:
-            assert Membership(backdated).heartbeat(conn, sleeper.id)
+            assert Membership(backdated).heartbeat(conn, sleeper.id, 30.0) != "removed"
         with db.transaction() as conn:
             assert Membership(db).remove_stale(conn, STALE_TIMEOUT) == 1
         newcomer.start(loops=False)  # sole live instance: claims all 8 partitions

@@ -109,6 +109,7 @@ INSTANCES = _object(
                     "stopping": {"type": "boolean"},
                     "last_heard": {"type": "number", "minimum": 0},
                     "late": {"type": "boolean"},
+                    "gone": {"type": ["string", "null"]},
                 }
             ),
         }

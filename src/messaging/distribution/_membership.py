@@ -1,7 +1,9 @@
 """Instances: registration, heartbeats stamped by the database clock, and who is live.
 
 An instance is live while its heartbeat is younger than ``stale-instance-timeout``,
-compared in SQL against the same clock that stamped it. Rows of instances that died
+compared in SQL against the same clock that stamped it, and until a peer sees its
+liveness signal let go (:mod:`messaging.store._liveness`) and declares it gone, which
+ages its heartbeat past the timeout at once. Rows of instances that died
 without a clean stop are deleted once they are far older than that (see
 :meth:`Membership.remove_stale`), so the table does not grow with every crash.
 """
@@ -19,6 +21,7 @@ from sqlalchemy import Connection, Select, case, delete, insert, select, update
 from sqlalchemy.exc import DBAPIError
 
 from messaging.store._database import Database
+from messaging.store._liveness import STALE, Signal, gone_reason, signal_for
 from messaging.store._retry import is_unreachable
 from messaging.store._sessions import Session, parse_sessions
 
@@ -67,6 +70,13 @@ class InstanceRow:
     """Seconds until it counts as stale unless it heartbeats again (database clock)."""
     sessions: tuple[Session, ...] = ()
     """Its MySQL sessions, as of its last heartbeat."""
+    liveness: str | None = None
+    """Its liveness signal, or why a peer declared it gone (JSON; None: no signal)."""
+
+    @property
+    def gone_because(self) -> str | None:
+        """Why it is not live: its process was seen gone, or its heartbeat is stale."""
+        return None if self.live else gone_reason(self.liveness) or STALE
 
 
 class Membership:
@@ -76,11 +86,30 @@ class Membership:
         self.db = db
         self.table = db.schema.instances
         self._next_purge = 0.0  # time.monotonic() of the next due purge
+        self.signal = Signal()
+        """This instance's liveness signal, once :meth:`hold` took it."""
 
-    def _sessions(self) -> dict[str, str]:
-        """This process's MySQL sessions, for its row (nothing on SQLite)."""
+    def hold(self, instance_id: str, interval: float) -> None:
+        """Take this instance's liveness signal (before registering); its MySQL lock
+        checks the peers' every ``interval`` seconds."""
+        signal = signal_for(self.db, instance_id, interval)
+        try:
+            signal.hold()
+        except BaseException:
+            signal.close()
+            raise
+        self.signal = signal
+
+    def let_go(self) -> None:
+        """Let this instance's liveness signal go (once it has left)."""
+        self.signal.close()
+        self.signal = Signal()
+
+    def _published(self) -> dict[str, str | None]:
+        """This process's MySQL sessions (none on SQLite) and liveness signal, for its row."""
         sessions = self.db.sessions
-        return {} if sessions is None else {"sessions": sessions.recorded()}
+        published = {} if sessions is None else {"sessions": sessions.recorded()}
+        return {**published, "liveness": self.signal.describe()}
 
     def register(self, conn: Connection, info: InstanceInfo) -> None:
         """Insert this instance's row, stamped now (its first heartbeat)."""
@@ -96,18 +125,40 @@ class Membership:
                 heartbeat_at=now,
                 stopping=False,
                 runs=json.dumps(info.runs, sort_keys=True),
-                **self._sessions(),
+                **self._published(),
             )
         )
 
-    def heartbeat(self, conn: Connection, instance_id: str, *, stopping: bool = False) -> bool:
-        """Stamp the heartbeat (and record this process's sessions); False if the row is
-        gone (removed as stale)."""
+    def heartbeat(
+        self, conn: Connection, instance_id: str, stale_timeout: float, *, stopping: bool = False
+    ) -> str:
+        """Stamp the heartbeat (and record this process's sessions and liveness signal).
+        Returns ``"live"``; ``"stale"`` if the row had turned stale or been declared gone
+        (the peers must plan with this instance again); ``"removed"`` if the row is gone."""
         t = self.table
+        now = self.db.clock.now()
+        stamp = update(t).values(heartbeat_at=now, stopping=stopping, **self._published())
+        mine = (t.c.tenant == self.db.tenant, t.c.id == instance_id)
+        if conn.execute(stamp.where(*mine, t.c.heartbeat_at >= now - stale_timeout)).rowcount:
+            return "live"
+        return "stale" if conn.execute(stamp.where(*mine)).rowcount else "removed"
+
+    def declare_gone(
+        self, conn: Connection, instance_id: str, liveness: str, reason: str, stale_timeout: float
+    ) -> bool:
+        """Age the heartbeat of a live instance whose row still records ``liveness`` past
+        the stale timeout, recording ``reason``; True if it was declared gone here."""
+        t = self.table
+        now = self.db.clock.now()
         result = conn.execute(
             update(t)
-            .where(t.c.tenant == self.db.tenant, t.c.id == instance_id)
-            .values(heartbeat_at=self.db.clock.now(), stopping=stopping, **self._sessions())
+            .where(
+                t.c.tenant == self.db.tenant,
+                t.c.id == instance_id,
+                t.c.liveness == liveness,
+                t.c.heartbeat_at >= now - stale_timeout,
+            )
+            .values(heartbeat_at=now - stale_timeout - 1, liveness=json.dumps({"gone": reason}))
         )
         return result.rowcount == 1
 
@@ -214,6 +265,7 @@ class Membership:
                 t.c.runs,
                 (t.c.heartbeat_at + stale_timeout - now).label("expires_in"),
                 t.c.sessions,
+                t.c.liveness,
             )
             .where(t.c.tenant == self.db.tenant)
             .order_by(t.c.name, t.c.id)
@@ -231,6 +283,7 @@ class Membership:
                 runs=json.loads(r.runs),
                 expires_in=float(r.expires_in),
                 sessions=parse_sessions(r.sessions),
+                liveness=r.liveness,
             )
             for r in rows
         ]

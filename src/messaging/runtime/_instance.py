@@ -160,9 +160,10 @@ class Instance:
                     "distribution": distribution.value,
                     "fingerprint": self.fingerprints[spec.name],
                 }
-        self.info = InstanceInfo(
-            id=self.id, name=self.name, host=socket.gethostname(), pid=os.getpid(), runs=runs
-        )
+        self.info = attrs.evolve(self.info, id=self.id, name=self.name, runs=runs)
+        if loops:  # a liveness signal its peers watch (none for an instance driven by hand)
+            hold = partial(self.membership.hold, self.id, self.consumer_settings.idle_poll_interval)
+            self.retry(hold, "hold the liveness signal")
         self.retry(self._register, "register")
         self.registered = True
         for spec in self.specs:
@@ -307,21 +308,24 @@ class Instance:
 
     def heartbeat(self) -> None:
         """Stamp this instance's heartbeat (and whether it is stopping); register again if
-        its row was removed; now and then, remove rows of instances long dead."""
+        its row was removed, and tell the peers if it had turned stale or been declared
+        gone; now and then, remove rows of instances long dead."""
         started = time.perf_counter()
+        stale = self.consumer_settings.stale_instance_timeout
         with self.db.transaction() as conn:
             stopping = self.stop_requested.is_set()
-            joined = not self.membership.heartbeat(conn, self.id, stopping=stopping)
-            if joined:
-                log.warning("instance %s: row was removed; registering again", self.name)
+            beat = self.membership.heartbeat(conn, self.id, stale, stopping=stopping)
+            if beat != "live":
+                log.warning("instance %s: its row was %s; live again", self.name, beat)
+            if beat == "removed":
                 self.membership.register(conn, self.info)
             if self.in_memory:
                 self._publish_in_memory(conn)
-            if stopping or joined:  # the others plan without (or with) this instance now
+            if stopping or beat != "live":  # the others plan without (or with) this instance
                 bump_generation(self.db, conn)
         self.heartbeats.beat()
         self.hooks.projections_heartbeat(instance_id=self.id, seconds=time.perf_counter() - started)
-        self.membership.remove_stale_when_due(self.consumer_settings.stale_instance_timeout)
+        self.membership.remove_stale_when_due(stale)
 
     def publish_in_memory(self) -> None:
         """Write what this instance's in-memory consumers are doing to its row now (the
@@ -405,6 +409,7 @@ class Instance:
         self._beat_soon.set()
         for thread in self._threads:
             thread.join(timeout=max(0.0, deadline - time.monotonic()))
+        self.membership.let_go()  # its row says "stopping": peers do not watch it any more
         if not self.registered:
             return
 

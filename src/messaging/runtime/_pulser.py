@@ -12,20 +12,29 @@ worker's poll began has a position above every head read before that poll; the f
 beat after its commit sees its topic's head move (against a beat read before the commit)
 and wakes the worker, whose news flag it cleared before polling. A failed beat is
 compared against the last good one later, so it only delays.
+
+Each beat also asks the instance's liveness signal (:mod:`messaging.store._liveness`)
+which live peers it sees gone, declares those gone in the database and runs a rebalance
+round at once: a crashed process's partitions move within a second or two, not after
+``stale-instance-timeout``.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from typing import TYPE_CHECKING
 
-from messaging.distribution._pulse import Pulse, PulseReader
+from messaging.distribution._pulse import Pulse, PulseReader, bump_generation
 from messaging.runtime._outage import Failing
+from messaging.store._liveness import GONE
 from messaging.store._wakeup import ANY_TOPIC, Listener
 
 if TYPE_CHECKING:
     from messaging.runtime._instance import Instance
+
+log = logging.getLogger("messaging.runtime.pulser")
 
 MIN_GAP = 0.002
 """Seconds between two beats at least, however often appends wake the loop."""
@@ -40,6 +49,10 @@ class Pulser:
         """The last good reading."""
         self._listener: Listener | None = None
         self._reader: PulseReader | None = None
+        self._declared: set[str] = set()
+        """Peers declared gone here since the last round (not looked at again until then)."""
+        self._declared_at: int | None = None
+        """The generation the last round had read when they were declared."""
         self._failing = Failing(
             f"instance {instance.name}", "reading the pulse", "rebalancing at the regular interval"
         )
@@ -65,7 +78,42 @@ class Pulser:
             for worker in [*inst.workers.values(), *inst.in_memory.values()]:
                 if moved.intersection(worker.spec.topics):
                     worker.wake()
-        return pulse.generation != inst.rebalancer.generation
+        return self.watch() or pulse.generation != inst.rebalancer.generation
+
+    def watch(self) -> bool:
+        """Declare gone the live peers whose liveness signal this instance sees let go;
+        return whether it declared any (a round is due)."""
+        inst = self.instance
+        stale = inst.consumer_settings.stale_instance_timeout
+        if self._declared_at != inst.rebalancer.generation:
+            self._declared, self._declared_at = set(), inst.rebalancer.generation
+        peers = {
+            m.id: m
+            for m in inst.rebalancer.members.values()
+            if m.id != inst.id and m.live and not m.stopping and m.liveness
+        }
+        described = {i: str(m.liveness) for i, m in peers.items() if i not in self._declared}
+        gone = inst.membership.signal.gone(described)
+        if not gone:
+            return False
+        with inst.db.transaction() as conn:
+            declared = [
+                i for i in gone if inst.membership.declare_gone(conn, i, described[i], GONE, stale)
+            ]
+            if declared:
+                bump_generation(inst.db, conn)
+        self._declared.update(gone)  # those not declared here: another peer was first
+        for peer in (peers[i] for i in declared):
+            log.warning(
+                "instance %s: declared instance %s (pid %d on %s) gone: %s; its partitions "
+                "move now",
+                inst.name,
+                peer.name,
+                peer.pid,
+                peer.host,
+                GONE,
+            )
+        return bool(declared)
 
     def look(self) -> bool:
         """:meth:`beat`, a failure being no change (the regular round comes anyway), logged

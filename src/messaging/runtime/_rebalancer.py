@@ -59,7 +59,7 @@ class Rebalancer:
         self._for_operator: dict[str, str] = {}
         """What of each consumer's share waits for an operator, not a peer (halted, paused)."""
         self._awaiting_since: float | None = None
-        self._members: dict[str, InstanceRow] = {}
+        self.members: dict[str, InstanceRow] = {}
         """The instances as the last round read them, by id."""
 
     def rebalance(self) -> None:
@@ -79,7 +79,7 @@ class Rebalancer:
             # so a change landing after the rows below were read bumps it past this value.
             self.generation = read_generation(inst.db, conn)
             members = inst.membership.instances(conn, timeout)
-            self._members = {m.id: m for m in members}
+            self.members = {m.id: m for m in members}
             live = [i for i in members if i.live and not i.stopping]
             units = unit_rows(inst.db, conn, inst.units.specs())
         inst.units.sync(units)  # the workers of the consumers to apply here
@@ -224,7 +224,7 @@ class Rebalancer:
         if inst.db.sessions is None:
             return
         for owner in owners:
-            member = self._members.get(owner or "")
+            member = self.members.get(owner or "")
             if member is None or member.live or not member.sessions:
                 continue
             ended = inst.db.sessions.end(member.sessions, member.name)

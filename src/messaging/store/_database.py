@@ -135,26 +135,28 @@ def _sqlite_engine(url: str, pool: bool) -> Engine:
     return engine
 
 
-def _mysql_engine(url: str, pool: bool, answers: AnswerBound) -> Engine:
+def _mysql_engine(
+    url: str, pool: bool, answers: AnswerBound, failover: Failover | None, *, follow: bool = False
+) -> Engine:
+    """An engine for ``url``, connecting through ``failover`` where it has a node list:
+    leading it, or (``follow``) only to the node its leader uses now."""
     # Every transaction here ends in a commit or rollback of its own, so the pool need not
     # send another on return; a connection the server dropped fails its first statement,
     # which is a transient error the callers retry, so no ping before each use either.
-    first, nodes = split_hosts(url)
     engine = create_engine(
-        first,
+        split_hosts(url)[0],
         isolation_level="READ COMMITTED",
         pool_reset_on_return=None,
         pool_recycle=3600,
-        # Keep what the lanes use open rather than reconnecting per batch: the instance
-        # row records its sessions at each heartbeat (see messaging.store._sessions).
-        pool_size=16,
         connect_args={"charset": "utf8mb4"},
         paramstyle="format",
-        **({} if pool else {"poolclass": NullPool}),
+        # Keep what the lanes use open rather than reconnecting per batch: the instance
+        # row records its sessions at each heartbeat (see messaging.store._sessions).
+        **({"pool_size": 16} if pool else {"poolclass": NullPool}),
     )
     answers.install(engine)  # first: the listeners below connect with its parameters
-    if nodes:
-        Failover(nodes).install(engine)
+    if failover is not None:
+        (failover.follow if follow else failover.install)(engine)
     else:
         SkipTlsWhereNone().install(engine)
     return engine
@@ -184,10 +186,12 @@ class Database:
         backend = parse_database_url(self.url).get_backend_name()
         self.is_sqlite = backend == "sqlite"
         self._answers = AnswerBound(None if self.is_sqlite else answer_timeout)
+        nodes = split_hosts(self.url)[1]
+        self._failover = Failover(nodes) if nodes and not self.is_sqlite else None
         self.engine = (
             _sqlite_engine(self.url, pool)
             if self.is_sqlite
-            else _mysql_engine(self.url, pool, self._answers)
+            else _mysql_engine(self.url, pool, self._answers, self._failover)
         )
         self.tenant = tenant
         self.schema = Schema(table_prefix)
@@ -332,6 +336,12 @@ class Database:
         if self.lock_wait is not None:
             sibling.bound_lock_waits(self.lock_wait)
         return sibling
+
+    def unpooled_engine(self) -> Engine:
+        """A new MySQL engine set up like :attr:`engine` but without a pool: each connection
+        it opens is new and kept apart (the liveness lock's, :mod:`messaging.store._liveness`),
+        never one the pool found dead; with a node list, to the node the pool uses."""
+        return _mysql_engine(self.url, False, self._answers, self._failover, follow=True)
 
     def dispose(self) -> None:
         """Close every pooled connection."""

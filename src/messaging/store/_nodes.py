@@ -89,6 +89,12 @@ def _name(node: tuple[str, int | None]) -> str:
     return node[0] if node[1] is None else f"{node[0]}:{node[1]}"
 
 
+def _at(cparams: dict[str, Any], node: tuple[str, int | None]) -> dict[str, Any]:
+    """Connection parameters ``cparams`` pointed at ``node``."""
+    host, port = node
+    return {**cparams, "host": host, **({"port": port} if port else {})}
+
+
 class Failover:
     """Connects an engine to the first ready node of ``nodes``, starting from the last good
     one, and moves on when a node fails (see the module docstring)."""
@@ -109,6 +115,18 @@ class Failover:
         event.listen(engine, "connect", self._after_move)
         event.listen(engine, "handle_error", self._on_error)
 
+    def follow(self, engine: Engine) -> None:
+        """Make ``engine`` connect only to the node in use, never moving the list: the
+        engine it was installed on leads (a move is said, and waited for, once)."""
+        event.listen(engine, "do_connect", self._connect_current)
+
+    def _connect_current(
+        self, dialect: Any, _record: Any, cargs: Any, cparams: dict[str, Any]
+    ) -> Any:
+        with self._lock:
+            node = self.nodes[self.current]
+        return dialect.connect(*cargs, **_at(cparams, node))
+
     def _connect(self, dialect: Any, record: Any, cargs: Any, cparams: dict[str, Any]) -> Any:
         with self._lock:
             start = self.current
@@ -118,10 +136,8 @@ class Failover:
         while step < len(self.nodes):
             index = (start + step) % len(self.nodes)
             step += 1
-            host, port = self.nodes[index]
-            params = {**cparams, "host": host, **({"port": port} if port else {})}
             try:
-                connection = dialect.connect(*cargs, **params)
+                connection = dialect.connect(*cargs, **_at(cparams, self.nodes[index]))
             except dialect.loaded_dbapi.Error as exc:
                 failures.append(f"{_name(self.nodes[index])}: {exc}")
                 error = exc

@@ -24,7 +24,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects import mysql
 
-SCHEMA_VERSION = 10
+SCHEMA_VERSION = 11
 """The newest schema migration this code expects."""
 
 LONG_TEXT = Text().with_variant(mysql.LONGTEXT(), "mysql", "mariadb")
@@ -158,6 +158,7 @@ class Schema:
             Column("runs", LONG_TEXT, nullable=False),
             Column("in_memory", LONG_TEXT, nullable=True),  # V6
             Column("sessions", LONG_TEXT, nullable=True),  # V8: its MySQL sessions (JSON)
+            Column("liveness", LONG_TEXT, nullable=True),  # V11: its liveness signal (JSON)
             PrimaryKeyConstraint("tenant", "id"),
             Index(f"{prefix}ix_instances_heartbeat", "tenant", "heartbeat_at"),
         )

@@ -81,6 +81,10 @@ class Sessions:
         sessions = sorted(self._open.copy().values(), key=attrs.astuple)
         return json.dumps([attrs.astuple(s) for s in sessions])
 
+    def of(self, dbapi_connection: Any) -> Session | None:
+        """The session of one of the engine's connections (None if unknown)."""
+        return self._open.get(id(dbapi_connection))
+
     def end(self, sessions: Iterable[Session], owner: str) -> int:
         """End ``sessions`` (those of ``owner``, a stale instance) that run on the server
         this process talks to now and were not opened here nor ended before; return how
