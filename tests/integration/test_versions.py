@@ -72,7 +72,7 @@ def test_readers_see_the_live_version_whole_until_the_new_one_takes_over(
 def test_an_instance_killed_while_building_leaves_its_share_to_the_others(
     db: Database, tmp_path: Path
 ) -> None:
-    seed_ledger(db, 6000, seed=43)
+    seed_ledger(db, 12000, seed=43)
     config = write_config(tmp_path / "config.yaml", db, batch_size=20)
     processes = {name: start_instance(config, name) for name in ("k1", "k2")}
     try:
@@ -80,12 +80,9 @@ def test_an_instance_killed_while_building_leaves_its_share_to_the_others(
         wait_until(lambda: lag(db) == 0, timeout=60, what="the first pass")
         cli(config, "rebuild", "ledger-balances", "--reason", "kill test")
         wait_until(
-            lambda: (
-                {n for n, state in owners(db, BUILDING).values() if state == "OWNED"}
-                == {"k1", "k2"}
-            ),
+            lambda: "k1" in {n for n, state in owners(db, BUILDING).values() if state == "OWNED"},
             timeout=30,
-            what="both to build their share",
+            what="k1 to build its share",
         )
         processes["k1"].kill()
         processes["k1"].wait(timeout=10)

@@ -178,10 +178,12 @@ class Ownership:
         partitions: Iterable[int],
         instance_id: str,
         live_ids: Select[tuple[str]],
+        fingerprint: str | None = None,
     ) -> list[Claim]:
         """Claim those of ``partitions`` that are unowned, owned by a non-live instance or already
         by this one (re-claimed under a new epoch), unless an operator paused the consumer or
-        it is being rebuilt.
+        it is being rebuilt, or (``fingerprint`` given) it runs another declaration now (a
+        round planned before a new version took over must not claim it).
 
         A compare-and-set: the ``UPDATE`` matches only such rows and bumps their epoch.
         Returns the partitions claimed now, with their new epochs.
@@ -196,7 +198,10 @@ class Ownership:
             .where(
                 consumers.c.tenant == self.db.tenant,
                 consumers.c.name == consumer,
-                consumers.c.state != ConsumerState.RUNNING,
+                or_(
+                    consumers.c.state != ConsumerState.RUNNING,
+                    *([] if fingerprint is None else [consumers.c.fingerprint != fingerprint]),
+                ),
             )
             .exists()
         )

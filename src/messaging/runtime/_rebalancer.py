@@ -184,7 +184,7 @@ class Rebalancer:
                 worker.drop(lost)
             if target.release:
                 # Released now, or right after the batch in flight that applies them commits.
-                worker.holdings.hand_over(sorted(target.release), partial(self._release, name))
+                worker.holdings.hand_over(sorted(target.release), partial(self.release, name))
                 released += len(target.release)
             if target.waiting_for and target.waiting_for != self._waiting.get(name):
                 log.warning("consumer %s: applying nothing here: %s", name, target.waiting_for)
@@ -193,7 +193,10 @@ class Rebalancer:
             if wanted:
                 self._end_sessions({owners[name].get(p) for p in wanted})
                 with inst.db.transaction() as conn:
-                    claims = inst.ownership.claim(conn, name, wanted, inst.id, live_ids)
+                    fingerprint = inst.fingerprints[split_unit(name)[0]]
+                    claims = inst.ownership.claim(
+                        conn, name, wanted, inst.id, live_ids, fingerprint
+                    )
                 worker.add_claims(claims)
                 claimed += len(claims)
                 for claim in claims:
@@ -237,7 +240,7 @@ class Rebalancer:
                     member.name,
                 )
 
-    def _release(self, name: str, partitions: Sequence[int]) -> None:
+    def release(self, name: str, partitions: Sequence[int]) -> None:
         """Give up ``partitions`` of ``name``, handed over by its worker."""
         inst = self.instance
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
+from functools import partial
 from typing import TYPE_CHECKING
 
 import attrs
@@ -141,7 +142,8 @@ class Units:
                 reason="live now, or replaced by a newer declaration",
             )
         worker = inst.workers.pop(unit)
-        worker.holdings.hand_over(sorted(worker.claims()))
+        # Released (right after a batch in flight): a peer may claim them at once.
+        worker.holdings.hand_over(sorted(worker.claims()), partial(inst.rebalancer.release, unit))
         worker.retire()
 
     def lanes(self, spec: ConsumerSpec) -> int:
