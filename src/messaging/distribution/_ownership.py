@@ -27,7 +27,6 @@ from sqlalchemy import (
     Update,
     bindparam,
     case,
-    delete,
     func,
     insert,
     literal,
@@ -118,33 +117,6 @@ class Ownership:
                     for p in missing
                 ],
             )
-
-    def reset(self, conn: Connection, consumer: str, count: int, *, owner: str) -> None:
-        """Restart ``consumer`` from position 0 with ``count`` partitions, all owned by
-        ``owner`` under new epochs: every earlier owner's fence fails from now on.
-
-        Epochs only grow, also across a change of partition count, so an epoch is never
-        handed out twice for one partition.
-        """
-        t = self.table
-        top = conn.execute(
-            select(func.max(t.c.epoch)).where(*self._consumer(consumer))
-        ).scalar_one_or_none()
-        epoch = int(top or 0) + 1
-        conn.execute(delete(t).where(*self._consumer(consumer), t.c.partition_no >= count))
-        self.ensure_partitions(conn, consumer, count)
-        conn.execute(
-            update(t)
-            .where(*self._consumer(consumer))
-            .values(
-                owner=owner,
-                epoch=epoch,
-                checkpoint=0,
-                status=PartitionStatus.RUNNING,
-                **NOT_HALTED,
-                updated_at=self.db.clock.now(),
-            )
-        )
 
     def fence_all(self, conn: Connection, consumer: str, *, floor: int = 0) -> None:
         """Take every partition of ``consumer`` from its owner under a new epoch (above

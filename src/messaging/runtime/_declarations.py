@@ -236,16 +236,3 @@ def _record(
         db, conn, spec, fingerprint, distribution, types=spec.type_names(), reason=reason
     )
     return outcome(DeclarationOutcome.BUILDING, "build", previous=row.fingerprint, reason=reason)
-
-
-def current_declarations(
-    db: Database, conn: Connection, names: list[str]
-) -> dict[str, tuple[str, str]]:
-    """(fingerprint, state) the database holds for each of ``names`` (absent ones omitted)."""
-    table = db.schema.consumers
-    rows = conn.execute(
-        select(table.c.name, table.c.fingerprint, table.c.state).where(
-            table.c.tenant == db.tenant, table.c.name.in_(names)
-        )
-    )
-    return {name: (fingerprint, state) for name, fingerprint, state in rows}
