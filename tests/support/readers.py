@@ -5,6 +5,7 @@ counts the answers that went back (an empty, partly built or older read model)."
 from __future__ import annotations
 
 import threading
+import time
 
 from clusters import seed_ledger
 from sqlalchemy import func, select
@@ -23,6 +24,7 @@ class Reader(threading.Thread):
         self.db = Database(db.url, table_prefix=db.schema.prefix)
         self.every = every
         self.reads = self.went_back = 0
+        self.slowest = 0.0  # seconds the slowest answer took
         self.errors: list[str] = []
         self.last = (0, 0)
         self.halt = threading.Event()
@@ -31,12 +33,14 @@ class Reader(threading.Thread):
         query = select(func.count(), func.coalesce(func.sum(ledger.balances.c.entries), 0))
         try:
             while not self.halt.wait(self.every):
+                asked = time.monotonic()
                 try:
                     with self.db.read() as conn:
                         accounts, entries = conn.execute(query).one()
                 except Exception as exc:  # a missing table is a failure of the test
                     self.errors.append(f"{type(exc).__name__}: {exc}"[:200])
                     continue
+                self.slowest = max(self.slowest, time.monotonic() - asked)
                 seen = (int(accounts), int(entries))
                 self.reads += 1
                 if seen[0] < self.last[0] or seen[1] < self.last[1]:

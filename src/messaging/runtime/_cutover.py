@@ -17,7 +17,10 @@ next round goes on from):
    On MySQL/MariaDB the tables change places in one ``RENAME TABLE`` statement (atomic,
    and replicated in total order on Galera); the rows before it (marking the swap and
    fencing the new version) and after it are two transactions, and an instance finding
-   a swap marked redoes what is missing.
+   a swap marked redoes what is missing. The rename waits at most
+   :data:`RENAME_LOCK_WAIT` for the metadata locks of readers' open transactions on the
+   tables (statements on them queue behind it meanwhile), then gives up until the next
+   round (logged): a long reader delays the swap, never stalls the other readers long.
 3. The new version's partitions are claimed again under the declared names, by the
    instances running its declaration; the others retire the consumer.
 
@@ -32,6 +35,7 @@ import logging
 from collections.abc import Mapping
 
 from sqlalchemy import Connection, delete, func, inspect, select, update
+from sqlalchemy.exc import OperationalError
 
 from messaging._consumers import ConsumerSpec
 from messaging._states import ConsumerState
@@ -41,12 +45,17 @@ from messaging.runtime._gate import VersionGate
 from messaging.runtime._lifecycle import lifecycle_event
 from messaging.runtime._versions import UnitRow, unit_name, unit_rows
 from messaging.store._database import Database
+from messaging.store._retry import lock_conflict
 from messaging.store._rows import POSITION
 from messaging.store._store import MessageStore
 from messaging.store._table_registry import register
 from messaging.store._tenancy import ReadModels
 
 log = logging.getLogger("messaging.runtime.cutover")
+
+RENAME_LOCK_WAIT = 1
+"""Seconds the MySQL/MariaDB ``RENAME TABLE`` of a swap waits for metadata locks (the
+server's minimum): readers' statements on the tables queue behind a waiting rename."""
 
 
 def behind(db: Database, conn: Connection, unit: UnitRow, spec: ConsumerSpec, limit: int) -> int:
@@ -157,13 +166,28 @@ def _swap(db: Database, spec: ConsumerSpec, live: UnitRow, building: UnitRow) ->
         pending = {old: new for old, new in renames.items() if old in present}
         first_new = ReadModels(db.tenant, building.version).tables(spec.options.tables)
         if any(t.name in present for t in first_new):  # not renamed yet (all or none)
-            wait = max(1, int(db.lock_wait or 1))
-            conn.exec_driver_sql(f"SET SESSION lock_wait_timeout = {wait}")
-            for leftover in _leftovers(conn, pending, live):
-                conn.exec_driver_sql(f"DROP TABLE `{leftover}`")
-            conn.exec_driver_sql(
-                "RENAME TABLE " + ", ".join(f"`{old}` TO `{new}`" for old, new in pending.items())
-            )
+            kept = conn.exec_driver_sql("SELECT @@SESSION.lock_wait_timeout").scalar_one()
+            conn.exec_driver_sql(f"SET SESSION lock_wait_timeout = {RENAME_LOCK_WAIT}")
+            try:
+                for leftover in _leftovers(conn, pending, live):
+                    conn.exec_driver_sql(f"DROP TABLE `{leftover}`")
+                conn.exec_driver_sql(
+                    "RENAME TABLE "
+                    + ", ".join(f"`{old}` TO `{new}`" for old, new in pending.items())
+                )
+            except OperationalError as exc:
+                if lock_conflict(exc) != "lock-wait-timeout":
+                    raise
+                log.warning(  # not retried at once: the readers queued behind it go on
+                    "%s: the swap to version %d waits for open transactions on %s; "
+                    "trying again next round",
+                    live.name,
+                    building.version,
+                    ", ".join(sorted(pending)),
+                )
+                return
+            finally:  # the pooled session keeps its own bound for other DDL
+                conn.exec_driver_sql(f"SET SESSION lock_wait_timeout = {int(kept)}")
     with db.transaction() as conn:
         if _swap_marked(db, conn, live, building, mark=False, swapping=True):
             _swap_rows(db, conn, spec, live, building)
