@@ -9,13 +9,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
-from admin_client import chromium, get_json, serve
+from admin_client import TOKEN, chromium, get_json, post, serve
 from admin_schemas import CONSUMERS, check
 from clusters import cli, seed_ledger, write_config
 
 from messaging import Instance, collect_consumers, create_plugin_manager
 from messaging._config import load_settings
+from messaging._settings import AdminSettings
 from messaging.store._database import Database
 from projections import _operations as operations
 from projections._admin import make_server
@@ -104,9 +106,23 @@ def test_a_rebuild_reports_the_new_versions_progress_until_it_takes_over(
 
 def _check_admin(db: Database, config: Path, tmp_path: Path, entry: dict[str, Any]) -> None:
     """``/admin/consumers`` carries the progress, and the page shows it."""
-    server = make_server(db, load_settings(str(config)), "127.0.0.1", 0)
+    settings = attrs.evolve(load_settings(str(config)), admin=AdminSettings(token=TOKEN))
+    server = make_server(db, settings, "127.0.0.1", 0)
     base, thread = serve(server)
     try:
+        status, versions = get_json(base + f"/admin/consumers/{CONSUMER}/versions")
+        assert status == 200
+        assert [(v["version"], v["role"]) for v in versions["versions"]] == [
+            (1, "live"),
+            (2, "building"),
+        ]
+        build = versions["versions"][1]["build"]
+        assert build["applied"] == entry["build"]["applied"] and build["rate"] > 0
+        assert build["eta_seconds"] is not None and build["eta_seconds"] >= 0
+        status, answer = post(base + f"/admin/consumers/{CONSUMER}/rollback", {"reason": "x"})
+        assert status == 409 and f"being built: {BUILDING}" in answer["error"], answer
+        status, answer = get_json(base + "/admin/consumers/nope/versions")
+        assert (status, answer) == (409, {"error": "unknown projection 'nope'"})
         status, body = get_json(base + "/admin/consumers")
         assert status == 200
         check(body, CONSUMERS)
