@@ -66,6 +66,8 @@ def consumers_report(
         for consumer in declared:
             topics, types = json.loads(consumer["topics"]), json.loads(consumer["types"])
             name, version = split_unit(consumer["name"])
+            if version is not None and '"dropped"' in (consumer["cutover"] or ""):
+                continue  # a dropped version: its row only keeps its number taken
             lag = (
                 select(parts.c.partition_no, func.count(messages.c.position).label("lag"))
                 .select_from(parts.outerjoin(messages, pending(db, consumer)))

@@ -13,7 +13,7 @@ from messaging._errors import OperationError
 from messaging._settings import ConsumerSettings
 from messaging._states import ConsumerState
 from messaging.runtime._retired import delete_version_rows, revive
-from messaging.runtime._versions import UnitRow, split_unit, unit_name, unit_rows
+from messaging.runtime._versions import UnitRow, split_unit, unit_rows
 from messaging.store._database import Database
 from messaging.store._ddl import drop_tables_if_exist
 from projections._kinds import PROJECTION
@@ -63,7 +63,7 @@ def versions_report(db: Database, settings: ConsumerSettings, consumer: str) -> 
         now = float(conn.execute(select(db.clock.now())).scalar_one())
     reported = {e["name"]: e for e in consumers_report(db, settings)["consumers"]}
     versions = []
-    for row in rows:
+    for row in (r for r in rows if not r.dropped):
         entry: dict[str, Any] = {
             "name": row.unit,
             "version": row.version,
@@ -140,20 +140,18 @@ def drop_version(
     """Drop retired version ``version`` of projection ``consumer``: its rows, then its
     tables (returned). The live version and one being built cannot be dropped."""
     check_reason(reason)
-    unit = unit_name(consumer, version)
-
     def body(conn: Connection, command_id: str) -> list[str]:
         _, rows = _projection(db, conn, consumer)
-        row = next((r for r in rows if r.version == version), None)
+        row = next((r for r in rows if r.version == version and not r.dropped), None)
         if row is None:
-            known = ", ".join(f"{r.version} ({_role(r)})" for r in rows)
+            known = ", ".join(f"{r.version} ({_role(r)})" for r in rows if not r.dropped)
             raise OperationError(f"{consumer!r} has no version {version}; versions: {known}")
         if row.live or row.building:
             raise OperationError(
                 f"version {version} of {consumer!r} is {_role(row)}: only a retired version "
                 "can be dropped"
             )
-        delete_version_rows(db, conn, unit)
+        delete_version_rows(db, conn, row)
         tables = list(row.tables)
         detail = {"reason": reason, "version": version, "tables": tables}
         _audit(db, conn, "drop-version", consumer, who, detail, command_id)

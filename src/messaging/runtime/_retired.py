@@ -1,5 +1,8 @@
 """Retired versions of a projection: kept for a rollback, dropped beyond the retention.
 
+A dropped version loses its partition rows and tables; its ``consumers`` row stays,
+marked ``dropped``, so that its number is never given again.
+
 A cutover leaves the version it replaced as ``name@L`` (state ``retired``) with its
 tables ``_vL__<table>`` as they were at that moment, and its checkpoints: a rollback
 (:func:`revive`) builds it again from there, so it catches up only the messages since,
@@ -28,7 +31,7 @@ from messaging.store._ddl import drop_tables_if_exist
 def droppable(rows: Sequence[UnitRow], keep: int) -> list[UnitRow]:
     """Of the versions ``rows``, the retired ones to drop: those replaced while being
     built, and those a cutover retired beyond the ``keep`` latest."""
-    retired = [r for r in rows if not r.live and r.state == ConsumerState.RETIRED]
+    retired = [r for r in rows if r.kept]
     by_cutover = sorted(
         (r for r in retired if r.retired_by is not None),
         key=lambda r: float((r.cutover or {}).get("retired_at", 0)),
@@ -38,26 +41,32 @@ def droppable(rows: Sequence[UnitRow], keep: int) -> list[UnitRow]:
 
 
 def drop_versions(db: Database, units: Sequence[UnitRow]) -> list[UnitRow]:
-    """Delete the rows of those of ``units`` still retired (one transaction), then drop
-    their tables; return the versions dropped. Tables left by a crash in between are
+    """Mark those of ``units`` still retired dropped (one transaction), then drop their
+    tables; return the versions dropped. Tables left by a crash in between are
     dropped by :func:`drop_retired` later, or by ``projections drop-version``."""
     with db.transaction() as conn:
-        dropped = [unit for unit in units if delete_version_rows(db, conn, unit.unit)]
+        dropped = [unit for unit in units if delete_version_rows(db, conn, unit)]
     drop_tables_if_exist(db, [name for unit in dropped for name in unit.tables])
     return dropped
 
 
-def delete_version_rows(db: Database, conn: Connection, unit: str) -> bool:
-    """Delete the rows of version ``unit`` (its consumer and partition rows) if it is
-    retired; whether it was."""
+def delete_version_rows(db: Database, conn: Connection, unit: UnitRow) -> bool:
+    """Delete the partition rows of retired version ``unit`` and mark its row dropped
+    (kept, so that its number is never given again), unless a rollback revived it since;
+    whether it was dropped."""
     c, p = db.schema.consumers, db.schema.partitions
+    marked = json.dumps({**(unit.cutover or {}), "dropped": True})
     gone = conn.execute(
-        delete(c).where(
-            c.c.tenant == db.tenant, c.c.name == unit, c.c.state == ConsumerState.RETIRED
+        update(c)
+        .where(
+            c.c.tenant == db.tenant,
+            c.c.name == unit.unit,
+            c.c.state == ConsumerState.RETIRED,
         )
+        .values(cutover=marked, updated_at=db.clock.now())
     ).rowcount
     if gone:
-        conn.execute(delete(p).where(p.c.tenant == db.tenant, p.c.consumer == unit))
+        conn.execute(delete(p).where(p.c.tenant == db.tenant, p.c.consumer == unit.unit))
     return bool(gone)
 
 
