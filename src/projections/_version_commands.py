@@ -140,6 +140,7 @@ def drop_version(
     """Drop retired version ``version`` of projection ``consumer``: its rows, then its
     tables (returned). The live version and one being built cannot be dropped."""
     check_reason(reason)
+
     def body(conn: Connection, command_id: str) -> list[str]:
         _, rows = _projection(db, conn, consumer)
         row = next((r for r in rows if r.version == version and not r.dropped), None)
