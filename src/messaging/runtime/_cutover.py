@@ -19,8 +19,8 @@ next round goes on from):
    fencing the new version) and after it are two transactions, and an instance finding
    a swap marked redoes what is missing. The rename waits a second at most
    (:mod:`messaging.store._ddl`) for the metadata locks of readers' open transactions on
-   the tables (statements on them queue behind it meanwhile), then gives up until the
-   next round (logged): a long reader delays the swap, never stalls other readers long.
+   the tables (statements on them queue behind it meanwhile), then gives up for 2, 4, 8...
+   30 s (logged): a long reader delays the swap, never stalls other readers for long.
 3. The new version's partitions are claimed again under the declared names, by the
    instances running its declaration; the others retire the consumer.
 
@@ -34,8 +34,9 @@ import json
 import logging
 from collections.abc import Mapping
 
+import attrs
 from sqlalchemy import Connection, delete, func, inspect, select, update
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import OperationalError, ProgrammingError
 
 from messaging._consumers import ConsumerSpec
 from messaging._states import ConsumerState
@@ -54,6 +55,10 @@ from messaging.store._table_registry import register
 from messaging.store._tenancy import ReadModels
 
 log = logging.getLogger("messaging.runtime.cutover")
+
+NO_SUCH_TABLE = 1146
+"""MySQL/MariaDB's "Table ... doesn't exist": what a rename finds when another instance
+of the version renamed the tables first."""
 
 
 def behind(db: Database, conn: Connection, unit: UnitRow, spec: ConsumerSpec, limit: int) -> int:
@@ -164,36 +169,84 @@ def _swap(db: Database, spec: ConsumerSpec, live: UnitRow, building: UnitRow, ke
         with db.transaction() as conn:
             if not _swap_marked(db, conn, live, building, mark=True):
                 return
-    with db.engine.connect() as conn:
-        present = set(inspect(conn).get_table_names())
-        pending = {old: new for old, new in renames.items() if old in present}
-        first_new = ReadModels(db.tenant, building.version).tables(spec.options.tables)
-        if any(t.name in present for t in first_new):  # not renamed yet (all or none)
-            try:
-                with bounded_lock_wait(conn):
-                    for leftover in _leftovers(conn, pending, live):
-                        conn.exec_driver_sql(f"DROP TABLE `{leftover}`")
-                    conn.exec_driver_sql(
-                        "RENAME TABLE "
-                        + ", ".join(f"`{old}` TO `{new}`" for old, new in pending.items())
-                    )
-            except OperationalError as exc:
-                if lock_conflict(exc) != "lock-wait-timeout":
-                    raise
-                log.warning(  # not retried at once: the readers queued behind it go on
-                    "%s: the swap to version %d waits for open transactions on %s; "
-                    "trying again next round",
-                    live.name,
-                    building.version,
-                    ", ".join(sorted(pending)),
-                )
-                return
+        live = attrs.evolve(live, cutover={**live.cutover, "swapping": True})  # as written
+    if not _rename_tables(db, spec, live, building, renames):
+        return
     with db.transaction() as conn:
         swapped = _swap_marked(db, conn, live, building, mark=False, swapping=True)
         if swapped:
             _swap_rows(db, conn, spec, live, building, _retired_tables(renames, live))
     if swapped:
         drop_retired(db, live.name, keep)
+
+
+def _rename_tables(
+    db: Database, spec: ConsumerSpec, live: UnitRow, building: UnitRow, renames: Mapping[str, str]
+) -> bool:
+    """MySQL/MariaDB: rename every table of the swap in one ``RENAME TABLE``; whether they
+    are renamed (here, or by another instance of the version first). The rename waits a
+    second at most for readers' metadata locks; after a wait ran out, no instance tries
+    again before :func:`_rename_backoff` has passed (recorded on the live row)."""
+    assert live.cutover is not None
+    with db.read() as conn:
+        if seconds_now(db, conn) < float(live.cutover.get("rename_after", 0)):
+            return False
+    with db.engine.connect() as conn:
+        present = set(inspect(conn).get_table_names())
+        pending = {old: new for old, new in renames.items() if old in present}
+        first_new = ReadModels(db.tenant, building.version).tables(spec.options.tables)
+        if not any(t.name in present for t in first_new):
+            return True  # renamed already (all or none)
+        try:
+            with bounded_lock_wait(conn):
+                for leftover in _leftovers(conn, pending, live):
+                    conn.exec_driver_sql(f"DROP TABLE IF EXISTS `{leftover}`")
+                conn.exec_driver_sql(
+                    "RENAME TABLE " + ", ".join(f"`{a}` TO `{b}`" for a, b in pending.items())
+                )
+        except (OperationalError, ProgrammingError) as exc:
+            code = next(iter(getattr(exc.orig, "args", ())), None)
+            present = set(inspect(conn).get_table_names())
+            if code == NO_SUCH_TABLE and not any(t.name in present for t in first_new):
+                return True  # another instance of the version renamed them first
+            if lock_conflict(exc) != "lock-wait-timeout":
+                raise
+            _rename_backoff(db, live, sorted(pending))
+            return False
+    return True
+
+
+def _rename_backoff(db: Database, live: UnitRow, tables: list[str]) -> None:
+    """After a rename gave up waiting for readers: the next attempt comes 2, 4, 8... up to
+    30 seconds later (recorded on the live row, for every instance), so that the readers
+    queued behind each attempt (a second at most) get the time between to themselves."""
+    assert live.cutover is not None
+    attempts = int(live.cutover.get("rename_attempts", 0)) + 1
+    delay = min(30.0, 2.0**attempts)
+    t = db.schema.consumers
+    with db.transaction() as conn:
+        after = seconds_now(db, conn) + delay
+        conn.execute(
+            update(t)
+            .where(
+                t.c.tenant == db.tenant,
+                t.c.name == live.unit,
+                t.c.state == ConsumerState.CUTTING_OVER,
+                t.c.cutover == json.dumps(live.cutover),
+            )
+            .values(
+                cutover=json.dumps(
+                    {**live.cutover, "rename_after": after, "rename_attempts": attempts}
+                )
+            )
+        )
+    log.warning(  # the readers queued behind it go on meanwhile
+        "%s: the swap to version %d waits for open transactions on %s; trying again in %.0f s",
+        live.name,
+        live.cutover["version"],
+        ", ".join(tables),
+        delay,
+    )
 
 
 def _retired_tables(renames: Mapping[str, str], live: UnitRow) -> list[str]:
