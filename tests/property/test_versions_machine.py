@@ -107,5 +107,10 @@ def _quiet_retries() -> Iterator[None]:
     logger.setLevel(level)
 
 
-def test_the_version_protocol_holds_under_any_cluster_events(run_machine: RunMachine) -> None:
-    run_machine(VersionsMachine, machine_settings(max_examples=10, steps=30))
+def test_the_version_protocol_holds_under_any_cluster_events(
+    run_machine: RunMachine, backend: str
+) -> None:
+    """A short search in the suite (a longer one, 150 runs of 40 steps, passed on SQLite
+    when this was written: ``python -c`` with :func:`run_cluster_machine`)."""
+    examples = 12 if backend == "sqlite" else 5
+    run_machine(VersionsMachine, machine_settings(max_examples=examples, steps=30))
