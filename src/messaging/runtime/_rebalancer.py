@@ -99,6 +99,11 @@ class Rebalancer:
         for name, worker in inst.workers.items():
             lags = {p: max(0, head - c.checkpoint) for p, c in worker.claims().items()}
             inst.hooks.projections_lag(consumer=name, instance_id=inst.id, lags=lags)
+        inst.hooks.projections_versions(
+            instance_id=inst.id,
+            live={u.name: u.version for u in units if u.live},
+            building={u.name: u.version for u in units if u.building},
+        )
         self._next_round_in = self._next_round(members)
         if self._awaiting_since is not None and not any(self._awaited.values()):
             waited = time.monotonic() - self._awaiting_since
