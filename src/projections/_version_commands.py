@@ -60,7 +60,6 @@ def versions_report(db: Database, settings: ConsumerSettings, consumer: str) -> 
                 select(r.c.table_name).where(r.c.tenant == db.tenant, r.c.consumer == consumer)
             ).scalars()
         )
-        now = float(conn.execute(select(db.clock.now())).scalar_one())
     reported = {e["name"]: e for e in consumers_report(db, settings)["consumers"]}
     versions = []
     for row in (r for r in rows if not r.dropped):
@@ -74,14 +73,7 @@ def versions_report(db: Database, settings: ConsumerSettings, consumer: str) -> 
         }
         build = reported.get(row.unit, {}).get("build")
         if row.building and build is not None:
-            started = float((row.cutover or {}).get("started_at", now))
-            rate = build["applied"] / max(now - started, 1e-3)
-            left = build["total"] - build["applied"]
-            entry["build"] = {
-                **build,
-                "rate": round(rate, 1),
-                "eta_seconds": round(left / rate, 1) if rate > 0 else None,
-            }
+            entry["build"] = build
         if row.retired_by is not None:
             entry["retired_by"] = row.retired_by
             entry["retired_at"] = (row.cutover or {}).get("retired_at")

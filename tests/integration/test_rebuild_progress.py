@@ -73,17 +73,19 @@ def test_a_rebuild_reports_the_new_versions_progress_until_it_takes_over(
 
     entry = _entry(db, BUILDING)
     assert (entry["state"], entry["version"], entry["version_of"]) == ("running", 2, CONSUMER)
-    assert entry["build"] == {"applied": 0, "total": total}
+    assert (entry["build"]["applied"], entry["build"]["total"]) == (0, total)
+    assert entry["build"]["rate"] == 0 and entry["build"]["eta_seconds"] is None
     assert building.poll() == 20
     entry = _entry(db, BUILDING)
     assert entry["build"]["applied"] == 20
 
     text = cli(config, "status")
     assert f"{BUILDING}  (projection, partitioned, version 2 of {CONSUMER}, building: " in text
-    assert f"building: 20/{total} applied" in text
+    assert f"building: 20/{total} applied, " in text and " s left" in text
     as_json = check(json.loads(cli(config, "status", "--json")), CONSUMERS)
     (listed,) = [c for c in as_json["consumers"] if c["name"] == BUILDING]
-    assert listed["build"] == entry["build"]
+    assert listed["build"]["applied"] == entry["build"]["applied"]
+    assert listed["build"]["rate"] > 0 and listed["build"]["eta_seconds"] > 0
     _check_admin(db, config, tmp_path, entry)
 
     seen = [entry["build"]["applied"]]
@@ -127,14 +129,14 @@ def _check_admin(db: Database, config: Path, tmp_path: Path, entry: dict[str, An
         assert status == 200
         check(body, CONSUMERS)
         (listed,) = [c for c in body["consumers"] if c["name"] == BUILDING]
-        assert listed["build"] == entry["build"]
+        assert listed["build"]["applied"] == entry["build"]["applied"]
         dom = chromium(tmp_path / "profile", "--dump-dom", url=base + "/admin")
         assert dom.returncode == 0, dom.stderr
         total = entry["build"]["total"]
         percent = f"{100 * 20 / total:.1f}"
         assert (
             f'<li data-consumer-state="{BUILDING}" class="building">{BUILDING}: version 2 of '
-            f"{CONSUMER}, building 20/{total} ({percent}%)</li>"
+            f"{CONSUMER}, building 20/{total} ({percent}%), "
         ) in dom.stdout
     finally:
         server.shutdown()
