@@ -42,6 +42,7 @@ class VersionsMachine(ClusterMachine):
         fields={"account_id": st.sampled_from(ACCOUNTS), "amount": st.integers(1, 100)},
     )
     battery = ()  # the ledger's battery runs in test_ledger_machine.py
+    check_reads = True  # no reader ever sees a version being built
 
     def expected(self, messages: Sequence[object]) -> object:
         return ledger.replay(messages)

@@ -43,6 +43,7 @@ from projections.testing.events import (
     Wake,
 )
 from projections.testing.lineage import Lineage
+from projections.testing.reads import check_reads
 from projections.testing.strategies import pauses, picks, ticks
 from projections.testing.testcase import TestCaseProperty
 
@@ -76,6 +77,9 @@ class ClusterMachine(RuleBasedStateMachine):
     initial: ClassVar[Sequence[Append]] = ()
     cluster_settings: ClassVar[Settings | None] = None
     """None: :func:`simulation_settings` (short intervals, small batches)."""
+    check_reads: ClassVar[bool] = False
+    """Check after every step that readers see what the live version committed, whole (a
+    one-projection machine; see :mod:`projections.testing.reads`)."""
     initial_instances: ClassVar[int] = 2
     """Instances joined before the first step (after the ``initial`` appends)."""
     max_instances: ClassVar[int] = 4
@@ -366,6 +370,11 @@ class ClusterMachine(RuleBasedStateMachine):
             f"(committed, appended) messages by (consumer, version), more committed than "
             f"appended: {over}"
         )
+
+    @invariant()
+    def reads_see_what_the_live_version_committed(self) -> None:
+        if self.check_reads:
+            check_reads(self.cluster, self.expected, self.actual)
 
     @invariant()
     def deadlines_delivered_at_most_once(self) -> None:
