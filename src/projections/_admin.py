@@ -31,12 +31,10 @@ from __future__ import annotations
 import json
 import logging
 import os
-import signal
 import socket
 import threading
 from collections.abc import Callable, Iterable
 from importlib import resources
-from types import FrameType
 from typing import Any
 from urllib.parse import unquote
 
@@ -48,6 +46,7 @@ from messaging._settings import Distribution, Settings
 from messaging._states import OwnerState
 from messaging.runtime._instance import Instance
 from messaging.runtime._probes import liveness, readiness
+from messaging.runtime._signals import POLL, StopSignals
 from messaging.store._database import Database
 from projections import _operations as operations
 from projections._admin_guard import AdminGuard, Refusal, require_token_off_loopback
@@ -412,16 +411,16 @@ def serve(db: Database, settings: Settings, host: str, port: int) -> None:
         db.dispose()
         raise
 
-    def stop(signum: int, frame: FrameType | None) -> None:
-        log.info("admin: %s received; stopping", signal.Signals(signum).name)
-        # shutdown() waits for serve_forever() to return, which runs in this thread.
-        threading.Thread(target=server.shutdown, daemon=True).start()
-
-    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    serving = threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.2}, name="admin", daemon=True
+    )
     try:
-        server.serve_forever(poll_interval=0.2)
+        with StopSignals() as signals:
+            serving.start()
+            while signals.received is None and serving.is_alive():
+                serving.join(POLL)
+            log.info("admin: %s received; stopping", signals.received)
+            server.shutdown()
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
         server.server_close()
         db.dispose()

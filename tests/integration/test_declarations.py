@@ -4,6 +4,8 @@ place by an older release is taken as a request."""
 
 from __future__ import annotations
 
+import json
+
 import attrs
 from sqlalchemy import Column, Integer, MetaData, String, Table, insert, select, update
 
@@ -12,7 +14,7 @@ from messaging._consumers import consumer_spec
 from messaging._settings import Distribution
 from messaging._states import DeclarationOutcome
 from messaging.distribution._membership import InstanceInfo, Membership
-from messaging.distribution._ownership import Ownership
+from messaging.distribution._ownership import SWAPPING, Ownership
 from messaging.runtime._cutover import step
 from messaging.runtime._declarations import declare, start_requested_rebuild
 from messaging.runtime._versions import create_version_tables, split_unit, unit_rows
@@ -173,3 +175,27 @@ def test_a_requested_rebuild_rolls_back_to_a_left_behind_declaration(db: Databas
     _cut_over(db, v1, declared.unit)
     assert declare(db, v1, P, "a", instance_name="a").outcome == DeclarationOutcome.UNCHANGED
     assert declare(db, v2, P, "a", instance_name="a").outcome == DeclarationOutcome.STALE
+
+
+def test_a_version_whose_swap_began_cannot_be_claimed_again(db: Database) -> None:
+    """On MySQL the swap marks the live row, fences the new version, then renames the
+    tables: a round between the two must not claim the new version's partitions (a batch
+    after the rename would find its tables gone and halt the partition, which then
+    becomes live)."""
+    v1, _ = _spec(db, 1)
+    v2, _ = _spec(db, 2)
+    _register(db, "a")
+    declare(db, v1, P, "a", instance_name="a")
+    unit = declare(db, v2, P, "a", instance_name="a").unit
+    ownership, live_ids = Ownership(db), Membership(db).live_ids(30)
+    c = db.schema.consumers
+    with db.transaction() as conn:
+        conn.execute(
+            update(c)
+            .where(c.c.name == "decl-notes")
+            .values(state="cutting-over", cutover=json.dumps({"version": 2, "swapping": True}))
+        )
+        assert SWAPPING in json.dumps({"version": 2, "swapping": True})
+        assert ownership.claim(conn, unit, range(4), "a", live_ids) == []
+        conn.execute(update(c).where(c.c.name == "decl-notes").values(cutover=None))
+        assert len(ownership.claim(conn, unit, range(4), "a", live_ids)) == 4

@@ -44,6 +44,9 @@ from messaging.store._clock import cached_now, now_params
 from messaging.store._database import Database
 
 _FENCE_CACHE_SIZE = 64
+SWAPPING = '"swapping": true'
+"""How a live version's ``cutover`` JSON says that the swap with a new version began
+(``json.dumps`` of ``{..., "swapping": True}``, :mod:`messaging.runtime._cutover`)."""
 
 
 @attrs.define(frozen=True, kw_only=True)
@@ -155,7 +158,9 @@ class Ownership:
         """Claim those of ``partitions`` that are unowned, owned by a non-live instance or already
         by this one (re-claimed under a new epoch), unless an operator paused the consumer or
         it is being rebuilt, or (``fingerprint`` given) it runs another declaration now (a
-        round planned before a new version took over must not claim it).
+        round planned before a new version took over must not claim it), or it is a version
+        whose swap began (fenced for the rename of its tables: a batch after it would find
+        them gone).
 
         A compare-and-set: the ``UPDATE`` matches only such rows and bumps their epoch.
         Returns the partitions claimed now, with their new epochs.
@@ -165,7 +170,7 @@ class Ownership:
         if not wanted:
             return []
         consumers = self.db.schema.consumers
-        held_back = (
+        held_back: ColumnElement[bool] = (
             select(consumers.c.name)
             .where(
                 consumers.c.tenant == self.db.tenant,
@@ -177,6 +182,19 @@ class Ownership:
             )
             .exists()
         )
+        name, mark, number = consumer.rpartition("@")
+        if mark and number.isdigit():  # a version being built: not once its swap began
+            live = consumers.alias("live")
+            swapping = (
+                select(live.c.name)
+                .where(
+                    live.c.tenant == self.db.tenant,
+                    live.c.name == name,
+                    live.c.cutover.contains(SWAPPING),
+                )
+                .exists()
+            )
+            held_back = or_(held_back, swapping)
         conn.execute(
             update(t)
             .where(

@@ -10,14 +10,12 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import socket
 import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
-from types import FrameType
 from typing import Any, TypeVar
 
 import attrs
@@ -45,6 +43,7 @@ from messaging.runtime._outage import Heartbeats, Outage, run_every
 from messaging.runtime._process import default_instance_name, process_exists
 from messaging.runtime._pulser import Pulser
 from messaging.runtime._rebalancer import Rebalancer
+from messaging.runtime._signals import POLL, StopSignals
 from messaging.runtime._units import Units
 from messaging.runtime._watchdog import Watchdog, round_bound
 from messaging.runtime._worker import ConsumerWorker
@@ -375,7 +374,7 @@ class Instance:
     # -- stop --------------------------------------------------------------------------
 
     def request_stop(self) -> None:
-        """Ask the instance to stop gracefully (safe from a signal handler)."""
+        """Ask the instance to stop gracefully (from another thread)."""
         self.stop_requested.set()
 
     def stop(self) -> None:
@@ -431,18 +430,12 @@ class Instance:
 
     def run(self) -> None:
         """Start, then run until SIGTERM/SIGINT (or :meth:`request_stop`), then stop gracefully."""
-        previous = {}
-
-        def on_signal(signum: int, _frame: FrameType | None) -> None:
-            log.info("instance %s: received %s, stopping", self.name, signal.Signals(signum).name)
-            self.request_stop()
-
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            previous[signum] = signal.signal(signum, on_signal)
-        try:
-            self.start()
-            self.stop_requested.wait()
-        finally:
-            self.stop()
-            for signum, handler in previous.items():
-                signal.signal(signum, handler)
+        with StopSignals() as signals:
+            try:
+                self.start()
+                while not self.stop_requested.wait(POLL) and signals.received is None:
+                    pass
+                if signals.received is not None:
+                    log.info("instance %s: received %s, stopping", self.name, signals.received)
+            finally:
+                self.stop()

@@ -10,7 +10,8 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Sequence
-from types import FrameType
+
+from messaging.runtime._signals import POLL, StopSignals
 
 log = logging.getLogger("messaging.runtime.supervisor")
 
@@ -54,26 +55,27 @@ class Supervisor:
             # see it: pass the stop on, or it would run on until killed at stop_timeout.
             process.send_signal(signal.SIGTERM)
 
-    def _forward(self, signum: int, _frame: FrameType | None) -> None:
-        if not self.stopping.is_set():
-            log.info("supervisor: %s received, stopping workers", signal.Signals(signum).name)
+    def _forward(self, name: str) -> None:
+        """Pass the stop signal ``name`` on to every worker still running."""
+        log.info("supervisor: %s received, stopping workers", name)
         self.stopping.set()
         for process in self.processes.values():
             if process.poll() is None:
-                process.send_signal(signum)
+                process.send_signal(signal.Signals[name])
 
     def run(self) -> int:
         """Run until a stop signal; return 0 when every worker then stopped cleanly."""
-        previous = {s: signal.signal(s, self._forward) for s in (signal.SIGTERM, signal.SIGINT)}
-        try:
+        with StopSignals() as signals:
             for index in range(1, self.count + 1):
                 self._start(index)
-            while not self.stopping.wait(self.poll_interval):
-                self._restart_dead()
+            waited = 0.0
+            while signals.received is None and not self.stopping.wait(POLL):
+                waited += POLL
+                if waited >= self.poll_interval:
+                    waited = 0.0
+                    self._restart_dead()
+            self._forward(signals.received or "SIGTERM")
             return self._wait_all()
-        finally:
-            for signum, handler in previous.items():
-                signal.signal(signum, handler)
 
     def _restart_dead(self) -> None:
         now = time.monotonic()
