@@ -108,9 +108,10 @@ class Replay:
             self.loaded = int(rows[-1][0]) if len(rows) == LOAD_CHUNK else upto
 
     def _add(self, position: int, account: str, type_name: str, payload: str) -> None:
+        if type_name != OPENED and type_name not in SIGNS:
+            return
         p = zlib.crc32(account.encode()) % PARTITIONS  # its source (the partition key)
-        run = self.running[p]
-        row = self.accounts.get(account)
+        run, row = self.running[p], self.accounts.get(account)
         if type_name == OPENED:  # (re)opened: the account starts again from (owner, 0, 0)
             if row is None:
                 run[0] += 1
@@ -118,17 +119,15 @@ class Replay:
                 run[1] -= row[0]
                 run[2] -= row[1]
             self.accounts[account] = [0, 0]
-        elif (sign := SIGNS.get(type_name)) is not None:
+        else:
             if row is None:  # the projection inserts a row for it
                 run[0] += 1
                 row = self.accounts[account] = [0, 0]
-            amount = sign * int(json.loads(payload)["amount"])
+            amount = SIGNS[type_name] * int(json.loads(payload)["amount"])
             row[0] += 1
             row[1] += amount
             run[1] += 1
             run[2] += amount
-        else:
-            return
         self.positions[p].append(position)
         for total, value in zip(self.totals[p], run, strict=True):
             total.append(value)
@@ -351,9 +350,10 @@ def measure(db: Database, tmp: Path, args: argparse.Namespace) -> dict[str, Any]
         if cutover.error is not None:
             raise BenchmarkFailure(f"watching for the cutover failed: {cutover.error!r}")
         window[1] = cut = cutover.at
-        # A message the new version applied before the swap is read from the swap on.
+        # Applied by the new version once the live one stopped: read from the swap on.
         found["during"] = [
-            (max(applied, cut) if unit == BUILDING else applied) - committed
+            (max(applied, cut) if unit == BUILDING and applied >= cutover.stopped else applied)
+            - committed
             for committed, applied, unit in probes
         ]
         wait_until(lambda: lag(db) == 0, timeout=120, what="version 2 to catch up")
