@@ -302,7 +302,7 @@ class Cutover(threading.Thread):
             while not self.done.wait(0.01):
                 with self.db.read() as conn:
                     state, version = conn.execute(query.where(c.c.name == CONSUMER)).one()
-                if state == "cutting-over":
+                if state == "cutting-over" or version == 2:  # (stop and swap between two polls)
                     self.stopped = min(self.stopped, time.time())
                 if version == 2:
                     self.at = time.time()
