@@ -91,7 +91,7 @@ class ConsumerWorker(Worker):
         self._stop = threading.Event()  # the apply loop's, once it runs
         self.gate: VersionGate | None = None
         self.cutover_due: Callable[[], object] | None = None
-        """Called after each poll while the live version is stopped for a cutover."""
+        """Called after a poll of a version being built near its end (see :meth:`poll`)."""
         """For a version being built: what the live version applied and sent."""
 
     # -- ownership, changed by the rebalance loop ----------------------------------------
@@ -177,12 +177,14 @@ class ConsumerWorker(Worker):
 
     def poll(self) -> int:
         """Fetch and apply one batch of the owned partitions; return how many messages were
-        applied. A version being built whose live version stopped for the cutover then
-        asks for the next step at once (:attr:`cutover_due`): the live version is applied
-        by no one until the swap."""
+        applied. A version being built that is within a batch of its live version, or whose
+        live version stopped for the cutover, then asks for the next cutover step at once
+        (:attr:`cutover_due`), not at the next rebalance round: the live version is applied
+        by no one from the stop to the swap."""
         applied = self._poll()
-        if self.gate is not None and self.gate.stopped and self.cutover_due is not None:
-            self.cutover_due()
+        near = self.gate is not None and (self.gate.stopped or applied < self.settings.batch_size)
+        if near and self.cutover_due is not None:
+            self.cutover_due()  # within a batch of the live version, or it stopped
         return applied
 
     def _poll(self) -> int:
