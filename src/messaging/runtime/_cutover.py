@@ -56,9 +56,9 @@ from messaging.store._tenancy import ReadModels
 
 log = logging.getLogger("messaging.runtime.cutover")
 
-NO_SUCH_TABLE = 1146
-"""MySQL/MariaDB's "Table ... doesn't exist": what a rename finds when another instance
-of the version renamed the tables first."""
+RACED = {1146, 1050}
+"""MySQL/MariaDB's "Table ... doesn't exist" and "Table ... already exists": what a
+rename finds when another instance of the version renamed the tables first."""
 
 
 def behind(db: Database, conn: Connection, unit: UnitRow, spec: ConsumerSpec, limit: int) -> int:
@@ -207,7 +207,7 @@ def _rename_tables(
         except (OperationalError, ProgrammingError) as exc:
             code = next(iter(getattr(exc.orig, "args", ())), None)
             present = set(inspect(conn).get_table_names())
-            if code == NO_SUCH_TABLE and not any(t.name in present for t in first_new):
+            if code in RACED and not any(t.name in present for t in first_new):
                 return True  # another instance of the version renamed them first
             if lock_conflict(exc) != "lock-wait-timeout":
                 raise
