@@ -30,6 +30,7 @@ __all__ = [
     "HealthSettings",
     "InvalidSettings",
     "MessagingSettings",
+    "OnFailure",
     "Settings",
     "consumer_sections",
     "format_duration",
@@ -44,6 +45,15 @@ class Distribution(enum.Enum):
     PARTITIONED = "partitioned"
     #: One elected instance owns every partition and applies in global order.
     SINGLE_OWNER = "single-owner"
+
+
+class OnFailure(enum.Enum):
+    """What a message that cannot be decoded or handled (after its retries) does."""
+
+    #: Halt its partition at it until an operator resumes it.
+    HALT_PARTITION = "halt-partition"
+    #: Set it and every later message of its source aside, in order; the rest goes on.
+    PARK_SOURCE = "park-source"
 
 
 @attrs.frozen(kw_only=True)
@@ -113,10 +123,12 @@ class ConsumerOverride:
     :ivar distribution: Distribution mode for this consumer only.
     :ivar concurrency_limit: Most partitions of this consumer applied at once
         in one instance (``concurrency-limit``); ``None`` means no limit.
+    :ivar on_failure: What a failing message does to this consumer (``on-failure``).
     """
 
     distribution: Distribution | None = None
     concurrency_limit: int | None = None
+    on_failure: OnFailure | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -125,10 +137,29 @@ class ConsumerGroupSettings:
 
     :ivar distribution: Default distribution mode of every consumer in the group.
     :ivar consumers: Overrides by consumer name.
+    :ivar on_failure: What a failing message does (``on-failure``); ``None``: the kind's
+        default (a single-owner consumer halts unless configured otherwise).
+    :ivar max_parked_sources: Most parked sources per partition (``max-parked-sources``);
+        one more failing source halts the partition instead.
     """
 
     distribution: Distribution = Distribution.PARTITIONED
     consumers: dict[str, ConsumerOverride] = attrs.field(factory=dict)
+    on_failure: OnFailure | None = None
+    max_parked_sources: int = 100
+
+    def on_failure_for(self, name: str, default: OnFailure) -> OnFailure:
+        """What a failure does to consumer ``name``: its override, else the group's
+        setting, else ``default`` (the kind's), except that a single-owner consumer halts
+        unless configured otherwise (it promises one order across sources)."""
+        override = self.consumers.get(name)
+        if override is not None and override.on_failure is not None:
+            return override.on_failure
+        if self.on_failure is not None:
+            return self.on_failure
+        if self.distribution_for(name) is Distribution.SINGLE_OWNER:
+            return OnFailure.HALT_PARTITION
+        return default
 
     def distribution_for(self, name: str) -> Distribution:
         """The distribution mode of consumer ``name``: its override, else the group default."""
@@ -337,11 +368,26 @@ def _group_problems(settings: Settings) -> list[str]:
         if kind.no_concurrency_limit
     }
     for section, group in sorted(settings.consumer_groups.items()):
+        if group.max_parked_sources < 1:
+            problems.append(
+                f"{section}.max-parked-sources ({group.max_parked_sources}) must be 1 or more"
+            )
         if section not in sections:
             problems.append(
                 f"{section}: no consumer kind is configured under this section "
                 f"(sections: {', '.join(sections)})"
             )
+        parking = [k.value for k in registered_kinds() if k.settings_group == section and k.parks]
+        chosen = [(f"{section}.on-failure", group.on_failure)] + [
+            (f"{section}.consumers.{name}.on-failure", o.on_failure)
+            for name, o in group.consumers.items()
+        ]
+        if section in sections and not parking:
+            problems += [
+                f"{key} (park-source) is not supported: {section} halt their partition on a failure"
+                for key, value in chosen
+                if value is OnFailure.PARK_SOURCE
+            ]
         for name, override in group.consumers.items():
             limit = override.concurrency_limit
             key = f"{section}.consumers.{name}.concurrency-limit"
