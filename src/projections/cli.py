@@ -34,6 +34,7 @@ from messaging.runtime._instance import Instance
 from messaging.store._database import Database, parse_database_url
 from messaging.store._migrations import migrate
 from messaging.store._refusals import refusal, refusal_words
+from projections._cli_operator import OPERATOR_COMMANDS
 from projections._cli_parser import build_parser
 
 EXIT_ERROR = 1
@@ -313,32 +314,6 @@ def _operate(args: argparse.Namespace, db: Database, who: str) -> None:
         print(f"resumed {args.consumer}")
 
 
-def cmd_audit(args: argparse.Namespace) -> int:
-    from projections._operations import audit_log
-
-    db = _existing_database(_settings(args))
-    try:
-        db.prepare()
-        entries = audit_log(db, args.consumer)
-    finally:
-        db.dispose()
-    if args.json:
-        _print_json({"audit": entries})
-    else:
-        from projections._reports import format_time
-
-        if entries:
-            print(f"{'at':<29}  {'who':<24} {'command':<22} consumer  detail")
-        for entry in entries:
-            print(
-                f"{format_time(entry['at']):<29}  {entry['who']:<24} {entry['command']:<22} "
-                f"{entry['consumer']}  {json.dumps(entry['detail'], sort_keys=True)}"
-            )
-        if not entries:
-            print("no operator commands recorded")
-    return 0
-
-
 def cmd_demo(args: argparse.Namespace) -> int:
     from projections._demo import run_demo
 
@@ -373,7 +348,7 @@ _COMMANDS = {
     "forget-processed": cmd_operation,
     "resume": cmd_operation,
     "rebuild": cmd_operation,
-    "audit": cmd_audit,
+    **OPERATOR_COMMANDS,
     "admin": cmd_admin,
 }
 
