@@ -52,29 +52,40 @@ def parking_worker(
             ctx.execute(insert(table), {**row, "name": event.name})
 
     worker: ConsumerWorker = consumer_worker(db, Items, instance_id=ME, instance_name="me")
+    return claimed(db, worker, max_sources, first=first)
+
+
+def claimed(
+    db: Database, worker: ConsumerWorker, max_sources: int | None = 10, *, first: bool = True
+) -> ConsumerWorker:
+    """``worker`` (of a consumer with 2 partitions) declared, holding both partitions, its
+    parking on unless ``max_sources`` is None (``first`` False: claiming them again)."""
+    spec = worker.spec
     if max_sources is not None:
-        worker.parking = Parking(db, "parked-items", max_sources)
+        worker.parking = Parking(db, spec.name, max_sources)
     if not first:  # another worker of the same instance: claims again (a handover)
         reclaim(db, worker)
         return worker
     with db.transaction() as conn:
-        Membership(db).register(conn, InstanceInfo(id=ME, name="me", host="h", pid=1))
+        instances = db.schema.instances
+        if conn.execute(select(instances.c.id).where(instances.c.id == ME)).first() is None:
+            Membership(db).register(conn, InstanceInfo(id=ME, name="me", host="h", pid=1))
         conn.execute(
             insert(db.schema.consumers).values(
                 tenant=db.tenant,
-                name="parked-items",
-                kind="projection",
+                name=spec.name,
+                kind=spec.kind.value,
                 distribution="partitioned",
                 partitions=2,
-                topics=json.dumps(["items"]),
-                types=json.dumps(["test.poison.item"]),
+                topics=json.dumps(list(spec.topics)),
+                types=json.dumps(spec.type_names()),
                 fingerprint="f",
                 state="running",
                 updated_at=0.0,
             )
         )
-        Ownership(db).ensure_partitions(conn, "parked-items", 2)
-        claims = Ownership(db).claim(conn, "parked-items", [0, 1], ME, Membership(db).live_ids(30))
+        Ownership(db).ensure_partitions(conn, spec.name, 2)
+        claims = Ownership(db).claim(conn, spec.name, [0, 1], ME, Membership(db).live_ids(30))
     worker.add_claims(claims)
     return worker
 
@@ -99,12 +110,12 @@ def applied(db: Database, table: Table) -> list[tuple[str, str]]:
         return [(r.source, r.name) for r in rows]
 
 
-def parked(db: Database) -> dict[str, tuple[int, str, str]]:
+def parked(db: Database, consumer: str = "parked-items") -> dict[str, tuple[int, str, str]]:
     t = db.schema.parked
     with db.read() as conn:
         return {
             r.source: (r.position, r.state, r.error)
-            for r in conn.execute(select(t).where(t.c.consumer == "parked-items"))
+            for r in conn.execute(select(t).where(t.c.consumer == consumer))
         }
 
 
@@ -118,9 +129,10 @@ def partition(db: Database, partition: int) -> tuple[str, int]:
 
 def reclaim(db: Database, worker: ConsumerWorker) -> None:
     """What an operator's command does to the partitions (a new epoch), then the claim."""
+    name = worker.spec.name
     with db.transaction() as conn:
         t = db.schema.partitions
-        conn.execute(update(t).where(t.c.consumer == "parked-items").values(owner=None))
-        claims = Ownership(db).claim(conn, "parked-items", [0, 1], ME, Membership(db).live_ids(30))
+        conn.execute(update(t).where(t.c.consumer == name).values(owner=None))
+        claims = Ownership(db).claim(conn, name, [0, 1], ME, Membership(db).live_ids(30))
     worker.drop([0, 1])
     worker.add_claims(claims)
