@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from admin_schemas import CONSUMERS, check
 from clusters import write_config
 from parking_app import (
     BROKEN,
@@ -190,6 +191,13 @@ def test_the_cli_lists_retries_and_refuses_in_one_line(
     assert main(["parked", "parked-items", "--json", *config]) == 0
     report = json.loads(capsys.readouterr().out)
     assert {e["source"]: e["count"] for e in report["parked"]} == {a: 2, b: 1}
+    assert main(["status", "--json", *config]) == 0
+    status = json.loads(capsys.readouterr().out)
+    check(CONSUMERS, status)
+    [consumer] = status["consumers"]
+    assert consumer["parked_sources"] == 2 and consumer["partitions"][0]["parked_sources"] == 2
+    assert main(["status", *config]) == 0
+    assert "2 parked sources (projections parked parked-items)" in capsys.readouterr().out
     assert main(["parked", "parked-items", *config]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 2 and lines[0].startswith(

@@ -36,7 +36,10 @@ _PARTITION = _object(
         "checkpoint": _INT,
         "lag": _INT,
     },
-    {"halted": _object(_HALTED, {"trace": {"type": ["string", "null"]}})},
+    {
+        "halted": _object(_HALTED, {"trace": {"type": ["string", "null"]}}),
+        "parked_sources": {"type": "integer", "minimum": 1},
+    },
 )
 
 CONSUMERS = _object(
@@ -61,7 +64,11 @@ CONSUMERS = _object(
                     "version": {"type": "integer", "minimum": 1},
                     "partitions": {"type": "array", "items": _PARTITION},
                 },
-                {"version_of": _ID, "build": _object({"applied": _INT, "total": _INT})},
+                {
+                    "version_of": _ID,
+                    "build": _object({"applied": _INT, "total": _INT}),
+                    "parked_sources": {"type": "integer", "minimum": 1},
+                },
             ),
         }
     },
