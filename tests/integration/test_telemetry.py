@@ -21,9 +21,11 @@ from opentelemetry.trace import format_trace_id
 
 import projections_otel
 from messaging import (
+    ConsumerGroupSettings,
     Database,
     Instance,
     MessageStore,
+    OnFailure,
     Settings,
     collect_consumers,
     create_plugin_manager,
@@ -239,6 +241,8 @@ def test_the_plugin_loads_from_the_config(tmp_path: Path) -> None:
         "projections_batch_applied",
         "projections_message_failed",
         "projections_partition_halted",
+        "projections_source_parked",
+        "projections_source_retried",
         "projections_retrying",
         "projections_lock_contention",
         "projections_deadlines_delivered",
@@ -404,6 +408,36 @@ def test_failures_and_halts_name_the_instance(
     assert dict(failure.attributes) == {**expected, "error.type": "ValueError"}
     (halt,) = points["projections.partition.halts"]
     assert dict(halt.attributes) == expected
+
+
+def test_a_parked_source_counts_as_a_failure_and_a_park(
+    db: Database, telemetry: Telemetry, reader: InMemoryMetricReader
+) -> None:
+    """With ``on-failure: park-source`` the poison message parks its source instead of
+    halting the partition: a failure and a park are counted, no halt."""
+    manager = create_plugin_manager([], plugins=[telemetry, _FragileApp()], load_entrypoints=False)
+    parking = {"projections": ConsumerGroupSettings(on_failure=OnFailure.PARK_SOURCE)}
+    settings = Settings(consumer_groups=parking)
+    instance = Instance(db, collect_consumers(manager), settings, manager.hook, name="fragile-1")
+    instance.start(loops=False)
+    try:
+        with db.transaction() as conn:
+            MessageStore(db).append(conn, "fragile", "s1", [FragileNoted("poison")])
+        instance.workers["otel-fragile"].poll()
+    finally:
+        instance.stop()
+    points = _points(reader)
+    expected = {
+        "consumer": "otel-fragile",
+        "partition": partition_of("s1", 2),
+        "type": "test.otel.fragile",
+        "instance": "fragile-1",
+    }
+    (failure,) = points["projections.message.failures"]
+    assert dict(failure.attributes) == {**expected, "error.type": "ValueError"}
+    (park,) = points["projections.source.parks"]
+    assert dict(park.attributes) == expected and park.value == 1
+    assert "projections.partition.halts" not in points
 
 
 def test_delivered_deadlines_are_counted_with_their_lateness(

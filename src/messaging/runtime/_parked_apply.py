@@ -119,7 +119,15 @@ def _parked(worker: ConsumerWorker, park: NewPark, epoch: int) -> None:
         partition=park.partition,
         position=park.position,
         type_name=park.type,
-        error=RuntimeError(park.error),
+        error=park.exception or RuntimeError(park.error),
+        instance_id=worker.instance_id,
+    )
+    worker.hooks.projections_source_parked(
+        consumer=worker.spec.name,
+        partition=park.partition,
+        source=park.source,
+        position=park.position,
+        type_name=park.type,
         instance_id=worker.instance_id,
     )
     lifecycle_event(
@@ -193,6 +201,13 @@ def _replay(worker: ConsumerWorker, parking: Parking, claim: Claim, source: Park
         break
     if again is None:
         parking.released(source)
+        worker.hooks.projections_source_retried(
+            consumer=spec.name,
+            partition=claim.partition,
+            source=source.source,
+            applied=len(todo),
+            instance_id=worker.instance_id,
+        )
         lifecycle_event(
             "retried",
             consumer=spec.name,

@@ -51,6 +51,7 @@ class NewPark:
     type: str
     error: str
     trace: str
+    exception: BaseException | None = attrs.field(default=None, eq=False, repr=False)
 
     @classmethod
     def of(cls, row: StoredRow, partition: int, error: BaseException) -> NewPark:
@@ -61,6 +62,7 @@ class NewPark:
             type=row[TYPE],
             error="".join(traceback.format_exception_only(error)).strip(),
             trace=last_frames(error),
+            exception=error,
         )
 
 
