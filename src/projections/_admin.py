@@ -12,8 +12,11 @@ Routes:
   ``GET /admin/consumers/<name>/health`` one consumer's (404 for an unknown one);
 - ``GET /admin/health/live`` and ``/admin/health/ready``: 200 or 503 with the reasons
   (:mod:`messaging.runtime._probes`), for load balancers and Kubernetes probes;
-- ``POST /admin/consumers/<name>/<pause|resume|rebuild>``: the commands, with an optional
-  JSON body ``{"reason", "skip_poison"}``; the audit records ``admin token@<peer address>``.
+- ``GET /admin/consumers/<name>/parked``: its parked sources and skipped messages
+  (:func:`projections._parked_ops.parked`);
+- ``POST /admin/consumers/<name>/<pause|resume|rebuild|retry|skip|evict>``: the commands,
+  with an optional JSON body ``{"reason", "skip_poison", "source"}`` (``source``: which
+  parked source to retry, skip or evict); the audit records ``admin token@<peer address>``.
 
 Every request must name this server in its ``Host`` header (421 otherwise); commands need
 the admin token, a JSON content type and no foreign ``Origin`` (:mod:`projections._admin_guard`).
@@ -46,6 +49,7 @@ from messaging.runtime._instance import Instance
 from messaging.runtime._probes import liveness, readiness
 from messaging.store._database import Database
 from projections import _operations as operations
+from projections import _parked_ops as parked_ops
 from projections._admin_guard import AdminGuard, Refusal, require_token_off_loopback
 from projections._admin_http import BoundedHTTPServer, LimitedRequestHandler
 from projections._health import UnknownConsumer, health_report
@@ -59,7 +63,7 @@ log = logging.getLogger("projections.admin")
 
 SINGLE_OWNER_REASON = "single-owner: one elected instance applies it"
 DATABASE_UNAVAILABLE = "the database is unavailable; see the server's log"
-COMMANDS = ("pause", "resume", "rebuild")
+COMMANDS = ("pause", "resume", "rebuild", "retry", "skip", "evict")
 #: Seconds a client has to send a whole request; handler threads; bytes of a command's body.
 REQUEST_TIMEOUT = 10.0
 MAX_THREADS = 16
@@ -170,12 +174,14 @@ def _command_body(raw: bytes) -> dict[str, Any]:
     body = json.loads(raw) if raw.strip() else {}
     if not isinstance(body, dict):
         raise ValueError("the body must be a JSON object")
-    unknown = sorted(set(body) - {"reason", "skip_poison"})
+    unknown = sorted(set(body) - {"reason", "skip_poison", "source"})
     if unknown:
         raise ValueError(
             f"unknown key(s) {', '.join(map(repr, unknown))}; a command takes "
-            "'reason' and 'skip_poison' (the server records who asked)"
+            "'reason', 'skip_poison' and 'source' (the server records who asked)"
         )
+    if not isinstance(body.get("source", ""), str):
+        raise ValueError("'source' must be a string")
     if not isinstance(body.get("reason", ""), str):
         raise ValueError("'reason' must be a string")
     if not isinstance(body.get("skip_poison", False), bool):
@@ -273,6 +279,10 @@ def make_server(
                 name = segments[2]
                 self._answer(path, lambda: health_report(db, settings, name))
                 return
+            if segments[:2] == ["admin", "consumers"] and segments[3:] == ["parked"]:
+                name = segments[2]
+                self._answer(path, lambda: parked_ops.parked(db, name, skipped=True))
+                return
             route = routes.get(path)
             if route is None:
                 self.send_json(404, {"error": f"no such route: {path}"})
@@ -315,12 +325,15 @@ def make_server(
             who = f"admin token@{peer_host}"
             reason = body.get("reason", "")
             skip = bool(body.get("skip_poison"))
+            source = body.get("source")
 
             def through_database() -> dict[str, Any]:
                 if command == "pause":
                     operations.pause(db, consumer, who=who, reason=reason)
                 elif command == "rebuild":
                     operations.rebuild(db, consumer, who=who, reason=reason)
+                elif command in ("retry", "skip", "evict"):
+                    return parked_ops.command(db, command, consumer, source, who, reason)
                 else:
                     halted = operations.resume(
                         db,

@@ -278,3 +278,16 @@ def evict(db: Database, consumer: str, *, source: str, who: str, reason: str = "
         return len(held)
 
     return _once(db, "evict", body, lambda detail: int(detail["evicted"]))
+
+
+def command(
+    db: Database, command: str, consumer: str, source: str | None, who: str, reason: str
+) -> dict[str, Any]:
+    """Run ``retry``, ``skip`` or ``evict`` (the admin's commands); its outcome as JSON."""
+    if command == "retry":
+        return {"retrying": retry(db, consumer, source=source, who=who, reason=reason)}
+    if source is None:
+        raise OperationError(f"{command} needs the parked source: give 'source'")
+    if command == "skip":
+        return {"skipped": skip(db, consumer, source=source, who=who, reason=reason)}
+    return {"evicted": evict(db, consumer, source=source, who=who, reason=reason)}

@@ -8,7 +8,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from admin_schemas import CONSUMERS, check
+from admin_client import TOKEN_CONFIG, get_json, post, serve
+from admin_schemas import COMMAND, CONSUMERS, ERROR, PARKED, check
 from clusters import write_config
 from parking_app import (
     BROKEN,
@@ -25,8 +26,10 @@ from parking_app import (
 from sqlalchemy import Table, select
 
 from messaging import Database, OperationError
+from messaging._config import load_settings
 from messaging.runtime._worker import ConsumerWorker
 from projections import _parked_ops as ops
+from projections._admin import make_server
 from projections._operations import audit_log, resume
 from projections.cli import main
 
@@ -193,7 +196,7 @@ def test_the_cli_lists_retries_and_refuses_in_one_line(
     assert {e["source"]: e["count"] for e in report["parked"]} == {a: 2, b: 1}
     assert main(["status", "--json", *config]) == 0
     status = json.loads(capsys.readouterr().out)
-    check(CONSUMERS, status)
+    check(status, CONSUMERS)
     [consumer] = status["consumers"]
     assert consumer["parked_sources"] == 2 and consumer["partitions"][0]["parked_sources"] == 2
     assert main(["status", *config]) == 0
@@ -226,3 +229,36 @@ def test_the_cli_lists_retries_and_refuses_in_one_line(
     assert main(["audit", "parked-items", "--json", *config]) == 0
     commands = [e["command"] for e in json.loads(capsys.readouterr().out)["audit"]]
     assert commands == ["retry", "evict"]
+
+
+def test_the_admin_lists_and_acts_with_the_token(
+    db: Database, table: Table, tmp_path: Path
+) -> None:
+    _worker, a, b, pos = _parked_two(db, table)
+    settings = load_settings(str(write_config(tmp_path / "c.yaml", db, extra=TOKEN_CONFIG)))
+    server = make_server(db, settings, "127.0.0.1", 0)
+    url, thread = serve(server)
+    try:
+        consumer = f"{url}/admin/consumers/parked-items"
+        status, listed = get_json(f"{consumer}/parked")
+        assert status == 200 and check(listed, PARKED)["consumer"] == "parked-items"
+        assert [e["source"] for e in listed["parked"]] == [a, b]
+        before = _state(db)
+        assert post(f"{consumer}/retry", {"source": a}, token=None)[0] == 401
+        status, error = post(f"{consumer}/skip", {"reason": "no source"})
+        assert status == 409 and check(error, ERROR)["error"].startswith("skip needs the")
+        assert post(f"{consumer}/retry", {"source": 3})[0] == 400
+        assert _state(db) == before
+
+        status, answer = post(f"{consumer}/skip", {"source": a, "reason": "bad data"})
+        assert status == 200 and check(answer, COMMAND)["skipped"]["position"] == pos["poison-a2"]
+        status, answer = post(f"{consumer}/retry", {"source": b})
+        assert status == 200 and check(answer, COMMAND)["retrying"] == [b]
+        status, answer = post(f"{consumer}/retry", {"source": b})
+        assert status == 409 and "being retried already" in answer["error"]
+    finally:
+        server.shutdown()
+        thread.join()
+        server.server_close()
+    [skip] = [e for e in audit_log(db, "parked-items") if e["command"] == "skip"]
+    assert skip["who"] == "admin token@127.0.0.1" and skip["detail"]["reason"] == "bad data"

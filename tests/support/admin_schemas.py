@@ -158,8 +158,45 @@ CLUSTER = _object(
 )
 
 COMMAND = _object(
-    {"consumer": _ID, "command": {"enum": ["pause", "resume", "rebuild"]}},
-    {"halted": {"type": "array", "items": _object({"partition": _INT, **_HALTED})}},
+    {
+        "consumer": _ID,
+        "command": {"enum": ["pause", "resume", "rebuild", "retry", "skip", "evict"]},
+    },
+    {
+        "halted": {"type": "array", "items": _object({"partition": _INT, **_HALTED})},
+        "retrying": {"type": "array", "items": _ID},
+        "skipped": _object({"source": _ID, "position": _INT, "type": _ID}),
+        "evicted": _INT,
+    },
+)
+
+_PARKED_SOURCE = _object(
+    {
+        "source": _ID,
+        "partition": _INT,
+        "position": _INT,
+        "count": _INT,
+        "type": _ID,
+        "error": {"type": ["string", "null"]},
+        "trace": {"type": ["string", "null"]},
+        "parked_at": {"type": "number"},
+        "state": {"enum": ["parked", "retrying"]},
+    }
+)
+_SKIPPED = _object(
+    {
+        "position": _INT,
+        "source": _ID,
+        "partition": _INT,
+        "type": _ID,
+        "error": {"type": ["string", "null"]},
+        "skipped_at": {"type": "number"},
+        "who": _ID,
+    }
+)
+PARKED = _object(
+    {"consumer": _ID, "parked": {"type": "array", "items": _PARKED_SOURCE}},
+    {"skipped": {"type": "array", "items": _SKIPPED}},
 )
 
 ERROR = _object({"error": {"type": "string", "minLength": 1}})
