@@ -256,7 +256,9 @@ def _record_skip(
     m = db.schema.messages
     source = conn.execute(
         select(m.c.source).where(m.c.tenant == db.tenant, m.c.position == halted["position"])
-    ).scalar_one()
+    ).scalar_one_or_none()
+    if source is None:  # not a stored message (a saga's deadline): nothing to list
+        return
     conn.execute(
         insert(db.schema.skipped).values(
             tenant=db.tenant,
