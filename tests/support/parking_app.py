@@ -37,10 +37,16 @@ def make_table(db: Database) -> Table:
 
 
 def parking_worker(
-    db: Database, table: Table, max_sources: int | None = 10, *, first: bool = True
+    db: Database,
+    table: Table,
+    max_sources: int | None = 10,
+    *,
+    first: bool = True,
+    via: Database | None = None,
 ) -> ConsumerWorker:
     """The worker of projection ``parked-items`` (2 partitions) holding both partitions;
-    ``max_sources`` None: without parking (it halts)."""
+    ``max_sources`` None: without parking (it halts); ``via``: the database it talks
+    through (a proxy), ``db`` by default."""
 
     @projection("parked-items", topics="items", partitions=2, tables=[table])
     class Items:
@@ -51,7 +57,7 @@ def parking_worker(
             row = {"position": ctx.envelope.position, "source": ctx.envelope.source}
             ctx.execute(insert(table), {**row, "name": event.name})
 
-    worker: ConsumerWorker = consumer_worker(db, Items, instance_id=ME, instance_name="me")
+    worker: ConsumerWorker = consumer_worker(via or db, Items, instance_id=ME, instance_name="me")
     return claimed(db, worker, max_sources, first=first)
 
 
@@ -62,7 +68,7 @@ def claimed(
     parking on unless ``max_sources`` is None (``first`` False: claiming them again)."""
     spec = worker.spec
     if max_sources is not None:
-        worker.parking = Parking(db, spec.name, max_sources)
+        worker.parking = Parking(worker.db, spec.name, max_sources)
     if not first:  # another worker of the same instance: claims again (a handover)
         reclaim(db, worker)
         return worker

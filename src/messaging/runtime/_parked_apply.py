@@ -72,6 +72,8 @@ def park_sources(
     positions = [row[POSITION] for row in rows]
     parks: list[NewPark] = []
     while True:
+        if not poison.exact:  # the batch's writes failed as a whole: no source to park
+            return None
         index = positions.index(poison.row[POSITION])
         row = rows[index]
         partition = row[PARTITION_HASH] % worker.spec.partitions
@@ -240,4 +242,5 @@ def _apply(worker: ConsumerWorker, conn: Connection, rows: Sequence[StoredRow]) 
         if is_transient(exc) or refusal(exc):
             raise
         last = rows[-1]
-        raise Poison(last, last[PARTITION_HASH] % worker.spec.partitions, exc) from exc
+        partition = last[PARTITION_HASH] % worker.spec.partitions
+        raise Poison(last, partition, exc, exact=False) from exc

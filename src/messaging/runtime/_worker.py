@@ -372,7 +372,8 @@ class ConsumerWorker(Worker):
                     if is_transient(exc) or refusal(exc):
                         raise
                     last = rows[-1]
-                    raise Poison(last, partition_in(last, self.spec.partitions), exc) from exc
+                    partition = partition_in(last, self.spec.partitions)
+                    raise Poison(last, partition, exc, exact=False) from exc
             except Poison as poison:
                 raise poison.within(rows) from poison.error
             if batch.parks and self.parking is not None:
