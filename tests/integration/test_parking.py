@@ -9,7 +9,9 @@ failing source too many halts the partition.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
+import attrs
 import pytest
 from parking_app import (
     BROKEN,
@@ -23,7 +25,7 @@ from parking_app import (
     reclaim,
     same_partition,
 )
-from sqlalchemy import Table, update
+from sqlalchemy import Table, event, update
 
 from messaging import Database
 from messaging.distribution._ownership import Claim
@@ -149,3 +151,38 @@ def test_nothing_parked_reads_no_source_column(db: Database, table: Table) -> No
 
 def attrs_claim(claim: Claim) -> Claim:
     return Claim(partition=claim.partition, epoch=claim.epoch, checkpoint=0)
+
+
+def _statements(path: Path, parking: bool) -> list[str]:
+    """The statements a worker sends to SQLite while it applies 60 messages of 6 sources
+    in batches (after its claim), with parking on (nothing parked) or off."""
+    db = Database(f"sqlite:///{path}")
+    db.prepare()
+    sent: list[str] = []
+    table = make_table(db)
+    with db.transaction() as conn:
+        table.create(conn)
+    try:
+        worker = parking_worker(db, table, max_sources=10 if parking else None)
+        worker.settings = attrs.evolve(worker.settings, batch_size=7)
+        append(db, *[(f"s{n % 6}", f"m{n}") for n in range(60)])
+        db.engine.dispose()  # new connections, each tracing what it sends
+        event.listen(
+            db.engine,
+            "connect",
+            lambda dbapi, _record: dbapi.set_trace_callback(sent.append),
+        )
+        drain(worker)
+    finally:
+        db.dispose()
+    return [s.split()[0] for s in sent]
+
+
+def test_statements_per_batch_are_the_same_with_parking_on_and_nothing_parked(
+    tmp_path: Path,
+) -> None:
+    BROKEN.clear()
+    with_parking = _statements(tmp_path / "on.db", parking=True)
+    without = _statements(tmp_path / "off.db", parking=False)
+    assert with_parking == without
+    assert with_parking.count("UPDATE") == 9  # 9 batches of 7, each a fenced checkpoint

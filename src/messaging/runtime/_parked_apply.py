@@ -91,22 +91,26 @@ def park_sources(
             if not parks:
                 return None
             attempt = attrs.evolve(batch, rows=rows[:index], through=0, parks=tuple(parks))
-            applied = _commit_parks(worker, attempt, started)
+            applied = _commit_parks(worker, attempt, started, immediate=True)
             poison.partition = partition
             worker._halt(poison, batch.claims)
             return applied
         parks.append(NewPark.of(row, partition, poison.error))
-        try:
-            return _commit_parks(
-                worker, attrs.evolve(batch, rows=rows, parks=tuple(parks)), started
-            )
-        except Poison as again:
-            poison = again
+        attempt = attrs.evolve(batch, rows=rows, parks=tuple(parks))
+        try:  # buffered first (the common case: one failing source); unbuffered to find it
+            return _commit_parks(worker, attempt, started)
+        except Poison:
+            try:
+                return _commit_parks(worker, attempt, started, immediate=True)
+            except Poison as again:
+                poison = again
 
 
-def _commit_parks(worker: ConsumerWorker, batch: Batch, started: float) -> int:
+def _commit_parks(
+    worker: ConsumerWorker, batch: Batch, started: float, *, immediate: bool = False
+) -> int:
     assert worker.parking is not None
-    applied = worker._commit(batch, immediate=True)
+    applied = worker._commit(batch, immediate=immediate)
     worker.parking.committed(batch.parks)
     for park in batch.parks:
         _parked(worker, park, batch.claims[park.partition].epoch)
