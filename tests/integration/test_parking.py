@@ -8,6 +8,7 @@ failing source too many halts the partition.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -121,11 +122,18 @@ def test_a_retry_that_fails_again_applies_up_to_it_and_parks_there(
     assert (position, state) == (pos["broken-3"], "parked") and "broken-3" in error
 
 
-def test_one_parked_source_too_many_halts_the_partition(db: Database, table: Table) -> None:
+def test_one_parked_source_too_many_halts_the_partition(
+    db: Database, table: Table, caplog: pytest.LogCaptureFixture
+) -> None:
     worker = parking_worker(db, table, max_sources=1)
     a, b, c = same_partition(3)
     pos = append(db, (a, "poison-a"), (b, "b1"), (c, "poison-c"), (b, "b2"))
-    drain(worker)
+    with caplog.at_level(logging.WARNING):
+        drain(worker)
+    [halt] = [r for r in caplog.records if "event=halt" in r.getMessage()]
+    logged = logging.Formatter().format(halt)  # the handler's own error, no framework chain
+    assert "cannot handle poison-c" in logged and "During handling" not in logged
+    assert any("event=park-escalated" in r.getMessage() for r in caplog.records)
     assert set(parked(db)) == {a}
     assert applied(db, table) == [(b, "b1")]
     assert partition(db, 0) == ("halted", pos["poison-c"] - 1)

@@ -14,6 +14,7 @@ from clusters import cli, lag, start_instance, stop_instance, wait_until, write_
 from sqlalchemy import MetaData, select
 
 from messaging import Database, MessageStore
+from messaging.store._rows import partition_of
 
 pytestmark = pytest.mark.multiprocess
 
@@ -100,3 +101,47 @@ def test_a_poison_parks_its_source_survives_sigkill_and_retries_once_in_order(
     with db.read() as conn:
         ranks = conn.execute(select(app.applied.c.seq, app.applied.c.rank)).all()
     assert all(seq == rank for seq, rank in ranks)
+
+
+def test_one_failing_source_more_than_max_parked_sources_halts_the_partition(
+    db: Database, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With ``max-parked-sources: 1``, a second failing source of a partition halts it
+    (status shows the halt and the parked source); other partitions go on."""
+    broken = tmp_path / "broken"
+    broken.touch()
+    monkeypatch.setenv("PARKED_SEQ_BROKEN", str(broken))
+    with db.transaction() as conn:
+        app.metadata.create_all(conn)
+    extra = "projections:\n  on-failure: park-source\n  max-parked-sources: 1\n"
+    config = write_config(tmp_path / "config.yaml", db, batch_size=7, extra=extra)
+    first, second = [s for s in SOURCES if partition_of(s, 4) == partition_of(POISONED, 4)][:2]
+    store = MessageStore(db)
+    with db.transaction() as conn:
+        for seq in range(1, 6):
+            for source in SOURCES:
+                poison = source in (first, second) and seq == 2
+                store.append(conn, "seq", source, [app.Step(seq, poison)])
+    process = start_instance(config, "k1", "parked_seq_app")
+    try:
+
+        def halted() -> bool:
+            report = json.loads(cli(config, "status", "--json"))
+            return any(
+                p["status"] == "halted"
+                for c in report["consumers"]
+                if c["name"] == "parked-seq"
+                for p in c["partitions"]
+            )
+
+        wait_until(halted, timeout=60, what="the partition to halt")
+        assert list(_parked(config)) == [first]
+        others = {s for s in SOURCES if partition_of(s, 4) != partition_of(first, 4)}
+        wait_until(
+            lambda: all(_applied(db).get(s) == [1, 2, 3, 4, 5] for s in others),
+            timeout=60,
+            what="the other partitions",
+        )
+    finally:
+        assert stop_instance(process) == 0
+    assert _applied(db)[second] == [1]  # halted right before its poison

@@ -74,6 +74,8 @@ def park_sources(
     while True:
         if not poison.exact:  # the batch's writes failed as a whole: no source to park
             return None
+        # Raised while the framework handled the first failure: not its context.
+        poison.error.__suppress_context__ = True
         index = positions.index(poison.row[POSITION])
         row = rows[index]
         partition = row[PARTITION_HASH] % worker.spec.partitions
