@@ -1,7 +1,7 @@
 """Real processes: a poison message parks its source while every other source flows; the
-parked source survives a SIGKILL of its owner, and a retry from the CLI applies its held
-messages exactly once each, in their original order (checked per source against its
-sequence), on both backends."""
+parked source survives a SIGKILL of its owner, and a retry from the CLI, whose owner is
+SIGKILLed inside it, applies its held messages exactly once each, in their original order
+(checked per source against its sequence), on both backends."""
 
 from __future__ import annotations
 
@@ -87,15 +87,31 @@ def test_a_poison_parks_its_source_survives_sigkill_and_retries_once_in_order(
         wait_until(lambda: lag(db, "parked-seq") == 0, timeout=60, what="the takeover")
         assert _parked(config) == {POISONED: 20}  # 4..23: still held, none applied
         assert _applied(db)[POISONED] == [1, 2, 3]
+    finally:
+        assert stop_instance(second) == 0
 
+    # The retry: its owner is SIGKILLed inside it (its slow effects half done).
+    effects = tmp_path / "effects.txt"
+    effects.touch()
+    slow = {"PARKED_SEQ_EFFECTS": str(effects), "PARKED_SEQ_SLOW_SOURCE": POISONED}
+    third = start_instance(config, "k3", "parked_seq_app", env=slow)
+    try:
+        wait_until(lambda: lag(db, "parked-seq") == 0, timeout=60, what="k3 to hold")
         broken.unlink()  # the handler is fixed
         out = cli(config, "retry", "parked-seq", "--source", POISONED, "--reason", "fixed")
         assert out == f"retrying 1 parked sources of parked-seq: {POISONED}\n"
-        wait_until(lambda: not _parked(config), timeout=60, what="the retry")
+        wait_until(lambda: len(effects.read_text().split()) >= 5, timeout=60, what="the retry")
+    finally:
+        third.kill()
+        third.wait(timeout=10)
+    assert _applied(db)[POISONED] == [1, 2, 3], "the kill did not land inside the retry"
+    fourth = start_instance(config, "k4", "parked_seq_app")
+    try:
+        wait_until(lambda: not _parked(config), timeout=60, what="the retry after the kill")
         _append(db, range(24, 26))
         wait_until(lambda: lag(db, "parked-seq") == 0, timeout=60, what="the last batches")
     finally:
-        assert stop_instance(second) == 0
+        assert stop_instance(fourth) == 0
     # Exactly once (the primary key refuses a second apply) and in each source's order.
     assert _applied(db) == {s: list(range(1, 26)) for s in SOURCES}
     with db.read() as conn:
