@@ -15,8 +15,9 @@ Routes:
 - ``GET /admin/consumers/<name>/parked``: its parked sources and skipped messages
   (:func:`projections._parked_ops.parked`);
 - ``POST /admin/consumers/<name>/<pause|resume|rebuild|retry|skip|evict>``: the commands,
-  with an optional JSON body ``{"reason", "skip_poison", "source"}`` (``source``: which
-  parked source to retry, skip or evict); the audit records ``admin token@<peer address>``.
+  with an optional JSON body ``{"reason", "skip_poison", "source", "skipped"}``
+  (``source``: which parked source to retry, skip or evict; ``skipped``: retry its skipped
+  messages); the audit records ``admin token@<peer address>``.
 
 Every request must name this server in its ``Host`` header (421 otherwise); commands need
 the admin token, a JSON content type and no foreign ``Origin`` (:mod:`projections._admin_guard`).
@@ -174,12 +175,14 @@ def _command_body(raw: bytes) -> dict[str, Any]:
     body = json.loads(raw) if raw.strip() else {}
     if not isinstance(body, dict):
         raise ValueError("the body must be a JSON object")
-    unknown = sorted(set(body) - {"reason", "skip_poison", "source"})
+    unknown = sorted(set(body) - {"reason", "skip_poison", "source", "skipped"})
     if unknown:
         raise ValueError(
             f"unknown key(s) {', '.join(map(repr, unknown))}; a command takes "
-            "'reason', 'skip_poison' and 'source' (the server records who asked)"
+            "'reason', 'skip_poison', 'source' and 'skipped' (the server records who asked)"
         )
+    if not isinstance(body.get("skipped", False), bool):
+        raise ValueError("'skipped' must be true or false")
     if not isinstance(body.get("source", ""), str):
         raise ValueError("'source' must be a string")
     if not isinstance(body.get("reason", ""), str):
@@ -325,7 +328,7 @@ def make_server(
             who = f"admin token@{peer_host}"
             reason = body.get("reason", "")
             skip = bool(body.get("skip_poison"))
-            source = body.get("source")
+            source, skipped = body.get("source"), bool(body.get("skipped"))
 
             def through_database() -> dict[str, Any]:
                 if command == "pause":
@@ -333,7 +336,9 @@ def make_server(
                 elif command == "rebuild":
                     operations.rebuild(db, consumer, who=who, reason=reason)
                 elif command in ("retry", "skip", "evict"):
-                    return parked_ops.command(db, command, consumer, source, who, reason)
+                    return parked_ops.command(
+                        db, command, consumer, source, who, reason, skipped=skipped
+                    )
                 else:
                     halted = operations.resume(
                         db,

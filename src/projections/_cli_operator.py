@@ -96,7 +96,10 @@ def cmd_parked_operation(args: argparse.Namespace) -> int:
     db = _database(args)
     who, consumer, source, reason = default_operator(), args.consumer, args.source, args.reason
     try:
-        if args.command == "retry":
+        if args.command == "retry" and args.skipped:
+            count = ops.retry_skipped(db, consumer, source=source, who=who, reason=reason)
+            print(f"retrying {count} skipped messages of {source} in {consumer}")
+        elif args.command == "retry":
             sources = ops.retry(db, consumer, source=source, who=who, reason=reason)
             print(f"retrying {len(sources)} parked sources of {consumer}: {', '.join(sources)}")
         elif args.command == "skip":

@@ -178,6 +178,12 @@ def build_parser() -> argparse.ArgumentParser:
         command.add_argument(
             "--reason", default="", help="recorded in the audit log with user@host"
         )
+        if name == "retry":
+            command.add_argument(
+                "--skipped",
+                action="store_true",
+                help="apply the source's skipped messages instead, once, in their order",
+            )
         _add_database_options(command)
 
     audit = commands.add_parser("audit", help="the operator commands recorded, oldest first")

@@ -19,7 +19,7 @@ from sqlalchemy import Connection, delete, func, insert, select, update
 
 from messaging._errors import OperationError
 from messaging.distribution._pulse import bump_generation
-from messaging.runtime._parking import PARKED, RETRYING
+from messaging.runtime._parking import PARKED, RETRYING, RETRYING_SKIPPED
 from messaging.store._database import Database
 from projections._operations import _audit, _once, _state, check_reason
 
@@ -233,6 +233,59 @@ def retry(
     return _once(db, "retry", body, lambda detail: list(detail["sources"]))
 
 
+def retry_skipped(
+    db: Database, consumer: str, *, source: str | None, who: str, reason: str = ""
+) -> int:
+    """Have the owner of ``source`` apply its skipped messages (by ``skip``, ``evict`` or
+    ``resume --skip-poison``), in their order, once; return how many."""
+    check_reason(reason)
+    if source is None:
+        raise OperationError("retry --skipped needs the source: give --source")
+
+    def body(conn: Connection, command_id: str) -> int:
+        _state(db, conn, consumer)
+        t, s = db.schema.parked, db.schema.skipped
+        if conn.execute(
+            select(t.c.state).where(
+                t.c.tenant == db.tenant, t.c.consumer == consumer, t.c.source == source
+            )
+        ).first():
+            raise OperationError(
+                f"source {source!r} of consumer {consumer!r} is parked or being retried: "
+                "retry it first, then its skipped messages"
+            )
+        rows = conn.execute(
+            select(s)
+            .where(s.c.tenant == db.tenant, s.c.consumer == consumer, s.c.source == source)
+            .order_by(s.c.position)
+        ).all()
+        if not rows:
+            raise OperationError(
+                f"source {source!r} of consumer {consumer!r} has no skipped message"
+            )
+        first = rows[0]
+        conn.execute(
+            insert(t).values(
+                tenant=db.tenant,
+                consumer=consumer,
+                source=source,
+                partition_no=first.partition_no,
+                position=first.position,
+                type=first.type,
+                error=first.error,
+                parked_at=db.clock.now(),
+                state=RETRYING_SKIPPED,
+            )
+        )
+        _fence(db, conn, consumer, [first.partition_no])
+        positions = [r.position for r in rows]
+        detail = {"reason": reason, "source": source, "positions": positions}
+        _audit(db, conn, "retry --skipped", consumer, who, detail, command_id)
+        return len(rows)
+
+    return _once(db, "retry", body, lambda detail: len(detail["positions"]))
+
+
 def skip(db: Database, consumer: str, *, source: str, who: str, reason: str = "") -> dict[str, Any]:
     """Skip the head message of parked ``source`` (recorded, never applied) and retry the
     rest of its held messages; return the skipped message."""
@@ -281,9 +334,20 @@ def evict(db: Database, consumer: str, *, source: str, who: str, reason: str = "
 
 
 def command(
-    db: Database, command: str, consumer: str, source: str | None, who: str, reason: str
+    db: Database,
+    command: str,
+    consumer: str,
+    source: str | None,
+    who: str,
+    reason: str,
+    *,
+    skipped: bool = False,
 ) -> dict[str, Any]:
-    """Run ``retry``, ``skip`` or ``evict`` (the admin's commands); its outcome as JSON."""
+    """Run ``retry`` (of the skipped messages with ``skipped``), ``skip`` or ``evict``
+    (the admin's commands); its outcome as JSON."""
+    if command == "retry" and skipped:
+        count = retry_skipped(db, consumer, source=source, who=who, reason=reason)
+        return {"retrying_skipped": count}
     if command == "retry":
         return {"retrying": retry(db, consumer, source=source, who=who, reason=reason)}
     if source is None:

@@ -262,3 +262,31 @@ def test_the_admin_lists_and_acts_with_the_token(
         server.server_close()
     [skip] = [e for e in audit_log(db, "parked-items") if e["command"] == "skip"]
     assert skip["who"] == "admin token@127.0.0.1" and skip["detail"]["reason"] == "bad data"
+
+
+def test_skipped_messages_are_applied_later_once_in_order(db: Database, table: Table) -> None:
+    """Skipped is not forgotten: once the handler is fixed, ``retry --skipped`` applies a
+    source's skipped messages (by skip and evict) once, in their order, and forgets them."""
+    worker, a, _b, pos = _parked_two(db, table)
+    ops.evict(db, "parked-items", source=a, who=WHO)  # poison-a2 and a3 recorded as skipped
+    with pytest.raises(OperationError) as raised:
+        ops.retry_skipped(db, "parked-items", source="s-none", who=WHO)
+    assert str(raised.value) == "source 's-none' of consumer 'parked-items' has no skipped message"
+    BROKEN.clear()
+    reclaim(db, worker)
+    drain(worker)
+    assert ops.retry_skipped(db, "parked-items", source=a, who=WHO, reason="fixed") == 2
+    before = _state(db)
+    with pytest.raises(OperationError, match="is parked or being retried"):
+        ops.retry_skipped(db, "parked-items", source=a, who=WHO)
+    assert _state(db) == before
+    append(db, (a, "a4"))
+    reclaim(db, worker)
+    drain(worker)
+    assert [n for s, n in applied(db, table) if s == a] == ["a1", "poison-a2", "a3", "a4"]
+    listed = ops.parked(db, "parked-items", skipped=True)
+    assert [e["source"] for e in listed["skipped"]] == [] and listed["parked"][0]["source"] != a
+    with pytest.raises(OperationError, match="has no skipped message"):  # applied once
+        ops.retry_skipped(db, "parked-items", source=a, who=WHO)
+    [entry] = [e for e in audit_log(db, "parked-items") if e["command"] == "retry --skipped"]
+    assert entry["detail"]["positions"] == [pos["poison-a2"], pos["a3"]]

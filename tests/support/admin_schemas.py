@@ -165,6 +165,7 @@ COMMAND = _object(
     {
         "halted": {"type": "array", "items": _object({"partition": _INT, **_HALTED})},
         "retrying": {"type": "array", "items": _ID},
+        "retrying_skipped": _INT,
         "skipped": _object({"source": _ID, "position": _INT, "type": _ID}),
         "evicted": _INT,
     },
@@ -180,7 +181,7 @@ _PARKED_SOURCE = _object(
         "error": {"type": ["string", "null"]},
         "trace": {"type": ["string", "null"]},
         "parked_at": {"type": "number"},
-        "state": {"enum": ["parked", "retrying"]},
+        "state": {"enum": ["parked", "retrying", "retry-skipped"]},
     }
 )
 _SKIPPED = _object(

@@ -23,7 +23,7 @@ from messaging.distribution._ownership import Claim
 from messaging.runtime._batch import Batch
 from messaging.runtime._context import HandlerContext
 from messaging.runtime._lifecycle import lifecycle_event
-from messaging.runtime._parking import NewPark, ParkedSource, Parking
+from messaging.runtime._parking import RETRYING_SKIPPED, NewPark, ParkedSource, Parking
 from messaging.runtime._poison import Poison
 from messaging.store._refusals import refusal
 from messaging.store._retry import is_ambiguous, is_transient
@@ -176,8 +176,11 @@ def retry_parked(worker: ConsumerWorker, claims: Mapping[int, Claim]) -> int:
 
 def _replay(worker: ConsumerWorker, parking: Parking, claim: Claim, source: ParkedSource) -> int:
     """One fenced transaction: apply ``source``'s held messages (up to the first that
-    fails again, which parks the source there) and delete (or move) its parked row."""
+    fails again, which parks the source there) and delete (or move) its parked row. A
+    retry of its skipped messages (:data:`RETRYING_SKIPPED`) applies them instead (up to
+    the first that fails again: it and the rest stay skipped) and forgets them."""
     spec, cut, again = worker.spec, None, None
+    only_skipped = source.state == RETRYING_SKIPPED
     while True:
         try:
             with worker.db.transaction(consumer=spec.name) as conn:
@@ -190,10 +193,12 @@ def _replay(worker: ConsumerWorker, parking: Parking, claim: Claim, source: Park
                     types=worker.dispatcher.type_names,
                 )
                 skipped = parking.skipped_positions(conn, source.source)
-                rows = [row for row in rows if row[POSITION] not in skipped]
+                rows = [row for row in rows if (row[POSITION] in skipped) is only_skipped]
                 todo = rows if cut is None else rows[:cut]
                 _apply(worker, conn, todo)
-                if again is None:
+                if only_skipped:  # applied now; one failing again stays skipped
+                    parking.forget_skipped(conn, [row[POSITION] for row in todo])
+                if again is None or only_skipped:
                     parking.release(conn, source)
                 else:
                     parking.write(conn, [again])
@@ -207,7 +212,7 @@ def _replay(worker: ConsumerWorker, parking: Parking, claim: Claim, source: Park
             again = NewPark.of(rows[cut], claim.partition, poison.error)
             continue
         break
-    if again is None:
+    if again is None or only_skipped:
         parking.released(source)
         worker.hooks.projections_source_retried(
             consumer=spec.name,
@@ -223,6 +228,8 @@ def _replay(worker: ConsumerWorker, parking: Parking, claim: Claim, source: Park
             instance=worker.instance_name,
             source=source.source,
             applied=len(todo),
+            skipped=only_skipped,
+            failed=None if again is None else again.position,
         )
     else:
         parking.committed([again])

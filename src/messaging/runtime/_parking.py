@@ -29,6 +29,8 @@ from messaging.store._rows import POSITION, SOURCE, TYPE, StoredRow
 
 PARKED = "parked"
 RETRYING = "retrying"
+RETRYING_SKIPPED = "retry-skipped"
+"""A source whose skipped messages an operator asked to apply (once, in their order)."""
 
 
 @attrs.frozen(kw_only=True)
@@ -134,7 +136,7 @@ class Parking:
                 s
                 for p in partitions
                 for s in self._parked.get(p, {}).values()
-                if s.state == RETRYING
+                if s.state in (RETRYING, RETRYING_SKIPPED)
             ]
         return sorted(found, key=lambda s: s.position)
 
@@ -193,6 +195,18 @@ class Parking:
                 t.c.source == source.source,
             )
         )
+
+    def forget_skipped(self, conn: Connection, positions: Sequence[int]) -> None:
+        """Delete the skipped records of ``positions`` (applied by a retry now)."""
+        s = self.db.schema.skipped
+        if positions:
+            conn.execute(
+                delete(s).where(
+                    s.c.tenant == self.db.tenant,
+                    s.c.consumer == self.unit,
+                    s.c.position.in_(list(positions)),
+                )
+            )
 
     def skipped_positions(self, conn: Connection, source: str) -> set[int]:
         """The positions of ``source`` an operator skipped (a retry leaves them out)."""
