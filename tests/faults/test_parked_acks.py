@@ -12,7 +12,7 @@ from parking_app import (
     BROKEN,
     append,
     applied,
-    make_table,
+    items_table,
     parked,
     parking_worker,
     reclaim,
@@ -33,15 +33,8 @@ def _touches(fragment: str) -> TransactionFilter:
 
 @pytest.fixture
 def table(db: Database) -> Iterator[Table]:
-    table = make_table(db)
-    with db.transaction() as conn:
-        table.create(conn)
-    BROKEN.clear()
-    BROKEN.add("poison")
-    yield table
-    BROKEN.clear()
-    with db.transaction() as conn:
-        table.drop(conn)
+    with items_table(db) as table:
+        yield table
 
 
 def _drain(worker: ConsumerWorker) -> None:

@@ -16,7 +16,7 @@ from parking_app import (
     append,
     applied,
     drain,
-    make_table,
+    items_table,
     parked,
     parking_worker,
     partition,
@@ -38,15 +38,8 @@ WHO = "ops@host"
 
 @pytest.fixture
 def table(db: Database) -> Iterator[Table]:
-    table = make_table(db)
-    with db.transaction() as conn:
-        table.create(conn)
-    BROKEN.clear()
-    BROKEN.add("poison")
-    yield table
-    BROKEN.clear()
-    with db.transaction() as conn:
-        table.drop(conn)
+    with items_table(db) as table:
+        yield table
 
 
 def _parked_two(db: Database, table: Table) -> tuple[ConsumerWorker, str, str, dict[str, int]]:

@@ -19,6 +19,7 @@ from parking_app import (
     append,
     applied,
     drain,
+    items_table,
     make_table,
     parked,
     parking_worker,
@@ -35,15 +36,8 @@ from messaging.runtime._parking import RETRYING
 
 @pytest.fixture
 def table(db: Database) -> Iterator[Table]:
-    table = make_table(db)
-    with db.transaction() as conn:
-        table.create(conn)
-    BROKEN.clear()
-    BROKEN.add("poison")
-    yield table
-    BROKEN.clear()
-    with db.transaction() as conn:
-        table.drop(conn)
+    with items_table(db) as table:
+        yield table
 
 
 def test_a_failing_message_parks_its_source_and_the_partition_goes_on(

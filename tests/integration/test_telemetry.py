@@ -384,12 +384,13 @@ class _FragileApp:
         return [Fragile]
 
 
-def test_failures_and_halts_name_the_instance(
-    db: Database, telemetry: Telemetry, reader: InMemoryMetricReader
-) -> None:
-    """A poison message counts as a failure and a halt of its partition, on its instance."""
+def _poison_points(
+    db: Database, telemetry: Telemetry, reader: InMemoryMetricReader, settings: Settings
+) -> tuple[dict[str, list[Any]], dict[str, object]]:
+    """An instance applies a poison message: the data points, and the attributes a
+    failure's should have (but ``error.type``)."""
     manager = create_plugin_manager([], plugins=[telemetry, _FragileApp()], load_entrypoints=False)
-    instance = Instance(db, collect_consumers(manager), Settings(), manager.hook, name="fragile-1")
+    instance = Instance(db, collect_consumers(manager), settings, manager.hook, name="fragile-1")
     instance.start(loops=False)
     try:
         with db.transaction() as conn:
@@ -397,15 +398,23 @@ def test_failures_and_halts_name_the_instance(
         instance.workers["otel-fragile"].poll()
     finally:
         instance.stop()
-    points = _points(reader)
     expected = {
         "consumer": "otel-fragile",
         "partition": partition_of("s1", 2),
         "type": "test.otel.fragile",
         "instance": "fragile-1",
     }
+    points = _points(reader)
     (failure,) = points["projections.message.failures"]
     assert dict(failure.attributes) == {**expected, "error.type": "ValueError"}
+    return points, expected
+
+
+def test_failures_and_halts_name_the_instance(
+    db: Database, telemetry: Telemetry, reader: InMemoryMetricReader
+) -> None:
+    """A poison message counts as a failure and a halt of its partition, on its instance."""
+    points, expected = _poison_points(db, telemetry, reader, Settings())
     (halt,) = points["projections.partition.halts"]
     assert dict(halt.attributes) == expected
 
@@ -415,26 +424,8 @@ def test_a_parked_source_counts_as_a_failure_and_a_park(
 ) -> None:
     """With ``on-failure: park-source`` the poison message parks its source instead of
     halting the partition: a failure and a park are counted, no halt."""
-    manager = create_plugin_manager([], plugins=[telemetry, _FragileApp()], load_entrypoints=False)
     parking = {"projections": ConsumerGroupSettings(on_failure=OnFailure.PARK_SOURCE)}
-    settings = Settings(consumer_groups=parking)
-    instance = Instance(db, collect_consumers(manager), settings, manager.hook, name="fragile-1")
-    instance.start(loops=False)
-    try:
-        with db.transaction() as conn:
-            MessageStore(db).append(conn, "fragile", "s1", [FragileNoted("poison")])
-        instance.workers["otel-fragile"].poll()
-    finally:
-        instance.stop()
-    points = _points(reader)
-    expected = {
-        "consumer": "otel-fragile",
-        "partition": partition_of("s1", 2),
-        "type": "test.otel.fragile",
-        "instance": "fragile-1",
-    }
-    (failure,) = points["projections.message.failures"]
-    assert dict(failure.attributes) == {**expected, "error.type": "ValueError"}
+    points, expected = _poison_points(db, telemetry, reader, Settings(consumer_groups=parking))
     (park,) = points["projections.source.parks"]
     assert dict(park.attributes) == expected and park.value == 1
     assert "projections.partition.halts" not in points

@@ -4,6 +4,8 @@ its worker directly (tests/integration/test_parking.py, test_parked_ops.py)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from clusters import consumer_worker
 from poison_item import Item
@@ -24,6 +26,23 @@ BROKEN: set[str] = set()
 
 def same_partition(count: int, partition: int = 0) -> list[str]:
     return [f"s{n}" for n in range(1000) if partition_of(f"s{n}", 2) == partition][:count]
+
+
+@contextmanager
+def items_table(db: Database) -> Iterator[Table]:
+    """The read model of ``parked-items``, created, the handler failing on ``poison``
+    items; dropped (and the handler restored) at the end."""
+    table = make_table(db)
+    with db.transaction() as conn:
+        table.create(conn)
+    BROKEN.clear()
+    BROKEN.add("poison")
+    try:
+        yield table
+    finally:
+        BROKEN.clear()
+        with db.transaction() as conn:
+            table.drop(conn)
 
 
 def make_table(db: Database) -> Table:
