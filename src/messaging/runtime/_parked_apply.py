@@ -58,17 +58,24 @@ def with_sources(
 
 
 def park_sources(
-    worker: ConsumerWorker, batch: Batch, poison: Poison, started: float
+    worker: ConsumerWorker,
+    failed: Batch,
+    replay: Sequence[StoredRow],
+    poison: Poison,
+    started: float,
 ) -> int | None:
-    """Commit ``batch`` with the source of ``poison`` parked (and of every other message
-    that fails in it); return how many messages it committed. A failing source more than
-    ``max-parked-sources`` in its partition halts the partition there (the sources parked
-    before it in the batch are committed with the messages before it); None when that is
-    the first failure of the batch (the caller halts as without parking)."""
+    """Commit the ``replay`` rows of the ``failed`` batch with the source of ``poison``
+    parked (and of every other message that fails in it); return how many messages it
+    committed. A failing source more than ``max-parked-sources`` in its partition halts the
+    partition there (the sources parked before it in the batch are committed with the
+    messages before it). None without parking, or when that is the first failure of the
+    batch: the caller halts as without parking."""
     parking = worker.parking
-    assert parking is not None and batch.rows is not None
+    if parking is None:
+        return None
+    batch = Batch(failed.claims, replay, failed.through)
     with worker.db.read() as conn:
-        rows = with_sources(worker, conn, batch.rows)
+        rows = with_sources(worker, conn, replay)
     positions = [row[POSITION] for row in rows]
     parks: list[NewPark] = []
     while True:
@@ -151,6 +158,16 @@ def _parked(worker: ConsumerWorker, park: NewPark, epoch: int) -> None:
         type=park.type,
         error=park.error,
     )
+
+
+def retry_held(worker: ConsumerWorker) -> int:
+    """Apply the held messages of the parked sources an operator asked to retry, of the
+    partitions no batch applies now; return how many were applied."""
+    claims = worker.holdings.take(worker.held_claims())
+    try:
+        return retry_parked(worker, claims)
+    finally:
+        worker.holdings.finish(claims)
 
 
 def retry_parked(worker: ConsumerWorker, claims: Mapping[int, Claim]) -> int:

@@ -106,6 +106,11 @@ class Parking:
                 else:
                     self._parked.pop(partition, None)
 
+    def reload(self, partitions: Iterable[int]) -> None:
+        """:meth:`load` in a read transaction of its own."""
+        with self.db.read() as conn:
+            self.load(conn, partitions)
+
     def forget(self, partitions: Iterable[int]) -> None:
         with self._lock:
             for partition in partitions:

@@ -101,8 +101,7 @@ class ConsumerWorker(Worker):
     def add_claims(self, claims: Sequence[Claim]) -> None:
         """Start applying these newly claimed partitions (their parked sources read first)."""
         if self.parking is not None:
-            with self.db.read() as conn:
-                self.parking.load(conn, [claim.partition for claim in claims])
+            self.parking.reload([claim.partition for claim in claims])
         with self._lock:
             for claim in claims:
                 self._claims[claim.partition] = claim
@@ -194,7 +193,7 @@ class ConsumerWorker(Worker):
         :meth:`_poll_lanes`). The instance applies ``executor.max-workers`` batches at most.
         """
         if self.parking is not None and self.parking.retrying(self.claims()):
-            return self._retry_parked()
+            return parked.retry_held(self)
         if self.lanes > 1:
             return self._poll_lanes()
         claims = self.holdings.take(self.held_claims())
@@ -210,14 +209,6 @@ class ConsumerWorker(Worker):
                     return 0
             self._catching_up = False
             return self._apply_limited(Batch(claims, rows), started)
-        finally:
-            self.holdings.finish(claims)
-
-    def _retry_parked(self) -> int:
-        """Apply the held messages of the parked sources an operator asked to retry."""
-        claims = self.holdings.take(self.held_claims())
-        try:
-            return parked.retry_parked(self, claims)
         finally:
             self.holdings.finish(claims)
 
@@ -287,11 +278,9 @@ class ConsumerWorker(Worker):
             try:
                 rows = self._commit(Batch(claims, replay), immediate=True)
             except Poison as poison:
-                if self.parking is not None:
-                    retried = Batch(claims, replay, batch.through)
-                    done = parked.park_sources(self, retried, poison, started)
-                    if done is not None:
-                        return done
+                done = parked.park_sources(self, batch, replay, poison, started)
+                if done is not None:
+                    return done
                 # Commit what came before the poison message, so that its partition's
                 # checkpoint stops right before it, then halt that partition there.
                 found = isolate(poison, partial(self._commit_prefix, claims, started))
@@ -414,8 +403,7 @@ class ConsumerWorker(Worker):
                 if current is not None and current.epoch == claims[partition].epoch:
                     self._claims[partition] = attrs.evolve(current, checkpoint=checkpoint)
         if self.parking is not None:  # the earlier commit may have parked sources
-            with self.db.read() as conn:
-                self.parking.load(conn, moved.checkpoints)
+            self.parking.reload(moved.checkpoints)
         self._catching_up = False
 
     def _lose(self, partitions: Sequence[int]) -> None:
