@@ -26,6 +26,8 @@ name                                   instrument       from hook
 ``projections.partition.releases``     counter          projections_partition_released
 ``projections.message.failures``       counter          projections_message_failed
 ``projections.partition.halts``        counter          projections_partition_halted
+``projections.source.parks``           counter          projections_source_parked
+``projections.source.retried``         counter          projections_source_retried
 ``projections.retries``                counter          projections_retrying
 ``projections.lock.contentions``       counter          projections_lock_contention
 ``projections.deadlines.delivered``    counter          projections_deadlines_delivered
@@ -96,6 +98,8 @@ from projections_otel.telemetry import (
     projections_partition_released,
     projections_rebalanced,
     projections_retrying,
+    projections_source_parked,
+    projections_source_retried,
     projections_versions,
 )
 
@@ -118,6 +122,8 @@ __all__ = [
     "projections_partition_released",
     "projections_rebalanced",
     "projections_retrying",
+    "projections_source_parked",
+    "projections_source_retried",
     "projections_versions",
     "trace_headers",
 ]

@@ -116,6 +116,16 @@ class Telemetry:
             unit="{halt}",
             description="Partitions halted at a poison message",
         )
+        self.parks = meter.create_counter(
+            "projections.source.parks",
+            unit="{source}",
+            description="Sources parked at a failing message (on-failure: park-source)",
+        )
+        self.retried = meter.create_counter(
+            "projections.source.retried",
+            unit="{message}",
+            description="Held messages of parked sources applied by a retry",
+        )
         self.retries = meter.create_counter(
             "projections.retries",
             unit="{retry}",
@@ -301,6 +311,32 @@ class Telemetry:
             )
 
     @hookimpl
+    def projections_source_parked(
+        self, consumer: str, partition: int, type_name: str, instance_id: str
+    ) -> None:
+        with _never_raise("projections_source_parked"):
+            instance = self._instance(instance_id)
+            self.parks.add(
+                1,
+                {
+                    "consumer": consumer,
+                    "partition": partition,
+                    "type": type_name,
+                    "instance": instance,
+                },
+            )
+
+    @hookimpl
+    def projections_source_retried(
+        self, consumer: str, partition: int, applied: int, instance_id: str
+    ) -> None:
+        with _never_raise("projections_source_retried"):
+            instance = self._instance(instance_id)
+            self.retried.add(
+                applied, {"consumer": consumer, "partition": partition, "instance": instance}
+            )
+
+    @hookimpl
     def projections_retrying(self, what: str, instance_id: str, error: BaseException) -> None:
         with _never_raise("projections_retrying"):
             self.retries.add(
@@ -380,6 +416,8 @@ projections_batch_applied = default_telemetry.projections_batch_applied
 projections_message_failed = default_telemetry.projections_message_failed
 projections_partition_halted = default_telemetry.projections_partition_halted
 projections_retrying = default_telemetry.projections_retrying
+projections_source_parked = default_telemetry.projections_source_parked
+projections_source_retried = default_telemetry.projections_source_retried
 projections_lock_contention = default_telemetry.projections_lock_contention
 projections_deadlines_delivered = default_telemetry.projections_deadlines_delivered
 projections_heartbeat = default_telemetry.projections_heartbeat

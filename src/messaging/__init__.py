@@ -37,6 +37,7 @@ from messaging._settings import (
     HealthSettings,
     InvalidSettings,
     MessagingSettings,
+    OnFailure,
     Settings,
 )
 from messaging.routing._consumer import route_consumer
@@ -72,6 +73,7 @@ __all__ = [
     "MessageStore",
     "MessagingSettings",
     "NewMessage",
+    "OnFailure",
     "OperationError",
     "OwnershipLost",
     "ProjectionsError",

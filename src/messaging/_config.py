@@ -10,12 +10,13 @@ line ``<reason> @ <dotted.kebab.path>``; the start-up rules of
 
 from __future__ import annotations
 
+import enum
 import functools
 import os
 import re
 from collections.abc import Callable, Mapping
 from decimal import Decimal
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 import yaml
@@ -33,6 +34,7 @@ from messaging._settings import (
     ConsumerOverride,
     Distribution,
     InvalidSettings,
+    OnFailure,
     Settings,
     consumer_sections,
 )
@@ -224,13 +226,16 @@ def _structure_names(value: object, _: type) -> tuple[str, ...]:
     return tuple(value)
 
 
-def _structure_distribution(value: object, _: type) -> Distribution:
-    if isinstance(value, Distribution):
+E = TypeVar("E", bound=enum.Enum)
+
+
+def _structure_choice(value: object, cl: type[E]) -> E:
+    if isinstance(value, cl):
         return value
-    for member in Distribution:
+    for member in cl:
         if value == member.value:
             return member
-    expected = ", ".join(member.value for member in Distribution)
+    expected = ", ".join(member.value for member in cl)
     raise ValueError(f"invalid value {_show(value)}, expected one of {expected}")
 
 
@@ -267,7 +272,8 @@ def _make_converter() -> Converter:
     converter.register_structure_hook(int, _structure_int)
     converter.register_structure_hook(bool, _structure_bool)
     converter.register_structure_hook(str, _structure_str)
-    converter.register_structure_hook(Distribution, _structure_distribution)
+    converter.register_structure_hook(Distribution, _structure_choice)
+    converter.register_structure_hook(OnFailure, _structure_choice)
     converter.register_structure_hook_func(lambda t: t == tuple[str, ...], _structure_names)
     converter.register_structure_hook_factory(attrs.has, attrs_hook)
     overrides = dict[str, ConsumerOverride]

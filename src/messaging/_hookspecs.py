@@ -93,6 +93,22 @@ def projections_partition_halted(
 
 
 @hookspec
+def projections_source_parked(
+    consumer: str, partition: int, source: str, position: int, type_name: str, instance_id: str
+) -> None:
+    """Called after ``instance_id`` parked ``source`` of a partition at a failing message
+    (``on-failure: park-source``; recorded in the database)."""
+
+
+@hookspec
+def projections_source_retried(
+    consumer: str, partition: int, source: str, applied: int, instance_id: str
+) -> None:
+    """Called after ``instance_id`` applied the ``applied`` held messages of a parked
+    ``source`` an operator retried (committed)."""
+
+
+@hookspec
 def projections_retrying(what: str, instance_id: str, error: BaseException) -> None:
     """Called before ``instance_id`` retries ``what`` after a transient database error
     (``conflict-retry``)."""

@@ -30,6 +30,7 @@ __all__ = [
     "HealthSettings",
     "InvalidSettings",
     "MessagingSettings",
+    "OnFailure",
     "Settings",
     "consumer_sections",
     "format_duration",
@@ -44,6 +45,15 @@ class Distribution(enum.Enum):
     PARTITIONED = "partitioned"
     #: One elected instance owns every partition and applies in global order.
     SINGLE_OWNER = "single-owner"
+
+
+class OnFailure(enum.Enum):
+    """What a message that cannot be decoded or handled (after its retries) does."""
+
+    #: Halt its partition at it until an operator resumes it.
+    HALT_PARTITION = "halt-partition"
+    #: Set it and every later message of its source aside, in order; the rest goes on.
+    PARK_SOURCE = "park-source"
 
 
 @attrs.frozen(kw_only=True)
@@ -114,11 +124,13 @@ class ConsumerOverride:
     :ivar concurrency_limit: Most partitions of this consumer applied at once
         in one instance (``concurrency-limit``); ``None`` means no limit.
     :ivar retired_versions: Retired versions of this projection to keep (for a rollback).
+    :ivar on_failure: What a failing message does to this consumer (``on-failure``).
     """
 
     distribution: Distribution | None = None
     concurrency_limit: int | None = None
     retired_versions: int | None = None
+    on_failure: OnFailure | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -130,11 +142,30 @@ class ConsumerGroupSettings:
         latest first, with their tables (``retired-versions``): a rollback goes back to
         the latest; older ones are dropped after each cutover. 0 keeps none.
     :ivar consumers: Overrides by consumer name.
+    :ivar on_failure: What a failing message does (``on-failure``); ``None``: the kind's
+        default (a single-owner consumer halts unless configured otherwise).
+    :ivar max_parked_sources: Most parked sources per partition (``max-parked-sources``);
+        one more failing source halts the partition instead.
     """
 
     distribution: Distribution = Distribution.PARTITIONED
     retired_versions: int = 1
     consumers: dict[str, ConsumerOverride] = attrs.field(factory=dict)
+    on_failure: OnFailure | None = None
+    max_parked_sources: int = 100
+
+    def on_failure_for(self, name: str, default: OnFailure) -> OnFailure:
+        """What a failure does to consumer ``name``: its override, else the group's
+        setting, else ``default`` (the kind's), except that a single-owner consumer halts
+        unless configured otherwise (it promises one order across sources)."""
+        override = self.consumers.get(name)
+        if override is not None and override.on_failure is not None:
+            return override.on_failure
+        if self.on_failure is not None:
+            return self.on_failure
+        if self.distribution_for(name) is Distribution.SINGLE_OWNER:
+            return OnFailure.HALT_PARTITION
+        return default
 
     def distribution_for(self, name: str) -> Distribution:
         """The distribution mode of consumer ``name``: its override, else the group default."""
@@ -275,6 +306,8 @@ class InvalidSettings(ConfigError):
 
 
 def _problems(settings: Settings) -> list[str]:
+    from messaging._group_checks import group_problems  # (it imports this module)
+
     problems: list[str] = []
     c = settings.messaging.consumer
     p = "messaging.consumer."
@@ -327,7 +360,7 @@ def _problems(settings: Settings) -> list[str]:
     if retry.max_retries < 0:
         problems.append(f"{p}conflict-retry.max-retries ({retry.max_retries}) must be 0 or more")
 
-    problems += _group_problems(settings) + _health_problems(settings)
+    problems += group_problems(settings) + _health_problems(settings)
 
     if not settings.database.strip():
         problems.append("database must not be empty")
@@ -339,39 +372,6 @@ def _problems(settings: Settings) -> list[str]:
             "by at most 20 letters, digits or underscores"
         )
     return problems + _admin_problems(settings.admin)
-
-
-def _group_problems(settings: Settings) -> list[str]:
-    problems: list[str] = []
-    sections = consumer_sections()
-    no_limit = {
-        kind.settings_group: kind.no_concurrency_limit
-        for kind in registered_kinds()
-        if kind.no_concurrency_limit
-    }
-    for section, group in sorted(settings.consumer_groups.items()):
-        if section not in sections:
-            problems.append(
-                f"{section}: no consumer kind is configured under this section "
-                f"(sections: {', '.join(sections)})"
-            )
-        for name, override in group.consumers.items():
-            limit = override.concurrency_limit
-            key = f"{section}.consumers.{name}.concurrency-limit"
-            if limit is not None and section in no_limit:
-                problems.append(f"{key} ({limit}) is not supported: {no_limit[section]}")
-            elif limit is not None and limit < 1:
-                problems.append(f"{key} ({limit}) must be 1 or more")
-            kept = override.retired_versions
-            if kept is not None and kept < 0:
-                problems.append(
-                    f"{section}.consumers.{name}.retired-versions ({kept}) must be 0 or more"
-                )
-        if group.retired_versions < 0:
-            problems.append(
-                f"{section}.retired-versions ({group.retired_versions}) must be 0 or more"
-            )
-    return problems
 
 
 def _health_problems(settings: Settings) -> list[str]:

@@ -14,9 +14,12 @@ Routes:
   (:mod:`messaging.runtime._probes`), for load balancers and Kubernetes probes;
 - ``GET /admin/consumers/<name>/versions``: a projection's versions
   (:func:`projections._version_commands.versions_report`);
-- ``POST /admin/consumers/<name>/<pause|resume|rebuild|rollback|drop-version>``: the
-  commands, with an optional JSON body ``{"reason", "skip_poison", "version"}``
-  (``version``: the one ``drop-version`` drops); the audit records
+- ``GET /admin/consumers/<name>/parked``: its parked sources and skipped messages
+  (:func:`projections._parked_ops.parked`);
+- ``POST /admin/consumers/<name>/<command>`` (:data:`COMMANDS`): the commands, with an
+  optional JSON body ``{"reason", "skip_poison", "version", "source", "skipped"}``
+  (``version``: the one ``drop-version`` drops; ``source``: which parked source to retry,
+  skip or evict; ``skipped``: retry its skipped messages); the audit records
   ``admin token@<peer address>``.
 
 Every request must name this server in its ``Host`` header (421 otherwise); commands need
@@ -49,6 +52,7 @@ from messaging.runtime._probes import liveness, readiness
 from messaging.runtime._signals import POLL, StopSignals
 from messaging.store._database import Database
 from projections import _operations as operations
+from projections import _parked_ops as parked_ops
 from projections._admin_guard import AdminGuard, Refusal, require_token_off_loopback
 from projections._admin_http import BoundedHTTPServer, LimitedRequestHandler
 from projections._health import UnknownConsumer, health_report
@@ -63,7 +67,7 @@ log = logging.getLogger("projections.admin")
 
 SINGLE_OWNER_REASON = "single-owner: one elected instance applies it"
 DATABASE_UNAVAILABLE = "the database is unavailable; see the server's log"
-COMMANDS = ("pause", "resume", "rebuild", "rollback", "drop-version")
+COMMANDS = ("pause", "resume", "rebuild", "rollback", "drop-version", "retry", "skip", "evict")
 IN_MEMORY = ("pause", "resume", "rebuild")  # what an in-memory copy takes (no versions)
 #: Seconds a client has to send a whole request; handler threads; bytes of a command's body.
 REQUEST_TIMEOUT = 10.0
@@ -179,15 +183,19 @@ def _command_body(raw: bytes) -> dict[str, Any]:
     body = json.loads(raw) if raw.strip() else {}
     if not isinstance(body, dict):
         raise ValueError("the body must be a JSON object")
-    unknown = sorted(set(body) - {"reason", "skip_poison", "version"})
+    unknown = sorted(set(body) - {"reason", "skip_poison", "version", "source", "skipped"})
     if unknown:
         raise ValueError(
-            f"unknown key(s) {', '.join(map(repr, unknown))}; a command takes "
-            "'reason', 'skip_poison' and 'version' (the server records who asked)"
+            f"unknown key(s) {', '.join(map(repr, unknown))}; a command takes 'reason', "
+            "'skip_poison', 'version', 'source' and 'skipped' (the server records who asked)"
         )
     version = body.get("version", 1)
     if isinstance(version, bool) or not isinstance(version, int) or version < 1:
         raise ValueError("'version' must be a whole number from 1")
+    if not isinstance(body.get("skipped", False), bool):
+        raise ValueError("'skipped' must be true or false")
+    if not isinstance(body.get("source", ""), str):
+        raise ValueError("'source' must be a string")
     if not isinstance(body.get("reason", ""), str):
         raise ValueError("'reason' must be a string")
     if not isinstance(body.get("skip_poison", False), bool):
@@ -289,6 +297,10 @@ def make_server(
                 name = segments[2]
                 self._answer(path, lambda: versions_report(db, consumer_settings, name))
                 return
+            if segments[:2] == ["admin", "consumers"] and segments[3:] == ["parked"]:
+                name = segments[2]
+                self._answer(path, lambda: parked_ops.parked(db, name, skipped=True))
+                return
             route = routes.get(path)
             if route is None:
                 self.send_json(404, {"error": f"no such route: {path}"})
@@ -331,6 +343,7 @@ def make_server(
             who = f"admin token@{peer_host}"
             reason = body.get("reason", "")
             skip = bool(body.get("skip_poison"))
+            source, skipped = body.get("source"), bool(body.get("skipped"))
 
             def through_database() -> dict[str, Any]:
                 if command == "pause":
@@ -343,6 +356,10 @@ def make_server(
                     version = int(body.get("version", 0)) or _missing_version()
                     tables = drop_version(db, consumer, version, who=who, reason=reason)
                     return {"version": version, "tables": tables}
+                elif command in ("retry", "skip", "evict"):
+                    return parked_ops.command(
+                        db, command, consumer, source, who, reason, skipped=skipped
+                    )
                 else:
                     halted = operations.resume(
                         db,

@@ -170,6 +170,31 @@ def build_parser() -> argparse.ArgumentParser:
     versions.add_argument("consumer", metavar="PROJECTION")
     versions.add_argument("--json", action="store_true", help="print JSON")
     _add_database_options(versions)
+    parked = commands.add_parser("parked", help="a consumer's parked sources (on-failure)")
+    parked.add_argument("consumer", metavar="CONSUMER")
+    parked.add_argument("--json", action="store_true", help="print JSON")
+    parked.add_argument("--skipped", action="store_true", help="list the skipped messages too")
+    _add_database_options(parked)
+    for name, help_text in (
+        ("retry", "apply a parked source's held messages (all sources without --source)"),
+        ("skip", "skip a parked source's first message (recorded) and retry the rest"),
+        ("evict", "drop a parked source's held messages (recorded as skipped)"),
+    ):
+        command = commands.add_parser(name, help=help_text)
+        command.add_argument("consumer", metavar="CONSUMER")
+        command.add_argument(
+            "--source", required=name != "retry", help="the parked source (its stream or key)"
+        )
+        command.add_argument(
+            "--reason", default="", help="recorded in the audit log with user@host"
+        )
+        if name == "retry":
+            command.add_argument(
+                "--skipped",
+                action="store_true",
+                help="apply the source's skipped messages instead, once, in their order",
+            )
+        _add_database_options(command)
 
     audit = commands.add_parser("audit", help="the operator commands recorded, oldest first")
     audit.add_argument("consumer", nargs="?", metavar="CONSUMER")

@@ -10,6 +10,7 @@ PROJECTION = register_kind(
         article="a projection",
         settings_group="projections",
         rebuildable=True,
+        parks=True,
     )
 )
 """Read models in tables, written with fenced checkpoints; rebuilt under a new declaration."""

@@ -229,6 +229,8 @@ def resume(
         for entry in halted:
             where = (t.c.tenant == db.tenant, t.c.consumer == consumer)
             skipped = {"checkpoint": entry["position"]} if skip_poison else {}
+            if skip_poison:
+                _record_skip(db, conn, consumer, entry, who)
             conn.execute(
                 update(t)
                 .where(*where, t.c.partition_no == entry["partition"])
@@ -245,6 +247,31 @@ def resume(
         return halted
 
     return _once(db, "resume", body, lambda detail: list(detail["halted"]))
+
+
+def _record_skip(
+    db: Database, conn: Connection, consumer: str, halted: dict[str, Any], who: str
+) -> None:
+    """List a message skipped past with the parked ones (``projections parked --skipped``)."""
+    m = db.schema.messages
+    source = conn.execute(
+        select(m.c.source).where(m.c.tenant == db.tenant, m.c.position == halted["position"])
+    ).scalar_one_or_none()
+    if source is None:  # not a stored message (a saga's deadline): nothing to list
+        return
+    conn.execute(
+        insert(db.schema.skipped).values(
+            tenant=db.tenant,
+            consumer=consumer,
+            position=halted["position"],
+            source=source,
+            partition_no=halted["partition"],
+            type=halted["type"],
+            error=halted["error"],
+            skipped_at=db.clock.now(),
+            who=who,
+        )
+    )
 
 
 def rebuild(db: Database, consumer: str, *, who: str, reason: str = "") -> None:

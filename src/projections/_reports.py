@@ -62,6 +62,19 @@ def consumers_report(
             .mappings()
             .all()
         )
+        parked_table = schema.parked
+        parked: dict[tuple[str, int], int] = {
+            (row.consumer, row.partition_no): int(row.sources)
+            for row in conn.execute(
+                select(
+                    parked_table.c.consumer,
+                    parked_table.c.partition_no,
+                    func.count().label("sources"),
+                )
+                .where(parked_table.c.tenant == db.tenant)
+                .group_by(parked_table.c.consumer, parked_table.c.partition_no)
+            )
+        }
         report = []
         for consumer in declared:
             topics, types = json.loads(consumer["topics"]), json.loads(consumer["types"])
@@ -107,6 +120,9 @@ def consumers_report(
                         "error": row["error"],
                         "trace": row["halted_trace"],
                     }
+                sources = parked.get((consumer["name"], row["partition_no"]))
+                if sources:
+                    entry["parked_sources"] = sources
                 partitions.append(entry)
             entry = {
                 "name": consumer["name"],
@@ -116,6 +132,9 @@ def consumers_report(
                 "version": version or consumer["version"] or 1,
                 "partitions": partitions,
             }
+            total_parked = sum(p.get("parked_sources", 0) for p in partitions)
+            if total_parked:
+                entry["parked_sources"] = total_parked
             if version is not None:
                 entry["version_of"] = name
                 if consumer["state"] == ConsumerState.RUNNING:
@@ -272,6 +291,11 @@ def format_consumers(report: dict[str, Any]) -> str:
                 f"{p['lag']:>8}  {p['instance'] or '-'}"
             )
             lines += _halted(p, f"  {'':>9}  ")
+            if p.get("parked_sources"):
+                lines.append(
+                    f"  {'':>9}  {p['parked_sources']} parked sources "
+                    f"(projections parked {consumer['name']})"
+                )
     for consumer in report.get("in_memory", []):
         lines.append(f"{consumer['name']}  ({IN_MEMORY}, each instance runs its own copy)")
         lines.append(f"  {'instance':<30} {'state':<8} {'position':>10} {'lag':>8}  admin")

@@ -31,6 +31,7 @@ from messaging.store._database import parse_database_url
 from messaging.store._migrations import migrate
 from messaging.store._refusals import refusal, refusal_words
 from projections._cli_operations import cmd_audit, cmd_operation, cmd_versions
+from projections._cli_operator import OPERATOR_COMMANDS
 from projections._cli_parser import build_parser
 from projections._cli_support import command_settings as _settings
 from projections._cli_support import print_report as _report
@@ -257,6 +258,7 @@ _COMMANDS = {
     "drop-version": cmd_operation,
     "versions": cmd_versions,
     "audit": cmd_audit,
+    **OPERATOR_COMMANDS,
     "admin": cmd_admin,
 }
 

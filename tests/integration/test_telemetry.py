@@ -21,9 +21,11 @@ from opentelemetry.trace import format_trace_id
 
 import projections_otel
 from messaging import (
+    ConsumerGroupSettings,
     Database,
     Instance,
     MessageStore,
+    OnFailure,
     Settings,
     collect_consumers,
     create_plugin_manager,
@@ -240,6 +242,8 @@ def test_the_plugin_loads_from_the_config(tmp_path: Path) -> None:
         "projections_batch_applied",
         "projections_message_failed",
         "projections_partition_halted",
+        "projections_source_parked",
+        "projections_source_retried",
         "projections_retrying",
         "projections_lock_contention",
         "projections_deadlines_delivered",
@@ -382,12 +386,13 @@ class _FragileApp:
         return [Fragile]
 
 
-def test_failures_and_halts_name_the_instance(
-    db: Database, telemetry: Telemetry, reader: InMemoryMetricReader
-) -> None:
-    """A poison message counts as a failure and a halt of its partition, on its instance."""
+def _poison_points(
+    db: Database, telemetry: Telemetry, reader: InMemoryMetricReader, settings: Settings
+) -> tuple[dict[str, list[Any]], dict[str, object]]:
+    """An instance applies a poison message: the data points, and the attributes a
+    failure's should have (but ``error.type``)."""
     manager = create_plugin_manager([], plugins=[telemetry, _FragileApp()], load_entrypoints=False)
-    instance = Instance(db, collect_consumers(manager), Settings(), manager.hook, name="fragile-1")
+    instance = Instance(db, collect_consumers(manager), settings, manager.hook, name="fragile-1")
     instance.start(loops=False)
     try:
         with db.transaction() as conn:
@@ -395,17 +400,37 @@ def test_failures_and_halts_name_the_instance(
         instance.workers["otel-fragile"].poll()
     finally:
         instance.stop()
-    points = _points(reader)
     expected = {
         "consumer": "otel-fragile",
         "partition": partition_of("s1", 2),
         "type": "test.otel.fragile",
         "instance": "fragile-1",
     }
+    points = _points(reader)
     (failure,) = points["projections.message.failures"]
     assert dict(failure.attributes) == {**expected, "error.type": "ValueError"}
+    return points, expected
+
+
+def test_failures_and_halts_name_the_instance(
+    db: Database, telemetry: Telemetry, reader: InMemoryMetricReader
+) -> None:
+    """A poison message counts as a failure and a halt of its partition, on its instance."""
+    points, expected = _poison_points(db, telemetry, reader, Settings())
     (halt,) = points["projections.partition.halts"]
     assert dict(halt.attributes) == expected
+
+
+def test_a_parked_source_counts_as_a_failure_and_a_park(
+    db: Database, telemetry: Telemetry, reader: InMemoryMetricReader
+) -> None:
+    """With ``on-failure: park-source`` the poison message parks its source instead of
+    halting the partition: a failure and a park are counted, no halt."""
+    parking = {"projections": ConsumerGroupSettings(on_failure=OnFailure.PARK_SOURCE)}
+    points, expected = _poison_points(db, telemetry, reader, Settings(consumer_groups=parking))
+    (park,) = points["projections.source.parks"]
+    assert dict(park.attributes) == expected and park.value == 1
+    assert "projections.partition.halts" not in points
 
 
 def test_delivered_deadlines_are_counted_with_their_lateness(

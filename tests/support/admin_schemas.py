@@ -36,7 +36,10 @@ _PARTITION = _object(
         "checkpoint": _INT,
         "lag": _INT,
     },
-    {"halted": _object(_HALTED, {"trace": {"type": ["string", "null"]}})},
+    {
+        "halted": _object(_HALTED, {"trace": {"type": ["string", "null"]}}),
+        "parked_sources": {"type": "integer", "minimum": 1},
+    },
 )
 
 CONSUMERS = _object(
@@ -71,6 +74,7 @@ CONSUMERS = _object(
                             "eta_seconds": {"type": ["number", "null"], "minimum": 0},
                         }
                     ),
+                    "parked_sources": {"type": "integer", "minimum": 1},
                 },
             ),
         }
@@ -161,8 +165,46 @@ CLUSTER = _object(
 )
 
 COMMAND = _object(
-    {"consumer": _ID, "command": {"enum": ["pause", "resume", "rebuild"]}},
-    {"halted": {"type": "array", "items": _object({"partition": _INT, **_HALTED})}},
+    {
+        "consumer": _ID,
+        "command": {"enum": ["pause", "resume", "rebuild", "retry", "skip", "evict"]},
+    },
+    {
+        "halted": {"type": "array", "items": _object({"partition": _INT, **_HALTED})},
+        "retrying": {"type": "array", "items": _ID},
+        "retrying_skipped": _INT,
+        "skipped": _object({"source": _ID, "position": _INT, "type": _ID}),
+        "evicted": _INT,
+    },
+)
+
+_PARKED_SOURCE = _object(
+    {
+        "source": _ID,
+        "partition": _INT,
+        "position": _INT,
+        "count": _INT,
+        "type": _ID,
+        "error": {"type": ["string", "null"]},
+        "trace": {"type": ["string", "null"]},
+        "parked_at": {"type": "number"},
+        "state": {"enum": ["parked", "retrying", "retry-skipped"]},
+    }
+)
+_SKIPPED = _object(
+    {
+        "position": _INT,
+        "source": _ID,
+        "partition": _INT,
+        "type": _ID,
+        "error": {"type": ["string", "null"]},
+        "skipped_at": {"type": "number"},
+        "who": _ID,
+    }
+)
+PARKED = _object(
+    {"consumer": _ID, "parked": {"type": "array", "items": _PARKED_SOURCE}},
+    {"skipped": {"type": "array", "items": _SKIPPED}},
 )
 
 ERROR = _object({"error": {"type": "string", "minLength": 1}})

@@ -39,6 +39,7 @@ ROUTE_CONSUMER = register_kind(
         settings_group="routing",
         no_concurrency_limit="route consumers have no concurrency limit (only projections do)",
         records_handled_ids=True,
+        parks=True,
     )
 )
 """Route consumers: applied in fenced batches, never rebuilt (a replay would repeat

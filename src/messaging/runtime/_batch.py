@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 import attrs
 
 from messaging.distribution._ownership import Claim
+from messaging.runtime._parking import NewPark
 from messaging.store._rows import PARTITION_HASH, POSITION, StoredRow
 
 
@@ -17,11 +18,13 @@ class Batch:
     ``rows`` None: read inside the apply transaction (catching up). ``through``: the
     position the read behind ``rows`` went to, when it holds every message of ``claims``
     up to there (a lane's rows may end earlier): checkpoints move at least that far.
+    ``parks``: sources the batch parks (their messages from there on are held back).
     """
 
     claims: Mapping[int, Claim]
     rows: Sequence[StoredRow] | None = None
     through: int = 0
+    parks: tuple[NewPark, ...] = ()
 
     def checkpoint(self, applied: Sequence[StoredRow]) -> int:
         """Where the claims' checkpoints go once ``applied`` (non-empty) committed."""

@@ -44,6 +44,7 @@ from messaging.distribution._ownership import Ownership
 from messaging.distribution._pulse import bump_generation
 from messaging.runtime._gate import VersionGate
 from messaging.runtime._lifecycle import lifecycle_event
+from messaging.runtime._parking import swap_parked
 from messaging.runtime._retired import drop_retired
 from messaging.runtime._versions import UnitRow, seconds_now, unit_name, unit_rows
 from messaging.store._database import Database
@@ -337,6 +338,7 @@ def _swap_rows(
     conn.execute(delete(t).where(t.c.tenant == db.tenant, t.c.name == retired))
     ownership.rename(conn, live.unit, retired)
     ownership.rename(conn, building.unit, live.unit)
+    swap_parked(db, conn, live.unit, retired, building.unit)
     ownership.fence_all(conn, retired, floor=floor)
     ownership.fence_all(conn, live.unit, floor=floor)
     old = (

@@ -31,6 +31,8 @@ class Poison(Exception):
         partition: int | None,
         error: BaseException,
         batch: Sequence[StoredRow] = (),
+        *,
+        exact: bool = True,
     ) -> None:
         super().__init__(str(error))
         self.row = row
@@ -39,10 +41,13 @@ class Poison(Exception):
         self.error = error
         self.batch = batch
         """The batch the failing message was in, to replay unbuffered."""
+        self.exact = exact
+        """False for a failure of the batch's writes as a whole, put on its last message:
+        not one source's (it halts, never parks)."""
 
     def within(self, batch: Sequence[StoredRow]) -> Poison:
         """The same failure, known to be in ``batch``."""
-        return Poison(self.row, self.partition, self.error, batch)
+        return Poison(self.row, self.partition, self.error, batch, exact=self.exact)
 
 
 @attrs.frozen

@@ -19,11 +19,12 @@ from typing import TYPE_CHECKING
 import attrs
 
 from messaging._consumers import ConsumerSpec
-from messaging._settings import Distribution
+from messaging._settings import Distribution, OnFailure
 from messaging._states import ConsumerState
 from messaging.routing._outbox import Outbox
 from messaging.runtime._gate import VersionGate
 from messaging.runtime._lifecycle import lifecycle_event
+from messaging.runtime._parking import Parking
 from messaging.runtime._versions import UnitRow, create_version_tables, split_unit
 from messaging.runtime._worker import ConsumerWorker
 from messaging.store._database import Database
@@ -112,6 +113,10 @@ class Units:
             worker.gate = VersionGate(inst.db, name)
             worker.cutover_due = inst.rebalancer.request_round  # the live one waits for it
             worker.outbox = Outbox(worker.store, name)  # the ids the live version derives
+        group = inst.group(spec)
+        default = OnFailure.HALT_PARTITION
+        if spec.kind.parks and group.on_failure_for(name, default) is OnFailure.PARK_SOURCE:
+            worker.parking = Parking(db, spec.name, group.max_parked_sources)
         worker.outage = inst.outage
         inst.workers[unit] = worker
         if self.looping:

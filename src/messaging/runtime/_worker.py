@@ -26,12 +26,14 @@ from messaging._errors import CheckpointMoved, OwnershipLost
 from messaging._messages import MessageRegistry
 from messaging._settings import ConsumerSettings
 from messaging.distribution._ownership import Claim, Ownership
+from messaging.runtime import _parked_apply as parked
 from messaging.runtime._batch import Batch, split_lanes
 from messaging.runtime._context import HandlerContext
 from messaging.runtime._gate import VersionGate
 from messaging.runtime._holdings import Holdings
 from messaging.runtime._lanes import Lanes
 from messaging.runtime._lifecycle import lifecycle_event
+from messaging.runtime._parking import Parking
 from messaging.runtime._poison import Poison, halt_partition, isolate
 from messaging.runtime._polling import Worker
 from messaging.store._database import Database
@@ -93,11 +95,15 @@ class ConsumerWorker(Worker):
         self.cutover_due: Callable[[], object] | None = None
         """Called after a poll of a version being built near its end (see :meth:`poll`)."""
         """For a version being built: what the live version applied and sent."""
+        self.parking: Parking | None = None
+        """``on-failure: park-source``: the parked sources of the partitions held here."""
 
     # -- ownership, changed by the rebalance loop ----------------------------------------
 
     def add_claims(self, claims: Sequence[Claim]) -> None:
-        """Start applying these newly claimed partitions."""
+        """Start applying these newly claimed partitions (their parked sources read first)."""
+        if self.parking is not None:
+            self.parking.reload([claim.partition for claim in claims])
         with self._lock:
             for claim in claims:
                 self._claims[claim.partition] = claim
@@ -108,6 +114,8 @@ class ConsumerWorker(Worker):
         with self._lock:
             for partition in partitions:
                 self._claims.pop(partition, None)
+        if self.parking is not None:
+            self.parking.forget(partitions)
 
     def claims(self) -> dict[int, Claim]:
         """A snapshot of the partitions applied here."""
@@ -141,6 +149,8 @@ class ConsumerWorker(Worker):
         claims = self.holdings.idle()  # a lane's batch in flight settles its own claims
         with self.db.read() as conn:
             held = self.ownership.owned(conn, self.spec.name, self.instance_id, claims)
+            if self.parking is not None:  # a park may have committed unacknowledged
+                self.parking.load(conn, held)
         lost = [p for p, c in claims.items() if p not in held or held[p].epoch != c.epoch]
         with self._lock:
             for partition, claim in held.items():
@@ -196,6 +206,8 @@ class ConsumerWorker(Worker):
         transaction, so an idle poller never takes the write lock (several lanes:
         :meth:`_poll_lanes`). The instance applies ``executor.max-workers`` batches at most.
         """
+        if self.parking is not None and self.parking.retrying(self.claims()):
+            return parked.retry_held(self)
         if self.lanes > 1:
             return self._poll_lanes()
         claims = self.holdings.take(self.held_claims())
@@ -280,6 +292,9 @@ class ConsumerWorker(Worker):
             try:
                 rows = self._commit(Batch(claims, replay), immediate=True)
             except Poison as poison:
+                done = parked.park_sources(self, batch, replay, poison, started)
+                if done is not None:
+                    return done
                 # Commit what came before the poison message, so that its partition's
                 # checkpoint stops right before it, then halt that partition there.
                 found = isolate(poison, partial(self._commit_prefix, claims, started))
@@ -316,6 +331,7 @@ class ConsumerWorker(Worker):
     def _fetch(
         self, conn: Connection, claims: Mapping[int, Claim], limit: int | None = None
     ) -> Sequence[StoredRow]:
+        sources = self.parking is not None and bool(self.parking.held(claims))
         rows = self.store.read_batch(
             conn,
             self.spec.topics,
@@ -325,6 +341,7 @@ class ConsumerWorker(Worker):
             limit=limit or self.settings.batch_size,
             # one lane: a poison message's partition is looked up; a gate needs them all
             hashes=self.lanes > 1 or self.gate is not None,
+            sources=sources,  # only while a partition has parked sources
         )
         if self.gate is None:
             return rows
@@ -346,17 +363,24 @@ class ConsumerWorker(Worker):
                 outbox=self.outbox,
                 quiet=None if self.gate is None else self.gate.quiet,
             )
+            held = None if self.parking is None else self.parking.held(claims, batch.parks)
+            if held:
+                rows = parked.with_sources(self, conn, rows)
             try:
-                self.dispatcher.apply(rows, ctx, self.spec.partitions)
+                todo = parked.held_back(rows, held) if held else rows
+                self.dispatcher.apply(todo, ctx, self.spec.partitions)
                 try:
                     ctx.flush()
                 except Exception as exc:
                     if is_transient(exc) or refusal(exc):
                         raise
                     last = rows[-1]
-                    raise Poison(last, partition_in(last, self.spec.partitions), exc) from exc
+                    partition = partition_in(last, self.spec.partitions)
+                    raise Poison(last, partition, exc, exact=False) from exc
             except Poison as poison:
                 raise poison.within(rows) from poison.error
+            if batch.parks and self.parking is not None:
+                self.parking.write(conn, batch.parks)
             self.ownership.commit_checkpoint(
                 conn, self.spec.name, self.instance_id, claims, batch.checkpoint(rows)
             )
@@ -392,6 +416,8 @@ class ConsumerWorker(Worker):
                 current = self._claims.get(partition)
                 if current is not None and current.epoch == claims[partition].epoch:
                     self._claims[partition] = attrs.evolve(current, checkpoint=checkpoint)
+        if self.parking is not None:  # the earlier commit may have parked sources
+            self.parking.reload(moved.checkpoints)
         self._catching_up = False
 
     def _lose(self, partitions: Sequence[int]) -> None:

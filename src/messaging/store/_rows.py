@@ -64,11 +64,13 @@ StoredRow = tuple[Any, ...]
 """A stored message as a consumer applies it (:meth:`MessageStore.read_batch`), a plain
 tuple indexed by :data:`POSITION`, :data:`TYPE` (the stored type name), :data:`PAYLOAD`
 and, unless read without it, :data:`PARTITION_HASH` (its partition is this modulo the
-partition count; see :func:`partition_in`)."""
+partition count; see :func:`partition_in`) and, when read with it, :data:`SOURCE`
+(read only while a partition has parked sources)."""
 POSITION: Final = 0
 TYPE: Final = 1
 PAYLOAD: Final = 2
 PARTITION_HASH: Final = 3
+SOURCE: Final = 4
 
 
 def partition_in(row: StoredRow, partitions: int) -> int | None:

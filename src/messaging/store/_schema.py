@@ -24,7 +24,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects import mysql
 
-SCHEMA_VERSION = 11
+SCHEMA_VERSION = 12
 """The newest schema migration this code expects."""
 
 LONG_TEXT = Text().with_variant(mysql.LONGTEXT(), "mysql", "mariadb")
@@ -172,6 +172,40 @@ class Schema:
             Column("processed_at", SECONDS, nullable=False),
             PrimaryKeyConstraint("tenant", "consumer", "message_id"),
         )
+        self.parked = Table(
+            f"{prefix}parked_sources",
+            m,
+            Column("tenant", String(64), nullable=False),
+            Column("consumer", String(200), nullable=False),
+            Column("source", String(200), nullable=False),
+            Column("partition_no", Integer, nullable=False, autoincrement=False),
+            Column("position", BigInteger, nullable=False),
+            Column("type", String(200), nullable=False),
+            Column("error", LONG_TEXT, nullable=True),
+            Column("trace", LONG_TEXT, nullable=True),
+            Column("parked_at", SECONDS, nullable=False),
+            Column("state", String(16), nullable=False),
+            PrimaryKeyConstraint("tenant", "consumer", "source"),
+            Index(f"{prefix}ix_parked_partition", "tenant", "consumer", "partition_no"),
+        )
+        """V12: a consumer's parked sources: its messages from ``position`` on are held back
+        (see :mod:`messaging.runtime._parking`)."""
+        self.skipped = Table(
+            f"{prefix}skipped_messages",
+            m,
+            Column("tenant", String(64), nullable=False),
+            Column("consumer", String(200), nullable=False),
+            Column("position", BigInteger, nullable=False, autoincrement=False),
+            Column("source", String(200), nullable=False),
+            Column("partition_no", Integer, nullable=False, autoincrement=False),
+            Column("type", String(200), nullable=False),
+            Column("error", LONG_TEXT, nullable=True),
+            Column("skipped_at", SECONDS, nullable=False),
+            Column("who", String(200), nullable=False),
+            PrimaryKeyConstraint("tenant", "consumer", "position"),
+            Index(f"{prefix}ix_skipped_source", "tenant", "consumer", "source"),
+        )
+        """V12: messages an operator skipped (never applied unless retried)."""
         self.read_models = Table(
             f"{prefix}read_models",
             m,

@@ -72,6 +72,7 @@ class MessageStore:
         )
         self._batch_columns: tuple[Any, ...] = (m.c.position, m.c.type, m.c.payload)
         self._hashed_columns = (*self._batch_columns, m.c.partition_hash)
+        self._sourced_columns = (*self._hashed_columns, m.c.source)
         self._queries: dict[Any, Select[Any]] = {}
         self._handled: dict[tuple[tuple[str, ...], tuple[str, ...]], frozenset[str] | None] = {}
         """Per (topics, types) of :meth:`read_batch`: the types, while reads without the
@@ -249,11 +250,13 @@ class MessageStore:
         types: Sequence[str] | None = None,
         limit: int = 500,
         hashes: bool = True,
+        sources: bool = False,
     ) -> list[StoredRow]:
         """What :meth:`read` selects, as :data:`StoredRow` tuples: all a consumer needs to
         apply a batch (:meth:`envelopes` gives the rest on demand). On the hot path they are
         the driver's own (:mod:`messaging.store._fastpath`): no object per message beside.
-        ``hashes`` False: without their partition hash (one column less per row).
+        ``hashes`` False: without their partition hash (one column less per row);
+        ``sources`` True: with the partition hash and the source (parked sources).
 
         The rows are first read without the ``types`` filter: when every one is of those
         types, they are exactly the rows the filter selects (the first ``limit`` of them),
@@ -268,7 +271,13 @@ class MessageStore:
                 if len(self._handled) >= _QUERY_CACHE_SIZE:
                     self._handled.clear()
                 handled = self._handled[wanted] = frozenset(types)
-        columns = self._hashed_columns if hashes else self._batch_columns
+        columns = (
+            self._sourced_columns
+            if sources
+            else self._hashed_columns
+            if hashes
+            else self._batch_columns
+        )
         query = self._query(
             columns,
             topics,
@@ -290,6 +299,34 @@ class MessageStore:
         if rows and type(rows[0]) is not tuple:  # SQLAlchemy's rows, the first time
             return [tuple(row) for row in rows]
         return rows if type(rows) is list else list(rows)
+
+    def source_rows(
+        self,
+        conn: Connection,
+        topics: Sequence[str],
+        source: str,
+        *,
+        first: int,
+        last: int,
+        types: Sequence[str],
+    ) -> list[StoredRow]:
+        """The messages of ``source`` in ``topics`` of ``types`` from position ``first`` to
+        ``last``, in order, as :meth:`read_batch` rows with their source (a parked
+        source's held messages; by the unique index of sources)."""
+        m = self._messages
+        rows = conn.execute(
+            select(*self._sourced_columns)
+            .where(
+                m.c.tenant == self.db.tenant,
+                m.c.topic.in_(topics),
+                m.c.source == source,
+                m.c.position >= first,
+                m.c.position <= last,
+                m.c.type.in_(types),
+            )
+            .order_by(m.c.position)
+        )
+        return [tuple(row) for row in rows]
 
     def envelopes(self, conn: Connection, positions: Sequence[int]) -> dict[int, Envelope]:
         """The envelopes of the messages at ``positions``, by position (one query)."""

@@ -1,0 +1,185 @@
+"""The cost of a parked source to the others, and of parking when nothing is parked.
+
+Run as ``python benchmarks/parking.py [--sources N] [--per-source K] [--mysql-url URL]``.
+
+One partition, ``N`` sources with ``K`` messages each (interleaved), applied by a
+projection with ``on-failure: park-source`` (batch 500), five runs each (interleaved) of:
+
+- **clean**: no poison;
+- **poisoned**: the first message of one source fails (it and its later messages are
+  parked; every other source's messages are applied).
+
+Prints the median rate of the other sources' messages in each, and
+``ratio poisoned/clean: X.XX`` (the issue's target: at least 0.95). On SQLite it also
+counts the statements sent per batch with parking on and off, nothing parked (they must
+be equal). Every run's read model is checked: every message of the other sources once,
+none of the poisoned one's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+# Measure this checkout's code, whichever checkout an editable install points at.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+import attrs
+from sqlalchemy import Column, Integer, MetaData, String, Table, event, select
+
+import bench_mysql
+from messaging import Database, HandlerContext, MessageStore, Settings, handler, message
+from messaging._consumers import consumer_spec
+from messaging._messages import registry
+from messaging._plugins import create_plugin_manager
+from messaging.distribution._membership import InstanceInfo, Membership
+from messaging.distribution._ownership import Ownership
+from messaging.runtime._parking import Parking
+from messaging.runtime._worker import ConsumerWorker
+from messaging.store._migrations import migrate
+from projections import projection
+
+POISONED = "source-0"
+metadata = MetaData()
+counts = Table(
+    "bench_parking_counts",
+    metadata,
+    Column("source", String(64), primary_key=True),
+    Column("seen", Integer, nullable=False),
+)
+
+
+@message("bench-parking.step")
+@attrs.define(frozen=True)
+class Step:
+    n: int
+    poison: bool = False
+
+
+@projection("bench-parking", topics="steps", partitions=1, tables=[counts])
+class Counts:
+    @handler
+    def step(self, step: Step, ctx: HandlerContext) -> None:
+        if step.poison:
+            raise ValueError("poison")
+        ctx.upsert(counts, {"source": ctx.envelope.source}, set={}, add={"seen": 1})
+
+
+_RUNS = iter(range(1_000_000))
+
+
+def _prepare(url: str, sources: int, per_source: int, poison: bool) -> Database:
+    """A fresh store (a table prefix of its own) holding the messages."""
+    db = Database(url, table_prefix=f"bp{next(_RUNS)}_")
+    if not db.is_sqlite:
+        migrate(db)
+    db.prepare()
+    with db.transaction() as conn:
+        metadata.drop_all(conn)
+        metadata.create_all(conn)
+    store = MessageStore(db)
+    for k in range(per_source):
+        with db.transaction() as conn:
+            for s in range(sources):
+                source = f"source-{s}"
+                bad = poison and source == POISONED and k == 0
+                store.append(conn, "steps", source, [Step(k, bad)])
+    return db
+
+
+def _worker(db: Database, parking: bool) -> ConsumerWorker:
+    worker = ConsumerWorker(
+        db=db,
+        spec=consumer_spec(Counts),
+        instance_id="bench",
+        instance_name="bench",
+        settings=Settings().messaging.consumer,
+        hooks=create_plugin_manager([], load_entrypoints=False).hook,
+        registry=registry,
+    )
+    if parking:
+        worker.parking = Parking(db, "bench-parking", 100)
+    ownership = Ownership(db)
+    with db.transaction() as conn:
+        Membership(db).register(conn, InstanceInfo(id="bench", name="bench", host="h", pid=1))
+        ownership.ensure_partitions(conn, "bench-parking", 1)
+        claims = ownership.claim(conn, "bench-parking", [0], "bench", Membership(db).live_ids(30))
+    worker.add_claims(claims)
+    return worker
+
+
+def _run(url: str, sources: int, per_source: int, poison: bool) -> float:
+    """Messages of the other sources applied per second."""
+    db = _prepare(url, sources, per_source, poison)
+    try:
+        worker = _worker(db, parking=True)
+        gc.collect()
+        started = time.perf_counter()
+        while worker.poll():
+            pass
+        seconds = time.perf_counter() - started
+        with db.read() as conn:
+            seen = {r[0]: r[1] for r in conn.execute(select(counts.c.source, counts.c.seen))}
+        expected = {f"source-{s}": per_source for s in range(sources)}
+        if poison:
+            del expected[POISONED]
+        if seen != expected:
+            raise SystemExit(f"wrong read model ({len(seen)} sources seen)")
+    finally:
+        db.dispose()
+    return (sources - 1) * per_source / seconds
+
+
+def _statements(path: Path, parking: bool, sources: int) -> list[str]:
+    db = _prepare(f"sqlite:///{path}", sources, 2, poison=False)
+    sent: list[str] = []
+    try:
+        worker = _worker(db, parking)
+        db.engine.dispose()
+        event.listen(db.engine, "connect", lambda c, _r: c.set_trace_callback(sent.append))
+        while worker.poll():
+            pass
+    finally:
+        db.dispose()
+    return [statement.split()[0] for statement in sent]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sources", type=int, default=10_000)
+    parser.add_argument("--per-source", type=int, default=2)
+    parser.add_argument("--mysql-url", help="also benchmark on MySQL/MariaDB at this URL")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory() as folder:
+        urls = [("sqlite", f"sqlite:///{folder}/parking.db")]
+        if args.mysql_url:
+            with bench_mysql.scratch_database(args.mysql_url, "parking") as target:
+                _measure("mysql", target, args)
+        for name, url in urls:
+            _measure(name, url, args)
+            on = _statements(Path(folder) / "on.db", True, args.sources)
+            off = _statements(Path(folder) / "off.db", False, args.sources)
+            print(f"{name}: statements with parking on/off, nothing parked: {len(on)}/{len(off)}")
+            if on != off:
+                raise SystemExit("parking costs statements while nothing is parked")
+    return 0
+
+
+def _measure(name: str, url: str, args: argparse.Namespace) -> None:
+    rates: dict[bool, list[float]] = {False: [], True: []}
+    for _ in range(5):
+        for poison in (False, True):
+            rates[poison].append(_run(url, args.sources, args.per_source, poison))
+    clean, poisoned = statistics.median(rates[False]), statistics.median(rates[True])
+    print(f"{name}: clean {clean:,.0f} msg/s, poisoned {poisoned:,.0f} msg/s (other sources)")
+    print(f"{name}: ratio poisoned/clean: {poisoned / clean:.2f}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,276 @@
+"""How a worker parks sources and retries them (see :mod:`messaging.runtime._parking`).
+
+:func:`park_sources` turns a poison message into a parked source: the batch is applied
+again with that source's messages from the poison on held back and its parked row
+written, in the batch's fenced transaction (another failing source is parked the same
+way), unless the partition already has ``max-parked-sources``: then it halts as today.
+:func:`retry_parked` applies the held messages of the sources an operator asked to retry,
+in their original order, in one fenced transaction per source, before the partition's
+next batch.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+import attrs
+from sqlalchemy import Connection
+
+from messaging._errors import CheckpointMoved, OwnershipLost
+from messaging.distribution._ownership import Claim
+from messaging.runtime._batch import Batch
+from messaging.runtime._context import HandlerContext
+from messaging.runtime._lifecycle import lifecycle_event
+from messaging.runtime._parking import RETRYING_SKIPPED, NewPark, ParkedSource, Parking
+from messaging.runtime._poison import Poison
+from messaging.store._refusals import refusal
+from messaging.store._retry import is_ambiguous, is_transient
+from messaging.store._rows import PARTITION_HASH, POSITION, SOURCE, StoredRow
+
+if TYPE_CHECKING:
+    from messaging.runtime._worker import ConsumerWorker
+
+
+def held_back(rows: Sequence[StoredRow], held: Mapping[str, int]) -> list[StoredRow]:
+    """``rows`` without those of ``held`` sources from their first held position on."""
+    return [
+        row for row in rows if (first := held.get(row[SOURCE])) is None or row[POSITION] < first
+    ]
+
+
+def with_sources(
+    worker: ConsumerWorker, conn: Connection, rows: Sequence[StoredRow]
+) -> Sequence[StoredRow]:
+    """``rows`` with their partition hash and source (looked up if read without)."""
+    if not rows or len(rows[0]) > SOURCE:
+        return rows
+    envelopes = worker.store.envelopes(conn, [row[POSITION] for row in rows])
+    return [
+        (
+            *row[:PARTITION_HASH],
+            envelopes[row[POSITION]].partition_hash,
+            envelopes[row[POSITION]].source,
+        )
+        for row in rows
+    ]
+
+
+def park_sources(
+    worker: ConsumerWorker,
+    failed: Batch,
+    replay: Sequence[StoredRow],
+    poison: Poison,
+    started: float,
+) -> int | None:
+    """Commit the ``replay`` rows of the ``failed`` batch with the source of ``poison``
+    parked (and of every other message that fails in it); return how many messages it
+    committed. A failing source more than ``max-parked-sources`` in its partition halts the
+    partition there (the sources parked before it in the batch are committed with the
+    messages before it). None without parking, or when that is the first failure of the
+    batch: the caller halts as without parking."""
+    parking = worker.parking
+    if parking is None:
+        return None
+    batch = Batch(failed.claims, replay, failed.through)
+    with worker.db.read() as conn:
+        rows = with_sources(worker, conn, replay)
+    positions = [row[POSITION] for row in rows]
+    parks: list[NewPark] = []
+    while True:
+        if not poison.exact:  # the batch's writes failed as a whole: no source to park
+            return None
+        # Raised while the framework handled the first failure: not its context.
+        poison.error.__suppress_context__ = True
+        index = positions.index(poison.row[POSITION])
+        row = rows[index]
+        partition = row[PARTITION_HASH] % worker.spec.partitions
+        parked = parking.count(partition) + sum(p.partition == partition for p in parks)
+        if parked >= parking.max_sources:
+            lifecycle_event(
+                "park-escalated",
+                level=logging.WARNING,
+                consumer=worker.spec.name,
+                partition=partition,
+                instance=worker.instance_name,
+                parked=parked,
+                reason=f"{parked} sources are parked in it (max-parked-sources): it halts",
+            )
+            if not parks:
+                return None
+            attempt = attrs.evolve(batch, rows=rows[:index], through=0, parks=tuple(parks))
+            applied = _commit_parks(worker, attempt, started, immediate=True)
+            poison.partition = partition
+            worker._halt(poison, batch.claims)
+            return applied
+        parks.append(NewPark.of(row, partition, poison.error))
+        attempt = attrs.evolve(batch, rows=rows, parks=tuple(parks))
+        try:  # buffered first (the common case: one failing source); unbuffered to find it
+            return _commit_parks(worker, attempt, started)
+        except Poison:
+            try:
+                return _commit_parks(worker, attempt, started, immediate=True)
+            except Poison as again:
+                poison = again
+
+
+def _commit_parks(
+    worker: ConsumerWorker, batch: Batch, started: float, *, immediate: bool = False
+) -> int:
+    assert worker.parking is not None
+    applied = worker._commit(batch, immediate=immediate)
+    worker.parking.committed(batch.parks)
+    for park in batch.parks:
+        _parked(worker, park, batch.claims[park.partition].epoch)
+    if applied:
+        worker._applied(batch, applied, started)
+    return len(applied)
+
+
+def _parked(worker: ConsumerWorker, park: NewPark, epoch: int) -> None:
+    worker.hooks.projections_message_failed(
+        consumer=worker.spec.name,
+        partition=park.partition,
+        position=park.position,
+        type_name=park.type,
+        error=park.exception or RuntimeError(park.error),
+        instance_id=worker.instance_id,
+    )
+    worker.hooks.projections_source_parked(
+        consumer=worker.spec.name,
+        partition=park.partition,
+        source=park.source,
+        position=park.position,
+        type_name=park.type,
+        instance_id=worker.instance_id,
+    )
+    lifecycle_event(
+        "park",
+        level=logging.ERROR,
+        consumer=worker.spec.name,
+        partition=park.partition,
+        instance=worker.instance_name,
+        instance_id=worker.instance_id,
+        epoch=epoch,
+        source=park.source,
+        position=park.position,
+        type=park.type,
+        error=park.error,
+    )
+
+
+def retry_held(worker: ConsumerWorker) -> int:
+    """Apply the held messages of the parked sources an operator asked to retry, of the
+    partitions no batch applies now; return how many were applied."""
+    claims = worker.holdings.take(worker.held_claims())
+    try:
+        return retry_parked(worker, claims)
+    finally:
+        worker.holdings.finish(claims)
+
+
+def retry_parked(worker: ConsumerWorker, claims: Mapping[int, Claim]) -> int:
+    """Apply the held messages of the sources of ``claims`` an operator asked to retry;
+    return how many were applied."""
+    parking = worker.parking
+    assert parking is not None
+    applied = 0
+    for source in parking.retrying(claims):
+        claim = claims[source.partition]
+        try:
+            applied += _replay(worker, parking, claim, source)
+        except OwnershipLost as lost:
+            worker._lose(lost.partitions)
+        except CheckpointMoved as moved:
+            worker._moved(moved, claims)
+        except Exception as exc:
+            if is_ambiguous(exc):
+                worker._stale = True
+            raise
+    return applied
+
+
+def _replay(worker: ConsumerWorker, parking: Parking, claim: Claim, source: ParkedSource) -> int:
+    """One fenced transaction: apply ``source``'s held messages (up to the first that
+    fails again, which parks the source there) and delete (or move) its parked row. A
+    retry of its skipped messages (:data:`RETRYING_SKIPPED`) applies them instead (up to
+    the first that fails again: it and the rest stay skipped) and forgets them."""
+    spec, cut, again = worker.spec, None, None
+    only_skipped = source.state == RETRYING_SKIPPED
+    while True:
+        try:
+            with worker.db.transaction(consumer=spec.name) as conn:
+                rows = worker.store.source_rows(
+                    conn,
+                    spec.topics,
+                    source.source,
+                    first=source.position,
+                    last=claim.checkpoint,
+                    types=worker.dispatcher.type_names,
+                )
+                skipped = parking.skipped_positions(conn, source.source)
+                rows = [row for row in rows if (row[POSITION] in skipped) is only_skipped]
+                todo = rows if cut is None else rows[:cut]
+                _apply(worker, conn, todo)
+                if only_skipped:  # applied now; one failing again stays skipped
+                    parking.forget_skipped(conn, [row[POSITION] for row in todo])
+                if again is None or only_skipped:
+                    parking.release(conn, source)
+                else:
+                    parking.write(conn, [again])
+                worker.ownership.commit_checkpoint(
+                    conn, spec.name, worker.instance_id, {claim.partition: claim}, claim.checkpoint
+                )
+        except Poison as poison:
+            if again is not None:  # the messages before it failed as a whole: park there
+                raise
+            cut = [row[POSITION] for row in rows].index(poison.row[POSITION])
+            again = NewPark.of(rows[cut], claim.partition, poison.error)
+            continue
+        break
+    if again is None or only_skipped:
+        parking.released(source)
+        worker.hooks.projections_source_retried(
+            consumer=spec.name,
+            partition=claim.partition,
+            source=source.source,
+            applied=len(todo),
+            instance_id=worker.instance_id,
+        )
+        lifecycle_event(
+            "retried",
+            consumer=spec.name,
+            partition=claim.partition,
+            instance=worker.instance_name,
+            source=source.source,
+            applied=len(todo),
+            skipped=only_skipped,
+            failed=None if again is None else again.position,
+        )
+    else:
+        parking.committed([again])
+        _parked(worker, again, claim.epoch)
+    return len(todo)
+
+
+def _apply(worker: ConsumerWorker, conn: Connection, rows: Sequence[StoredRow]) -> None:
+    if not rows:
+        return
+    gate = worker.gate
+    ctx = HandlerContext(
+        conn,
+        lambda: worker.store.envelopes(conn, [row[POSITION] for row in rows]),
+        immediate=True,
+        outbox=worker.outbox,
+        quiet=None if gate is None else gate.quiet,
+    )
+    worker.dispatcher.apply(rows, ctx, worker.spec.partitions)
+    try:
+        ctx.flush()
+    except Exception as exc:
+        if is_transient(exc) or refusal(exc):
+            raise
+        last = rows[-1]
+        partition = last[PARTITION_HASH] % worker.spec.partitions
+        raise Poison(last, partition, exc, exact=False) from exc

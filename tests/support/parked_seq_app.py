@@ -1,0 +1,64 @@
+"""A projection for real-process parking tests: it records each message of a source as
+(source, seq) once (the primary key refuses a second apply) with its rank among the
+source's applied messages, and fails on a message marked ``poison`` while the file named by
+``PARKED_SEQ_BROKEN`` exists (deleting it "fixes" the handler). With
+``PARKED_SEQ_EFFECTS`` set, each message of source ``PARKED_SEQ_SLOW_SOURCE`` takes 50 ms
+and writes its seq to that file first (an effect outside the database)."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import attrs
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    func,
+    insert,
+    select,
+)
+
+from messaging import HandlerContext, handler, message
+from projections import projection
+
+metadata = MetaData()
+applied = Table(
+    "test_parked_seq",
+    metadata,
+    Column("source", String(64), primary_key=True),
+    Column("seq", Integer, primary_key=True, autoincrement=False),
+    Column("position", BigInteger, nullable=False),
+    Column("rank", Integer, nullable=False),  # how many of its source were applied before + 1
+)
+
+
+@message("test-parked-seq.step")
+@attrs.define(frozen=True)
+class Step:
+    seq: int
+    poison: bool = False
+
+
+@projection("parked-seq", topics="seq", partitions=4, tables=[applied])
+class ParkedSeq:
+    @handler
+    def step(self, step: Step, ctx: HandlerContext) -> None:
+        if step.poison and Path(os.environ["PARKED_SEQ_BROKEN"]).exists():
+            raise ValueError(f"step {step.seq} of {ctx.envelope.source} is poison")
+        source = ctx.envelope.source
+        effects = os.environ.get("PARKED_SEQ_EFFECTS")
+        if effects and source == os.environ.get("PARKED_SEQ_SLOW_SOURCE"):
+            with open(effects, "a", encoding="utf-8") as out:  # a slow effect outside
+                out.write(f"{step.seq}\n")
+            time.sleep(0.05)  # so that a kill lands inside its batch
+        before = ctx.connection.execute(
+            select(func.count()).select_from(applied).where(applied.c.source == source)
+        ).scalar_one()
+        row = {"source": source, "seq": step.seq, "position": ctx.envelope.position}
+        ctx.execute(insert(applied), {**row, "rank": before + 1})
