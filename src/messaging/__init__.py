@@ -20,7 +20,10 @@ from messaging._errors import (
     RegistrationError,
     SchemaError,
     Unanswered,
+    UnknownConsumer,
     VersionConflict,
+    WaitRefused,
+    WaitTimeout,
 )
 from messaging._hookspecs import hookimpl, hookspec
 from messaging._kinds import ConsumerKind, register_kind
@@ -42,18 +45,24 @@ from messaging._settings import (
 from messaging.routing._consumer import route_consumer
 from messaging.runtime._context import HandlerContext, MessageContext
 from messaging.runtime._instance import Instance
+from messaging.runtime._progress import Behind, Progress
+from messaging.runtime._waits import wait_for, wait_for_async
 from messaging.store._database import Database
 from messaging.store._retry import is_ambiguous
 from messaging.store._rows import NewMessage
 from messaging.store._store import MessageStore
 from messaging.store._tenancy import UntranslatableStatement
+from messaging.store._tokens import Appended, ConsistencyToken, InvalidToken
 
 __all__ = [
     "AdminSettings",
+    "Appended",
+    "Behind",
     "CheckpointMoved",
     "ConcurrentUpdate",
     "ConfigError",
     "ConflictRetrySettings",
+    "ConsistencyToken",
     "ConsumerGroupSettings",
     "ConsumerKind",
     "ConsumerOptions",
@@ -68,19 +77,24 @@ __all__ = [
     "HealthSettings",
     "Instance",
     "InvalidSettings",
+    "InvalidToken",
     "MessageContext",
     "MessageStore",
     "MessagingSettings",
     "NewMessage",
     "OperationError",
     "OwnershipLost",
+    "Progress",
     "ProjectionsError",
     "RegistrationError",
     "SchemaError",
     "Settings",
     "Unanswered",
+    "UnknownConsumer",
     "UntranslatableStatement",
     "VersionConflict",
+    "WaitRefused",
+    "WaitTimeout",
     "collect_consumers",
     "connect",
     "create_plugin_manager",
@@ -93,4 +107,6 @@ __all__ = [
     "message",
     "register_kind",
     "route_consumer",
+    "wait_for",
+    "wait_for_async",
 ]

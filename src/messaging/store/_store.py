@@ -45,6 +45,7 @@ from messaging.store._rows import (
     headers_json,
     partition_hash,
 )
+from messaging.store._tokens import Appended, ConsistencyToken
 
 _QUERY_CACHE_SIZE = 64
 _type_of = itemgetter(TYPE)
@@ -91,8 +92,10 @@ class MessageStore:
         *,
         expected_version: int | None = None,
         headers: Mapping[str, Any] | None = None,
-    ) -> list[int]:
-        """Append messages of one source inside ``conn``'s transaction; return their positions.
+    ) -> Appended:
+        """Append messages of one source inside ``conn``'s transaction; return their positions
+        (a list) with the consistency token of the append (``.token``: wait on it with
+        :func:`~messaging.wait_for` once the transaction committed).
 
         With ``expected_version`` the append succeeds only if the source's current
         version in this topic is exactly that (0 for a new source); otherwise it
@@ -161,10 +164,11 @@ class MessageStore:
         messages: Sequence[NewMessage],
         *,
         expected_versions: Mapping[tuple[str, str], int | None] | None = None,
-    ) -> list[int]:
-        """Append already-encoded messages (any topics and sources) in order; return positions."""
+    ) -> Appended:
+        """Append already-encoded messages (any topics and sources) in order; return their
+        positions with the token of the append (:class:`Appended`)."""
         if not messages:
-            return []
+            return Appended([], ConsistencyToken(self.db.tenant, ()))
         expected_versions = expected_versions or {}
         # Reserve first: holding the tenant's counter row, no other append can change a
         # source's version until we commit, so the versions read below are current.
@@ -209,7 +213,10 @@ class MessageStore:
                 else versions.get(first_key, 0),
                 actual=None,
             ) from exc
-        return list(range(first, first + len(rows)))
+        return Appended(
+            range(first, first + len(rows)),
+            ConsistencyToken.of(tenant, ((r[2], r[8], r[1]) for r in rows)),
+        )
 
     # -- reading -----------------------------------------------------------------------
 

@@ -1,0 +1,166 @@
+"""Read your own writes: wait until consumers have applied a consistency token.
+
+:func:`wait_for` (and :func:`wait_for_async`) checks the database
+(:func:`~messaging.runtime._progress.progress`) until every partition of the consumers
+that the token's messages fall into has committed a checkpoint past them: a new
+connection then sees the read model's transaction. Between checks it waits from 2 ms,
+doubling up to ``poll_interval``; a transient database error (a lock conflict, a lost
+connection) is checked again until the timeout. A halted or paused partition behind the
+token, a rolled-back position or an unknown consumer raise at once
+(:class:`~messaging._errors.WaitRefused`); a timeout raises
+:class:`~messaging._errors.WaitTimeout` naming what is still behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Sequence
+
+from messaging._errors import WaitTimeout
+from messaging._settings import Settings
+from messaging.runtime._progress import Progress, progress
+from messaging.store._database import Database
+from messaging.store._retry import is_transient
+from messaging.store._tokens import ConsistencyToken
+
+__all__ = ["MAX_TIMEOUT", "wait_for", "wait_for_async"]
+
+MAX_TIMEOUT = 3600.0
+"""The longest timeout a wait takes, in seconds."""
+FIRST_PAUSE = 0.002
+"""Seconds between the first checks; doubled after each, up to ``poll_interval``."""
+
+
+def wait_for(
+    target: Database | Settings,
+    token: ConsistencyToken | str,
+    consumer: str | Sequence[str],
+    *,
+    timeout: float = 10.0,
+    fail_fast: bool = False,
+    poll_interval: float = 0.05,
+) -> Progress:
+    """Wait until ``consumer`` (a name or several) has applied ``token`` (an append's
+    ``.token`` or its text) in ``target`` (a database, or settings naming one); return
+    the :class:`~messaging.runtime._progress.Progress`, applied.
+
+    ``fail_fast``: check once and return the progress even when not applied (its
+    ``behind`` says what is left). Otherwise raise :class:`WaitTimeout` after ``timeout``
+    seconds. Raises :class:`~messaging._errors.WaitRefused` at once when waiting cannot
+    help (see the module), :class:`~messaging.store._tokens.InvalidToken` (a ValueError)
+    for a malformed token or one of another tenant, ValueError for a bad timeout or name.
+    """
+    waiter = _Waiter(token, consumer, timeout, fail_fast, poll_interval)
+    db, owned = _database(target)
+    try:
+        while True:
+            result = waiter.check(db)
+            if result is not None:
+                return result
+            time.sleep(waiter.pause())
+    finally:
+        if owned:
+            db.dispose()
+
+
+async def wait_for_async(
+    target: Database | Settings,
+    token: ConsistencyToken | str,
+    consumer: str | Sequence[str],
+    *,
+    timeout: float = 10.0,
+    fail_fast: bool = False,
+    poll_interval: float = 0.05,
+) -> Progress:
+    """:func:`wait_for` for asyncio: the checks run in a worker thread, the pauses on the
+    event loop; cancelling the task ends the wait."""
+    waiter = _Waiter(token, consumer, timeout, fail_fast, poll_interval)
+    db, owned = _database(target)
+    try:
+        while True:
+            result = await asyncio.to_thread(waiter.check, db)
+            if result is not None:
+                return result
+            await asyncio.sleep(waiter.pause())
+    finally:
+        if owned:
+            db.dispose()
+
+
+def check_timeout(timeout: object, what: str = "timeout") -> float:
+    """``timeout`` as seconds; ValueError unless a number from 0 to :data:`MAX_TIMEOUT`."""
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float):
+        raise ValueError(f"{what} must be a number of seconds, got {timeout!r}")
+    if not (math.isfinite(timeout) and 0 <= timeout <= MAX_TIMEOUT):
+        raise ValueError(f"{what} must be from 0 to {MAX_TIMEOUT:g} seconds, got {timeout!r}")
+    return float(timeout)
+
+
+def consumer_names(consumer: str | Sequence[str]) -> list[str]:
+    """The consumer names of a wait; ValueError for none or an empty one."""
+    names = [consumer] if isinstance(consumer, str) else list(consumer)
+    if not names or not all(isinstance(n, str) and n for n in names):
+        raise ValueError(f"consumer must be a non-empty name or list of names, got {consumer!r}")
+    return list(dict.fromkeys(names))
+
+
+class _Waiter:
+    """One wait's arguments, deadline and pauses."""
+
+    def __init__(
+        self,
+        token: ConsistencyToken | str,
+        consumer: str | Sequence[str],
+        timeout: float,
+        fail_fast: bool,
+        poll_interval: float,
+    ) -> None:
+        self.token = token if isinstance(token, ConsistencyToken) else ConsistencyToken.parse(token)
+        self.consumers = consumer_names(consumer)
+        self.timeout = check_timeout(timeout)
+        self.poll_interval = check_timeout(poll_interval, "poll_interval") or FIRST_PAUSE
+        self.fail_fast = fail_fast
+        self.started = time.monotonic()
+        self.deadline = self.started + self.timeout
+        self._pause = FIRST_PAUSE
+
+    def check(self, db: Database) -> Progress | None:
+        """The progress when the wait is over (applied, or ``fail_fast``); None to check
+        again; :class:`WaitTimeout` once the deadline passed."""
+        last = self.fail_fast or time.monotonic() >= self.deadline
+        try:
+            found = self._read(db, detail=last)
+        except Exception as exc:
+            if not is_transient(exc) or self.fail_fast:
+                raise
+            found = None
+            if last:
+                raise WaitTimeout(self.timeout, [f"the database did not answer: {exc}"]) from exc
+        if found is not None and (found.applied or self.fail_fast):
+            return found
+        if last:
+            assert found is not None
+            raise WaitTimeout(time.monotonic() - self.started, found.behind)
+        return None
+
+    def _read(self, db: Database, *, detail: bool) -> Progress:
+        with db.read() as conn:
+            return progress(db, conn, self.token, self.consumers, detail=detail)
+
+    def pause(self) -> float:
+        """Seconds to wait before the next check (never past the deadline)."""
+        pause, self._pause = self._pause, min(self._pause * 2, self.poll_interval)
+        return max(0.0, min(pause, self.deadline - time.monotonic()))
+
+
+def _database(target: Database | Settings) -> tuple[Database, bool]:
+    """The database of ``target`` and whether the wait made it (and disposes of it)."""
+    if isinstance(target, Database):
+        return target, False
+    if isinstance(target, Settings):
+        from messaging._connection import database_for
+
+        return database_for(target), True
+    raise TypeError(f"expected a Database or Settings, got {type(target).__name__}")
