@@ -52,7 +52,7 @@ from messaging.store._retry import is_ambiguous
 from messaging.store._rows import NewMessage
 from messaging.store._store import MessageStore
 from messaging.store._tenancy import UntranslatableStatement
-from messaging.store._tokens import Appended, ConsistencyToken, InvalidToken
+from messaging.store._tokens import Appended, ConsistencyToken, InvalidToken, Sent
 
 __all__ = [
     "AdminSettings",
@@ -88,6 +88,7 @@ __all__ = [
     "ProjectionsError",
     "RegistrationError",
     "SchemaError",
+    "Sent",
     "Settings",
     "Unanswered",
     "UnknownConsumer",

@@ -16,7 +16,6 @@ import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +26,7 @@ from messaging._config import load_settings
 from messaging._connection import database_for
 from messaging._errors import ConfigError, OperationError, ProjectionsError
 from messaging._overrides import check_overrides
-from messaging._plugins import collect_consumers, create_plugin_manager, import_module
+from messaging._plugins import collect_consumers, create_plugin_manager
 from messaging._settings import Settings
 from messaging._states import Severity
 from messaging.runtime._instance import Instance
@@ -35,6 +34,7 @@ from messaging.store._database import Database, parse_database_url
 from messaging.store._migrations import migrate
 from messaging.store._refusals import refusal, refusal_words
 from projections._cli_parser import build_parser
+from projections._cli_waits import cmd_append, cmd_wait
 
 EXIT_ERROR = 1
 EXIT_STDOUT_CLOSED = 141
@@ -228,40 +228,6 @@ def cmd_db(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_append(args: argparse.Namespace) -> int:
-    from messaging._messages import registry
-    from projections._appending import append_lines, utf8_lines
-
-    settings = _settings(args)
-    _use_app_dir(args)
-    for module in args.module:
-        import_module(module)
-    db = _database(settings)
-    try:
-        db.prepare()
-        append = partial(
-            append_lines,
-            db,
-            batch_size=args.batch_size,
-            registry=registry if args.module else None,
-            retry=settings.messaging.consumer.conflict_retry,
-        )
-        if args.file == "-":
-            buffer = getattr(sys.stdin, "buffer", None)  # none when replaced by a text stream
-            count = append(sys.stdin if buffer is None else utf8_lines(buffer))
-        else:
-            try:
-                stream = open(args.file, "rb")  # noqa: SIM115
-            except OSError as exc:
-                raise ProjectionsError(f"cannot read {args.file}: {exc.strerror}") from None
-            with stream:
-                count = append(utf8_lines(stream))
-    finally:
-        db.dispose()
-    print(f"appended {count} messages")
-    return 0
-
-
 def cmd_operation(args: argparse.Namespace) -> int:
     from projections import _operations as operations
     from projections._reports import in_memory_pointer
@@ -368,6 +334,7 @@ _COMMANDS = {
     "health": cmd_health,
     "db": cmd_db,
     "append": cmd_append,
+    "wait": cmd_wait,
     "demo": cmd_demo,
     "pause": cmd_operation,
     "forget-processed": cmd_operation,

@@ -290,3 +290,38 @@ def test_a_rolled_back_append_is_refused_once_its_position_is_taken_by_another(
         wait_for(db, token, CONSUMER, timeout=30)
     wait_for(db, reused.token, CONSUMER, timeout=20)
     assert _entries(db, "real") == 1
+
+
+def test_route_consumers_and_sagas_answer_like_projections(db: Database) -> None:
+    """A send's token waits for the route consumer's row; an append's token for the
+    saga's state; one wait may name both consumers."""
+    import json
+
+    import waits_app
+
+    manager = create_plugin_manager(["waits_app"], load_entrypoints=False)
+    instance = Instance(db, collect_consumers(manager), Settings(), manager.hook, name="rw")
+    instance.start()
+    store, sagas = MessageStore(db), db.schema.sagas
+    try:
+        for n in range(10):
+            with db.transaction() as conn:
+                sent = store.send(conn, "rw-jobs", waits_app.Job(f"job-{n}"), key=f"k{n}")
+                opened = store.append(conn, "counters", f"c{n}", [waits_app.Opened(f"c{n}")])
+                bumped = store.append(conn, "counters", f"c{n}", [waits_app.Bumped(f"c{n}")])
+            assert isinstance(sent, str) and len(sent) == 32  # still the message id
+            wait_for(
+                db, sent.token | opened.token | bumped.token, ["rw-jobs", "rw-counters"], timeout=20
+            )
+            with db.read() as conn:
+                done = conn.execute(
+                    select(waits_app.jobs.c.job_id).where(waits_app.jobs.c.job_id == f"job-{n}")
+                ).all()
+                state = conn.execute(
+                    select(sagas.c.state).where(
+                        sagas.c.saga == "rw-counters", sagas.c.saga_key == f"c{n}"
+                    )
+                ).scalar_one()
+            assert len(done) == 1 and json.loads(state)["bumps"] == 1
+    finally:
+        instance.stop()

@@ -45,7 +45,7 @@ from messaging.store._rows import (
     headers_json,
     partition_hash,
 )
-from messaging.store._tokens import Appended, ConsistencyToken
+from messaging.store._tokens import Appended, ConsistencyToken, Sent
 
 _QUERY_CACHE_SIZE = 64
 _type_of = itemgetter(TYPE)
@@ -122,9 +122,10 @@ class MessageStore:
         key: str | None = None,
         message_id: str | None = None,
         headers: Mapping[str, Any] | None = None,
-    ) -> str:
+    ) -> Sent:
         """Send ``message`` to the route consumer of ``destination`` inside ``conn``'s
-        transaction (an outbox: it exists only if that transaction commits); return its id.
+        transaction (an outbox: it exists only if that transaction commits); return its id
+        (a string) with the consistency token of the send (``.token``).
 
         ``key`` is the partition key (by default the message id, which spreads messages
         over every partition); messages with one key are handled in order. Give
@@ -134,8 +135,7 @@ class MessageStore:
         outgoing = self.outgoing(
             destination, message, key=key, message_id=message_id, headers=headers
         )
-        self.append_encoded(conn, [outgoing])
-        return message_id
+        return Sent(message_id, self.append_encoded(conn, [outgoing]).token)
 
     def outgoing(
         self,

@@ -29,7 +29,7 @@ import attrs
 
 from messaging._errors import ProjectionsError
 
-__all__ = ["MAX_MARKS", "Appended", "ConsistencyToken", "InvalidToken"]
+__all__ = ["MAX_MARKS", "Appended", "ConsistencyToken", "InvalidToken", "Sent"]
 
 PREFIX = "rw1"
 """The format's name and version, the token's first field."""
@@ -178,3 +178,15 @@ class Appended(list[int]):
     def __init__(self, positions: Sequence[int], token: ConsistencyToken) -> None:
         super().__init__(positions)
         self.token = token
+
+
+class Sent(str):
+    """The message id of a send (a string, as before), with :attr:`token`: the
+    consistency token of the message sent. Valid once the send's transaction commits."""
+
+    token: ConsistencyToken
+
+    def __new__(cls, message_id: str, token: ConsistencyToken) -> Sent:
+        sent = super().__new__(cls, message_id)
+        sent.token = token
+        return sent
