@@ -13,7 +13,9 @@ Routes:
 - ``GET /admin/health/live`` and ``/admin/health/ready``: 200 or 503 with the reasons
   (:mod:`messaging.runtime._probes`), for load balancers and Kubernetes probes;
 - ``POST /admin/consumers/<name>/<pause|resume|rebuild>``: the commands, with an optional
-  JSON body ``{"reason", "skip_poison"}``; the audit records ``admin token@<peer address>``.
+  JSON body ``{"reason", "skip_poison"}``; the audit records ``admin token@<peer address>``;
+- ``GET /admin/consumers/<name>/wait?token=&timeout=``: a long poll until the consumer has
+  applied a consistency token (a read; :mod:`projections._admin_waits`).
 
 Every request must name this server in its ``Host`` header (421 otherwise); commands need
 the admin token, a JSON content type and no foreign ``Origin`` (:mod:`projections._admin_guard`).
@@ -48,6 +50,7 @@ from messaging.store._database import Database
 from projections import _operations as operations
 from projections._admin_guard import AdminGuard, Refusal, require_token_off_loopback
 from projections._admin_http import BoundedHTTPServer, LimitedRequestHandler
+from projections._admin_waits import Answer, wait_answer
 from projections._health import UnknownConsumer, health_report
 from projections._reports import (
     consumers_report,
@@ -234,9 +237,10 @@ def make_server(
                 self._refuse(refusal)
             return refusal is not None
 
-        def _answer(self, what: str, work: Callable[[], dict[str, Any]]) -> None:
-            """Answer ``work()``: 409 for a refused command, 503 while the database fails,
-            500 for anything else (details in the log, never in the answer)."""
+        def _answer(self, what: str, work: Callable[[], dict[str, Any] | Answer | None]) -> None:
+            """Answer ``work()`` (a body, a status and body, or None: no answer, the client
+            is gone): 409 for a refused command, 503 while the database fails, 500 for
+            anything else (details in the log, never in the answer)."""
             try:
                 data = work()
             except OperationError as exc:
@@ -250,7 +254,12 @@ def make_server(
                 log.exception("admin %s failed", what)
                 self.send_json(500, {"error": "internal error; see the server's log"})
             else:
-                self.send_json(200, data)
+                if data is None:
+                    self.close_connection = True
+                elif isinstance(data, tuple):
+                    self.send_json(*data)
+                else:
+                    self.send_json(200, data)
 
         def do_GET(self) -> None:
             if self._host_refused():
@@ -268,6 +277,12 @@ def make_server(
                 reasons = probe()
                 body = {"status": "fail" if reasons else "ok", "reasons": reasons, "by": me}
                 self.send_json(503 if reasons else 200, body)
+                return
+            if segments[:2] == ["admin", "consumers"] and segments[3:] == ["wait"]:
+                name, sock = segments[2], self.connection
+                self._answer(
+                    path, lambda: wait_answer(db, consumer_settings, name, self.path, sock)
+                )
                 return
             if segments[:2] == ["admin", "consumers"] and segments[3:] == ["health"]:
                 name = segments[2]

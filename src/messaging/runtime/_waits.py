@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from messaging._errors import WaitTimeout
 from messaging._settings import Settings
@@ -52,14 +52,12 @@ def wait_for(
     help (see the module), :class:`~messaging.store._tokens.InvalidToken` (a ValueError)
     for a malformed token or one of another tenant, ValueError for a bad timeout or name.
     """
-    waiter = _Waiter(token, consumer, timeout, fail_fast, poll_interval)
+    waiter = Waiter(token, consumer, timeout, fail_fast, poll_interval)
     db, owned = _database(target)
     try:
-        while True:
-            result = waiter.check(db)
-            if result is not None:
-                return result
-            time.sleep(waiter.pause())
+        result = waiter.run(db)
+        assert result is not None  # nothing cancels it
+        return result
     finally:
         if owned:
             db.dispose()
@@ -76,7 +74,7 @@ async def wait_for_async(
 ) -> Progress:
     """:func:`wait_for` for asyncio: the checks run in a worker thread, the pauses on the
     event loop; cancelling the task ends the wait."""
-    waiter = _Waiter(token, consumer, timeout, fail_fast, poll_interval)
+    waiter = Waiter(token, consumer, timeout, fail_fast, poll_interval)
     db, owned = _database(target)
     try:
         while True:
@@ -106,7 +104,7 @@ def consumer_names(consumer: str | Sequence[str]) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-class _Waiter:
+class Waiter:
     """One wait's arguments, deadline and pauses."""
 
     def __init__(
@@ -144,6 +142,17 @@ class _Waiter:
             assert found is not None
             raise WaitTimeout(time.monotonic() - self.started, found.behind)
         return None
+
+    def run(self, db: Database, cancelled: Callable[[], bool] | None = None) -> Progress | None:
+        """Check until the wait is over; None as soon as ``cancelled()`` (asked before
+        each pause) is true."""
+        while True:
+            result = self.check(db)
+            if result is not None:
+                return result
+            if cancelled is not None and cancelled():
+                return None
+            time.sleep(self.pause())
 
     def _read(self, db: Database, *, detail: bool) -> Progress:
         with db.read() as conn:

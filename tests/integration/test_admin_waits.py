@@ -1,0 +1,155 @@
+"""``GET /admin/consumers/<name>/wait`` on both backends, with a real HTTP client: a long
+poll that answers 200 once the read model shows the write, 408 naming what is behind,
+409 when waiting cannot help, 404/400 for an unknown consumer or bad input; a read that
+needs no admin token; a client that disconnects frees its handler thread."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Iterator
+from urllib.parse import quote
+
+import attrs
+import pytest
+from admin_client import TOKEN, get_json, serve
+from sqlalchemy import select
+
+from messaging import (
+    AdminSettings,
+    Appended,
+    Database,
+    Instance,
+    MessageStore,
+    Settings,
+    collect_consumers,
+    create_plugin_manager,
+)
+from messaging.store._rows import partition_of
+from projections._admin import make_server
+from projections._operations import pause
+from projections.examples import ledger
+
+CONSUMER = "ledger-balances"
+SETTINGS = attrs.evolve(Settings(), admin=AdminSettings(token=TOKEN))
+"""An admin token is configured: waits still need none."""
+
+
+def _instance(db: Database) -> Instance:
+    manager = create_plugin_manager(["projections.examples.ledger"], load_entrypoints=False)
+    return Instance(db, collect_consumers(manager), Settings(), manager.hook, name="web")
+
+
+@pytest.fixture
+def base(db: Database) -> Iterator[str]:
+    server = make_server(db, SETTINGS, "127.0.0.1", 0, max_threads=1)
+    url, thread = serve(server)
+    yield url
+    server.shutdown()
+    server.server_close()
+    thread.join(10)
+
+
+def _deposit(db: Database, account: str) -> Appended:
+    with db.transaction() as conn:
+        return MessageStore(db).append(conn, ledger.TOPIC, account, [ledger.Deposited(account, 3)])
+
+
+def _wait_url(base: str, token: object, timeout: str = "10", consumer: str = CONSUMER) -> str:
+    return f"{base}/admin/consumers/{consumer}/wait?token={quote(str(token))}&timeout={timeout}"
+
+
+def _balance(db: Database, account: str) -> int | None:
+    table = db.read_model(ledger.balances)
+    with db.read() as conn:
+        return conn.execute(
+            select(table.c.balance).where(table.c.account_id == account)
+        ).scalar_one_or_none()
+
+
+def test_a_wait_answers_200_once_the_read_model_shows_the_write(db: Database, base: str) -> None:
+    instance = _instance(db)
+    instance.start()
+    try:
+        for n in range(10):
+            appended = _deposit(db, f"web-{n}")
+            status, body = get_json(_wait_url(base, appended.token))
+            assert (status, body) == (200, {"applied": True, "consumer": CONSUMER})
+            assert _balance(db, f"web-{n}") == 3
+    finally:
+        instance.stop()
+
+
+def test_not_applied_in_time_is_408_naming_what_is_behind(db: Database, base: str) -> None:
+    instance = _instance(db)
+    instance.start(loops=False)
+    instance.stop()
+    appended = _deposit(db, "late")
+    for timeout in ("0", "0.2"):
+        started = time.monotonic()
+        status, body = get_json(_wait_url(base, appended.token, timeout))
+        assert time.monotonic() - started < float(timeout) + 1
+        assert status == 408 and body["error"].startswith("not applied after")
+        assert body["behind"] == [
+            {
+                "consumer": CONSUMER,
+                "partition": partition_of("late", 8),
+                "position": appended[0],
+                "checkpoint": 0,
+                "lag": 1,
+                "owner": None,
+                "state": "unowned",
+            }
+        ]
+    pause(db, CONSUMER, who="test")
+    status, body = get_json(_wait_url(base, appended.token, "30"))
+    assert status == 409 and f"{CONSUMER} is paused" in body["error"]
+
+
+@pytest.mark.parametrize(
+    ("query", "status", "error"),
+    [
+        ("token=rw1.x.00000000", 400, "invalid consistency token: checksum does not match"),
+        ("token=", 400, "invalid consistency token: empty"),
+        ("timeout=1", 400, "give token once"),
+        ("token=GOOD&token=GOOD", 400, "give token once"),
+        ("token=GOOD&timeout=-1", 400, "timeout must be from 0 to 60 seconds"),
+        ("token=GOOD&timeout=61", 400, "timeout must be from 0 to 60 seconds"),
+        ("token=GOOD&timeout=nan", 400, "timeout must be from 0 to 60 seconds"),
+        ("token=GOOD&timeout=soon", 400, "timeout must be seconds, got 'soon'"),
+        ("token=GOOD&wait=1", 400, "unknown parameter(s) wait"),
+    ],
+)
+def test_bad_input_is_400_naming_what_is_wrong(
+    db: Database, base: str, query: str, status: int, error: str
+) -> None:
+    good = quote(str(_deposit(db, "x").token))
+    answer = get_json(f"{base}/admin/consumers/{CONSUMER}/wait?{query.replace('GOOD', good)}")
+    assert answer[0] == status and error in answer[1]["error"], answer
+
+
+def test_an_unknown_consumer_is_404(db: Database, base: str) -> None:
+    status, body = get_json(_wait_url(base, _deposit(db, "y").token, consumer="nope"))
+    assert status == 404 and "unknown consumer 'nope'" in body["error"]
+
+
+def test_a_client_that_disconnects_mid_wait_frees_its_thread(db: Database, base: str) -> None:
+    """The server has one handler thread: a long poll whose client went away would hold it
+    for its whole timeout; the next request is served within a second instead."""
+    instance = _instance(db)
+    instance.start(loops=False)
+    instance.stop()
+    token = _deposit(db, "gone").token
+    host, port = base.removeprefix("http://").split(":")
+    client = socket.create_connection((host, int(port)))
+    client.sendall(
+        f"GET /admin/consumers/{CONSUMER}/wait?token={quote(str(token))}&timeout=60 HTTP/1.1\r\n"
+        f"Host: {host}:{port}\r\n\r\n".encode()
+    )
+    client.settimeout(0.3)
+    with pytest.raises(TimeoutError):  # the wait goes on (nothing applies the token)
+        client.recv(1)
+    client.close()
+    started = time.monotonic()
+    status, _ = get_json(_wait_url(base, token, "0"))
+    assert status == 408 and time.monotonic() - started < 2
