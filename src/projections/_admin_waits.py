@@ -58,7 +58,7 @@ def wait_answer(
         return 400, {"error": f"bad request: timeout must be from 0 to {MAX_TIMEOUT:g} seconds"}
     try:
         waiter = Waiter(tokens[0], consumer, timeout, False, settings.idle_poll_interval)
-        progress = waiter.run(db, cancelled=lambda: client_gone(sock))
+        progress = waiter.watched(db, cancelled=lambda: client_gone(sock))
     except UnknownConsumer as exc:
         return 404, {"error": str(exc)}
     except WaitRefused as exc:

@@ -14,6 +14,7 @@ token, a rolled-back position or an unknown consumer raise at once
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -21,6 +22,7 @@ from collections.abc import Callable, Sequence
 from messaging._errors import WaitTimeout
 from messaging._settings import Settings
 from messaging.runtime._progress import Progress, progress
+from messaging.runtime._watcher import Watch, wait_watched, watcher_for
 from messaging.store._database import Database
 from messaging.store._retry import is_transient
 from messaging.store._tokens import ConsistencyToken
@@ -30,6 +32,9 @@ __all__ = ["MAX_TIMEOUT", "wait_for", "wait_for_async"]
 MAX_TIMEOUT = 3600.0
 """The longest timeout a wait takes, in seconds."""
 FIRST_PAUSE = 0.002
+_FINAL_TAKES = [0.01]
+"""Seconds the last check at a deadline took (a moving average): the shared watcher's wait
+ends that much before the deadline, so that the check ends near it."""
 """Seconds between the first checks; doubled after each, up to ``poll_interval``."""
 
 
@@ -55,7 +60,7 @@ def wait_for(
     waiter = Waiter(token, consumer, timeout, fail_fast, poll_interval)
     db, owned = _database(target)
     try:
-        result = waiter.run(db)
+        result = waiter.run(db) if fail_fast else waiter.watched(db)
         assert result is not None  # nothing cancels it
         return result
     finally:
@@ -72,16 +77,37 @@ async def wait_for_async(
     fail_fast: bool = False,
     poll_interval: float = 0.05,
 ) -> Progress:
-    """:func:`wait_for` for asyncio: the checks run in a worker thread, the pauses on the
-    event loop; cancelling the task ends the wait."""
+    """:func:`wait_for` for asyncio: the shared watcher checks, the event loop waits for
+    it (no thread per wait); cancelling the task ends the wait."""
     waiter = Waiter(token, consumer, timeout, fail_fast, poll_interval)
     db, owned = _database(target)
     try:
-        while True:
-            result = await asyncio.to_thread(waiter.check, db)
-            if result is not None:
-                return result
-            await asyncio.sleep(waiter.pause())
+        if fail_fast:
+            checked = await asyncio.to_thread(waiter.check, db)
+            assert checked is not None  # fail_fast: answered by the first check
+            return checked
+        loop = asyncio.get_running_loop()
+        finished: asyncio.Future[None] = loop.create_future()
+
+        def settle() -> None:
+            if not finished.done():
+                finished.set_result(None)
+
+        def done() -> None:
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                loop.call_soon_threadsafe(settle)
+
+        watch = waiter.watch(on_done=done)
+        watcher = watcher_for(db)
+        watcher.add(watch)
+        try:
+            left = waiter.deadline - _FINAL_TAKES[0] - time.monotonic()
+            await asyncio.wait({finished}, timeout=max(0.0, left))
+        finally:
+            watcher.remove(watch)
+        if watch.done.is_set():
+            return waiter.outcome(watch)
+        return await asyncio.to_thread(waiter.final, db)
     finally:
         if owned:
             db.dispose()
@@ -140,7 +166,7 @@ class Waiter:
             return found
         if last:
             assert found is not None
-            raise WaitTimeout(time.monotonic() - self.started, found.behind)
+            raise WaitTimeout(max(self.timeout, time.monotonic() - self.started), found.behind)
         return None
 
     def run(self, db: Database, cancelled: Callable[[], bool] | None = None) -> Progress | None:
@@ -153,6 +179,39 @@ class Waiter:
             if cancelled is not None and cancelled():
                 return None
             time.sleep(self.pause())
+
+    def watch(self, on_done: Callable[[], object] | None = None) -> Watch:
+        """This wait as the shared watcher takes it."""
+        return Watch(self.token, self.consumers, self.poll_interval, on_done=on_done)
+
+    def watched(self, db: Database, cancelled: Callable[[], bool] | None = None) -> Progress | None:
+        """Wait through the process's shared watcher of ``db``
+        (:mod:`messaging.runtime._watcher`); None once ``cancelled()`` is true."""
+        watch = self.watch()
+        if wait_watched(db, watch, self.deadline - _FINAL_TAKES[0], cancelled):
+            return self.outcome(watch)
+        if cancelled is not None and cancelled():
+            return None
+        return self.final(db)
+
+    def outcome(self, watch: Watch) -> Progress:
+        """The progress of a finished ``watch``, or its error raised."""
+        if watch.error is not None:
+            raise watch.error
+        assert watch.result is not None
+        return watch.result
+
+    def final(self, db: Database) -> Progress:
+        """The check at the deadline: the progress if applied now, else :class:`WaitTimeout`
+        naming what is behind."""
+        started = time.monotonic()
+        self.deadline = min(self.deadline, started)
+        try:
+            result = self.check(db)
+        finally:
+            _FINAL_TAKES[0] = 0.8 * _FINAL_TAKES[0] + 0.2 * (time.monotonic() - started)
+        assert result is not None  # past the deadline, check answers or raises
+        return result
 
     def _read(self, db: Database, *, detail: bool) -> Progress:
         with db.read() as conn:
