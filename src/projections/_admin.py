@@ -15,7 +15,9 @@ Routes:
 - ``POST /admin/consumers/<name>/<pause|resume|rebuild>``: the commands, with an optional
   JSON body ``{"reason", "skip_poison"}``; the audit records ``admin token@<peer address>``;
 - ``GET /admin/consumers/<name>/wait?token=&timeout=``: a long poll until the consumer has
-  applied a consistency token (a read; :mod:`projections._admin_waits`).
+  applied a consistency token (a read; :mod:`projections._admin_waits`);
+- ``GET /admin/consumers/<name>/progress``: its checkpoints as server-sent events
+  (:mod:`projections._admin_progress`).
 
 Every request must name this server in its ``Host`` header (421 otherwise); commands need
 the admin token, a JSON content type and no foreign ``Origin`` (:mod:`projections._admin_guard`).
@@ -50,6 +52,7 @@ from messaging.store._database import Database
 from projections import _operations as operations
 from projections._admin_guard import AdminGuard, Refusal, require_token_off_loopback
 from projections._admin_http import BoundedHTTPServer, LimitedRequestHandler
+from projections._admin_progress import serve as serve_progress
 from projections._admin_waits import Answer, wait_answer
 from projections._health import UnknownConsumer, health_report
 from projections._reports import (
@@ -283,6 +286,9 @@ def make_server(
                 self._answer(
                     path, lambda: wait_answer(db, consumer_settings, name, self.path, sock)
                 )
+                return
+            if segments[:2] == ["admin", "consumers"] and segments[3:] == ["progress"]:
+                serve_progress(self, db, consumer_settings, segments[2])
                 return
             if segments[:2] == ["admin", "consumers"] and segments[3:] == ["health"]:
                 name = segments[2]

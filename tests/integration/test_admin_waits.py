@@ -5,6 +5,8 @@ needs no admin token; a client that disconnects frees its handler thread."""
 
 from __future__ import annotations
 
+import http.client
+import json
 import socket
 import time
 from collections.abc import Iterator
@@ -153,3 +155,65 @@ def test_a_client_that_disconnects_mid_wait_frees_its_thread(db: Database, base:
     started = time.monotonic()
     status, _ = get_json(_wait_url(base, token, "0"))
     assert status == 408 and time.monotonic() - started < 2
+
+
+# -- GET /admin/consumers/<name>/progress: server-sent events ---------------------------------
+
+
+def _events(response: http.client.HTTPResponse) -> Iterator[dict[str, object]]:
+    """The progress events of an SSE response, as they arrive."""
+    data = None
+    while line := response.readline():
+        text = line.decode().rstrip("\n")
+        if text.startswith("data: "):
+            data = json.loads(text[len("data: ") :])
+        elif text == "" and data is not None:
+            yield data
+            data = None
+
+
+def test_the_progress_stream_sends_each_checkpoint_advance(db: Database, base: str) -> None:
+    instance = _instance(db)
+    instance.start()
+    host, port = base.removeprefix("http://").split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=30)
+    try:
+        connection.request("GET", f"/admin/consumers/{CONSUMER}/progress")
+        response = connection.getresponse()
+        assert response.status == 200
+        assert response.getheader("Content-Type") == "text/event-stream"
+        events = _events(response)
+        first = next(events)
+        assert first["consumer"] == CONSUMER and len(first["partitions"]) == 8  # type: ignore[arg-type]  # a list
+        appended = _deposit(db, "sse")
+        partition = partition_of("sse", 8)
+        for event in events:  # until the deposit's partition passed it
+            rows = event["partitions"]
+            assert isinstance(rows, list)
+            if rows[partition]["checkpoint"] >= appended[0]:
+                break
+        assert _balance(db, "sse") == 3
+    finally:
+        connection.close()
+        instance.stop()
+
+
+def test_the_progress_stream_of_an_unknown_consumer_is_404(base: str) -> None:
+    status, body = get_json(f"{base}/admin/consumers/nope/progress")
+    assert status == 404 and body == {"error": "unknown consumer 'nope'"}
+
+
+def test_a_stream_whose_client_disconnects_frees_its_thread(db: Database, base: str) -> None:
+    instance = _instance(db)
+    instance.start(loops=False)
+    instance.stop()
+    host, port = base.removeprefix("http://").split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=30)
+    connection.request("GET", f"/admin/consumers/{CONSUMER}/progress")
+    response = connection.getresponse()
+    assert next(_events(response))["consumer"] == CONSUMER
+    response.close()
+    connection.close()
+    started = time.monotonic()
+    status, _ = get_json(_wait_url(base, _deposit(db, "after").token, "0"))  # one thread only
+    assert status == 408 and time.monotonic() - started < 3

@@ -132,9 +132,12 @@ class Watcher:
             .where(p.c.tenant == tenant, p.c.consumer.in_(names))
             .order_by(p.c.consumer, p.c.partition_no)
         ).all()
-        state: dict[str, tuple[Any, ...]] = {"": (rows[0][5] if rows else None,)}
+        if not rows:  # no partition rows: the head alone (an append committing moves it)
+            rows = [(None,) * 5 + (conn.execute(select(last)).scalar(),)]  # type: ignore[list-item]  # a row's shape
+        state: dict[str, tuple[Any, ...]] = {"": (rows[0][5],)}
         for row in rows:
-            state[row[0]] = (*state.get(row[0], ()), tuple(row[1:5]))
+            if row[0] is not None:
+                state[row[0]] = (*state.get(row[0], ()), tuple(row[1:5]))
         return state
 
     def _check(self, conn: Connection, watch: Watch, state: dict[str, tuple[Any, ...]]) -> None:
