@@ -15,31 +15,19 @@ from urllib.parse import quote
 import attrs
 import pytest
 from admin_client import TOKEN, get_json, serve
-from sqlalchemy import select
+from ledger_waits import CONSUMER, balance, deposit, ledger_instance
 
 from messaging import (
     AdminSettings,
-    Appended,
     Database,
-    Instance,
-    MessageStore,
     Settings,
-    collect_consumers,
-    create_plugin_manager,
 )
 from messaging.store._rows import partition_of
 from projections._admin import make_server
 from projections._operations import pause
-from projections.examples import ledger
 
-CONSUMER = "ledger-balances"
 SETTINGS = attrs.evolve(Settings(), admin=AdminSettings(token=TOKEN))
 """An admin token is configured: waits still need none."""
-
-
-def _instance(db: Database) -> Instance:
-    manager = create_plugin_manager(["projections.examples.ledger"], load_entrypoints=False)
-    return Instance(db, collect_consumers(manager), Settings(), manager.hook, name="web")
 
 
 @pytest.fixture
@@ -52,41 +40,28 @@ def base(db: Database) -> Iterator[str]:
     thread.join(10)
 
 
-def _deposit(db: Database, account: str) -> Appended:
-    with db.transaction() as conn:
-        return MessageStore(db).append(conn, ledger.TOPIC, account, [ledger.Deposited(account, 3)])
-
-
 def _wait_url(base: str, token: object, timeout: str = "10", consumer: str = CONSUMER) -> str:
     return f"{base}/admin/consumers/{consumer}/wait?token={quote(str(token))}&timeout={timeout}"
 
 
-def _balance(db: Database, account: str) -> int | None:
-    table = db.read_model(ledger.balances)
-    with db.read() as conn:
-        return conn.execute(
-            select(table.c.balance).where(table.c.account_id == account)
-        ).scalar_one_or_none()
-
-
 def test_a_wait_answers_200_once_the_read_model_shows_the_write(db: Database, base: str) -> None:
-    instance = _instance(db)
+    instance = ledger_instance(db)
     instance.start()
     try:
         for n in range(10):
-            appended = _deposit(db, f"web-{n}")
+            appended = deposit(db, f"web-{n}", 3)
             status, body = get_json(_wait_url(base, appended.token))
             assert (status, body) == (200, {"applied": True, "consumer": CONSUMER})
-            assert _balance(db, f"web-{n}") == 3
+            assert balance(db, f"web-{n}") == 3
     finally:
         instance.stop()
 
 
 def test_not_applied_in_time_is_408_naming_what_is_behind(db: Database, base: str) -> None:
-    instance = _instance(db)
+    instance = ledger_instance(db)
     instance.start(loops=False)
     instance.stop()
-    appended = _deposit(db, "late")
+    appended = deposit(db, "late")
     for timeout in ("0", "0.2"):
         started = time.monotonic()
         status, body = get_json(_wait_url(base, appended.token, timeout))
@@ -125,23 +100,23 @@ def test_not_applied_in_time_is_408_naming_what_is_behind(db: Database, base: st
 def test_bad_input_is_400_naming_what_is_wrong(
     db: Database, base: str, query: str, status: int, error: str
 ) -> None:
-    good = quote(str(_deposit(db, "x").token))
+    good = quote(str(deposit(db, "x").token))
     answer = get_json(f"{base}/admin/consumers/{CONSUMER}/wait?{query.replace('GOOD', good)}")
     assert answer[0] == status and error in answer[1]["error"], answer
 
 
 def test_an_unknown_consumer_is_404(db: Database, base: str) -> None:
-    status, body = get_json(_wait_url(base, _deposit(db, "y").token, consumer="nope"))
+    status, body = get_json(_wait_url(base, deposit(db, "y").token, consumer="nope"))
     assert status == 404 and "unknown consumer 'nope'" in body["error"]
 
 
 def test_a_client_that_disconnects_mid_wait_frees_its_thread(db: Database, base: str) -> None:
     """The server has one handler thread: a long poll whose client went away would hold it
     for its whole timeout; the next request is served within a second instead."""
-    instance = _instance(db)
+    instance = ledger_instance(db)
     instance.start(loops=False)
     instance.stop()
-    token = _deposit(db, "gone").token
+    token = deposit(db, "gone").token
     host, port = base.removeprefix("http://").split(":")
     client = socket.create_connection((host, int(port)))
     client.sendall(
@@ -173,7 +148,7 @@ def _events(response: http.client.HTTPResponse) -> Iterator[dict[str, object]]:
 
 
 def test_the_progress_stream_sends_each_checkpoint_advance(db: Database, base: str) -> None:
-    instance = _instance(db)
+    instance = ledger_instance(db)
     instance.start()
     host, port = base.removeprefix("http://").split(":")
     connection = http.client.HTTPConnection(host, int(port), timeout=30)
@@ -185,14 +160,14 @@ def test_the_progress_stream_sends_each_checkpoint_advance(db: Database, base: s
         events = _events(response)
         first = next(events)
         assert first["consumer"] == CONSUMER and len(first["partitions"]) == 8  # type: ignore[arg-type]  # a list
-        appended = _deposit(db, "sse")
+        appended = deposit(db, "sse", 3)
         partition = partition_of("sse", 8)
         for event in events:  # until the deposit's partition passed it
             rows = event["partitions"]
             assert isinstance(rows, list)
             if rows[partition]["checkpoint"] >= appended[0]:
                 break
-        assert _balance(db, "sse") == 3
+        assert balance(db, "sse") == 3
     finally:
         connection.close()
         instance.stop()
@@ -204,7 +179,7 @@ def test_the_progress_stream_of_an_unknown_consumer_is_404(base: str) -> None:
 
 
 def test_a_stream_whose_client_disconnects_frees_its_thread(db: Database, base: str) -> None:
-    instance = _instance(db)
+    instance = ledger_instance(db)
     instance.start(loops=False)
     instance.stop()
     host, port = base.removeprefix("http://").split(":")
@@ -215,5 +190,5 @@ def test_a_stream_whose_client_disconnects_frees_its_thread(db: Database, base: 
     response.close()
     connection.close()
     started = time.monotonic()
-    status, _ = get_json(_wait_url(base, _deposit(db, "after").token, "0"))  # one thread only
+    status, _ = get_json(_wait_url(base, deposit(db, "after").token, "0"))  # one thread only
     assert status == 408 and time.monotonic() - started < 3

@@ -11,14 +11,12 @@ from pathlib import Path
 
 import pytest
 from clusters import owned_by, start_instance, stop_instance, wait_until, write_config
-from sqlalchemy import select
+from ledger_waits import CONSUMER, balance
 
 from messaging import Database
 from projections.examples import ledger
 
 pytestmark = pytest.mark.multiprocess
-
-CONSUMER = "ledger-balances"
 
 
 def _run(config: Path, *args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
@@ -38,14 +36,6 @@ def _deposit_line(account: str) -> str:
     )
 
 
-def _balance(db: Database, account: str) -> int | None:
-    table = db.read_model(ledger.balances)
-    with db.read() as conn:
-        return conn.execute(
-            select(table.c.balance).where(table.c.account_id == account)
-        ).scalar_one_or_none()
-
-
 def test_append_wait_and_wait_on_a_running_instance(db: Database, tmp_path: Path) -> None:
     config = write_config(tmp_path / "config.yaml", db)
     process = start_instance(config, "c1")
@@ -57,12 +47,12 @@ def test_append_wait_and_wait_on_a_running_instance(db: Database, tmp_path: Path
         out = appended.stdout.splitlines()
         assert out[0] == "appended 3 messages" and out[2] == f"applied by {CONSUMER}"
         assert out[1].startswith("token rw1.")
-        assert [_balance(db, f"cli-{n}") for n in range(3)] == [5, 5, 5]  # read after exit
+        assert [balance(db, f"cli-{n}") for n in range(3)] == [5, 5, 5]  # read after exit
 
         token = _run(config, "append", stdin=_deposit_line("later") + "\n").stdout.split()[-1]
         waited = _run(config, "wait", token, CONSUMER, "--timeout", "30s")
         assert (waited.returncode, waited.stdout) == (0, f"applied by {CONSUMER}\n")
-        assert _balance(db, "later") == 5
+        assert balance(db, "later") == 5
     finally:
         assert stop_instance(process) == 0
 

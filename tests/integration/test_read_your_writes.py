@@ -10,6 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 from clusters import wait_until
+from ledger_waits import CONSUMER, deposit, entries, ledger_instance
 from sqlalchemy import select, update
 
 from messaging import (
@@ -32,18 +33,11 @@ from messaging.store._rows import partition_of
 from projections._operations import pause, resume
 from projections.examples import ledger
 
-CONSUMER = "ledger-balances"
-
-
-def _instance(db: Database, name: str = "rw") -> Instance:
-    manager = create_plugin_manager(["projections.examples.ledger"], load_entrypoints=False)
-    return Instance(db, collect_consumers(manager), Settings(), manager.hook, name=name)
-
 
 @pytest.fixture
 def running(db: Database) -> Iterator[Instance]:
     """An instance applying the ledger, its partitions all claimed."""
-    instance = _instance(db)
+    instance = ledger_instance(db)
     instance.start()
     wait_until(lambda: _owned(db) == 8, timeout=30, what="the partitions claimed")
     yield instance
@@ -60,33 +54,16 @@ def _owned(db: Database) -> int:
         )
 
 
-def _deposit(db: Database, account: str, amount: int = 1) -> Appended:
-    with db.transaction() as conn:
-        return MessageStore(db).append(
-            conn, ledger.TOPIC, account, [ledger.Deposited(account, amount)]
-        )
-
-
-def _entries(db: Database, account: str) -> int:
-    """The account's entries as a new connection reads them (0: no row)."""
-    table = db.read_model(ledger.balances)
-    with db.read() as conn:
-        value = conn.execute(
-            select(table.c.entries).where(table.c.account_id == account)
-        ).scalar_one_or_none()
-    return int(value or 0)
-
-
 def test_after_wait_for_a_new_connection_reads_the_write(db: Database, running: Instance) -> None:
     """Each wait returns only once the read model shows its deposit (read at once, on a new
     connection); with many accounts, so every partition is waited on."""
     for n in range(40):
         account = f"acct-{n % 13}"
-        before = _entries(db, account)
-        appended = _deposit(db, account)
+        before = entries(db, account)
+        appended = deposit(db, account)
         progress = wait_for(db, appended.token, CONSUMER, timeout=20)
         assert progress.applied and not progress.behind
-        assert _entries(db, account) == before + 1
+        assert entries(db, account) == before + 1
 
 
 def test_the_token_s_text_works_across_the_wire_and_combined(
@@ -94,18 +71,18 @@ def test_the_token_s_text_works_across_the_wire_and_combined(
 ) -> None:
     """A token sent as text (a header, a cookie) waits the same; a combined token waits
     for every append it covers."""
-    first, second = _deposit(db, "a-1"), _deposit(db, "b-2")
+    first, second = deposit(db, "a-1"), deposit(db, "b-2")
     combined = str(first.token | second.token)
     wait_for(db, combined, [CONSUMER, CONSUMER], timeout=20)
-    assert _entries(db, "a-1") == 1 and _entries(db, "b-2") == 1
+    assert entries(db, "a-1") == 1 and entries(db, "b-2") == 1
 
 
 def test_wait_for_async_returns_once_applied(db: Database, running: Instance) -> None:
     import asyncio
 
-    appended = _deposit(db, "async-1")
+    appended = deposit(db, "async-1")
     progress = asyncio.run(wait_for_async(db, appended.token, CONSUMER, timeout=20))
-    assert progress.applied and _entries(db, "async-1") == 1
+    assert progress.applied and entries(db, "async-1") == 1
 
 
 def test_a_consumer_that_never_ran_is_not_applied_even_without_checkpoint_rows(
@@ -114,10 +91,10 @@ def test_a_consumer_that_never_ran_is_not_applied_even_without_checkpoint_rows(
     """The consumer is declared but nothing applied it, and its partition rows are gone:
     not "applied" (the partition counts from 0); a timeout names the partition, its lag
     and that nobody owns it; ``fail_fast`` says the same at once."""
-    instance = _instance(db)
+    instance = ledger_instance(db)
     instance.start(loops=False)
     instance.stop()
-    appended = _deposit(db, "never")
+    appended = deposit(db, "never")
     p = db.schema.partitions
     with db.transaction() as conn:
         conn.execute(p.delete().where(p.c.consumer == CONSUMER))
@@ -148,8 +125,8 @@ def test_a_type_the_consumer_does_not_handle_is_applied_once_nothing_before_it_i
     before it), yet the wait answers as soon as nothing the consumer handles precedes it."""
     from messaging.store._rows import NewMessage
 
-    _deposit(db, "typed")
-    wait_until(lambda: _entries(db, "typed") == 1, timeout=20, what="the deposit applied")
+    deposit(db, "typed")
+    wait_until(lambda: entries(db, "typed") == 1, timeout=20, what="the deposit applied")
     with db.transaction() as conn:
         appended = MessageStore(db).append_encoded(
             conn,
@@ -159,7 +136,7 @@ def test_a_type_the_consumer_does_not_handle_is_applied_once_nothing_before_it_i
 
 
 def test_a_token_for_a_topic_the_consumer_does_not_read_is_applied_at_once(db: Database) -> None:
-    instance = _instance(db)
+    instance = ledger_instance(db)
     instance.start(loops=False)
     instance.stop()
     with db.transaction() as conn:
@@ -168,7 +145,7 @@ def test_a_token_for_a_topic_the_consumer_does_not_read_is_applied_at_once(db: D
 
 
 def test_an_unknown_consumer_and_another_tenant_s_token_are_refused_at_once(db: Database) -> None:
-    appended = _deposit(db, "u")
+    appended = deposit(db, "u")
     with pytest.raises(UnknownConsumer, match="unknown consumer 'nope'"):
         wait_for(db, appended.token, "nope", timeout=30)
     other = Database(db.url, tenant="acme", table_prefix=db.schema.prefix)
@@ -186,10 +163,10 @@ def test_a_paused_consumer_or_a_halted_partition_behind_the_token_fails_at_once(
 ) -> None:
     """Waiting cannot help: refused at once with the reason. Once nothing the token needs
     is behind, the same pause does not matter."""
-    instance = _instance(db)
+    instance = ledger_instance(db)
     instance.start(loops=False)
     instance.stop()
-    appended = _deposit(db, "stuck")
+    appended = deposit(db, "stuck")
     pause(db, CONSUMER, who="test", reason="maintenance")
     started = time.monotonic()
     with pytest.raises(WaitRefused, match=f"{CONSUMER} is paused"):
@@ -239,7 +216,7 @@ def test_a_token_taken_before_its_commit_is_not_applied_until_it_commits(
     def second() -> None:
         try:
             second_started.set()
-            tokens["second"] = _deposit(db, "late")
+            tokens["second"] = deposit(db, "late")
         except BaseException as exc:
             errors.append(exc)
 
@@ -260,9 +237,9 @@ def test_a_token_taken_before_its_commit_is_not_applied_until_it_commits(
     assert not errors
     assert tokens["second"][0] > tokens["first"][0]
     wait_for(db, tokens["second"].token, CONSUMER, timeout=20)
-    assert _entries(db, "late") == 1
+    assert entries(db, "late") == 1
     wait_for(db, tokens["first"].token, CONSUMER, timeout=20)
-    assert _entries(db, "early") == 1
+    assert entries(db, "early") == 1
 
 
 def test_a_rolled_back_append_is_refused_once_its_position_is_taken_by_another(
@@ -284,14 +261,14 @@ def test_a_rolled_back_append_is_refused_once_its_position_is_taken_by_another(
     token = rolled["token"].token
     with pytest.raises(WaitTimeout, match=UNCOMMITTED):
         wait_for(db, token, CONSUMER, timeout=0.1)
-    reused = _deposit(db, "real")
+    reused = deposit(db, "real")
     assert reused[0] == rolled["token"][0]
     with pytest.raises(
         WaitRefused, match=f"position {reused[0]} holds no message of topic 'other-topic'"
     ):
         wait_for(db, token, CONSUMER, timeout=30)
     wait_for(db, reused.token, CONSUMER, timeout=20)
-    assert _entries(db, "real") == 1
+    assert entries(db, "real") == 1
 
 
 def test_route_consumers_and_sagas_answer_like_projections(db: Database) -> None:

@@ -10,23 +10,19 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from clusters import wait_until
+from ledger_waits import CONSUMER, deposit, ledger_instance
 from sqlalchemy import event, select
 
 from messaging import (
     Appended,
     Database,
-    Instance,
     MessageStore,
     Progress,
-    Settings,
-    collect_consumers,
-    create_plugin_manager,
     wait_for,
 )
 from messaging.runtime._watcher import watcher_for
 from projections.examples import ledger
 
-CONSUMER = "ledger-balances"
 WAITERS = 200
 
 
@@ -57,18 +53,8 @@ def _statements_per_round(db: Database, rounds: int = 10) -> float:
     return count[0] / done
 
 
-def _deposit(db: Database, account: str) -> Appended:
-    with db.transaction() as conn:
-        return MessageStore(db).append(conn, ledger.TOPIC, account, [ledger.Deposited(account, 1)])
-
-
-def _instance(db: Database) -> Instance:
-    manager = create_plugin_manager(["projections.examples.ledger"], load_entrypoints=False)
-    return Instance(db, collect_consumers(manager), Settings(), manager.hook, name="watched")
-
-
 def test_many_waits_share_the_watcher_s_reads_and_each_returns_once_applied(db: Database) -> None:
-    declared = _instance(db)
+    declared = ledger_instance(db)
     declared.start(loops=False)
     declared.stop()
     results: dict[str, Progress | BaseException] = {}
@@ -79,12 +65,12 @@ def test_many_waits_share_the_watcher_s_reads_and_each_returns_once_applied(db: 
         except BaseException as exc:
             results[account] = exc
 
-    one = threading.Thread(target=wait, args=("solo", _deposit(db, "solo")))
+    one = threading.Thread(target=wait, args=("solo", deposit(db, "solo")))
     one.start()
     wait_until(lambda: watcher_for(db).rounds >= 2, timeout=30, what="the first rounds")
     alone = _statements_per_round(db)
     threads = [
-        threading.Thread(target=wait, args=(f"w{n}", _deposit(db, f"w{n}"))) for n in range(WAITERS)
+        threading.Thread(target=wait, args=(f"w{n}", deposit(db, f"w{n}"))) for n in range(WAITERS)
     ]
     for thread in threads:
         thread.start()
@@ -99,7 +85,7 @@ def test_many_waits_share_the_watcher_s_reads_and_each_returns_once_applied(db: 
     # one query (and SQLite's BEGIN of the read) per round, however many wait
     assert alone <= 2.0 and crowded <= alone * 1.1, (alone, crowded)
 
-    instance = _instance(db)
+    instance = ledger_instance(db)
     instance.start()
     try:
         for thread in [one, *threads]:
@@ -124,7 +110,7 @@ def test_a_wait_returns_right_after_the_batch_in_this_process_commits(db: Databa
     """An instance in the same process kicks the watcher when its batch commits: a wait
     checked once before its append committed returns well within the watcher's poll
     interval (here 10 s) once the append commits and is applied."""
-    instance = _instance(db)
+    instance = ledger_instance(db)
     instance.start()
     watcher = watcher_for(db)
     try:
