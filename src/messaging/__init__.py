@@ -46,7 +46,7 @@ from messaging.routing._consumer import route_consumer
 from messaging.runtime._context import HandlerContext, MessageContext
 from messaging.runtime._instance import Instance
 from messaging.runtime._progress import Behind, Progress
-from messaging.runtime._waits import wait_for, wait_for_async
+from messaging.runtime._waits import wait_for, wait_for_async, wait_for_copy
 from messaging.store._database import Database
 from messaging.store._retry import is_ambiguous
 from messaging.store._rows import NewMessage
@@ -110,4 +110,5 @@ __all__ = [
     "route_consumer",
     "wait_for",
     "wait_for_async",
+    "wait_for_copy",
 ]

@@ -27,6 +27,7 @@ from messaging import (
     create_plugin_manager,
     wait_for,
     wait_for_async,
+    wait_for_copy,
 )
 from messaging.runtime._progress import UNCOMMITTED
 from messaging.store._rows import partition_of
@@ -302,5 +303,30 @@ def test_route_consumers_and_sagas_answer_like_projections(db: Database) -> None
                     )
                 ).scalar_one()
             assert len(done) == 1 and json.loads(state)["bumps"] == 1
+    finally:
+        instance.stop()
+
+
+def test_an_in_memory_copy_is_waited_on_through_its_instance(db: Database) -> None:
+    """`wait_for_copy` waits for this instance's own copy: after it, the copy's state shows
+    the write; a paused copy behind the token is refused; the database-wide wait does not
+    know in-memory consumers."""
+    instance = ledger_instance(db)
+    instance.start()
+    try:
+        copy = instance.in_memory["ledger-activity"]
+        for n in range(1, 6):
+            appended = deposit(db, f"mem-{n % 2}", 10)
+            wait_for_copy(instance, appended.token, "ledger-activity", timeout=20)
+            assert copy.target.moved == 10 * n
+        with pytest.raises(UnknownConsumer, match="in-memory projection's copies"):
+            wait_for(db, appended.token, "ledger-activity", timeout=5)
+        with pytest.raises(ValueError, match="not an in-memory consumer of this instance"):
+            wait_for_copy(instance, appended.token, CONSUMER)
+        copy.pause()
+        behind = deposit(db, "mem-late", 1)
+        with pytest.raises(WaitRefused, match="copy of ledger-activity is paused"):
+            wait_for_copy(instance, behind.token, "ledger-activity", timeout=20)
+        assert wait_for_copy(instance, appended.token, "ledger-activity", fail_fast=True).applied
     finally:
         instance.stop()

@@ -251,3 +251,35 @@ def _owner(
     if consumer.state != ConsumerState.RUNNING:
         return name, str(consumer.state)
     return name, "running" if live else "orphaned"
+
+
+def copy_progress(
+    db: Database,
+    conn: Connection,
+    token: ConsistencyToken,
+    name: str,
+    *,
+    topics: Sequence[str],
+    types: Sequence[str],
+    position: int,
+    state: str,
+) -> Progress:
+    """:func:`progress` for one instance's copy of an in-memory consumer: applied in order
+    up to ``position`` (one "partition", 0), ``state`` its copy's (``running``, ``paused``,
+    ``halted``: refused when behind)."""
+    if token.tenant != db.tenant:
+        raise InvalidToken(
+            f"it was issued for tenant {token.tenant!r}, this database serves {db.tenant!r}"
+        )
+    uncommitted = _check_marks(db, conn, token)
+    behind = [Behind("", None, p, 0, None, None, UNCOMMITTED) for p in uncommitted]
+    bound = max(
+        (p for topic, _, p in token.marks if topic in topics and p not in uncommitted), default=0
+    )
+    copy = _Consumer(name, state, 1, tuple(topics), tuple(types))
+    if position < bound and _pending(db, conn, copy, 0, position, bound):
+        if state != "running":
+            raise WaitRefused(f"this instance's copy of {name} is {state}: it applies nothing")
+        lag = _lag(db, conn, copy, 0, position, bound)
+        behind.append(Behind(name, 0, bound, position, lag, None, "in memory, running"))
+    return Progress(tuple(behind))

@@ -21,13 +21,15 @@ from collections.abc import Callable, Sequence
 
 from messaging._errors import WaitTimeout
 from messaging._settings import Settings
-from messaging.runtime._progress import Progress, progress
+from messaging.runtime._in_memory import InMemoryConsumer
+from messaging.runtime._instance import Instance
+from messaging.runtime._progress import Progress, copy_progress, progress
 from messaging.runtime._watcher import Watch, wait_watched, watcher_for
 from messaging.store._database import Database
 from messaging.store._retry import is_transient
 from messaging.store._tokens import ConsistencyToken
 
-__all__ = ["MAX_TIMEOUT", "wait_for", "wait_for_async"]
+__all__ = ["MAX_TIMEOUT", "wait_for", "wait_for_async", "wait_for_copy"]
 
 MAX_TIMEOUT = 3600.0
 """The longest timeout a wait takes, in seconds."""
@@ -113,6 +115,29 @@ async def wait_for_async(
             db.dispose()
 
 
+def wait_for_copy(
+    instance: Instance,
+    token: ConsistencyToken | str,
+    consumer: str,
+    *,
+    timeout: float = 10.0,
+    fail_fast: bool = False,
+    poll_interval: float = 0.05,
+) -> Progress:
+    """:func:`wait_for` for ``instance``'s own copy of the in-memory consumer ``consumer``
+    (each instance runs its own, at its own pace): until that copy has applied ``token``.
+    A halted or paused copy behind it is refused; another consumer is a ValueError."""
+    copy = instance.in_memory.get(consumer)
+    if copy is None:
+        known = ", ".join(sorted(instance.in_memory)) or "none"
+        raise ValueError(f"{consumer!r} is not an in-memory consumer of this instance ({known})")
+    waiter = _CopyWaiter(token, consumer, timeout, fail_fast, poll_interval)
+    waiter.copy = copy
+    result = waiter.run(instance.db)
+    assert result is not None  # nothing cancels it
+    return result
+
+
 def check_timeout(timeout: object, what: str = "timeout") -> float:
     """``timeout`` as seconds; ValueError unless a number from 0 to :data:`MAX_TIMEOUT`."""
     if isinstance(timeout, bool) or not isinstance(timeout, int | float):
@@ -155,7 +180,7 @@ class Waiter:
         again; :class:`WaitTimeout` once the deadline passed."""
         last = self.fail_fast or time.monotonic() >= self.deadline
         try:
-            found = self._read(db, detail=last)
+            found = self.read(db, last)
         except Exception as exc:
             if not is_transient(exc) or self.fail_fast:
                 raise
@@ -213,7 +238,8 @@ class Waiter:
         assert result is not None  # past the deadline, check answers or raises
         return result
 
-    def _read(self, db: Database, *, detail: bool) -> Progress:
+    def read(self, db: Database, detail: bool) -> Progress:
+        """One check of the database (``detail``: with lags and owners)."""
         with db.read() as conn:
             return progress(db, conn, self.token, self.consumers, detail=detail)
 
@@ -232,3 +258,23 @@ def _database(target: Database | Settings) -> tuple[Database, bool]:
 
         return database_for(target), True
     raise TypeError(f"expected a Database or Settings, got {type(target).__name__}")
+
+
+class _CopyWaiter(Waiter):
+    """A wait on an instance's copy of an in-memory consumer (:func:`wait_for_copy`)."""
+
+    copy: InMemoryConsumer
+
+    def read(self, db: Database, detail: bool) -> Progress:
+        copy = self.copy
+        with db.read() as conn:
+            return copy_progress(
+                db,
+                conn,
+                self.token,
+                copy.spec.name,
+                topics=copy.spec.topics,
+                types=copy.dispatcher.type_names,
+                position=copy.position,
+                state=str(copy.state),
+            )
