@@ -20,7 +20,10 @@ from messaging._errors import (
     RegistrationError,
     SchemaError,
     Unanswered,
+    UnknownConsumer,
     VersionConflict,
+    WaitRefused,
+    WaitTimeout,
 )
 from messaging._hookspecs import hookimpl, hookspec
 from messaging._kinds import ConsumerKind, register_kind
@@ -43,18 +46,24 @@ from messaging._settings import (
 from messaging.routing._consumer import route_consumer
 from messaging.runtime._context import HandlerContext, MessageContext
 from messaging.runtime._instance import Instance
+from messaging.runtime._progress import Behind, Progress
+from messaging.runtime._waits import wait_for, wait_for_async, wait_for_copy
 from messaging.store._database import Database
 from messaging.store._retry import is_ambiguous
 from messaging.store._rows import NewMessage
 from messaging.store._store import MessageStore
 from messaging.store._tenancy import UntranslatableStatement
+from messaging.store._tokens import Appended, ConsistencyToken, InvalidToken, Sent
 
 __all__ = [
     "AdminSettings",
+    "Appended",
+    "Behind",
     "CheckpointMoved",
     "ConcurrentUpdate",
     "ConfigError",
     "ConflictRetrySettings",
+    "ConsistencyToken",
     "ConsumerGroupSettings",
     "ConsumerKind",
     "ConsumerOptions",
@@ -69,6 +78,7 @@ __all__ = [
     "HealthSettings",
     "Instance",
     "InvalidSettings",
+    "InvalidToken",
     "MessageContext",
     "MessageStore",
     "MessagingSettings",
@@ -76,13 +86,18 @@ __all__ = [
     "OnFailure",
     "OperationError",
     "OwnershipLost",
+    "Progress",
     "ProjectionsError",
     "RegistrationError",
     "SchemaError",
+    "Sent",
     "Settings",
     "Unanswered",
+    "UnknownConsumer",
     "UntranslatableStatement",
     "VersionConflict",
+    "WaitRefused",
+    "WaitTimeout",
     "collect_consumers",
     "connect",
     "create_plugin_manager",
@@ -95,4 +110,7 @@ __all__ = [
     "message",
     "register_kind",
     "route_consumer",
+    "wait_for",
+    "wait_for_async",
+    "wait_for_copy",
 ]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 
 class ProjectionsError(Exception):
     """Root of every error this framework raises on purpose."""
@@ -102,3 +104,31 @@ class Unanswered(ProjectionsError):
         self.attempts = attempts
         self.error = error
         self.outcome_unknown = outcome_unknown
+
+
+class WaitRefused(ProjectionsError):
+    """A wait for a consistency token that cannot end in "applied" without an operator or
+    another write: a partition it waits on is halted, the consumer is paused, or a
+    position of the token holds none of its messages (the append rolled back)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class UnknownConsumer(WaitRefused, ValueError):
+    """A wait named a consumer the database does not know."""
+
+
+class WaitTimeout(ProjectionsError, TimeoutError):
+    """A wait for a consistency token ran out of time; ``behind`` lists what is still
+    behind (:class:`~messaging.runtime._progress.Behind`: consumer, partition, checkpoint,
+    lag, owner, state)."""
+
+    def __init__(self, waited: float, behind: Sequence[object]) -> None:
+        shown = "; ".join(map(str, behind[:5])) + (
+            f"; and {len(behind) - 5} more" if len(behind) > 5 else ""
+        )
+        super().__init__(f"not applied after {waited:.3g}s: {shown}")
+        self.waited = waited
+        self.behind = list(behind)

@@ -16,6 +16,10 @@ Routes:
   (:func:`projections._version_commands.versions_report`);
 - ``GET /admin/consumers/<name>/parked``: its parked sources and skipped messages
   (:func:`projections._parked_ops.parked`);
+- ``GET /admin/consumers/<name>/wait?token=&timeout=``: a long poll until the consumer has
+  applied a consistency token (a read; :mod:`projections._admin_waits`);
+- ``GET /admin/consumers/<name>/progress``: its checkpoints as server-sent events
+  (:mod:`projections._admin_progress`);
 - ``POST /admin/consumers/<name>/<command>`` (:data:`COMMANDS`): the commands, with an
   optional JSON body ``{"reason", "skip_poison", "version", "source", "skipped"}``
   (``version``: the one ``drop-version`` drops; ``source``: which parked source to retry,
@@ -31,7 +35,6 @@ request reads in its own short transaction (the reports open one).
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import socket
@@ -51,17 +54,19 @@ from messaging.runtime._instance import Instance
 from messaging.runtime._probes import liveness, readiness
 from messaging.runtime._signals import POLL, StopSignals
 from messaging.store._database import Database
-from projections import _operations as operations
 from projections import _parked_ops as parked_ops
+from projections._admin_commands import command_body, run_command
 from projections._admin_guard import AdminGuard, Refusal, require_token_off_loopback
 from projections._admin_http import BoundedHTTPServer, LimitedRequestHandler
+from projections._admin_progress import serve as serve_progress
+from projections._admin_waits import Answer, wait_answer
 from projections._health import UnknownConsumer, health_report
 from projections._reports import (
     consumers_report,
     in_memory_pointer,
     instances_report,
 )
-from projections._version_commands import drop_version, rollback, versions_report
+from projections._version_commands import versions_report
 
 log = logging.getLogger("projections.admin")
 
@@ -173,37 +178,6 @@ def _segments(target: str) -> list[str] | None:
         return None
 
 
-def _missing_version() -> int:
-    raise OperationError("drop-version needs the 'version' to drop in its body")
-
-
-def _command_body(raw: bytes) -> dict[str, Any]:
-    """A command's JSON body ``{"reason", "skip_poison", "version"}`` (all optional);
-    ValueError naming what is wrong otherwise."""
-    body = json.loads(raw) if raw.strip() else {}
-    if not isinstance(body, dict):
-        raise ValueError("the body must be a JSON object")
-    unknown = sorted(set(body) - {"reason", "skip_poison", "version", "source", "skipped"})
-    if unknown:
-        raise ValueError(
-            f"unknown key(s) {', '.join(map(repr, unknown))}; a command takes 'reason', "
-            "'skip_poison', 'version', 'source' and 'skipped' (the server records who asked)"
-        )
-    version = body.get("version", 1)
-    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
-        raise ValueError("'version' must be a whole number from 1")
-    if not isinstance(body.get("skipped", False), bool):
-        raise ValueError("'skipped' must be true or false")
-    if not isinstance(body.get("source", ""), str):
-        raise ValueError("'source' must be a string")
-    if not isinstance(body.get("reason", ""), str):
-        raise ValueError("'reason' must be a string")
-    if not isinstance(body.get("skip_poison", False), bool):
-        raise ValueError("'skip_poison' must be true or false")
-    operations.check_reason(body.get("reason", ""))
-    return body
-
-
 def make_server(
     db: Database,
     settings: Settings,
@@ -254,9 +228,10 @@ def make_server(
                 self._refuse(refusal)
             return refusal is not None
 
-        def _answer(self, what: str, work: Callable[[], dict[str, Any]]) -> None:
-            """Answer ``work()``: 409 for a refused command, 503 while the database fails,
-            500 for anything else (details in the log, never in the answer)."""
+        def _answer(self, what: str, work: Callable[[], dict[str, Any] | Answer | None]) -> None:
+            """Answer ``work()`` (a body, a status and body, or None: no answer, the client
+            is gone): 409 for a refused command, 503 while the database fails, 500 for
+            anything else (details in the log, never in the answer)."""
             try:
                 data = work()
             except OperationError as exc:
@@ -270,7 +245,12 @@ def make_server(
                 log.exception("admin %s failed", what)
                 self.send_json(500, {"error": "internal error; see the server's log"})
             else:
-                self.send_json(200, data)
+                if data is None:
+                    self.close_connection = True
+                elif isinstance(data, tuple):
+                    self.send_json(*data)
+                else:
+                    self.send_json(200, data)
 
         def do_GET(self) -> None:
             if self._host_refused():
@@ -288,6 +268,15 @@ def make_server(
                 reasons = probe()
                 body = {"status": "fail" if reasons else "ok", "reasons": reasons, "by": me}
                 self.send_json(503 if reasons else 200, body)
+                return
+            if segments[:2] == ["admin", "consumers"] and segments[3:] == ["wait"]:
+                name, sock = segments[2], self.connection
+                self._answer(
+                    path, lambda: wait_answer(db, consumer_settings, name, self.path, sock)
+                )
+                return
+            if segments[:2] == ["admin", "consumers"] and segments[3:] == ["progress"]:
+                serve_progress(self, db, consumer_settings, segments[2])
                 return
             if segments[:2] == ["admin", "consumers"] and segments[3:] == ["health"]:
                 name = segments[2]
@@ -334,42 +323,14 @@ def make_server(
             if raw is None:
                 return
             try:
-                body = _command_body(raw)
+                body = command_body(raw)
             except ValueError as exc:  # JSONDecodeError and OperationError included
                 self.send_error(400, f"bad request: {exc}")
                 return
             consumer, command = segments[2], segments[3]
             peer_host, peer_port = self.client_address[:2]
             who = f"admin token@{peer_host}"
-            reason = body.get("reason", "")
             skip = bool(body.get("skip_poison"))
-            source, skipped = body.get("source"), bool(body.get("skipped"))
-
-            def through_database() -> dict[str, Any]:
-                if command == "pause":
-                    operations.pause(db, consumer, who=who, reason=reason)
-                elif command == "rebuild":
-                    operations.rebuild(db, consumer, who=who, reason=reason)
-                elif command == "rollback":
-                    return {"version": rollback(db, consumer, who=who, reason=reason)}
-                elif command == "drop-version":
-                    version = int(body.get("version", 0)) or _missing_version()
-                    tables = drop_version(db, consumer, version, who=who, reason=reason)
-                    return {"version": version, "tables": tables}
-                elif command in ("retry", "skip", "evict"):
-                    return parked_ops.command(
-                        db, command, consumer, source, who, reason, skipped=skipped
-                    )
-                else:
-                    halted = operations.resume(
-                        db,
-                        consumer,
-                        who=who,
-                        reason=reason,
-                        skip_poison=skip,
-                    )
-                    return {"halted": halted}
-                return {}
 
             def run() -> dict[str, Any]:
                 result: dict[str, Any] = {"consumer": consumer, "command": command}
@@ -377,7 +338,7 @@ def make_server(
                     result = instance.operate_in_memory(consumer, command, skip_poison=skip)
                 else:
                     try:
-                        result.update(through_database())
+                        result.update(run_command(db, command, consumer, body, who))
                     except OperationError:
                         where = in_memory_pointer(
                             db, consumer_settings, consumer, command, skip_poison=skip

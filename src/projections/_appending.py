@@ -35,6 +35,7 @@ from messaging.store._database import Database
 from messaging.store._retry import for_command, is_ambiguous, retry_command
 from messaging.store._rows import NewMessage
 from messaging.store._store import MessageStore
+from messaging.store._tokens import ConsistencyToken
 
 _REQUIRED = ("topic", "source", "type", "payload")
 _ALLOWED = {*_REQUIRED, "headers"}
@@ -121,9 +122,11 @@ def append_lines(
     batch_size: int = 1000,
     registry: MessageRegistry | None = None,
     retry: ConflictRetrySettings | None = None,
+    tokens: list[ConsistencyToken] | None = None,
 ) -> int:
     """Append every line of ``stream`` (text; :func:`utf8_lines` reads a binary one), in
-    transactions of ``batch_size`` lines; return how many messages were appended. Each
+    transactions of ``batch_size`` lines; return how many messages were appended (and add
+    each batch's consistency token to ``tokens`` if given). Each
     batch commits once, also when an acknowledgement is lost (retried per ``retry`` as a
     one-shot command's transaction, :func:`~messaging.store._retry.retry_command`);
     :class:`ProjectionsError` naming its lines when the database does not answer."""
@@ -140,13 +143,15 @@ def append_lines(
                 except (ValueError, ProjectionsError) as exc:
                     raise AppendError(number, str(exc), written) from None
             try:
-                append_once(db, store, messages, retry or ConflictRetrySettings())
+                token = append_once(db, store, messages, retry or ConflictRetrySettings())
             except Unanswered as exc:
                 lines = f"lines {batch[0][0]}-{batch[-1][0]}"
                 raise ProjectionsError(
                     f"{lines}: {exc}; {written} earlier lines were appended"
                 ) from exc
             written += len(messages)
+            if tokens is not None:
+                tokens.append(token)
     except _NotText as exc:
         raise AppendError(exc.line, str(exc), written) from None
     return written
@@ -171,14 +176,15 @@ def _stored(conn: Connection, db: Database, positions: Sequence[int]) -> list[tu
 
 def append_once(
     db: Database, store: MessageStore, messages: Sequence[NewMessage], retry: ConflictRetrySettings
-) -> None:
+) -> ConsistencyToken:
     """Append ``messages`` in one transaction, retried on transient errors without ever
-    storing them twice: once an attempt has failed with an outcome unknown (a lost
-    connection, a Galera node leaving the primary component), retries expect the source
-    versions it appended after, and a :class:`VersionConflict` then counts as success only
-    if the positions of such an attempt hold exactly these messages (by message id). An
-    attempt that certainly failed (a deadlock, Galera's certification conflict at COMMIT)
-    binds nothing: the retry appends afresh. Retried as a one-shot command's transaction
+    storing them twice; return the token of the attempt that committed. Once an attempt
+    has failed with an outcome unknown (a lost connection, a Galera node leaving the
+    primary component), retries expect the source versions it appended after, and a
+    :class:`VersionConflict` then counts as success only if the positions of such an
+    attempt hold exactly these messages (by message id). An attempt that certainly failed
+    (a deadlock, Galera's certification conflict at COMMIT) binds nothing: the retry
+    appends afresh. Retried as a one-shot command's transaction
     (:func:`~messaging.store._retry.retry_command`): :class:`Unanswered` when the database
     does not answer within its budget."""
     sent = [_identified(m) for m in messages]
@@ -189,7 +195,7 @@ def append_once(
     latest: dict[str, Any] = {}
     """The expected versions and positions of the attempt in progress."""
 
-    def attempt() -> None:
+    def attempt() -> ConsistencyToken:
         latest.clear()
         with db.transaction() as conn:
             try:
@@ -197,18 +203,21 @@ def append_once(
                     conn, sent, expected_versions=unknown.get("expected")
                 )
             except VersionConflict:
-                if any(_stored(conn, db, p) == wanted for p in unknown.get("positions", [])):
-                    return  # an earlier attempt committed; its acknowledgement was lost
+                for earlier in unknown.get("positions", []):
+                    if _stored(conn, db, earlier) == wanted:
+                        token: ConsistencyToken = earlier.token  # committed, ack lost
+                        return token
                 raise
             expected = unknown.get("expected") or _versions_before(conn, db, positions)
             latest.update(positions=positions, expected=expected)  # together: see on_retry
+        return positions.token
 
     def on_retry(exc: BaseException) -> None:
         if is_ambiguous(exc) and "positions" in latest:
             unknown.setdefault("expected", latest["expected"])
             unknown.setdefault("positions", []).append(latest["positions"])
 
-    retry_command(attempt, db, for_command(retry), what="append", on_retry=on_retry)
+    return retry_command(attempt, db, for_command(retry), what="append", on_retry=on_retry)
 
 
 def _versions_before(

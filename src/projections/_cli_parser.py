@@ -63,6 +63,26 @@ def _add_database_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_wait_timeout(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--timeout",
+        type=_wait_timeout,
+        default=30.0,
+        help="give up after this long, e.g. 30s (default), 500ms or 5m (at most 1h)",
+    )
+
+
+def _wait_timeout(text: str) -> float:
+    """An argparse type: a wait's timeout, a duration up to an hour."""
+    from messaging.runtime._waits import check_timeout
+
+    seconds = _duration(text)
+    try:
+        return check_timeout(seconds)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{text}: {exc}") from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
     parser = _Parser(
@@ -131,8 +151,29 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         help="import this module and check each payload against its message types",
     )
+    append.add_argument(
+        "--wait",
+        action="append",
+        default=[],
+        metavar="CONSUMER",
+        help="then wait until this consumer has applied what was appended (repeatable)",
+    )
+    _add_wait_timeout(append)
     _add_app_dir_option(append)
     _add_database_options(append)
+
+    wait = commands.add_parser(
+        "wait", help="wait until consumers have applied a consistency token (from append)"
+    )
+    wait.add_argument("token", metavar="TOKEN", help="the token an append printed or returned")
+    wait.add_argument("consumers", nargs="+", metavar="CONSUMER")
+    wait.add_argument(
+        "--fail-fast",
+        action="store_true",
+        help="check once: exit 3 and print what is behind when not applied yet",
+    )
+    _add_wait_timeout(wait)
+    _add_database_options(wait)
 
     for name, help_text in (
         ("pause", "stop every instance from applying a consumer"),

@@ -15,7 +15,6 @@ import sys
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from functools import partial
 
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import DBAPIError
@@ -23,7 +22,7 @@ from sqlalchemy.exc import DBAPIError
 from messaging._connection import database_for
 from messaging._errors import ConfigError, ProjectionsError
 from messaging._overrides import check_overrides
-from messaging._plugins import collect_consumers, create_plugin_manager, import_module
+from messaging._plugins import collect_consumers, create_plugin_manager
 from messaging._settings import Settings
 from messaging._states import Severity
 from messaging.runtime._instance import Instance
@@ -35,6 +34,7 @@ from projections._cli_operator import OPERATOR_COMMANDS
 from projections._cli_parser import build_parser
 from projections._cli_support import command_settings as _settings
 from projections._cli_support import print_report as _report
+from projections._cli_waits import cmd_append, cmd_wait
 
 EXIT_ERROR = 1
 EXIT_STDOUT_CLOSED = 141
@@ -186,40 +186,6 @@ def cmd_db(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_append(args: argparse.Namespace) -> int:
-    from messaging._messages import registry
-    from projections._appending import append_lines, utf8_lines
-
-    settings = _settings(args)
-    _use_app_dir(args)
-    for module in args.module:
-        import_module(module)
-    db = _database(settings)
-    try:
-        db.prepare()
-        append = partial(
-            append_lines,
-            db,
-            batch_size=args.batch_size,
-            registry=registry if args.module else None,
-            retry=settings.messaging.consumer.conflict_retry,
-        )
-        if args.file == "-":
-            buffer = getattr(sys.stdin, "buffer", None)  # none when replaced by a text stream
-            count = append(sys.stdin if buffer is None else utf8_lines(buffer))
-        else:
-            try:
-                stream = open(args.file, "rb")  # noqa: SIM115
-            except OSError as exc:
-                raise ProjectionsError(f"cannot read {args.file}: {exc.strerror}") from None
-            with stream:
-                count = append(utf8_lines(stream))
-    finally:
-        db.dispose()
-    print(f"appended {count} messages")
-    return 0
-
-
 def cmd_demo(args: argparse.Namespace) -> int:
     from projections._demo import run_demo
 
@@ -249,6 +215,7 @@ _COMMANDS = {
     "health": cmd_health,
     "db": cmd_db,
     "append": cmd_append,
+    "wait": cmd_wait,
     "demo": cmd_demo,
     "pause": cmd_operation,
     "forget-processed": cmd_operation,

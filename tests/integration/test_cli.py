@@ -117,7 +117,7 @@ def test_append_then_status_reports_lag_per_partition(
     capsys.readouterr()
 
     assert main(["append", str(path), "--database", url, "--batch-size", "7"]) == 0
-    assert capsys.readouterr().out.strip() == f"appended {len(lines)} messages"
+    assert capsys.readouterr().out.splitlines()[0] == f"appended {len(lines)} messages"
 
     assert main(["status", "--json", "--database", url]) == 0
     report = json.loads(capsys.readouterr().out)
@@ -211,7 +211,7 @@ def test_append_reads_standard_input(
     lines = _ledger_lines(3)
     monkeypatch.setattr(sys, "stdin", io.StringIO("\n".join(lines) + "\n"))
     assert main(["append", "--database", url]) == 0
-    assert capsys.readouterr().out.strip() == f"appended {len(lines)} messages"
+    assert capsys.readouterr().out.splitlines()[0] == f"appended {len(lines)} messages"
     assert [r[2] for r in _stored(url)] == [json.loads(line)["source"] for line in lines]
 
 

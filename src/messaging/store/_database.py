@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -201,6 +201,9 @@ class Database:
         declared table are sent to this tenant's copy (see :mod:`messaging.store._tenancy`)."""
         self.read_models.install(self.engine)
         self.wakeups = WakeUps(self._identity(table_prefix))
+        self.after_batch: list[Callable[[], object]] = []
+        """Called after each batch of a consumer commits through this object (the shared
+        watcher of waits: :mod:`messaging.runtime._watcher`)."""
         """Same-host wake-ups: a commit that appended wakes the instances here at once."""
         self.sessions = None if self.is_sqlite else Sessions(self.engine)
         """This process's MySQL sessions (None on SQLite)."""
@@ -276,6 +279,9 @@ class Database:
             raise
         if info is not None and (appended := info.pop(APPENDED, None)):
             self.wakeups.notify(appended)
+        if consumer is not None:
+            for hook in self.after_batch:
+                hook()
 
     @contextmanager
     def read(self) -> Iterator[Connection]:

@@ -45,6 +45,7 @@ from messaging.store._rows import (
     headers_json,
     partition_hash,
 )
+from messaging.store._tokens import Appended, ConsistencyToken, Sent
 
 _QUERY_CACHE_SIZE = 64
 _type_of = itemgetter(TYPE)
@@ -92,8 +93,10 @@ class MessageStore:
         *,
         expected_version: int | None = None,
         headers: Mapping[str, Any] | None = None,
-    ) -> list[int]:
-        """Append messages of one source inside ``conn``'s transaction; return their positions.
+    ) -> Appended:
+        """Append messages of one source inside ``conn``'s transaction; return their positions
+        (a list) with the consistency token of the append (``.token``: wait on it with
+        :func:`~messaging.wait_for` once the transaction committed).
 
         With ``expected_version`` the append succeeds only if the source's current
         version in this topic is exactly that (0 for a new source); otherwise it
@@ -120,9 +123,10 @@ class MessageStore:
         key: str | None = None,
         message_id: str | None = None,
         headers: Mapping[str, Any] | None = None,
-    ) -> str:
+    ) -> Sent:
         """Send ``message`` to the route consumer of ``destination`` inside ``conn``'s
-        transaction (an outbox: it exists only if that transaction commits); return its id.
+        transaction (an outbox: it exists only if that transaction commits); return its id
+        (a string) with the consistency token of the send (``.token``).
 
         ``key`` is the partition key (by default the message id, which spreads messages
         over every partition); messages with one key are handled in order. Give
@@ -132,8 +136,7 @@ class MessageStore:
         outgoing = self.outgoing(
             destination, message, key=key, message_id=message_id, headers=headers
         )
-        self.append_encoded(conn, [outgoing])
-        return message_id
+        return Sent(message_id, self.append_encoded(conn, [outgoing]).token)
 
     def outgoing(
         self,
@@ -162,10 +165,11 @@ class MessageStore:
         messages: Sequence[NewMessage],
         *,
         expected_versions: Mapping[tuple[str, str], int | None] | None = None,
-    ) -> list[int]:
-        """Append already-encoded messages (any topics and sources) in order; return positions."""
+    ) -> Appended:
+        """Append already-encoded messages (any topics and sources) in order; return their
+        positions with the token of the append (:class:`Appended`)."""
         if not messages:
-            return []
+            return Appended([], ConsistencyToken(self.db.tenant, ()))
         expected_versions = expected_versions or {}
         # Reserve first: holding the tenant's counter row, no other append can change a
         # source's version until we commit, so the versions read below are current.
@@ -210,7 +214,10 @@ class MessageStore:
                 else versions.get(first_key, 0),
                 actual=None,
             ) from exc
-        return list(range(first, first + len(rows)))
+        return Appended(
+            range(first, first + len(rows)),
+            ConsistencyToken.of(tenant, ((r[2], r[8], r[1]) for r in rows)),
+        )
 
     # -- reading -----------------------------------------------------------------------
 

@@ -52,6 +52,7 @@ from projections.testing.strategies import (
     ticks,
 )
 from projections.testing.testcase import machine_settings
+from projections.testing.waiting import wait_in
 
 __all__ = [
     "BATTERY",
@@ -101,4 +102,5 @@ __all__ = [
     "simulation_settings",
     "ticks",
     "unknown_outcome_error",
+    "wait_in",
 ]

@@ -17,6 +17,7 @@ from contextlib import contextmanager, suppress
 from functools import partial
 
 from messaging import (
+    Appended,
     Database,
     Distribution,
     Instance,
@@ -284,8 +285,8 @@ class SimulatedCluster:
         for instance in self.running.values():
             instance.rebalance()
 
-    def append(self, topic: str, source: str, messages: Sequence[object]) -> list[int]:
-        """Append ``messages`` of one source in one transaction; return their positions.
+    def append(self, topic: str, source: str, messages: Sequence[object]) -> Appended:
+        """Append ``messages`` of one source in one transaction; return positions and token.
 
         To a route consumer's destination they are sent, as :meth:`MessageStore.send`
         does, keyed by ``source`` and each with a message id of its own (``source#n``)."""

@@ -8,10 +8,27 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, MutableMapping, Sequence
+from typing import TYPE_CHECKING
 
 from messaging.runtime._versions import split_unit, unit_rows
 from messaging.store._database import Database
 from projections.testing.records import Commit
+
+if TYPE_CHECKING:
+    from projections.testing.cluster import SimulatedCluster
+
+
+def handled(cluster: SimulatedCluster) -> Counter[str]:
+    """Per transactional consumer, how many of the messages appended (or sent again) to
+    ``cluster`` it handles."""
+    counts: Counter[str] = Counter()
+    for spec in cluster.specs:
+        if spec.transactional:
+            counts[spec.name] = sum(
+                topic in spec.topics and type(message) in spec.handlers
+                for topic, message in [*cluster.appended, *cluster.resent]
+            )
+    return counts
 
 
 class Lineage:

@@ -42,10 +42,11 @@ from projections.testing.events import (
     Tick,
     Wake,
 )
-from projections.testing.lineage import Lineage
+from projections.testing.lineage import Lineage, handled
 from projections.testing.reads import check_reads
 from projections.testing.strategies import pauses, picks, ticks
 from projections.testing.testcase import TestCaseProperty
+from projections.testing.waiting import append_and_wait
 
 HANDOVERS = ("join", "stop", "crash", "freeze")
 """How :meth:`ClusterMachine.append_across_a_handover` moves a partition."""
@@ -88,6 +89,9 @@ class ClusterMachine(RuleBasedStateMachine):
     """``TestLedger = LedgerMachine.TestCase``: a unittest test case running the battery,
     then the search with :func:`machine_settings` (or the case's ``settings``), on the
     configured database."""
+    read_your_writes: ClassVar[bool] = False
+    """True: the step :meth:`append_and_wait` too (for read models that need no time to
+    pass once their messages are applied: no saga deadlines)."""
     battery: ClassVar[Sequence[Scenario]] = BATTERY
     """The fixed scenarios run before the random search (see
     :mod:`projections.testing.battery`); add your own, or scenarios for new failure
@@ -189,6 +193,12 @@ class ClusterMachine(RuleBasedStateMachine):
     def append(self, batch: Append) -> None:
         batch.apply(self.cluster)
         self.batches[batch.topic, batch.source] = batch
+
+    @precondition(lambda self: self.read_your_writes and self.cluster.running)
+    @rule(batch=_messages)
+    def append_and_wait(self, batch: Append) -> None:
+        """Read your own writes (:func:`projections.testing.waiting.append_and_wait`)."""
+        append_and_wait(self, batch)
 
     @precondition(lambda self: self.cluster.running)
     @rule(batch=_messages, how=st.sampled_from(HANDOVERS))
@@ -349,16 +359,7 @@ class ClusterMachine(RuleBasedStateMachine):
         return self.lineage.committed(self.cluster.commits)
 
     def _handled(self) -> Counter[str]:
-        """Per transactional consumer, how many of the messages appended (or sent again) it
-        handles."""
-        handled: Counter[str] = Counter()
-        for spec in self.cluster.specs:
-            if spec.transactional:
-                handled[spec.name] = sum(
-                    topic in spec.topics and type(message) in spec.handlers
-                    for topic, message in [*self.cluster.appended, *self.cluster.resent]
-                )
-        return handled
+        return handled(self.cluster)
 
     @invariant()
     def no_message_committed_twice(self) -> None:

@@ -1,0 +1,69 @@
+"""The operator commands of the admin server: their JSON body, checked, and what each
+does through the database (:mod:`projections._operations`, versions, parked sources)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from messaging._errors import OperationError
+from messaging.store._database import Database
+from projections import _operations as operations
+from projections import _parked_ops as parked_ops
+from projections._version_commands import drop_version, rollback
+
+
+def _missing_version() -> int:
+    raise OperationError("drop-version needs the 'version' to drop in its body")
+
+
+def command_body(raw: bytes) -> dict[str, Any]:
+    """A command's JSON body ``{"reason", "skip_poison", "version"}`` (all optional);
+    ValueError naming what is wrong otherwise."""
+    body = json.loads(raw) if raw.strip() else {}
+    if not isinstance(body, dict):
+        raise ValueError("the body must be a JSON object")
+    unknown = sorted(set(body) - {"reason", "skip_poison", "version", "source", "skipped"})
+    if unknown:
+        raise ValueError(
+            f"unknown key(s) {', '.join(map(repr, unknown))}; a command takes 'reason', "
+            "'skip_poison', 'version', 'source' and 'skipped' (the server records who asked)"
+        )
+    version = body.get("version", 1)
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        raise ValueError("'version' must be a whole number from 1")
+    if not isinstance(body.get("skipped", False), bool):
+        raise ValueError("'skipped' must be true or false")
+    if not isinstance(body.get("source", ""), str):
+        raise ValueError("'source' must be a string")
+    if not isinstance(body.get("reason", ""), str):
+        raise ValueError("'reason' must be a string")
+    if not isinstance(body.get("skip_poison", False), bool):
+        raise ValueError("'skip_poison' must be true or false")
+    operations.check_reason(body.get("reason", ""))
+    return body
+
+
+def run_command(
+    db: Database, command: str, consumer: str, body: dict[str, Any], who: str
+) -> dict[str, Any]:
+    """Run ``command`` on ``consumer`` with its checked ``body``; what it answers."""
+    reason = body.get("reason", "")
+    if command == "pause":
+        operations.pause(db, consumer, who=who, reason=reason)
+    elif command == "rebuild":
+        operations.rebuild(db, consumer, who=who, reason=reason)
+    elif command == "rollback":
+        return {"version": rollback(db, consumer, who=who, reason=reason)}
+    elif command == "drop-version":
+        version = int(body.get("version", 0)) or _missing_version()
+        tables = drop_version(db, consumer, version, who=who, reason=reason)
+        return {"version": version, "tables": tables}
+    elif command in ("retry", "skip", "evict"):
+        source, skipped = body.get("source"), bool(body.get("skipped"))
+        return parked_ops.command(db, command, consumer, source, who, reason, skipped=skipped)
+    else:
+        skip = bool(body.get("skip_poison"))
+        halted = operations.resume(db, consumer, who=who, reason=reason, skip_poison=skip)
+        return {"halted": halted}
+    return {}

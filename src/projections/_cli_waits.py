@@ -1,0 +1,104 @@
+"""``projections append`` (which prints the consistency token of what it appended and can
+wait for consumers to apply it) and ``projections wait TOKEN CONSUMER...``.
+
+``wait`` prints ``applied`` and exits 0 once every consumer named has applied the token;
+a timeout, a refusal (a halted partition, a paused consumer, a rolled-back position) or
+an unknown consumer is one error line, exit 1. With ``--fail-fast`` it checks once and,
+when not applied yet, prints what is behind and exits :data:`EXIT_NOT_YET`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from functools import partial
+
+from messaging._connection import database_for
+from messaging._errors import ProjectionsError
+from messaging._plugins import import_module
+from messaging._settings import Settings
+from messaging.runtime._waits import wait_for
+from messaging.store._database import Database
+from messaging.store._tokens import ConsistencyToken
+from projections._cli_support import command_settings, existing_database
+
+EXIT_NOT_YET = 3
+"""``wait --fail-fast``: the token is not applied yet."""
+
+
+def cmd_append(args: argparse.Namespace) -> int:
+    """Append the JSON lines of ``args.file``; print the count and the token; with
+    ``--wait``, wait for those consumers to apply it."""
+    from messaging._messages import registry
+    from projections._appending import append_lines, utf8_lines
+    from projections.cli import _use_app_dir
+
+    settings = command_settings(args)
+    _use_app_dir(args)
+    for module in args.module:
+        import_module(module)
+    db = database_for(settings)
+    tokens: list[ConsistencyToken] = []
+    try:
+        db.prepare()
+        append = partial(
+            append_lines,
+            db,
+            batch_size=args.batch_size,
+            registry=registry if args.module else None,
+            retry=settings.messaging.consumer.conflict_retry,
+            tokens=tokens,
+        )
+        if args.file == "-":
+            buffer = getattr(sys.stdin, "buffer", None)  # none when replaced by a text stream
+            count = append(sys.stdin if buffer is None else utf8_lines(buffer))
+        else:
+            try:
+                stream = open(args.file, "rb")  # noqa: SIM115
+            except OSError as exc:
+                raise ProjectionsError(f"cannot read {args.file}: {exc.strerror}") from None
+            with stream:
+                count = append(utf8_lines(stream))
+        print(f"appended {count} messages")
+        token = ConsistencyToken.combine(*tokens) if tokens else ConsistencyToken(db.tenant, ())
+        print(f"token {token}", flush=True)
+        if args.wait:
+            _wait(db, settings, token, args.wait, args.timeout, fail_fast=False)
+    finally:
+        db.dispose()
+    return 0
+
+
+def cmd_wait(args: argparse.Namespace) -> int:
+    """Wait until ``args.consumers`` have applied ``args.token``."""
+    settings = command_settings(args)
+    db = existing_database(settings)
+    try:
+        return _wait(db, settings, args.token, args.consumers, args.timeout, args.fail_fast)
+    finally:
+        db.dispose()
+
+
+def _wait(
+    db: Database,
+    settings: Settings,
+    token: ConsistencyToken | str,
+    consumers: list[str],
+    timeout: float,
+    fail_fast: bool,
+) -> int:
+    progress = wait_for(
+        db,
+        token,
+        consumers,
+        timeout=timeout,
+        fail_fast=fail_fast,
+        poll_interval=settings.messaging.consumer.idle_poll_interval,
+    )
+    if progress.applied:
+        print(f"applied by {', '.join(consumers)}")
+        return 0
+    print("not applied yet:")
+    for behind in progress.behind:
+        print(f"  {behind}")
+    return EXIT_NOT_YET
