@@ -102,3 +102,16 @@ class Unanswered(ProjectionsError):
         self.attempts = attempts
         self.error = error
         self.outcome_unknown = outcome_unknown
+
+
+class UnknownPayloadVersion(DecodeError):
+    """A stored (type, version) newer than every declaration this code has (written by a
+    newer instance during a rolling deploy): never decoded by guesswork."""
+
+    def __init__(self, type_name: str, version: int, *, position: int | None = None) -> None:
+        super().__init__(
+            f"needs a newer declaration of type {type_name!r} version {version}",
+            position=position,
+            type_name=type_name,
+        )
+        self.version = version

@@ -29,13 +29,14 @@ from messaging._json import make_dumps
 from messaging._messages import Envelope, MessageRegistry, quick_decoder
 from messaging.distribution._ownership import Claim
 from messaging.runtime._context import HandlerContext
-from messaging.runtime._dispatch import Dispatcher
+from messaging.runtime._dispatch import Dispatcher, unreadable
 from messaging.runtime._poison import Poison
 from messaging.runtime._worker import ConsumerWorker
 from messaging.store._database import Database
 from messaging.store._retry import is_transient
 from messaging.store._rows import (
     PAYLOAD,
+    PAYLOAD_VERSION,
     POSITION,
     TYPE,
     StoredRow,
@@ -93,17 +94,19 @@ class SagaDispatcher(Dispatcher):
         row: StoredRow | None = None
         try:
             messages = []
-            for row in rows:
-                messages.append(self.handlers[row[TYPE]][0](row[PAYLOAD], row[POSITION]))
+            for row in rows:  # decoded by payload version (upcast if older)
+                decoders = self.handlers[row[TYPE]][0]
+                messages.append(decoders[row[PAYLOAD_VERSION]](row[PAYLOAD], row[POSITION]))
             batch = _Batch(self, ctx)
             batch.load(self.key_of(m) for m in messages)
             for row, message in zip(rows, messages, strict=True):
                 ctx.position = row[POSITION]
-                batch.handle(self.key_of(message), message, row[TYPE])
+                batch.handle(self.key_of(message), message, self.current[row[TYPE]])
             batch.write()
         except Exception as exc:
             if is_transient(exc) or row is None:
                 raise
+            exc = unreadable(self.registry, row, exc)
             raise Poison(row, partition_in(row, partition_count), exc) from exc
 
     def deliver(self, due: Due, ctx: HandlerContext) -> None:
@@ -119,14 +122,17 @@ class SagaDispatcher(Dispatcher):
                 deadline.name in earlier.cancelled or deadline.name in earlier.scheduled
             ):
                 continue  # cancelled or moved by a deadline delivered just before it
-            decode = self.handlers.get(deadline.type, (None, None))[0]
-            if decode is None:
+            decoders = self.handlers.get(deadline.type, (None, None))[0]
+            if decoders is None:
                 raise ProjectionsError(
                     f"saga {self.spec.name!r} has no handler for deadline {deadline.name!r} "
                     f"of type {deadline.type!r}"
                 )
             ctx.cause = f"deadline\x1f{deadline.key}\x1f{deadline.name}\x1f{deadline.due_at!r}"
-            batch.handle(deadline.key, decode(deadline.payload, None), deadline.type)
+            # (a deadline's payload is of its class's version when it was scheduled: a
+            # stored deadline is read as the current version; see the README)
+            message = decoders[-1](deadline.payload, None)
+            batch.handle(deadline.key, message, self.current[deadline.type])
         batch.write()
 
 

@@ -148,6 +148,7 @@ class Instance:
 
     def _start(self, loops: bool) -> None:
         check_overrides(self.settings, self.specs)
+        self.registry.check_upcasters()  # every stored version reaches a class, or one line
         # Another process may be creating a new SQLite file's schema (and WAL mode) at
         # this moment: that is a lock error like any other, and retried.
         self.retry(self.db.prepare, "prepare the schema")

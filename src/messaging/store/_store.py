@@ -68,9 +68,15 @@ class MessageStore:
             m.c.partition_hash,
             m.c.recorded_at,
             m.c.headers,
+            m.c.payload_version,
             m.c.payload,
         )
-        self._batch_columns: tuple[Any, ...] = (m.c.position, m.c.type, m.c.payload)
+        self._batch_columns: tuple[Any, ...] = (
+            m.c.position,
+            m.c.type,
+            m.c.payload,
+            m.c.payload_version,
+        )
         self._hashed_columns = (*self._batch_columns, m.c.partition_hash)
         self._queries: dict[Any, Select[Any]] = {}
         self._handled: dict[tuple[tuple[str, ...], tuple[str, ...]], frozenset[str] | None] = {}
@@ -103,7 +109,12 @@ class MessageStore:
             type_name, payload = self.registry.encode(message)
             encoded.append(
                 NewMessage(
-                    topic=topic, source=source, type=type_name, payload=payload, headers=headers
+                    topic=topic,
+                    source=source,
+                    type=type_name,
+                    payload=payload,
+                    headers=headers,
+                    payload_version=self.registry.version_of(type_name),
                 )
             )
         return self.append_encoded(
@@ -153,6 +164,7 @@ class MessageStore:
             type=type_name,
             payload=payload,
             headers={**(headers or {}), MESSAGE_ID_HEADER: message_id},
+            payload_version=self.registry.version_of(type_name),
         )
 
     def append_encoded(
@@ -192,6 +204,7 @@ class MessageStore:
                     headers_json(message.headers),
                     partition_hash(message.source),
                     now,
+                    message.payload_version,
                 )
             )
         try:

@@ -1,0 +1,135 @@
+"""A message class that changed shape over three generations, and consumers of it.
+
+- generation 1: ``shop.order-placed`` version 1, ``{order_id, amount, customer}``;
+- generation 2: a field added with a default (``currency``, "EUR"): still version 1, old
+  payloads fit the class as they are;
+- generation 3: ``customer`` split into ``first_name`` and ``last_name``: version 2, with
+  an upcaster from version 1;
+- now: the type renamed ``shop.sale`` (still version 2): a rename.
+
+:func:`write_generations` stores what each generation wrote, raw, as its code did;
+:data:`EXPECTED` is what the current class makes of each.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import attrs
+from sqlalchemy import Column, Integer, MetaData, String, Table, insert
+
+from messaging import Database, HandlerContext, MessageStore, NewMessage, handler, message
+from messaging._messages import rename, upcaster
+from projections import projection
+
+TOPIC = "shop"
+
+metadata = MetaData()
+sales = Table(
+    "test_shape_sales",
+    metadata,
+    Column("order_id", String(64), primary_key=True),
+    Column("amount", Integer, nullable=False),
+    Column("currency", String(8), nullable=False),
+    Column("first_name", String(64), nullable=False),
+    Column("last_name", String(64), nullable=False),
+)
+
+
+@message("shop.sale", version=2)
+@attrs.define(frozen=True)
+class Sale:
+    order_id: str
+    amount: int
+    first_name: str
+    last_name: str
+    currency: str = "EUR"
+
+
+@message("shop.note")
+@attrs.define(frozen=True)
+class Note:
+    """Another type on the topic, which the projection does not handle."""
+
+    text: str
+
+
+@upcaster("shop.order-placed", 1)
+def split_customer(payload: dict[str, Any]) -> dict[str, Any]:
+    """Generation 3 split ``customer`` into first and last name."""
+    first, _, last = payload.pop("customer").partition(" ")
+    return {**payload, "first_name": first, "last_name": last}
+
+
+rename("shop.order-placed", "shop.sale")
+
+
+@projection("shop-sales", topics=TOPIC, partitions=4, tables=[sales])
+class Sales:
+    @handler
+    def sale(self, sale: Sale, ctx: HandlerContext) -> None:
+        ctx.execute(insert(sales), attrs.asdict(sale))
+
+
+GENERATIONS: list[tuple[str, int, dict[str, Any]]] = [
+    ("shop.order-placed", 1, {"order_id": "o1", "amount": 10, "customer": "Ada Lovelace"}),
+    (
+        "shop.order-placed",
+        1,
+        {"order_id": "o2", "amount": 20, "customer": "Alan Turing", "currency": "GBP"},
+    ),
+    (
+        "shop.order-placed",
+        2,
+        {
+            "order_id": "o3",
+            "amount": 30,
+            "first_name": "Grace",
+            "last_name": "Hopper",
+            "currency": "USD",
+        },
+    ),
+    (
+        "shop.sale",
+        2,
+        {
+            "order_id": "o4",
+            "amount": 40,
+            "first_name": "Edsger",
+            "last_name": "Dijkstra",
+            "currency": "EUR",
+        },
+    ),
+]
+"""(type, payload version, payload) as each generation stored them."""
+
+EXPECTED = [
+    Sale("o1", 10, "Ada", "Lovelace", "EUR"),
+    Sale("o2", 20, "Alan", "Turing", "GBP"),
+    Sale("o3", 30, "Grace", "Hopper", "USD"),
+    Sale("o4", 40, "Edsger", "Dijkstra", "EUR"),
+]
+"""What the current class makes of :data:`GENERATIONS`, in order."""
+
+
+def write_generations(db: Database, *, times: int = 1, notes: bool = True) -> list[int]:
+    """Append :data:`GENERATIONS` (``times`` over, order ids suffixed by the round after the
+    first), each with a note between; return the positions of the sales."""
+    rows = []
+    for round_ in range(times):
+        for type_name, version, payload in GENERATIONS:
+            order = payload["order_id"] + (f"-{round_}" if round_ else "")
+            body = json.dumps({**payload, "order_id": order})
+            rows.append(
+                NewMessage(
+                    topic=TOPIC, source=order, type=type_name, payload=body, payload_version=version
+                )
+            )
+            if notes:
+                rows.append(
+                    NewMessage(topic=TOPIC, source=order, type="shop.note", payload='{"text":"n"}')
+                )
+    with db.transaction() as conn:
+        positions = MessageStore(db).append_encoded(conn, rows)
+    return [p for p, row in zip(positions, rows, strict=True) if row.type != "shop.note"]
