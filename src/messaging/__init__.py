@@ -20,11 +20,12 @@ from messaging._errors import (
     RegistrationError,
     SchemaError,
     Unanswered,
+    UnknownPayloadVersion,
     VersionConflict,
 )
 from messaging._hookspecs import hookimpl, hookspec
 from messaging._kinds import ConsumerKind, register_kind
-from messaging._messages import Envelope, message
+from messaging._messages import Envelope, message, rename, upcaster
 from messaging._plugins import collect_consumers, create_plugin_manager
 from messaging._settings import (
     AdminSettings,
@@ -79,6 +80,7 @@ __all__ = [
     "SchemaError",
     "Settings",
     "Unanswered",
+    "UnknownPayloadVersion",
     "UntranslatableStatement",
     "VersionConflict",
     "collect_consumers",
@@ -92,5 +94,7 @@ __all__ = [
     "mark_consumer",
     "message",
     "register_kind",
+    "rename",
     "route_consumer",
+    "upcaster",
 ]

@@ -130,7 +130,10 @@ class UpcasterTable:
                 return key, steps
             step = None if now is not None and version > now else self.step(key)
             if step is None:
-                if version > self._newest(name, current):
+                newest = self._newest(name, current)
+                if newest == 0:
+                    raise DecodeError("unknown message type", position=position, type_name=name)
+                if version > newest:
                     raise UnknownPayloadVersion(name, version, position=position)
                 reason = f"no upcaster from version {version} of {name!r}"
                 raise DecodeError(reason, position=position, type_name=seen[0][0])
@@ -193,8 +196,11 @@ class UpcasterTable:
             self.resolve(key, current)
         except DecodeError as exc:
             reason = exc.reason
-            if isinstance(exc, UnknownPayloadVersion):
-                reason = f"{key[0]!r} version {key[1]} reaches no current class"
+            if isinstance(exc, UnknownPayloadVersion) or reason == "unknown message type":
+                reason = (
+                    f"it leads to {exc.type_name!r}, which is no current class and no "
+                    "upcaster or rename leads on from"
+                )
             raise RegistrationError(f"{what}: {reason}") from None
 
     def _newest(self, name: str, current: Mapping[str, int]) -> int:

@@ -219,7 +219,7 @@ class SimulatedCluster:
                 spec.topics,
                 partitions={p: m.before for p, m in moved.items()},
                 partition_count=spec.partitions,
-                types=spec.type_names(),
+                types=spec.stored_type_names(),
                 limit=max(m.after for m in moved.values()) - min(m.before for m in moved.values()),
             )
         n = spec.partitions
