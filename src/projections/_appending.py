@@ -136,7 +136,10 @@ def append_lines(
     transactions of ``batch_size`` lines; return how many messages were appended. Each
     batch commits once, also when an acknowledgement is lost (retried per ``retry`` as a
     one-shot command's transaction, :func:`~messaging.store._retry.retry_command`);
-    :class:`ProjectionsError` naming its lines when the database does not answer."""
+    :class:`ProjectionsError` naming its lines when the database does not answer. With a
+    ``registry``, its upcasters are checked first (RegistrationError)."""
+    if registry is not None:
+        registry.check_upcasters()
     if batch_size < 1:
         raise ValueError(f"batch_size must be 1 or more, got {batch_size}")
     store = MessageStore(db)

@@ -236,8 +236,6 @@ def cmd_append(args: argparse.Namespace) -> int:
     _use_app_dir(args)
     for module in args.module:
         import_module(module)
-    if args.module:
-        registry.check_upcasters()
     db = _database(settings)
     try:
         db.prepare()
