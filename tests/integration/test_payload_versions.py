@@ -121,26 +121,45 @@ def test_an_upcaster_that_fails_halts_its_message_naming_the_upcaster(db: Databa
     assert len(_sales(db)) == 4
 
 
-def test_a_version_newer_than_this_code_is_never_decoded(db: Database) -> None:
-    """A payload of ``shop.sale`` version 3 (a newer instance's) is not applied nor skipped:
-    its partition stops before it, saying which declaration it needs."""
+def test_a_version_newer_than_this_code_is_never_decoded(
+    db: Database, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A payload of ``shop.sale`` version 3 (a newer instance's) is neither applied, nor
+    skipped, nor halted on: its partition stops right before it, records what it needs
+    and is released (to an instance that can read it), saying so once."""
+    write_generations(db)
     newer = NewMessage(
         topic="shop",
         source="o1",
         type="shop.sale",
-        payload=json.dumps({"order_id": "o9", "amount": 1, "first_name": "a", "last_name": "b"}),
+        payload=json.dumps({"order_id": "o9", "cents": 1, "first_name": "a", "last_name": "b"}),
         payload_version=3,
     )
+    behind = Sale("o11", 1, "a", "b")  # after it in its partition (same source)
     with db.transaction() as conn:
         (position,) = MessageStore(db).append_encoded(conn, [newer])
+        MessageStore(db).append(conn, "shop", "o1", [behind])
     worker = _worker(db)
     while worker.poll():
         pass
+    while worker.poll():
+        pass
     with db.read() as conn:
-        stopped = [p for p in Ownership(db).partitions(conn, ["shop-sales"]) if p.error]
-    assert [p.checkpoint for p in stopped] == [position - 1]
-    assert _sales(db) == []
-    assert "needs a newer declaration of type 'shop.sale' version 3" in (stopped[0].error or "")
+        parts = Ownership(db).partitions(conn, ["shop-sales"])
+    stopped = [p for p in parts if p.needs]
+    assert len(stopped) == 1
+    assert stopped[0].owner is None and stopped[0].status == "running"
+    assert stopped[0].checkpoint < position and stopped[0].error is None
+    assert json.loads(stopped[0].needs or "") == {
+        "type": "shop.sale",
+        "version": 3,
+        "position": position,
+    }
+    applied = {s.order_id for s in _sales(db)}
+    assert applied == {"o1", "o2", "o3", "o4"}  # not o9, nor o11 behind it
+    said = [r.getMessage() for r in caplog.records if "needs a newer declaration" in r.getMessage()]
+    assert len(said) == 1
+    assert "needs a newer declaration of type 'shop.sale' version 3" in said[0]
 
 
 def test_a_rebuild_and_a_lagging_instance_read_every_generation(

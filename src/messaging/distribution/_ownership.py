@@ -68,6 +68,8 @@ class PartitionRow:
     halted_position: int | None
     halted_type: str | None
     error: str | None
+    needs: str | None = None
+    """What a newer payload needs to be read, as JSON (``messaging.runtime._newer``)."""
 
 
 NOT_HALTED: dict[str, None] = {
@@ -401,6 +403,7 @@ class Ownership:
             t.c.halted_position,
             t.c.halted_type,
             t.c.error,
+            t.c.needs,
         ).where(t.c.tenant == self.db.tenant)
         if consumers is not None:
             query = query.where(t.c.consumer.in_(consumers))
@@ -416,6 +419,7 @@ class Ownership:
                 halted_position=r[6],
                 halted_type=r[7],
                 error=r[8],
+                needs=r[9],
             )
             for r in rows
         ]

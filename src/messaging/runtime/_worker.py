@@ -22,9 +22,10 @@ import pluggy
 from sqlalchemy import Connection
 
 from messaging._consumers import ConsumerSpec
-from messaging._errors import CheckpointMoved, OwnershipLost
+from messaging._errors import CheckpointMoved, OwnershipLost, UnknownPayloadVersion
 from messaging._messages import MessageRegistry
 from messaging._settings import ConsumerSettings
+from messaging.distribution._needs import describe, leave
 from messaging.distribution._ownership import Claim, Ownership
 from messaging.runtime._batch import Batch, split_lanes
 from messaging.runtime._context import HandlerContext
@@ -269,7 +270,10 @@ class ConsumerWorker(Worker):
                 # Commit what came before the poison message, so that its partition's
                 # checkpoint stops right before it, then halt that partition there.
                 found = isolate(poison, partial(self._commit_prefix, claims, started))
-                self._halt(found.poison, claims)
+                if isinstance(found.poison.error, UnknownPayloadVersion):
+                    self._leave(found.poison, claims)  # to an instance that can read it
+                else:
+                    self._halt(found.poison, claims)
                 return found.committed
         if not rows:
             return 0
@@ -396,14 +400,36 @@ class ConsumerWorker(Worker):
                 consumer=self.spec.name, partition=partition, instance_id=self.instance_id
             )
 
-    def _halt(self, poison: Poison, claims: Mapping[int, Claim]) -> None:
-        """Halt ``poison``'s partition at it (recorded, told to the plugins) and drop it."""
+    def _leave(self, poison: Poison, claims: Mapping[int, Claim]) -> None:
+        """Stop before ``poison``, a payload newer than this code: record what its partition
+        needs, release it to an instance that can read it (``distribution._needs``), say
+        why once."""
+        claim = claims[self._partition_of(poison)]
+        error = poison.error
+        assert isinstance(error, UnknownPayloadVersion)
+        if leave(self.db, self.spec.name, claim, self.instance_id, error):
+            log.warning(
+                "consumer %s partition %d stops before position %s and is left to another "
+                "instance: it %s (instance %s)",
+                self.spec.name,
+                claim.partition,
+                error.position,
+                describe((error.type_name, error.version)),
+                self.instance_name,
+            )
+        self.drop([claim.partition])
+
+    def _partition_of(self, poison: Poison) -> int:
         if poison.partition is None:  # read without its partition hash: look it up
             position = poison.row[POSITION]
             with self.db.read() as conn:
                 envelope = self.store.envelopes(conn, [position])[position]
             poison.partition = envelope.partition_hash % self.spec.partitions
-        claim = claims[poison.partition]
+        return poison.partition
+
+    def _halt(self, poison: Poison, claims: Mapping[int, Claim]) -> None:
+        """Halt ``poison``'s partition at it (recorded, told to the plugins) and drop it."""
+        claim = claims[self._partition_of(poison)]
         halt_partition(
             self.db, self.hooks, self.spec.name, self.instance_id, claim, poison, self.instance_name
         )

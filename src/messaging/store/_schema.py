@@ -132,6 +132,7 @@ class Schema:
             Column("halted_at", SECONDS, nullable=True),
             Column("updated_at", SECONDS, nullable=False),
             Column("halted_trace", LONG_TEXT, nullable=True),  # V6
+            Column("needs", LONG_TEXT, nullable=True),  # V13: a newer payload stops it (JSON)
             PrimaryKeyConstraint("tenant", "consumer", "partition_no"),
             Index(f"{prefix}ix_partitions_owner", "tenant", "owner"),
         )
