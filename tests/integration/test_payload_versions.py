@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import shapes_app
+import shapes_tables
 from clusters import consumer_worker, write_config
 from shapes_app import EXPECTED, Sale, Sales, write_generations
 from sqlalchemy import MetaData, insert, select
@@ -24,7 +25,7 @@ ME = "a1b2c3"
 
 @pytest.fixture
 def read_model_metadata() -> list[MetaData]:
-    return [shapes_app.metadata]
+    return [shapes_tables.metadata]
 
 
 def _stored_versions(db: Database) -> list[tuple[str, int]]:
@@ -35,7 +36,7 @@ def _stored_versions(db: Database) -> list[tuple[str, int]]:
 
 
 def _sales(db: Database, prefix: str = "") -> list[Sale]:
-    table = shapes_app.sales
+    table = shapes_tables.sales
     name = f"{prefix}{table.name}"
     with db.read() as conn:
         rows = conn.exec_driver_sql(
@@ -50,7 +51,7 @@ def _worker(db: Database) -> Any:
         Membership(db).register(conn, InstanceInfo(id=ME, name="me", host="h", pid=1))
         Ownership(db).ensure_partitions(conn, "shop-sales", 4)
         claims = Ownership(db).claim(conn, "shop-sales", range(4), ME, Membership(db).live_ids(30))
-        shapes_app.sales.create(conn, checkfirst=True)
+        shapes_tables.sales.create(conn, checkfirst=True)
     worker = consumer_worker(db, Sales, instance_id=ME)
     worker.add_claims(claims)
     return worker
@@ -114,8 +115,8 @@ def test_an_upcaster_that_fails_halts_its_message_naming_the_upcaster(db: Databa
         halted = [p for p in Ownership(db).partitions(conn, ["shop-sales"]) if p.status == "halted"]
     assert [p.halted_position for p in halted] == [position]
     assert (
-        "upcaster shapes_app.split_customer ('shop.order-placed' v1 -> 'shop.order-placed' v2)"
-        in (halted[0].error or "")
+        "upcaster shapes_tables.split_customer_name "
+        "('shop.order-placed' v1 -> 'shop.order-placed' v2)" in (halted[0].error or "")
     )
     assert "failed: KeyError: 'customer'" in (halted[0].error or "")
     assert len(_sales(db)) == 4
@@ -262,7 +263,7 @@ def test_a_halted_old_message_is_read_through_its_upcasters_when_retried(
     resume applies it from its upcast payload, and the partition goes on."""
     from projections import _operations as operations
 
-    monkeypatch.setattr(shapes_app, "BUGGY", {"o2"})
+    monkeypatch.setattr(shapes_tables, "BUGGY", {"o2"})
     with open_cluster([Sales], database_url=projections_database_url) as cluster:
         db = cluster.db
         write_generations(db)
@@ -271,10 +272,10 @@ def test_a_halted_old_message_is_read_through_its_upcasters_when_retried(
         with db.read() as conn:
             parts = Ownership(db).partitions(conn, ["shop-sales"])
         halted = [p for p in parts if p.status == "halted"]
-        assert len(halted) == 1 and "split_customer" in (halted[0].error or "")
+        assert len(halted) == 1 and "split_customer_name" in (halted[0].error or "")
         assert "o2" not in {s.order_id for s in _sales(db)}
 
-        monkeypatch.setattr(shapes_app, "BUGGY", set())
+        monkeypatch.setattr(shapes_tables, "BUGGY", set())
         operations.resume(db, "shop-sales", who="test")
         cluster.settle()
         assert _sales(db) == EXPECTED
@@ -309,7 +310,7 @@ def test_append_input_may_give_an_older_version_read_through_the_upcasters(
     assert "needs a newer declaration of type 'shop.sale' version 3" in err
     assert len(err.strip().splitlines()) == 1
     assert append({**line, "version": 1, "payload": {"order_id": "o3", "amount": 1}}) == 1
-    assert "split_customer" in capsys.readouterr().err
+    assert "split_customer_name" in capsys.readouterr().err
     assert append({**line, "version": 0}) == 1
     assert "'version' must be an integer of at least 1" in capsys.readouterr().err
     assert len(_stored_versions(db)) == 2

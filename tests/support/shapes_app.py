@@ -17,7 +17,8 @@ import json
 from typing import Any
 
 import attrs
-from sqlalchemy import Column, Integer, MetaData, String, Table, insert
+from shapes_tables import TOPIC, metadata, sales, split_customer_name
+from sqlalchemy import Column, String, Table, insert
 
 from messaging import (
     Database,
@@ -32,19 +33,6 @@ from messaging import (
 )
 from projections import projection
 from sagas import SagaContext, saga, start
-
-TOPIC = "shop"
-
-metadata = MetaData()
-sales = Table(
-    "test_shape_sales",
-    metadata,
-    Column("order_id", String(64), primary_key=True),
-    Column("amount", Integer, nullable=False),
-    Column("currency", String(8), nullable=False),
-    Column("first_name", String(64), nullable=False),
-    Column("last_name", String(64), nullable=False),
-)
 
 
 @message("shop.sale", version=2)
@@ -65,19 +53,7 @@ class Note:
     text: str
 
 
-BUGGY: set[str] = set()
-"""Order ids :func:`split_customer` fails on (a bug a test deploys, then fixes)."""
-
-
-@upcaster("shop.order-placed", 1)
-def split_customer(payload: dict[str, Any]) -> dict[str, Any]:
-    """Generation 3 split ``customer`` into first and last name."""
-    if payload["order_id"] in BUGGY:
-        raise ValueError("a bug")
-    first, _, last = payload.pop("customer").partition(" ")
-    return {**payload, "first_name": first, "last_name": last}
-
-
+split_customer = upcaster("shop.order-placed", 1)(split_customer_name)
 rename("shop.order-placed", "shop.sale")
 
 
@@ -129,11 +105,13 @@ EXPECTED = [
 """What the current class makes of :data:`GENERATIONS`, in order."""
 
 
-def write_generations(db: Database, *, times: int = 1, notes: bool = True) -> list[int]:
-    """Append :data:`GENERATIONS` (``times`` over, order ids suffixed by the round after the
-    first), each with a note between; return the positions of the sales."""
+def write_generations(
+    db: Database, *, times: int = 1, notes: bool = True, first: int = 0
+) -> list[int]:
+    """Append :data:`GENERATIONS` (``times`` over from round ``first``, order ids suffixed by
+    the round after round 0), each with a note between; return the positions of the sales."""
     rows = []
-    for round_ in range(times):
+    for round_ in range(first, first + times):
         for type_name, version, payload in GENERATIONS:
             order = payload["order_id"] + (f"-{round_}" if round_ else "")
             body = json.dumps({**payload, "order_id": order})

@@ -172,6 +172,7 @@ class Rebalancer:
                 if row.status == PartitionStatus.HALTED:
                     halted[row.consumer].add(row.partition)
         needs = pending(rows)
+        reads = {name: readable(inst.registry, w.spec) for name, w in inst.workers.items()}
         plans = plan(
             inst.id,
             live,
@@ -180,9 +181,9 @@ class Rebalancer:
             {name: inst.distributions[split_unit(name)[0]] for name in inst.workers},
             {name: inst.fingerprints[split_unit(name)[0]] for name in inst.workers},
             needs,
-            {name: readable(inst.registry, w.spec) for name, w in inst.workers.items()},
+            reads,
         )
-        self._say_needs(needs, live)
+        self._say_needs(needs, live, reads)
         live_ids = inst.membership.live_ids(inst.consumer_settings.stale_instance_timeout)
         for name, target in plans.items():
             worker = inst.workers[name]
@@ -247,15 +248,22 @@ class Rebalancer:
                     member.name,
                 )
 
-    def _say_needs(self, needs: dict[str, dict[int, Need]], live: list[InstanceRow]) -> None:
+    def _say_needs(
+        self,
+        needs: dict[str, dict[int, Need]],
+        live: list[InstanceRow],
+        reads: dict[str, dict[str, int]],
+    ) -> None:
         """Say once of each partition of this instance's consumers that waits for a newer
-        declaration no live instance has."""
+        declaration no live instance has (``reads``: what this one reads of each)."""
         for name, waiting in needs.items():
-            if name not in self.instance.workers:
+            if name not in reads:
                 continue
             for partition, need in waiting.items():
                 said = (name, partition, need)
-                able = any(can_read(reads_of(i, name), need) for i in live)
+                able = can_read(reads[name], need) or any(
+                    can_read(reads_of(i, name), need) for i in live
+                )
                 if not able and said not in self._needs_said:
                     self._needs_said.add(said)
                     log.warning(
