@@ -11,7 +11,6 @@ import argparse
 import json
 import logging
 import os
-import select
 import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -35,10 +34,9 @@ from messaging.store._database import Database, parse_database_url
 from messaging.store._migrations import migrate
 from messaging.store._refusals import refusal, refusal_words
 from projections._cli_parser import build_parser
+from projections._pipes import reader_gone, stdout_closed
 
 EXIT_ERROR = 1
-EXIT_STDOUT_CLOSED = 141
-"""128 + SIGPIPE: what a shell reports for a command that a closed pipe ended, as ``cat``."""
 
 
 def _use_app_dir(args: argparse.Namespace) -> None:
@@ -217,6 +215,19 @@ def cmd_instances(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_messages(args: argparse.Namespace) -> int:
+    """``projections messages check``: exits 1 when a stored shape reaches no current class."""
+    from messaging._messages import registry
+    from projections._shapes import format_shapes, shapes_report
+
+    _use_app_dir(args)
+    for module in args.modules:
+        import_module(module)
+    registry.check_upcasters()
+    report = _report(args, lambda db, _s: shapes_report(db, registry), format_shapes)
+    return 0 if report["ok"] else EXIT_ERROR
+
+
 def cmd_db(args: argparse.Namespace) -> int:
     settings = _settings(args)
     db = _database(settings, bounded=False)  # a migration may take long
@@ -367,6 +378,7 @@ _COMMANDS = {
     "instances": cmd_instances,
     "health": cmd_health,
     "db": cmd_db,
+    "messages": cmd_messages,
     "append": cmd_append,
     "demo": cmd_demo,
     "pause": cmd_operation,
@@ -376,24 +388,6 @@ _COMMANDS = {
     "audit": cmd_audit,
     "admin": cmd_admin,
 }
-
-
-def _reader_gone() -> bool:
-    """Whether stdout is a pipe or socket whose reader went away (not some other pipe)."""
-    try:
-        poller = select.poll()
-        poller.register(sys.stdout.fileno(), select.POLLOUT)
-        return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
-    except (AttributeError, OSError, ValueError):  # no poll(), or no file behind stdout
-        return False
-
-
-def _stdout_closed() -> int:
-    """The reader of stdout went away (``| head``): end quietly. Python flushes stdout
-    again at exit, so it is pointed at /dev/null first (the Python docs' recipe)."""
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, sys.stdout.fileno())
-    return EXIT_STDOUT_CLOSED
 
 
 def _database_url(args: argparse.Namespace) -> URL | None:
@@ -433,8 +427,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except Exception as exc:  # a bug or an unforeseen failure: still one line
-        if isinstance(exc, BrokenPipeError) and _reader_gone():
-            return _stdout_closed()
+        if isinstance(exc, BrokenPipeError) and reader_gone():
+            return stdout_closed()
         if args.traceback:
             raise
         first = (str(exc).splitlines() or [""])[0]

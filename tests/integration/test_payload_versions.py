@@ -314,3 +314,41 @@ def test_append_input_may_give_an_older_version_read_through_the_upcasters(
     assert append({**line, "version": 0}) == 1
     assert "'version' must be an integer of at least 1" in capsys.readouterr().err
     assert len(_stored_versions(db)) == 2
+
+
+def test_messages_check_lists_every_stored_shape_and_fails_on_one_no_class_reaches(
+    db: Database, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``projections messages check``: each (topic, type, version) with its count and the
+    way to its class; exit 0 while every one reaches a current class, 1 (naming it) once
+    a newer one is stored."""
+    from projections.cli import main
+
+    write_generations(db, times=2)
+    config = write_config(tmp_path / "c.yaml", db)
+    args = ["messages", "check", "shapes_app", "--config", str(config)]
+    assert main([*args, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert [
+        (e["topic"], e["type"], e["version"], e["count"], e["reaches"]) for e in report["shapes"]
+    ] == [
+        ("shop", "shop.note", 1, 8, "shop.note v1"),
+        ("shop", "shop.order-placed", 1, 4, "shop.sale v2"),
+        ("shop", "shop.order-placed", 2, 2, "shop.sale v2"),
+        ("shop", "shop.sale", 2, 2, "shop.sale v2"),
+    ]
+    assert report["shapes"][1]["via"] == [
+        "upcaster shapes_tables.split_customer_name "
+        "('shop.order-placed' v1 -> 'shop.order-placed' v2)",
+        "rename 'shop.order-placed' -> 'shop.sale'",
+    ]
+    newer = NewMessage(topic="shop", source="s", type="shop.sale", payload="{}", payload_version=3)
+    with db.transaction() as conn:
+        MessageStore(db).append_encoded(conn, [newer])
+    assert main(args) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out[-1] == "1 stored shape(s) reach no current class"
+    assert (
+        "shop shop.sale v3: 1  UNREADABLE: needs a newer declaration of type 'shop.sale' version 3"
+        in out
+    )
