@@ -14,8 +14,10 @@ from shapes_app import write_generations
 from sqlalchemy import MetaData, func, select
 
 from messaging import Database, MessageStore, NewMessage
+from messaging._settings import ConsumerSettings
 from messaging.distribution._ownership import Ownership
 from messaging.store._rows import partition_of
+from projections._reports import instances_report
 
 pytestmark = pytest.mark.multiprocess
 
@@ -66,6 +68,13 @@ def test_a_rolling_deploy_to_a_newer_payload_version_never_misreads(
             timeout=60,
             what="new1 to take a share",
         )
+        report = instances_report(db, ConsumerSettings())
+        reads = {i["name"]: i["reads"][CONSUMER] for i in report["instances"]}
+        assert reads == {
+            "old1": {"shop.order-placed": 2, "shop.sale": 2},
+            "old2": {"shop.order-placed": 2, "shop.sale": 2},
+            "new1": {"shop.order-placed": 3, "shop.sale": 3},
+        }
         newer = _newer_sales(16)
         assert len({partition_of(m.source, 4) for m in newer}) == 4
         with db.transaction() as conn:
@@ -96,4 +105,11 @@ def test_a_rolling_deploy_to_a_newer_payload_version_never_misreads(
     )
     assert stops >= 1, said  # an older instance met one, and said so
     assert "halt" not in "".join(said).lower()
+    waits = [line for text in said for line in text.splitlines() if "no live instance has" in line]
+    # new1 takes shop-sales' partitions; the saga shop-customers, which only the older
+    # app runs, waits for a newer declaration: each instance says so once per partition
+    assert not [line for line in waits if "consumer shop-sales " in line]
+    for text in said:
+        lines = [line.split(": ", 1)[1] for line in text.splitlines() if "waits: it" in line]
+        assert len(lines) == len(set(lines)) <= 4, lines
     assert "needs a newer" not in logs["new1"].read_text()

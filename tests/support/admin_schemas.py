@@ -110,6 +110,10 @@ INSTANCES = _object(
                     "last_heard": {"type": "number", "minimum": 0},
                     "late": {"type": "boolean"},
                     "gone": {"type": ["string", "null"]},
+                    "reads": {
+                        "type": "object",
+                        "additionalProperties": {"type": "object", "additionalProperties": _INT},
+                    },
                 }
             ),
         }
