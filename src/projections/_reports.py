@@ -21,6 +21,7 @@ from sqlalchemy.sql.elements import ColumnElement
 from messaging._settings import ConsumerSettings
 from messaging._states import ConsumerState, OwnerState
 from messaging.distribution._membership import Membership
+from messaging.distribution._needs import describe, pending_need
 from messaging.runtime._versions import split_unit
 from messaging.store._database import Database
 from messaging.store._liveness import STALE
@@ -98,6 +99,9 @@ def consumers_report(
                     "checkpoint": row["checkpoint"],
                     "lag": int(lags.get(row["partition_no"], 0)),
                 }
+                needs = pending_need(row["needs"], row["checkpoint"])
+                if needs is not None:  # waits for an instance with a newer declaration
+                    entry["waiting"] = describe(needs)
                 if row["halted_position"] is not None:
                     entry["halted"] = {
                         "position": row["halted_position"],
@@ -259,6 +263,8 @@ def format_consumers(report: dict[str, Any]) -> str:
                 f"{p['lag']:>8}  {p['instance'] or '-'}"
             )
             lines += _halted(p, f"  {'':>9}  ")
+            if "waiting" in p:
+                lines.append(f"  {'':>9}  waiting: it {p['waiting']}")
     for consumer in report.get("in_memory", []):
         lines.append(f"{consumer['name']}  ({IN_MEMORY}, each instance runs its own copy)")
         lines.append(f"  {'instance':<30} {'state':<8} {'position':>10} {'lag':>8}  admin")

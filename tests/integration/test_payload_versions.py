@@ -16,8 +16,12 @@ from shapes_app import EXPECTED, Sale, Sales, write_generations
 from sqlalchemy import MetaData, insert, select
 
 from messaging import Database, MessageStore, NewMessage
+from messaging._consumers import consumer_spec
+from messaging._settings import ConsumerSettings, Distribution
 from messaging.distribution._membership import InstanceInfo, Membership
 from messaging.distribution._ownership import Ownership
+from messaging.runtime._declarations import declare
+from projections._reports import consumers_report, format_consumers
 from projections.testing import open_cluster
 
 ME = "a1b2c3"
@@ -47,11 +51,12 @@ def _sales(db: Database, prefix: str = "") -> list[Sale]:
 
 
 def _worker(db: Database) -> Any:
+    """A worker of Sales holding every partition, its consumer declared."""
     with db.transaction() as conn:
         Membership(db).register(conn, InstanceInfo(id=ME, name="me", host="h", pid=1))
-        Ownership(db).ensure_partitions(conn, "shop-sales", 4)
+    declare(db, consumer_spec(Sales), Distribution.PARTITIONED, ME, "me")
+    with db.transaction() as conn:
         claims = Ownership(db).claim(conn, "shop-sales", range(4), ME, Membership(db).live_ids(30))
-        shapes_tables.sales.create(conn, checkfirst=True)
     worker = consumer_worker(db, Sales, instance_id=ME)
     worker.add_claims(claims)
     return worker
@@ -158,6 +163,12 @@ def test_a_version_newer_than_this_code_is_never_decoded(
     }
     applied = {s.order_id for s in _sales(db)}
     assert applied == {"o1", "o2", "o3", "o4"}  # not o9, nor o11 behind it
+    report = consumers_report(db, ConsumerSettings())
+    (sales,) = [c for c in report["consumers"] if c["name"] == "shop-sales"]
+    waiting = [p for p in sales["partitions"] if "waiting" in p]
+    assert [p["partition"] for p in waiting] == [stopped[0].partition]
+    assert waiting[0]["waiting"] == "needs a newer declaration of type 'shop.sale' version 3"
+    assert "waiting: it needs a newer declaration" in format_consumers(report)
     said = [r.getMessage() for r in caplog.records if "needs a newer declaration" in r.getMessage()]
     assert len(said) == 1
     assert "needs a newer declaration of type 'shop.sale' version 3" in said[0]

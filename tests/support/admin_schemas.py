@@ -36,7 +36,10 @@ _PARTITION = _object(
         "checkpoint": _INT,
         "lag": _INT,
     },
-    {"halted": _object(_HALTED, {"trace": {"type": ["string", "null"]}})},
+    {
+        "halted": _object(_HALTED, {"trace": {"type": ["string", "null"]}}),
+        "waiting": {"type": "string"},
+    },
 )
 
 CONSUMERS = _object(

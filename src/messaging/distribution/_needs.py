@@ -73,13 +73,22 @@ def pending(rows: Iterable[PartitionRow]) -> dict[str, dict[int, Need]]:
     newer declaration for, and what they need."""
     found: dict[str, dict[int, Need]] = {}
     for row in rows:
-        if row.needs is None:
-            continue
-        needs = json.loads(row.needs)
-        position = needs.get("position")
-        if position is None or row.checkpoint < position:
-            found.setdefault(row.consumer, {})[row.partition] = (needs["type"], needs["version"])
+        need = pending_need(row.needs, row.checkpoint)
+        if need is not None:
+            found.setdefault(row.consumer, {})[row.partition] = need
     return found
+
+
+def pending_need(needs: str | None, checkpoint: int) -> Need | None:
+    """What a partition at ``checkpoint`` whose row records ``needs`` waits for, if it still
+    does (its checkpoint is before the message that needs it)."""
+    if needs is None:
+        return None
+    recorded = json.loads(needs)
+    position = recorded.get("position")
+    if position is not None and checkpoint >= position:
+        return None
+    return recorded["type"], recorded["version"]
 
 
 def reads_of(instance: InstanceRow, consumer: str) -> Mapping[str, int]:
