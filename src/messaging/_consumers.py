@@ -28,6 +28,9 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 _OPTIONS_ATTRIBUTE = "__consumer_options__"
 _HANDLER_ATTRIBUTE = "__handles_messages__"
+PAYLOAD_READS_ATTRIBUTE = "__payload_reads__"
+"""On a consumer class: stored shapes it reads beside its messages, {name: newest version}
+(a consumer kind's own, as a saga's state): published with what its instance reads."""
 
 
 DEFAULT_PARTITIONS = 16

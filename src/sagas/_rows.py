@@ -13,6 +13,8 @@ class SagaRow:
     version: int | None
     state: str | None
     ended: bool
+    state_version: int = 1
+    """The version of the stored state's shape (see ``@saga(state_version=)``)."""
 
 
 @attrs.define(frozen=True, kw_only=True)

@@ -46,8 +46,9 @@ from messaging.store._rows import (
     partition_of,
 )
 from sagas._context import SagaContext
-from sagas._options import saga_options, starts_saga
+from sagas._options import STATE_UPCASTERS, saga_options, starts_saga, state_key
 from sagas._rows import Deadline, Due, SagaRow
+from sagas._states import state_readers
 from sagas._store import SagaStore
 
 T = TypeVar("T")
@@ -59,7 +60,7 @@ class SagaDispatcher(Dispatcher):
     def __init__(self, spec: ConsumerSpec, registry: MessageRegistry, db: Database) -> None:
         super().__init__(spec, registry, db)
         self.options = saga_options(spec.cls)
-        self.store = SagaStore(db, spec.name)
+        self.store = SagaStore(db, spec.name, self.options.state_version)
         self.converter = cattrs.preconf.json.make_converter()
         self.dump_state = make_dumps()
         """``converter.dumps`` of an unstructured state, without its per-call set-up."""
@@ -68,6 +69,8 @@ class SagaDispatcher(Dispatcher):
             state_class, lambda payload, _position: self.converter.loads(payload, state_class)
         )
         """``converter.loads`` of a stored state (generated for a flat state class)."""
+        self.state_readers = state_readers(spec.name, self.options, self.converter)
+        """Per older stored state version, its decode function through the upcasters."""
         self.starters: set[str] = set()
         for cls, attribute in spec.handlers.items():
             where = f"saga {spec.name!r}: handler {spec.cls.__qualname__}.{attribute}"
@@ -84,6 +87,20 @@ class SagaDispatcher(Dispatcher):
             raise RegistrationError(
                 f"saga {spec.name!r} has no @start handler: nothing can start an instance"
             )
+
+    def read_state(self, row: SagaRow) -> Any:
+        """The state of a stored instance: upcast if stored at an older version; never
+        decoded by guesswork if newer (UnknownPayloadVersion: its partition is left to an
+        instance that can read it)."""
+        assert row.state is not None
+        if row.state_version == self.options.state_version:
+            return self.load_state(row.state, None)
+        read = self.state_readers.get(row.state_version)
+        if read is None:  # a newer one (or none a chain leads from): the reason
+            key = (state_key(self.spec.name), row.state_version)
+            STATE_UPCASTERS.resolve(key, {key[0]: self.options.state_version})
+            raise AssertionError(key)  # pragma: no cover (it raised above)
+        return read(row.state, None)
 
     def key_of(self, message: object) -> str:
         """The saga instance a message belongs to."""
@@ -179,7 +196,7 @@ class _Batch:
                 return
             state: Any = None
             if row.state is not None:
-                state = dispatcher.load_state(row.state, None)
+                state = dispatcher.read_state(row)
             instance = SagaContext(self.ctx, key, state, self.now)
         if instance.ended or (instance.state is None and type_name not in dispatcher.starters):
             return

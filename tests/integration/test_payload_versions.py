@@ -363,3 +363,70 @@ def test_messages_check_lists_every_stored_shape_and_fails_on_one_no_class_reach
         "shop shop.sale v3: 1  UNREADABLE: needs a newer declaration of type 'shop.sale' version 3"
         in out
     )
+
+
+def _store_state(db: Database, key: str, state: dict[str, Any], state_version: int) -> None:
+    """A state row of the loyalty saga as an older (or newer) version of it stored it."""
+    with db.transaction() as conn:
+        conn.execute(
+            insert(db.schema.sagas).values(
+                tenant=db.tenant,
+                saga="shop-loyalty",
+                saga_key=key,
+                version=1,
+                state=json.dumps(state),
+                ended=False,
+                started_at=0.0,
+                updated_at=0.0,
+                state_version=state_version,
+            )
+        )
+
+
+def test_a_saga_reads_a_state_stored_at_an_older_version_through_its_upcaster(
+    projections_database_url: str | None,
+) -> None:
+    """A state stored at state version 1 is upcast when its next message comes, and
+    stored back at version 2; one stored at version 3 (a newer instance's) is never read:
+    its partition waits, saying what it needs."""
+    with open_cluster([shapes_app.Loyalty], database_url=projections_database_url) as cluster:
+        db = cluster.db
+        _store_state(db, "o1", {"name": "Ada Lovelace", "score": 5}, 1)
+        _store_state(db, "o3", {"customer": "Grace Hopper", "points": 1, "tier": "gold"}, 3)
+        write_generations(db)
+        cluster.join()
+        cluster.settle()
+        sagas = db.schema.sagas
+        with db.read() as conn:
+            rows = conn.execute(
+                select(sagas.c.saga_key, sagas.c.state, sagas.c.state_version, sagas.c.version)
+            ).all()
+            parts = Ownership(db).partitions(conn, ["shop-loyalty"])
+    states = {key: (json.loads(state), sv, v) for key, state, sv, v in rows}
+    assert states["o1"] == ({"customer": "Ada Lovelace", "points": 15}, 2, 2)
+    assert states["o3"] == ({"customer": "Grace Hopper", "points": 1, "tier": "gold"}, 3, 1)
+    waiting = [p for p in parts if p.needs]
+    assert len(waiting) == 1 and waiting[0].status == "running"
+    assert json.loads(waiting[0].needs or "")["type"] == "saga-state:shop-loyalty"
+
+
+def test_a_saga_whose_state_version_has_no_upcaster_is_refused(db: Database) -> None:
+    """A saga at state_version 3 with an upcaster from version 1 only: one line naming it."""
+    from messaging import RegistrationError
+    from messaging._messages import registry
+    from sagas import saga, start
+    from sagas._worker import SagaDispatcher
+
+    @saga(
+        "shop-gap", topics="shop", correlate_by="order_id", state=shapes_app.Points, state_version=3
+    )
+    class Gap:
+        @start
+        def sale(self, sale: Sale, ctx: Any) -> None:
+            pass
+
+    with pytest.raises(RegistrationError) as info:
+        SagaDispatcher(consumer_spec(Gap), registry, db)
+    assert str(info.value).startswith(
+        "saga 'shop-gap' is at state_version=3 but its stored state version 1 cannot be read"
+    )

@@ -32,7 +32,7 @@ from messaging import (
     upcaster,
 )
 from projections import projection
-from sagas import SagaContext, saga, start
+from sagas import SagaContext, saga, start, state_upcaster
 
 
 @message("shop.sale", version=2)
@@ -175,3 +175,33 @@ def send_generations(db: Database) -> None:
     ]
     with db.transaction() as conn:
         MessageStore(db).append_encoded(conn, rows)
+
+
+@attrs.define
+class Points:
+    """The loyalty saga's state, version 2; version 1 was ``{"name", "score"}``."""
+
+    customer: str
+    points: int
+
+
+@state_upcaster("shop-loyalty", 1)
+def rename_score(state: dict[str, Any]) -> dict[str, Any]:
+    return {"customer": state["name"], "points": state["score"]}
+
+
+@saga(
+    "shop-loyalty",
+    topics=TOPIC,
+    correlate_by="order_id",
+    state=Points,
+    state_version=2,
+    partitions=4,
+)
+class Loyalty:
+    """Adds each sale's amount to its order's points."""
+
+    @start
+    def sale(self, sale: Sale, ctx: SagaContext) -> None:
+        state = ctx.state or Points(f"{sale.first_name} {sale.last_name}", 0)
+        ctx.state = Points(state.customer, state.points + sale.amount)

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping
 
 from sqlalchemy import update
 
-from messaging._consumers import ConsumerSpec
+from messaging._consumers import PAYLOAD_READS_ATTRIBUTE, ConsumerSpec
 from messaging._errors import UnknownPayloadVersion
 from messaging._messages import MessageRegistry
 from messaging.distribution._membership import InstanceRow
@@ -34,7 +34,7 @@ Need = tuple[str, int]
 
 def readable(registry: MessageRegistry, spec: ConsumerSpec) -> dict[str, int]:
     """The newest payload version of each stored type name ``spec`` reads, with this code."""
-    found: dict[str, int] = {}
+    found: dict[str, int] = dict(spec.cls.__dict__.get(PAYLOAD_READS_ATTRIBUTE, {}))
     for cls in spec.handlers:
         for stored, versions in registry.readers_of(registry.type_name(cls)).items():
             found[stored] = max(versions)
