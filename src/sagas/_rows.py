@@ -27,6 +27,8 @@ class Deadline:
     due_at: float
     type: str
     payload: str
+    payload_version: int = 1
+    """The version of the payload's shape (its class's when it was scheduled)."""
 
 
 @attrs.define(frozen=True, kw_only=True)

@@ -219,6 +219,7 @@ class SagaStore:
                     "due_at": d.due_at,
                     "type": d.type,
                     "payload": d.payload,
+                    "payload_version": d.payload_version,
                     "scheduled_at": now,
                 }
                 for d in deadlines
@@ -279,6 +280,7 @@ class SagaStore:
             t = self._sagas
             columns = (
                 *(d.c.saga_key, d.c.name, d.c.partition_no, due_at, d.c.type, d.c.payload),
+                d.c.payload_version,
                 *(t.c.version, t.c.state, type_coerce(t.c.ended, Integer), t.c.state_version),
             )
             # each deadline with its saga's stored row: one read instead of two
@@ -336,12 +338,20 @@ class SagaStore:
             statement = self._due_statement(len(quotas), until is not None)
             rows = _fastpath.fetch(conn, statement, self._due_params(quotas, until), direct=direct)
             clock = 0.0
-            for k, n, p, due, t, payload, version, state, ended, state_version in rows:
+            for k, n, p, due, t, payload, shape, version, state, ended, state_version in rows:
                 if k is None:  # the clock's row
                     clock = float(due)
                     continue
                 read[p].append(
-                    Deadline(key=k, name=n, partition=p, due_at=float(due), type=t, payload=payload)
+                    Deadline(
+                        key=k,
+                        name=n,
+                        partition=p,
+                        due_at=float(due),
+                        type=t,
+                        payload=payload,
+                        payload_version=shape,
+                    )
                 )
                 if k not in sagas:  # no stored row: version None, like a new instance's
                     sagas[k] = SagaRow(

@@ -146,9 +146,9 @@ class SagaDispatcher(Dispatcher):
                     f"of type {deadline.type!r}"
                 )
             ctx.cause = f"deadline\x1f{deadline.key}\x1f{deadline.name}\x1f{deadline.due_at!r}"
-            # (a deadline's payload is of its class's version when it was scheduled: a
-            # stored deadline is read as the current version; see the README)
-            message = decoders[-1](deadline.payload, None)
+            if deadline.payload_version >= len(decoders):  # newer than this code: the reason
+                self.registry.reader(deadline.type, deadline.payload_version)("", None)
+            message = decoders[deadline.payload_version](deadline.payload, None)
             batch.handle(deadline.key, message, self.current[deadline.type])
         batch.write()
 
@@ -231,6 +231,7 @@ class _Batch:
                     due_at=due,
                     type=type_name,
                     payload=payload,
+                    payload_version=dispatcher.registry.version_of(type_name),
                 )
             )
         return encoded

@@ -13,7 +13,7 @@ import shapes_app
 import shapes_tables
 from clusters import consumer_worker, write_config
 from shapes_app import EXPECTED, Sale, Sales, write_generations
-from sqlalchemy import MetaData, insert, select
+from sqlalchemy import MetaData, func, insert, select
 
 from messaging import Database, MessageStore, NewMessage
 from messaging._consumers import consumer_spec
@@ -430,3 +430,38 @@ def test_a_saga_whose_state_version_has_no_upcaster_is_refused(db: Database) -> 
     assert str(info.value).startswith(
         "saga 'shop-gap' is at state_version=3 but its stored state version 1 cannot be read"
     )
+
+
+def test_a_saga_deadline_stored_at_an_older_version_is_delivered_upcast(
+    projections_database_url: str | None,
+) -> None:
+    """A deadline scheduled by older code (an old type name and payload version) is
+    delivered as the current class reads it."""
+    from messaging.store._rows import partition_of
+
+    with open_cluster([shapes_app.Loyalty], database_url=projections_database_url) as cluster:
+        db = cluster.db
+        _store_state(db, "o1", {"customer": "Ada Lovelace", "points": 1}, 2)
+        with db.transaction() as conn:
+            conn.execute(
+                insert(db.schema.deadlines).values(
+                    tenant=db.tenant,
+                    saga="shop-loyalty",
+                    saga_key="o1",
+                    name="bonus",
+                    partition_no=partition_of("o1", 4),
+                    due_at=0.0,
+                    type="shop.order-placed",
+                    payload=json.dumps(shapes_app.GENERATIONS[0][2]),
+                    scheduled_at=0.0,
+                    payload_version=1,
+                )
+            )
+        cluster.join()
+        cluster.settle()
+        with db.read() as conn:
+            sagas = db.schema.sagas
+            state = conn.execute(select(sagas.c.state).where(sagas.c.saga_key == "o1")).scalar()
+            left = conn.execute(select(func.count()).select_from(db.schema.deadlines)).scalar()
+    assert json.loads(state or "") == {"customer": "Ada Lovelace", "points": 11}
+    assert left == 0
