@@ -67,7 +67,7 @@ def test_append_stores_the_class_version_and_old_rows_read_as_version_1(db: Data
     version 1 (what rows stored before the column existed are)."""
     store = MessageStore(db)
     with db.transaction() as conn:
-        store.append(conn, "shop", "s", [EXPECTED[0], shapes_app.Note("x")])
+        store.append(conn, "shop", "s", [EXPECTED[0], shapes_tables.Note("x")])
         store.append_encoded(conn, [NewMessage(topic="shop", source="s", type="t", payload="{}")])
     assert _stored_versions(db) == [("shop.sale", 2), ("shop.note", 1), ("t", 1)]
     with db.read() as conn:

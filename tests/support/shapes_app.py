@@ -45,14 +45,6 @@ class Sale:
     currency: str = "EUR"
 
 
-@message("shop.note")
-@attrs.define(frozen=True)
-class Note:
-    """Another type on the topic, which the projection does not handle."""
-
-    text: str
-
-
 split_customer = upcaster("shop.order-placed", 1)(split_customer_name)
 rename("shop.order-placed", "shop.sale")
 

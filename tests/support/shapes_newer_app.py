@@ -26,12 +26,6 @@ class Sale:
     currency: str = "EUR"
 
 
-@message("shop.note")
-@attrs.define(frozen=True)
-class Note:
-    text: str
-
-
 upcaster("shop.order-placed", 1)(split_customer_name)
 rename("shop.order-placed", "shop.sale")
 

@@ -1,11 +1,14 @@
 """What :mod:`shapes_app` and :mod:`shapes_newer_app` share: the topic, the read model's
-table and the upcaster splitting a customer's name (no message type is registered here)."""
+table, the other message type on the topic and the upcaster splitting a customer's name."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import attrs
 from sqlalchemy import Column, Integer, MetaData, String, Table
+
+from messaging import message
 
 TOPIC = "shop"
 
@@ -19,6 +22,15 @@ sales = Table(
     Column("first_name", String(64), nullable=False),
     Column("last_name", String(64), nullable=False),
 )
+
+
+@message("shop.note")
+@attrs.define(frozen=True)
+class Note:
+    """Another type on the topic, which the projection does not handle."""
+
+    text: str
+
 
 BUGGY: set[str] = set()
 """Order ids :func:`split_customer_name` fails on (a bug a test deploys, then fixes)."""

@@ -17,13 +17,11 @@ import json
 import logging
 from collections.abc import Iterable, Mapping
 
-from sqlalchemy import update
-
 from messaging._consumers import PAYLOAD_READS_ATTRIBUTE, ConsumerSpec
 from messaging._errors import UnknownPayloadVersion
 from messaging._messages import MessageRegistry
 from messaging.distribution._membership import InstanceRow
-from messaging.distribution._ownership import Claim, PartitionRow
+from messaging.distribution._ownership import Claim, Ownership, PartitionRow
 from messaging.store._database import Database
 
 log = logging.getLogger("messaging.distribution.needs")
@@ -51,21 +49,11 @@ def leave(
 ) -> bool:
     """Record what ``claim``'s partition needs and release it (fenced by the claim: False
     if it is no longer held)."""
-    t = db.schema.partitions
     needs = {"type": error.type_name, "version": error.version, "position": error.position}
     with db.transaction() as conn:
-        result = conn.execute(
-            update(t)
-            .where(
-                t.c.tenant == db.tenant,
-                t.c.consumer == consumer,
-                t.c.partition_no == claim.partition,
-                t.c.owner == instance_id,
-                t.c.epoch == claim.epoch,
-            )
-            .values(needs=json.dumps(needs), owner=None, updated_at=db.clock.now())
+        return Ownership(db).fenced_update(
+            conn, consumer, claim, instance_id, needs=json.dumps(needs), owner=None
         )
-    return result.rowcount == 1
 
 
 def pending(rows: Iterable[PartitionRow]) -> dict[str, dict[int, Need]]:

@@ -367,6 +367,24 @@ class Ownership:
     ) -> bool:
         """Halt a partition at a poison message, fenced like a checkpoint; False if not owned.
         ``trace`` is where the handler failed (the last frames of its traceback)."""
+        return self.fenced_update(
+            conn,
+            consumer,
+            claim,
+            instance_id,
+            status=PartitionStatus.HALTED,
+            halted_position=position,
+            halted_type=type_name,
+            error=error,
+            halted_trace=trace,
+            halted_at=self.db.clock.now(),
+        )
+
+    def fenced_update(
+        self, conn: Connection, consumer: str, claim: Claim, instance_id: str, **values: Any
+    ) -> bool:
+        """Set ``values`` on ``claim``'s partition while ``instance_id`` holds it under the
+        claim's epoch (and stamp it); False if it does not."""
         t = self.table
         result = conn.execute(
             update(t)
@@ -376,15 +394,7 @@ class Ownership:
                 t.c.owner == instance_id,
                 t.c.epoch == claim.epoch,
             )
-            .values(
-                status=PartitionStatus.HALTED,
-                halted_position=position,
-                halted_type=type_name,
-                error=error,
-                halted_trace=trace,
-                halted_at=self.db.clock.now(),
-                updated_at=self.db.clock.now(),
-            )
+            .values(**values, updated_at=self.db.clock.now())
         )
         return result.rowcount == 1
 
