@@ -156,8 +156,18 @@ class MessageRegistry:
         name = self.type_name(type(message))
         return name, _dumps(self._converter.unstructure(message))
 
-    def decode(self, type_name: str, payload: str | bytes, position: int | None = None) -> Any:
-        """Turn a stored payload back into its message; DecodeError names position and type."""
+    def decode(
+        self,
+        type_name: str,
+        payload: str | bytes,
+        position: int | None = None,
+        version: int | None = None,
+    ) -> Any:
+        """Turn a stored payload back into its message; DecodeError names position and type.
+        With the stored payload ``version``, an older one is upcast (:meth:`reader`);
+        without, it is read as the current version."""
+        if version is not None:
+            return self.reader(type_name, version)(payload, position)
         return self.decoder(type_name)(payload, position)
 
     def decoder(self, type_name: str) -> Callable[[str | bytes, int | None], Any]:

@@ -166,3 +166,12 @@ def test_bad_versions_are_refused(version: Any) -> None:
         MessageRegistry().register(Order, "order", version)
     with pytest.raises(RegistrationError, match="at least 1"):
         MessageRegistry().add_upcaster("order", version, _bump, "order")
+
+
+def test_decode_with_the_stored_version_upcasts() -> None:
+    registry = _registry(2)
+    registry.add_upcaster("order", 1, _currency, "order")
+    stored = json.dumps({"order_id": "a", "total": 5})
+    assert registry.decode("order", stored, 1, version=1) == Order("a", 5, "EUR")
+    with pytest.raises(DecodeError, match="currency"):
+        registry.decode("order", stored, 1)  # read as the current version: it is not
