@@ -131,3 +131,15 @@ def test_a_partition_needing_a_newer_declaration_goes_only_to_an_instance_that_h
     assert plans["old"].target | plans["new"].target == {0, 1, 2, 3}
     alone = plan("old", [old], owners, {"c1": 4}, {"c1": P}, FP, needs, reads["old"])["c1"]
     assert alone.target == {0, 2, 3}
+
+
+def test_an_elected_single_owner_leaves_a_partition_it_cannot_read_waiting() -> None:
+    """Single-owner: the elected instance claims every partition but one needing a newer
+    declaration than its own (which it would only release again)."""
+    owners = {"c1": {p: "a" for p in range(4)}}
+    live = [member("a", c1=S)]
+    needs = {"c1": {2: ("t", 3)}}
+    mine = plan("a", live, owners, {"c1": 4}, {"c1": S}, FP, needs, {"c1": {"t": 2}})["c1"]
+    assert mine.target == {0, 1, 3} and mine.release == {2}
+    able = plan("a", live, owners, {"c1": 4}, {"c1": S}, FP, needs, {"c1": {"t": 3}})["c1"]
+    assert able.target == {0, 1, 2, 3} and not able.release

@@ -124,10 +124,17 @@ def plan(
         for consumer in consumers:
             owned_here = {p for p, o in owners.get(consumer, {}).items() if o == me}
             if elected[consumer] == me:
+                # but a partition waiting for a newer declaration than this one's: it waits
+                readable_here = (my_reads or {}).get(consumer, {})
+                unreadable = {
+                    p
+                    for p, need in (needs or {}).get(consumer, {}).items()
+                    if not can_read(readable_here, need)
+                }
                 plans[consumer] = Plan(
                     consumer=consumer,
-                    target=frozenset(range(partitions[consumer])),
-                    release=frozenset(),
+                    target=frozenset(range(partitions[consumer])) - unreadable,
+                    release=frozenset(owned_here & unreadable),
                 )
             else:
                 plans[consumer] = Plan(
