@@ -30,6 +30,7 @@ from projections._shapes import shapes_report
 
 SHAPES = [("orders", "order.placed", 1), ("orders", "order.placed", 2), ("orders", "order.paid", 1)]
 SHAPES += [("stock", "stock.moved", 1), ("stock", "stock.counted", 3)]
+_COPY_CHUNK = 200_000
 
 
 def seed(db: Database, count: int) -> int:
@@ -55,16 +56,20 @@ def seed(db: Database, count: int) -> int:
     while have < count:
         round_ += 1
         take = min(have, count - have)
-        with db.engine.begin() as conn:
-            conn.execute(
-                text(
-                    f"INSERT INTO {m} ({columns}) SELECT tenant, position + {have}, topic, "
-                    f"CONCAT(source, '-{round_}'), version, type, payload, headers, "
-                    f"partition_hash, recorded_at, payload_version FROM {m} "
-                    f"WHERE position <= {take}"
+        for start in range(0, take, _COPY_CHUNK):  # short statements, one commit each
+            end = min(take, start + _COPY_CHUNK)
+            with db.engine.begin() as conn:
+                conn.execute(
+                    text(
+                        f"INSERT INTO {m} ({columns}) SELECT tenant, position + {have}, topic, "
+                        f"CONCAT(source, '-{round_}'), version, type, payload, headers, "
+                        f"partition_hash, recorded_at, payload_version FROM {m} "
+                        f"WHERE position > {start} AND position <= {end}"
+                    )
                 )
-            )
         have += take
+        with db.engine.begin() as conn:
+            conn.execute(text(f"UPDATE {db.schema.positions.name} SET last_position = {have}"))
         print(f"  seeded {have:,}", file=sys.stderr, flush=True)
     return have
 
@@ -75,7 +80,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--messages", type=int, default=10_000_000, help="stream length")
     args = parser.parse_args(argv)
     with bench_mysql.scratch_database(args.mysql_url, "shapes") as url:
-        db = Database(url, table_prefix="bench_")
+        db = Database(url, table_prefix="bench_", answer_timeout=600)
         try:
             migrate(db)
             db.prepare()

@@ -98,6 +98,11 @@ class NewMessage:
         if not (is_plain_id(self.topic) and is_plain_id(self.source) and is_plain_id(self.type)):
             for name in ("topic", "source", "type"):
                 check_id(f"message {name}", getattr(self, name))
+        version = self.payload_version
+        if type(version) is not int or version < 1:
+            raise ValueError(
+                f"message payload_version must be an integer of at least 1, got {version!r}"
+            )
 
 
 def is_plain_id(value: object) -> bool:
