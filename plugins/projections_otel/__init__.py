@@ -35,7 +35,13 @@ name                                   instrument       from hook
 ``projections.membership.read.duration`` histogram (s)  projections_rebalanced
 ``projections.members.live``           gauge            projections_rebalanced
 ``projections.partition.lag``          gauge            projections_lag
+``projections.version.live``           gauge            projections_versions
+``projections.version.building``       gauge            projections_versions
 =====================================  ===============  ===========================
+
+A version being built beside the live one is the consumer ``name@N`` in the metrics of
+its batches, claims and lag (its build progress: its partitions' lag going to 0);
+``projections.version.building`` is its number while it is built, 0 after.
 
 The histograms (all durations, in seconds) advise the bucket boundaries
 :data:`DURATION_BUCKETS`, 1 ms to 30 s (the SDK's default ones go from 0 to 10,000 in
@@ -90,6 +96,7 @@ from projections_otel.telemetry import (
     projections_partition_released,
     projections_rebalanced,
     projections_retrying,
+    projections_versions,
 )
 
 __all__ = [
@@ -111,5 +118,6 @@ __all__ = [
     "projections_partition_released",
     "projections_rebalanced",
     "projections_retrying",
+    "projections_versions",
     "trace_headers",
 ]

@@ -165,6 +165,17 @@ class Telemetry:
             unit="{position}",
             description="Newest position in the store minus the partition's checkpoint",
         )
+        self.live_version = meter.create_gauge(
+            "projections.version.live",
+            unit="{version}",
+            description="The number of a projection's live version",
+        )
+        self.building_version = meter.create_gauge(
+            "projections.version.building",
+            unit="{version}",
+            description="The number of the version being built beside the live one (0: none)",
+        )
+        self._building: set[str] = set()
         self._names: dict[str, str] = {}
         self._positions: dict[tuple[str, str], int] = {}
         self._lock = threading.Lock()
@@ -334,6 +345,19 @@ class Telemetry:
             self.live_members.set(live_members, attributes)
 
     @hookimpl
+    def projections_versions(
+        self, instance_id: str, live: Mapping[str, int], building: Mapping[str, int]
+    ) -> None:
+        with _never_raise("projections_versions"):
+            instance = self._instance(instance_id)
+            for name, version in live.items():
+                self.live_version.set(version, {"consumer": name, "instance": instance})
+            for name in self._building | set(building):  # 0 once a build is over
+                attributes: Attributes = {"consumer": name, "instance": instance}
+                self.building_version.set(building.get(name, 0), attributes)
+            self._building = set(building)
+
+    @hookimpl
     def projections_lag(self, consumer: str, instance_id: str, lags: Mapping[int, int]) -> None:
         with _never_raise("projections_lag"):
             instance = self._instance(instance_id)
@@ -361,3 +385,4 @@ projections_deadlines_delivered = default_telemetry.projections_deadlines_delive
 projections_heartbeat = default_telemetry.projections_heartbeat
 projections_rebalanced = default_telemetry.projections_rebalanced
 projections_lag = default_telemetry.projections_lag
+projections_versions = default_telemetry.projections_versions

@@ -130,6 +130,16 @@ def projections_rebalanced(
 
 
 @hookspec
+def projections_versions(
+    instance_id: str, live: Mapping[str, int], building: Mapping[str, int]
+) -> None:
+    """Called after each rebalance round with the projections this instance runs: the
+    number of each one's live version, and of the version being built beside it (those
+    building one only). A building version's progress is the lag of its partitions
+    (:func:`projections_lag`, consumer ``name@N``)."""
+
+
+@hookspec
 def projections_lag(consumer: str, instance_id: str, lags: Mapping[int, int]) -> None:
     """Called after each rebalance round with the position lag of each partition applied
     here: the newest position in the store minus the partition's checkpoint."""

@@ -113,10 +113,12 @@ class ConsumerOverride:
     :ivar distribution: Distribution mode for this consumer only.
     :ivar concurrency_limit: Most partitions of this consumer applied at once
         in one instance (``concurrency-limit``); ``None`` means no limit.
+    :ivar retired_versions: Retired versions of this projection to keep (for a rollback).
     """
 
     distribution: Distribution | None = None
     concurrency_limit: int | None = None
+    retired_versions: int | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -124,10 +126,14 @@ class ConsumerGroupSettings:
     """The settings section of a kind of consumer (its ``ConsumerKind.settings_group``).
 
     :ivar distribution: Default distribution mode of every consumer in the group.
+    :ivar retired_versions: How many versions a cutover retired each projection keeps,
+        latest first, with their tables (``retired-versions``): a rollback goes back to
+        the latest; older ones are dropped after each cutover. 0 keeps none.
     :ivar consumers: Overrides by consumer name.
     """
 
     distribution: Distribution = Distribution.PARTITIONED
+    retired_versions: int = 1
     consumers: dict[str, ConsumerOverride] = attrs.field(factory=dict)
 
     def distribution_for(self, name: str) -> Distribution:
@@ -136,6 +142,13 @@ class ConsumerGroupSettings:
         if override is not None and override.distribution is not None:
             return override.distribution
         return self.distribution
+
+    def retired_versions_for(self, name: str) -> int:
+        """How many retired versions projection ``name`` keeps."""
+        override = self.consumers.get(name)
+        if override is not None and override.retired_versions is not None:
+            return override.retired_versions
+        return self.retired_versions
 
     def concurrency_limit_for(self, name: str) -> int | None:
         """The concurrency limit of consumer ``name``, or ``None`` when it has none."""
@@ -349,6 +362,15 @@ def _group_problems(settings: Settings) -> list[str]:
                 problems.append(f"{key} ({limit}) is not supported: {no_limit[section]}")
             elif limit is not None and limit < 1:
                 problems.append(f"{key} ({limit}) must be 1 or more")
+            kept = override.retired_versions
+            if kept is not None and kept < 0:
+                problems.append(
+                    f"{section}.consumers.{name}.retired-versions ({kept}) must be 0 or more"
+                )
+        if group.retired_versions < 0:
+            problems.append(
+                f"{section}.retired-versions ({group.retired_versions}) must be 0 or more"
+            )
     return problems
 
 

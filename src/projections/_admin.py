@@ -12,8 +12,12 @@ Routes:
   ``GET /admin/consumers/<name>/health`` one consumer's (404 for an unknown one);
 - ``GET /admin/health/live`` and ``/admin/health/ready``: 200 or 503 with the reasons
   (:mod:`messaging.runtime._probes`), for load balancers and Kubernetes probes;
-- ``POST /admin/consumers/<name>/<pause|resume|rebuild>``: the commands, with an optional
-  JSON body ``{"reason", "skip_poison"}``; the audit records ``admin token@<peer address>``.
+- ``GET /admin/consumers/<name>/versions``: a projection's versions
+  (:func:`projections._version_commands.versions_report`);
+- ``POST /admin/consumers/<name>/<pause|resume|rebuild|rollback|drop-version>``: the
+  commands, with an optional JSON body ``{"reason", "skip_poison", "version"}``
+  (``version``: the one ``drop-version`` drops); the audit records
+  ``admin token@<peer address>``.
 
 Every request must name this server in its ``Host`` header (421 otherwise); commands need
 the admin token, a JSON content type and no foreign ``Origin`` (:mod:`projections._admin_guard`).
@@ -54,12 +58,14 @@ from projections._reports import (
     in_memory_pointer,
     instances_report,
 )
+from projections._version_commands import drop_version, rollback, versions_report
 
 log = logging.getLogger("projections.admin")
 
 SINGLE_OWNER_REASON = "single-owner: one elected instance applies it"
 DATABASE_UNAVAILABLE = "the database is unavailable; see the server's log"
-COMMANDS = ("pause", "resume", "rebuild")
+COMMANDS = ("pause", "resume", "rebuild", "rollback", "drop-version")
+IN_MEMORY = ("pause", "resume", "rebuild")  # what an in-memory copy takes (no versions)
 #: Seconds a client has to send a whole request; handler threads; bytes of a command's body.
 REQUEST_TIMEOUT = 10.0
 MAX_THREADS = 16
@@ -164,18 +170,25 @@ def _segments(target: str) -> list[str] | None:
         return None
 
 
+def _missing_version() -> int:
+    raise OperationError("drop-version needs the 'version' to drop in its body")
+
+
 def _command_body(raw: bytes) -> dict[str, Any]:
-    """A command's JSON body ``{"reason", "skip_poison"}`` (both optional); ValueError
-    naming what is wrong otherwise."""
+    """A command's JSON body ``{"reason", "skip_poison", "version"}`` (all optional);
+    ValueError naming what is wrong otherwise."""
     body = json.loads(raw) if raw.strip() else {}
     if not isinstance(body, dict):
         raise ValueError("the body must be a JSON object")
-    unknown = sorted(set(body) - {"reason", "skip_poison"})
+    unknown = sorted(set(body) - {"reason", "skip_poison", "version"})
     if unknown:
         raise ValueError(
             f"unknown key(s) {', '.join(map(repr, unknown))}; a command takes "
-            "'reason' and 'skip_poison' (the server records who asked)"
+            "'reason', 'skip_poison' and 'version' (the server records who asked)"
         )
+    version = body.get("version", 1)
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        raise ValueError("'version' must be a whole number from 1")
     if not isinstance(body.get("reason", ""), str):
         raise ValueError("'reason' must be a string")
     if not isinstance(body.get("skip_poison", False), bool):
@@ -273,6 +286,10 @@ def make_server(
                 name = segments[2]
                 self._answer(path, lambda: health_report(db, settings, name))
                 return
+            if segments[:2] == ["admin", "consumers"] and segments[3:] == ["versions"]:
+                name = segments[2]
+                self._answer(path, lambda: versions_report(db, consumer_settings, name))
+                return
             route = routes.get(path)
             if route is None:
                 self.send_json(404, {"error": f"no such route: {path}"})
@@ -280,7 +297,7 @@ def make_server(
             self._answer(path, route)
 
         def do_POST(self) -> None:
-            """``POST /admin/consumers/<name>/<pause|resume|rebuild>``: the operator commands
+            """``POST /admin/consumers/<name>/<command>`` (:data:`COMMANDS`): the commands
             (see :func:`projections._admin_guard.AdminGuard.check_command` for who may)."""
             if self._host_refused():
                 return
@@ -321,6 +338,12 @@ def make_server(
                     operations.pause(db, consumer, who=who, reason=reason)
                 elif command == "rebuild":
                     operations.rebuild(db, consumer, who=who, reason=reason)
+                elif command == "rollback":
+                    return {"version": rollback(db, consumer, who=who, reason=reason)}
+                elif command == "drop-version":
+                    version = int(body.get("version", 0)) or _missing_version()
+                    tables = drop_version(db, consumer, version, who=who, reason=reason)
+                    return {"version": version, "tables": tables}
                 else:
                     halted = operations.resume(
                         db,
@@ -334,7 +357,7 @@ def make_server(
 
             def run() -> dict[str, Any]:
                 result: dict[str, Any] = {"consumer": consumer, "command": command}
-                if instance is not None and consumer in instance.in_memory:
+                if instance is not None and consumer in instance.in_memory and command in IN_MEMORY:
                     result = instance.operate_in_memory(consumer, command, skip_poison=skip)
                 else:
                     try:

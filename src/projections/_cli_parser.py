@@ -151,7 +151,9 @@ def build_parser() -> argparse.ArgumentParser:
     for name, help_text in (
         ("pause", "stop every instance from applying a consumer"),
         ("resume", "let a paused consumer or its halted partitions run again"),
-        ("rebuild", "empty a consumer's read models and replay it from the start"),
+        ("rebuild", "build a new version of a projection beside the live one"),
+        ("rollback", "make the version the live one replaced live again"),
+        ("drop-version", "drop a retired version of a projection, with its tables"),
         ("forget-processed", "drop old ids from an idempotent route consumer's guard"),
     ):
         operation = commands.add_parser(name, help=help_text)
@@ -166,6 +168,8 @@ def build_parser() -> argparse.ArgumentParser:
                 type=_duration,
                 help="ids handled longer ago than this, e.g. 168h (a week) or 30m",
             )
+        if name == "drop-version":
+            operation.add_argument("version", type=_positive, metavar="VERSION")
         if name == "resume":
             operation.add_argument(
                 "--skip-poison",
@@ -173,6 +177,13 @@ def build_parser() -> argparse.ArgumentParser:
                 help="continue right after each halted message instead of retrying it",
             )
         _add_database_options(operation)
+
+    versions = commands.add_parser(
+        "versions", help="a projection's versions: live, building (with progress), retired"
+    )
+    versions.add_argument("consumer", metavar="PROJECTION")
+    versions.add_argument("--json", action="store_true", help="print JSON")
+    _add_database_options(versions)
 
     audit = commands.add_parser("audit", help="the operator commands recorded, oldest first")
     audit.add_argument("consumer", nargs="?", metavar="CONSUMER")

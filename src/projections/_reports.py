@@ -22,7 +22,7 @@ from messaging._settings import ConsumerSettings
 from messaging._states import ConsumerState, OwnerState
 from messaging.distribution._membership import Membership
 from messaging.distribution._needs import describe, pending_need
-from messaging.runtime._versions import split_unit
+from messaging.runtime._versions import seconds_now, split_unit
 from messaging.store._database import Database
 from messaging.store._liveness import STALE
 
@@ -67,6 +67,8 @@ def consumers_report(
         for consumer in declared:
             topics, types = json.loads(consumer["topics"]), json.loads(consumer["types"])
             name, version = split_unit(consumer["name"])
+            if version is not None and '"dropped"' in (consumer["cutover"] or ""):
+                continue  # a dropped version: its row only keeps its number taken
             lag = (
                 select(parts.c.partition_no, func.count(messages.c.position).label("lag"))
                 .select_from(parts.outerjoin(messages, pending(db, consumer)))
@@ -122,7 +124,9 @@ def consumers_report(
                 entry["version_of"] = name
                 if consumer["state"] == ConsumerState.RUNNING:
                     total = _total(db, conn, topics, types)
-                    entry["build"] = {"applied": total - sum(lags.values()), "total": total}
+                    applied = total - sum(lags.values())
+                    started = json.loads(consumer["cutover"] or "{}").get("started_at")
+                    entry["build"] = build_progress(applied, total, started, seconds_now(db, conn))
             report.append(entry)
         in_memory = _in_memory(db, conn, instances)
     return {"consumers": report, "in_memory": in_memory}
@@ -197,6 +201,15 @@ def in_memory_pointer(
     )
 
 
+def build_progress(applied: int, total: int, started: float | None, now: float) -> dict[str, Any]:
+    """A building version's ``{"applied", "total", "rate", "eta_seconds"}``: messages per
+    second since its build started, and the time left at that rate (None: unknown)."""
+    rate = applied / max(now - started, 1e-3) if started is not None else 0.0
+    left = max(0, total - applied)
+    eta = round(left / rate, 1) if rate > 0 else (0.0 if not left else None)
+    return {"applied": applied, "total": total, "rate": round(rate, 1), "eta_seconds": eta}
+
+
 def _total(db: Database, conn: Connection, topics: list[str], types: list[str]) -> int:
     """How many messages of ``topics`` and ``types`` there are: what a version builds."""
     m = db.schema.messages
@@ -249,7 +262,9 @@ def format_consumers(report: dict[str, Any]) -> str:
         if "build" in consumer:
             b = consumer["build"]
             state = f"version {consumer['version']} of {consumer['version_of']}, building: "
-            state += f"{b['applied']}/{b['total']} applied"
+            state += f"{b['applied']}/{b['total']} applied, {b['rate']}/s, " + (
+                "time left unknown" if b["eta_seconds"] is None else f"{b['eta_seconds']} s left"
+            )
         lines.append(
             f"{consumer['name']}  ({consumer['kind']}, {consumer['distribution']}, {state})"
         )

@@ -8,35 +8,36 @@ with :data:`EXIT_STDOUT_CLOSED`.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
+import select
 import sys
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from functools import partial
-from pathlib import Path
-from typing import Any
 
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import DBAPIError
 
-from messaging._config import load_settings
 from messaging._connection import database_for
-from messaging._errors import ConfigError, OperationError, ProjectionsError
+from messaging._errors import ConfigError, ProjectionsError
 from messaging._overrides import check_overrides
 from messaging._plugins import collect_consumers, create_plugin_manager, import_module
 from messaging._settings import Settings
 from messaging._states import Severity
 from messaging.runtime._instance import Instance
-from messaging.store._database import Database, parse_database_url
+from messaging.store._database import parse_database_url
 from messaging.store._migrations import migrate
 from messaging.store._refusals import refusal, refusal_words
+from projections._cli_operations import cmd_audit, cmd_operation, cmd_versions
 from projections._cli_parser import build_parser
-from projections._pipes import reader_gone, stdout_closed
+from projections._cli_support import command_settings as _settings
+from projections._cli_support import print_report as _report
 
 EXIT_ERROR = 1
+EXIT_STDOUT_CLOSED = 141
+"""128 + SIGPIPE: what a shell reports for a command that a closed pipe ended, as ``cat``."""
 
 
 def _use_app_dir(args: argparse.Namespace) -> None:
@@ -48,29 +49,7 @@ def _use_app_dir(args: argparse.Namespace) -> None:
         sys.path.insert(0, folder)
 
 
-def _settings(args: argparse.Namespace) -> Settings:
-    return load_settings(args.config, database=args.database)
-
-
 _database = database_for
-
-
-def _existing_database(settings: Settings) -> Database:
-    """The database of a command that only reads or operates on what runs: a SQLite file
-    that does not exist is an error naming it, never created empty."""
-    url = parse_database_url(settings.database)
-    if url.get_backend_name() == "sqlite" and url.database:
-        path = Path(url.database)
-        if not path.is_file():
-            raise ProjectionsError(
-                f"no database at {path.resolve()}: nothing has run here yet "
-                "(pass --database or --config, or run an instance first)"
-            )
-    return _database(settings)
-
-
-def _print_json(data: Any) -> None:
-    print(json.dumps(data, indent=2, sort_keys=False))
 
 
 def _worker_command(args: argparse.Namespace, index: int) -> list[str]:
@@ -173,26 +152,6 @@ def _supervise(args: argparse.Namespace, settings: Settings) -> int:
     return supervisor.run()
 
 
-def _report(
-    args: argparse.Namespace,
-    build: Callable[[Database, Settings], dict[str, Any]],
-    as_text: Callable[[dict[str, Any]], str],
-) -> dict[str, Any]:
-    """Print the report ``build`` reads (as JSON with ``--json``); return it."""
-    settings = _settings(args)
-    db = _existing_database(settings)
-    try:
-        db.prepare()
-        report = build(db, settings)
-    finally:
-        db.dispose()
-    if args.json:
-        _print_json(report)
-    else:
-        print(as_text(report))
-    return report
-
-
 def cmd_status(args: argparse.Namespace) -> int:
     from projections._reports import consumers_report, format_consumers
 
@@ -273,83 +232,6 @@ def cmd_append(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_operation(args: argparse.Namespace) -> int:
-    from projections import _operations as operations
-    from projections._reports import in_memory_pointer
-
-    settings = _settings(args)
-    db = _existing_database(settings)
-    who = operations.default_operator()
-    try:
-        db.prepare()
-        _operate(args, db, who)
-    except OperationError:
-        skip = bool(getattr(args, "skip_poison", False))
-        where = in_memory_pointer(
-            db, settings.messaging.consumer, args.consumer, args.command, skip_poison=skip
-        )
-        if where is None:
-            raise
-        raise ProjectionsError(where) from None
-    finally:
-        db.dispose()
-    return 0
-
-
-def _operate(args: argparse.Namespace, db: Database, who: str) -> None:
-    """Run the operator command ``args.command`` through the database; print the outcome."""
-    from projections import _operations as operations
-
-    if args.command == "pause":
-        operations.pause(db, args.consumer, who=who, reason=args.reason)
-        print(f"paused {args.consumer}")
-    elif args.command == "forget-processed":
-        count = operations.forget_processed(
-            db, args.consumer, older_than=args.older_than, who=who, reason=args.reason
-        )
-        print(f"forgot {count} handled message ids of {args.consumer}")
-    elif args.command == "rebuild":
-        operations.rebuild(db, args.consumer, who=who, reason=args.reason)
-        print(f"rebuild of {args.consumer} requested; a running instance performs it")
-    else:
-        halted = operations.resume(
-            db, args.consumer, who=who, reason=args.reason, skip_poison=args.skip_poison
-        )
-        verb = "skipped" if args.skip_poison else "retrying"
-        for entry in halted:
-            print(
-                f"partition {entry['partition']}: {verb} position {entry['position']} "
-                f"({entry['type']})"
-            )
-        print(f"resumed {args.consumer}")
-
-
-def cmd_audit(args: argparse.Namespace) -> int:
-    from projections._operations import audit_log
-
-    db = _existing_database(_settings(args))
-    try:
-        db.prepare()
-        entries = audit_log(db, args.consumer)
-    finally:
-        db.dispose()
-    if args.json:
-        _print_json({"audit": entries})
-    else:
-        from projections._reports import format_time
-
-        if entries:
-            print(f"{'at':<29}  {'who':<24} {'command':<22} consumer  detail")
-        for entry in entries:
-            print(
-                f"{format_time(entry['at']):<29}  {entry['who']:<24} {entry['command']:<22} "
-                f"{entry['consumer']}  {json.dumps(entry['detail'], sort_keys=True)}"
-            )
-        if not entries:
-            print("no operator commands recorded")
-    return 0
-
-
 def cmd_demo(args: argparse.Namespace) -> int:
     from projections._demo import run_demo
 
@@ -385,9 +267,30 @@ _COMMANDS = {
     "forget-processed": cmd_operation,
     "resume": cmd_operation,
     "rebuild": cmd_operation,
+    "rollback": cmd_operation,
+    "drop-version": cmd_operation,
+    "versions": cmd_versions,
     "audit": cmd_audit,
     "admin": cmd_admin,
 }
+
+
+def _reader_gone() -> bool:
+    """Whether stdout is a pipe or socket whose reader went away (not some other pipe)."""
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
+    except (AttributeError, OSError, ValueError):  # no poll(), or no file behind stdout
+        return False
+
+
+def _stdout_closed() -> int:
+    """The reader of stdout went away (``| head``): end quietly. Python flushes stdout
+    again at exit, so it is pointed at /dev/null first (the Python docs' recipe)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    return EXIT_STDOUT_CLOSED
 
 
 def _database_url(args: argparse.Namespace) -> URL | None:
@@ -427,8 +330,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except Exception as exc:  # a bug or an unforeseen failure: still one line
-        if isinstance(exc, BrokenPipeError) and reader_gone():
-            return stdout_closed()
+        if isinstance(exc, BrokenPipeError) and _reader_gone():
+            return _stdout_closed()
         if args.traceback:
             raise
         first = (str(exc).splitlines() or [""])[0]

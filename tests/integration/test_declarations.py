@@ -56,8 +56,8 @@ def _cut_over(db: Database, spec, unit: str) -> None:  # type: ignore[no-untyped
     """Take the cutover steps of version ``unit`` of ``spec`` (an empty stream: each at once),
     as an instance building it would (its tables made first)."""
     create_version_tables(db, spec, split_unit(unit)[1] or 0)
-    step(db, spec, unit, batch_size=100)  # the live version stops
-    step(db, spec, unit, batch_size=100)  # the versions change places
+    step(db, spec, unit, batch_size=100, keep=1)  # the live version stops
+    step(db, spec, unit, batch_size=100, keep=1)  # the versions change places
     with db.read() as conn:
         assert [u.version for u in unit_rows(db, conn, [spec.name]) if u.live] == [
             split_unit(unit)[1]

@@ -19,6 +19,7 @@ from messaging.store._clock import ManualClock
 from projections import projection
 from projections._operations import audit_log, pause, rebuild, recorded_detail, resume
 from projections._reports import consumers_report
+from projections._version_commands import drop_version, rollback
 from projections.testing import SimulatedCluster
 
 metadata = MetaData()
@@ -223,3 +224,37 @@ def test_a_retried_command_finds_its_entry_by_the_indexed_command_id_column(db: 
         else:
             plan = [str(row.key) for row in conn.exec_driver_sql(f"EXPLAIN {sql}")]
     assert any(f"{db.schema.prefix}ix_audit_command" in step for step in plan), plan
+
+
+def test_rollback_and_drop_version_refuse_what_does_not_fit(cluster: SimulatedCluster) -> None:
+    """Each refusal says why and changes nothing; a rollback the cluster can do goes back
+    to the replaced version (equal read model), audited with the versions."""
+    db = cluster.db
+    _append(db, "a", "b")
+    _drain(cluster)
+    with pytest.raises(OperationError, match="no retired version to roll back to"):
+        rollback(db, "ops-notes", who="x")
+    with pytest.raises(OperationError, match="unknown consumer 'nope'"):
+        rollback(db, "nope", who="x")
+    rebuild(db, "ops-notes", who="x")
+    with pytest.raises(OperationError, match="a rebuild of 'ops-notes' was requested"):
+        rollback(db, "ops-notes", who="x")
+    cluster.tick()
+    with pytest.raises(OperationError, match="being built: ops-notes@2; roll back once"):
+        rollback(db, "ops-notes", who="x")
+    with pytest.raises(OperationError, match="'ops-notes@2' is version 2 of 'ops-notes'"):
+        rollback(db, "ops-notes@2", who="x")
+    with pytest.raises(OperationError, match="version 2 of 'ops-notes' is building"):
+        drop_version(db, "ops-notes", 2, who="x")
+    cluster.settle()
+    assert _live_version(db) == 2
+    with pytest.raises(OperationError, match="version 2 of 'ops-notes' is live"):
+        drop_version(db, "ops-notes", 2, who="x")
+    _append(db, "c")
+    assert rollback(db, "ops-notes", who="x", reason="back") == 1
+    cluster.settle()
+    assert _live_version(db) == 1
+    assert _texts(db) == ["a", "b", "c"]
+    entries = [(e["command"], e["detail"]) for e in audit_log(db)]
+    assert entries[-1] == ("rollback", {"from": 2, "reason": "back", "to": 1})
+    assert drop_version(db, "ops-notes", 2, who="x") == ["_v2__ops_notes"]

@@ -9,13 +9,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
-from admin_client import chromium, get_json, serve
+from admin_client import TOKEN, chromium, get_json, post, serve
 from admin_schemas import CONSUMERS, check
 from clusters import cli, seed_ledger, write_config
 
 from messaging import Instance, collect_consumers, create_plugin_manager
 from messaging._config import load_settings
+from messaging._settings import AdminSettings
 from messaging.store._database import Database
 from projections import _operations as operations
 from projections._admin import make_server
@@ -71,17 +73,19 @@ def test_a_rebuild_reports_the_new_versions_progress_until_it_takes_over(
 
     entry = _entry(db, BUILDING)
     assert (entry["state"], entry["version"], entry["version_of"]) == ("running", 2, CONSUMER)
-    assert entry["build"] == {"applied": 0, "total": total}
+    assert (entry["build"]["applied"], entry["build"]["total"]) == (0, total)
+    assert entry["build"]["rate"] == 0 and entry["build"]["eta_seconds"] is None
     assert building.poll() == 20
     entry = _entry(db, BUILDING)
     assert entry["build"]["applied"] == 20
 
     text = cli(config, "status")
     assert f"{BUILDING}  (projection, partitioned, version 2 of {CONSUMER}, building: " in text
-    assert f"building: 20/{total} applied" in text
+    assert f"building: 20/{total} applied, " in text and " s left" in text
     as_json = check(json.loads(cli(config, "status", "--json")), CONSUMERS)
     (listed,) = [c for c in as_json["consumers"] if c["name"] == BUILDING]
-    assert listed["build"] == entry["build"]
+    assert listed["build"]["applied"] == entry["build"]["applied"]
+    assert listed["build"]["rate"] > 0 and listed["build"]["eta_seconds"] > 0
     _check_admin(db, config, tmp_path, entry)
 
     seen = [entry["build"]["applied"]]
@@ -104,21 +108,35 @@ def test_a_rebuild_reports_the_new_versions_progress_until_it_takes_over(
 
 def _check_admin(db: Database, config: Path, tmp_path: Path, entry: dict[str, Any]) -> None:
     """``/admin/consumers`` carries the progress, and the page shows it."""
-    server = make_server(db, load_settings(str(config)), "127.0.0.1", 0)
+    settings = attrs.evolve(load_settings(str(config)), admin=AdminSettings(token=TOKEN))
+    server = make_server(db, settings, "127.0.0.1", 0)
     base, thread = serve(server)
     try:
+        status, versions = get_json(base + f"/admin/consumers/{CONSUMER}/versions")
+        assert status == 200
+        assert [(v["version"], v["role"]) for v in versions["versions"]] == [
+            (1, "live"),
+            (2, "building"),
+        ]
+        build = versions["versions"][1]["build"]
+        assert build["applied"] == entry["build"]["applied"] and build["rate"] > 0
+        assert build["eta_seconds"] is not None and build["eta_seconds"] >= 0
+        status, answer = post(base + f"/admin/consumers/{CONSUMER}/rollback", {"reason": "x"})
+        assert status == 409 and f"being built: {BUILDING}" in answer["error"], answer
+        status, answer = get_json(base + "/admin/consumers/nope/versions")
+        assert (status, answer) == (409, {"error": "unknown projection 'nope'"})
         status, body = get_json(base + "/admin/consumers")
         assert status == 200
         check(body, CONSUMERS)
         (listed,) = [c for c in body["consumers"] if c["name"] == BUILDING]
-        assert listed["build"] == entry["build"]
+        assert listed["build"]["applied"] == entry["build"]["applied"]
         dom = chromium(tmp_path / "profile", "--dump-dom", url=base + "/admin")
         assert dom.returncode == 0, dom.stderr
         total = entry["build"]["total"]
         percent = f"{100 * 20 / total:.1f}"
         assert (
             f'<li data-consumer-state="{BUILDING}" class="building">{BUILDING}: version 2 of '
-            f"{CONSUMER}, building 20/{total} ({percent}%)</li>"
+            f"{CONSUMER}, building 20/{total} ({percent}%), "
         ) in dom.stdout
     finally:
         server.shutdown()

@@ -37,9 +37,10 @@ from messaging.runtime._worker import ConsumerWorker
 from messaging.store._clock import ManualClock
 from messaging.store._rows import partition_of
 from projections import projection
+from projections._operations import rebuild
 from projections._reports import consumers_report
 from projections.examples.ledger import TOPIC, Balances, traffic
-from projections.testing import SimulatedCluster
+from projections.testing import SimulatedCluster, simulation_settings
 from projections_otel import Telemetry, context_of, trace_headers
 
 CONSUMER = "ledger-balances"
@@ -245,6 +246,7 @@ def test_the_plugin_loads_from_the_config(tmp_path: Path) -> None:
         "projections_heartbeat",
         "projections_rebalanced",
         "projections_lag",
+        "projections_versions",
     }
     # Every implementation matches a specification (the manager checked them on creation).
     manager.check_pending()
@@ -459,3 +461,34 @@ def test_a_partition_claimed_from_another_instance_counts_as_a_move(
     claims = sum(p.value for p in points["projections.partition.claims"])
     assert claims == 8 + moved
     db.dispose()
+
+
+def test_a_rebuild_reports_the_live_and_the_building_version(
+    tmp_path: Path, telemetry: Telemetry, reader: InMemoryMetricReader
+) -> None:
+    """While a version is built the gauges say which; its partitions' lag is reported
+    under ``name@N``; after the cutover the live version is the new one, building 0."""
+    clocked = Database(f"sqlite:///{tmp_path}/versions.db", clock=ManualClock())
+    clocked.prepare()
+    cluster = SimulatedCluster(clocked, [Balances], simulation_settings(), plugins=[telemetry])
+    try:
+        cluster.join("v-1")
+        _append(clocked, 100)
+        cluster.settle()
+        rebuild(clocked, CONSUMER, who="test")
+        cluster.tick()  # starts version 2
+        cluster.tick()  # claims its partitions, reports the round
+        points = _points(reader)
+        (live,) = _of(points["projections.version.live"], consumer=CONSUMER)
+        (building,) = _of(points["projections.version.building"], consumer=CONSUMER)
+        assert (live.value, building.value) == (1, 2)
+        lags = _of(points["projections.partition.lag"], consumer=f"{CONSUMER}@2")
+        assert sorted(p.attributes["partition"] for p in lags) == list(range(8))
+        cluster.settle()  # builds it and cuts over
+        cluster.tick()
+        points = _points(reader)
+        (live,) = _of(points["projections.version.live"], consumer=CONSUMER)
+        (building,) = _of(points["projections.version.building"], consumer=CONSUMER)
+        assert (live.value, building.value) == (2, 0)
+    finally:
+        clocked.dispose()

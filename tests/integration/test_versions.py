@@ -29,7 +29,7 @@ from readers import Reader, Traffic
 from sqlalchemy import MetaData, func, select
 
 from messaging import Database, MessageStore
-from messaging.runtime._cutover import RENAME_LOCK_WAIT
+from messaging.store._ddl import DDL_LOCK_WAIT
 from projections.examples import ledger
 
 pytestmark = pytest.mark.multiprocess
@@ -99,7 +99,7 @@ def test_a_reader_holding_a_transaction_delays_the_swap_without_stalling_the_oth
             wait_until(
                 lambda: _state(db) == "cutting-over", timeout=60, what="the live version to stop"
             )
-            held_until = time.monotonic() + 4 * RENAME_LOCK_WAIT  # several rename attempts
+            held_until = time.monotonic() + 4 * DDL_LOCK_WAIT  # several rename attempts
             while time.monotonic() < held_until:
                 if db.is_sqlite:
                     break  # SQLite renames beside open readers: nothing to hold back
@@ -113,7 +113,7 @@ def test_a_reader_holding_a_transaction_delays_the_swap_without_stalling_the_oth
         assert stop_instance(process) == 0
     print(f"\nslowest read {reader.slowest:.2f} s of {reader.reads}")
     assert reader.errors == [] and reader.went_back == 0
-    assert reader.slowest < RENAME_LOCK_WAIT + 0.75
+    assert reader.slowest < DDL_LOCK_WAIT + 0.75
     actual, expected = ledger_matches_replay(db)
     assert actual == expected
 

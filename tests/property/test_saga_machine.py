@@ -80,9 +80,13 @@ class TimersMachine(ClusterMachine):
 
 
 def test_saga_deadlines_are_delivered_once_under_any_cluster_events(
-    run_machine: RunMachine,
+    run_machine: RunMachine, backend: str
 ) -> None:
-    run_machine(TimersMachine, machine_settings(max_examples=25, steps=30))
+    """The search runs longer on SQLite; MySQL/MariaDB (three times slower a step) checks
+    the same protocol on its backend with fewer runs."""
+    run_machine(
+        TimersMachine, machine_settings(max_examples=25 if backend == "sqlite" else 8, steps=30)
+    )
 
 
 def test_a_deadline_left_in_the_table_after_delivery_is_caught(

@@ -14,6 +14,7 @@ import odd_names_app
 from admin_client import TOKEN
 from admin_target import TARGET, LiveAdmin
 
+from projections._admin import COMMANDS
 from projections._admin_guard import CROSS_ORIGIN, DISABLED, NOT_JSON, UNAUTHORIZED, WRONG_HOST
 from projections._admin_http import MAX_HEAD_BYTES
 from projections._operations import MAX_REASON_LENGTH, audit_log
@@ -67,6 +68,9 @@ def test_a_command_without_the_right_token_is_unauthorized(guarded: LiveAdmin) -
         status, headers, body = command(guarded.port, token=token)
         assert (status, body) == (401, {"error": UNAUTHORIZED}), token
         assert headers["www-authenticate"] == "Bearer"
+    for name in COMMANDS:  # every state-changing route
+        path = f"/admin/consumers/{TARGET}/{name}"
+        assert command(guarded.port, path, token="wrong")[:3:2] == (401, {"error": UNAUTHORIZED})
     for scheme in ("Basic", "Token", ""):
         extra = [("Authorization", f"{scheme} {TOKEN}".strip())]
         assert command(guarded.port, token=None, extra=extra)[0] == 401, scheme
@@ -122,8 +126,10 @@ def test_a_cross_origin_command_is_refused_even_with_the_token(guarded: LiveAdmi
         "null",
         "",
     ):
-        status, _, body = command(port, extra=[("Origin", origin)])
-        assert (status, body) == (403, {"error": CROSS_ORIGIN}), origin
+        for name in COMMANDS:
+            path = f"/admin/consumers/{TARGET}/{name}"
+            status, _, body = command(port, path, extra=[("Origin", origin)])
+            assert (status, body) == (403, {"error": CROSS_ORIGIN}), (origin, name)
     assert guarded.snapshot() == before
 
 
@@ -154,6 +160,9 @@ def test_bad_bodies_are_answered_400_or_413_and_change_nothing(guarded: LiveAdmi
         (b"{not json", "bad request"),
         (b'{"reason": 5}', "'reason' must be a string"),
         (b'{"skip_poison": "yes"}', "'skip_poison' must be true or false"),
+        (b'{"version": "2"}', "'version' must be a whole number from 1"),
+        (b'{"version": 0}', "'version' must be a whole number from 1"),
+        (b'{"version": true}', "'version' must be a whole number from 1"),
     ):
         status, _, answer = command(port, body=body)
         assert status == 400 and needle in answer["error"], (body, answer)

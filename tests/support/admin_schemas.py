@@ -64,7 +64,17 @@ CONSUMERS = _object(
                     "version": {"type": "integer", "minimum": 1},
                     "partitions": {"type": "array", "items": _PARTITION},
                 },
-                {"version_of": _ID, "build": _object({"applied": _INT, "total": _INT})},
+                {
+                    "version_of": _ID,
+                    "build": _object(
+                        {
+                            "applied": _INT,
+                            "total": _INT,
+                            "rate": {"type": "number", "minimum": 0},
+                            "eta_seconds": {"type": ["number", "null"], "minimum": 0},
+                        }
+                    ),
+                },
             ),
         }
     },

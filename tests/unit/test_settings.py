@@ -501,6 +501,26 @@ def _with_override(group: str, limit: int) -> Settings:
             1,
             id="concurrency-limit-sagas",
         ),
+        pytest.param(
+            lambda: Settings(
+                consumer_groups={"projections": ConsumerGroupSettings(retired_versions=-1)}
+            ),
+            "projections.retired-versions (-1) must be 0 or more",
+            1,
+            id="retired-versions",
+        ),
+        pytest.param(
+            lambda: Settings(
+                consumer_groups={
+                    "projections": ConsumerGroupSettings(
+                        consumers={"x": ConsumerOverride(retired_versions=-2)}
+                    )
+                }
+            ),
+            "projections.consumers.x.retired-versions (-2) must be 0 or more",
+            1,
+            id="retired-versions-override",
+        ),
         pytest.param(lambda: Settings(tenant=""), "tenant must not be empty", 1, id="tenant"),
         pytest.param(
             lambda: Settings(tenant="  "), "tenant must not be empty", 1, id="tenant-blank"
@@ -796,3 +816,12 @@ def test_a_kind_section_must_be_a_free_top_level_key(
     with pytest.raises(RegistrationError, match=error):
         kinds.register_kind(kinds.ConsumerKind(value="k", article="a k", settings_group=section))
         settings_from_mapping({})
+
+
+def test_retired_versions_are_read_per_projection_with_the_group_default() -> None:
+    settings = settings_from_mapping(
+        {"projections": {"retired-versions": 2, "consumers": {"a": {"retired-versions": 0}}}}
+    )
+    group = settings.group("projections")
+    assert (group.retired_versions_for("a"), group.retired_versions_for("b")) == (0, 2)
+    assert settings_from_mapping({}).group("projections").retired_versions_for("a") == 1

@@ -17,10 +17,10 @@ next round goes on from):
    On MySQL/MariaDB the tables change places in one ``RENAME TABLE`` statement (atomic,
    and replicated in total order on Galera); the rows before it (marking the swap and
    fencing the new version) and after it are two transactions, and an instance finding
-   a swap marked redoes what is missing. The rename waits at most
-   :data:`RENAME_LOCK_WAIT` for the metadata locks of readers' open transactions on the
-   tables (statements on them queue behind it meanwhile), then gives up until the next
-   round (logged): a long reader delays the swap, never stalls the other readers long.
+   a swap marked redoes what is missing. The rename waits a second at most
+   (:mod:`messaging.store._ddl`) for the metadata locks of readers' open transactions on
+   the tables (statements on them queue behind it meanwhile), then gives up for 2, 4, 8...
+   30 s (logged): a long reader delays the swap, never stalls other readers for long.
 3. The new version's partitions are claimed again under the declared names, by the
    instances running its declaration; the others retire the consumer.
 
@@ -34,8 +34,9 @@ import json
 import logging
 from collections.abc import Mapping
 
+import attrs
 from sqlalchemy import Connection, delete, func, inspect, select, update
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import OperationalError, ProgrammingError
 
 from messaging._consumers import ConsumerSpec
 from messaging._states import ConsumerState
@@ -43,8 +44,10 @@ from messaging.distribution._ownership import Ownership
 from messaging.distribution._pulse import bump_generation
 from messaging.runtime._gate import VersionGate
 from messaging.runtime._lifecycle import lifecycle_event
-from messaging.runtime._versions import UnitRow, unit_name, unit_rows
+from messaging.runtime._retired import drop_retired
+from messaging.runtime._versions import UnitRow, seconds_now, unit_name, unit_rows
 from messaging.store._database import Database
+from messaging.store._ddl import bounded_lock_wait
 from messaging.store._retry import lock_conflict
 from messaging.store._rows import POSITION
 from messaging.store._store import MessageStore
@@ -53,9 +56,9 @@ from messaging.store._tenancy import ReadModels
 
 log = logging.getLogger("messaging.runtime.cutover")
 
-RENAME_LOCK_WAIT = 1
-"""Seconds the MySQL/MariaDB ``RENAME TABLE`` of a swap waits for metadata locks (the
-server's minimum): readers' statements on the tables queue behind a waiting rename."""
+NO_SUCH_TABLE = 1146
+"""MySQL/MariaDB's "Table ... doesn't exist": what a rename finds when another instance
+of the version renamed the tables first."""
 
 
 def behind(db: Database, conn: Connection, unit: UnitRow, spec: ConsumerSpec, limit: int) -> int:
@@ -77,8 +80,10 @@ def behind(db: Database, conn: Connection, unit: UnitRow, spec: ConsumerSpec, li
     return max(counted, limit) if full else counted
 
 
-def step(db: Database, spec: ConsumerSpec, unit: str, batch_size: int) -> None:
-    """Take the next cutover step of version ``unit`` of ``spec``, if it is due."""
+def step(db: Database, spec: ConsumerSpec, unit: str, batch_size: int, keep: int) -> None:
+    """Take the next cutover step of version ``unit`` of ``spec``, if it is due; after a
+    swap, drop the retired versions beyond the ``keep`` latest
+    (:func:`~messaging.runtime._retired.drop_retired`)."""
     with db.read() as conn:
         rows = {r.unit: r for r in unit_rows(db, conn, [spec.name])}
         building, live = rows.get(unit), rows.get(spec.name)
@@ -97,7 +102,7 @@ def step(db: Database, spec: ConsumerSpec, unit: str, batch_size: int) -> None:
     if cutover is None:
         _stop_live(db, live, building)
     else:
-        _swap(db, spec, live, building)
+        _swap(db, spec, live, building, keep)
 
 
 def _stop_live(db: Database, live: UnitRow, building: UnitRow) -> None:
@@ -144,53 +149,109 @@ def _stop_live(db: Database, live: UnitRow, building: UnitRow) -> None:
     )
 
 
-def _swap(db: Database, spec: ConsumerSpec, live: UnitRow, building: UnitRow) -> None:
+def _swap(db: Database, spec: ConsumerSpec, live: UnitRow, building: UnitRow, keep: int) -> None:
     """Step 2: the tables, partitions and rows of the two versions change places."""
     assert live.cutover is not None
     renames = _renames(db, spec, live, building)
     if db.is_sqlite:
         with db.transaction() as conn:
-            if _swap_marked(db, conn, live, building, mark=False):
+            swapped = _swap_marked(db, conn, live, building, mark=False)
+            if swapped:
                 for leftover in _leftovers(conn, renames, live):
                     conn.exec_driver_sql(f'DROP TABLE "{leftover}"')
                 for old, new in renames.items():
                     conn.exec_driver_sql(f'ALTER TABLE "{old}" RENAME TO "{new}"')
-                _swap_rows(db, conn, spec, live, building)
+                _swap_rows(db, conn, spec, live, building, _retired_tables(renames, live))
+        if swapped:
+            drop_retired(db, live.name, keep)
         return
     if not live.cutover.get("swapping"):
         with db.transaction() as conn:
             if not _swap_marked(db, conn, live, building, mark=True):
                 return
+        live = attrs.evolve(live, cutover={**live.cutover, "swapping": True})  # as written
+    if not _rename_tables(db, spec, live, building, renames):
+        return
+    with db.transaction() as conn:
+        swapped = _swap_marked(db, conn, live, building, mark=False, swapping=True)
+        if swapped:
+            _swap_rows(db, conn, spec, live, building, _retired_tables(renames, live))
+    if swapped:
+        drop_retired(db, live.name, keep)
+
+
+def _rename_tables(
+    db: Database, spec: ConsumerSpec, live: UnitRow, building: UnitRow, renames: Mapping[str, str]
+) -> bool:
+    """MySQL/MariaDB: rename every table of the swap in one ``RENAME TABLE``; whether they
+    are renamed (here, or by another instance of the version first). The rename waits a
+    second at most for readers' metadata locks; after a wait ran out, no instance tries
+    again before :func:`_rename_backoff` has passed (recorded on the live row)."""
+    assert live.cutover is not None
+    with db.read() as conn:
+        if seconds_now(db, conn) < float(live.cutover.get("rename_after", 0)):
+            return False
     with db.engine.connect() as conn:
         present = set(inspect(conn).get_table_names())
         pending = {old: new for old, new in renames.items() if old in present}
         first_new = ReadModels(db.tenant, building.version).tables(spec.options.tables)
-        if any(t.name in present for t in first_new):  # not renamed yet (all or none)
-            kept = conn.exec_driver_sql("SELECT @@SESSION.lock_wait_timeout").scalar_one()
-            conn.exec_driver_sql(f"SET SESSION lock_wait_timeout = {RENAME_LOCK_WAIT}")
-            try:
+        if not any(t.name in present for t in first_new):
+            return True  # renamed already (all or none)
+        try:
+            with bounded_lock_wait(conn):
                 for leftover in _leftovers(conn, pending, live):
-                    conn.exec_driver_sql(f"DROP TABLE `{leftover}`")
+                    conn.exec_driver_sql(f"DROP TABLE IF EXISTS `{leftover}`")
                 conn.exec_driver_sql(
-                    "RENAME TABLE "
-                    + ", ".join(f"`{old}` TO `{new}`" for old, new in pending.items())
+                    "RENAME TABLE " + ", ".join(f"`{a}` TO `{b}`" for a, b in pending.items())
                 )
-            except OperationalError as exc:
-                if lock_conflict(exc) != "lock-wait-timeout":
-                    raise
-                log.warning(  # not retried at once: the readers queued behind it go on
-                    "%s: the swap to version %d waits for open transactions on %s; "
-                    "trying again next round",
-                    live.name,
-                    building.version,
-                    ", ".join(sorted(pending)),
-                )
-                return
-            finally:  # the pooled session keeps its own bound for other DDL
-                conn.exec_driver_sql(f"SET SESSION lock_wait_timeout = {int(kept)}")
+        except (OperationalError, ProgrammingError) as exc:
+            code = next(iter(getattr(exc.orig, "args", ())), None)
+            present = set(inspect(conn).get_table_names())
+            if code == NO_SUCH_TABLE and not any(t.name in present for t in first_new):
+                return True  # another instance of the version renamed them first
+            if lock_conflict(exc) != "lock-wait-timeout":
+                raise
+            _rename_backoff(db, live, sorted(pending))
+            return False
+    return True
+
+
+def _rename_backoff(db: Database, live: UnitRow, tables: list[str]) -> None:
+    """After a rename gave up waiting for readers: the next attempt comes 2, 4, 8... up to
+    30 seconds later (recorded on the live row, for every instance), so that the readers
+    queued behind each attempt (a second at most) get the time between to themselves."""
+    assert live.cutover is not None
+    attempts = int(live.cutover.get("rename_attempts", 0)) + 1
+    delay = min(30.0, 2.0**attempts)
+    t = db.schema.consumers
     with db.transaction() as conn:
-        if _swap_marked(db, conn, live, building, mark=False, swapping=True):
-            _swap_rows(db, conn, spec, live, building)
+        after = seconds_now(db, conn) + delay
+        conn.execute(
+            update(t)
+            .where(
+                t.c.tenant == db.tenant,
+                t.c.name == live.unit,
+                t.c.state == ConsumerState.CUTTING_OVER,
+                t.c.cutover == json.dumps(live.cutover),
+            )
+            .values(
+                cutover=json.dumps(
+                    {**live.cutover, "rename_after": after, "rename_attempts": attempts}
+                )
+            )
+        )
+    log.warning(  # the readers queued behind it go on meanwhile
+        "%s: the swap to version %d waits for open transactions on %s; trying again in %.0f s",
+        live.name,
+        live.cutover["version"],
+        ", ".join(tables),
+        delay,
+    )
+
+
+def _retired_tables(renames: Mapping[str, str], live: UnitRow) -> list[str]:
+    """The tables the live version keeps once retired (``_vL__<table>``)."""
+    return sorted(new for new in renames.values() if new.startswith(f"_v{live.version}__"))
 
 
 def _renames(
@@ -258,10 +319,16 @@ def _swap_marked(
 
 
 def _swap_rows(
-    db: Database, conn: Connection, spec: ConsumerSpec, live: UnitRow, building: UnitRow
+    db: Database,
+    conn: Connection,
+    spec: ConsumerSpec,
+    live: UnitRow,
+    building: UnitRow,
+    retired_tables: list[str],
 ) -> None:
     """The partition and ``consumers`` rows of the two versions change places; every
-    partition of both gets a new epoch above any either had."""
+    partition of both gets a new epoch above any either had. The retired row records its
+    tables and the version that replaced it (a rollback's target)."""
     t, ownership = db.schema.consumers, Ownership(db)
     retired = unit_name(live.name, live.version)
     floor = ownership.top_epoch(conn, [live.unit, building.unit])
@@ -293,6 +360,15 @@ def _swap_rows(
         .where(t.c.tenant == db.tenant, t.c.name == building.unit)
         .values(name=retired, state=ConsumerState.RETIRED, updated_at=now, version=live.version)
         .values({c: old[c] for c in carried})
+        .values(
+            cutover=json.dumps(
+                {
+                    "tables": retired_tables,
+                    "retired_by": building.version,
+                    "retired_at": seconds_now(db, conn),
+                }
+            )
+        )
     )
     conn.execute(
         update(t)

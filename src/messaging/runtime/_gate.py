@@ -98,3 +98,8 @@ class VersionGate:
     @property
     def checkpoints(self) -> Mapping[int, int]:
         return self._checkpoints
+
+    @property
+    def stopped(self) -> bool:
+        """Whether the live version had stopped for the cutover, when last read."""
+        return self._stopped

@@ -206,14 +206,14 @@ class Instance:
             return
         self._spawn("watchdog", self.watchdog.run, self.stop_requested)
         self._spawn("heartbeat", self._heartbeat_loop, self._stop_heartbeat)
-        self._spawn("rebalance", self.rebalancer.loop, self._stop_rebalance)
         for looped in [*self.workers.values(), *self.in_memory.values()]:
             looped.pulsed = True
         self.pulser.listen()
         self._spawn("pulse", self.pulser.loop, self._stop_workers)
         for name, worker in self.workers.items():
             self.spawn(f"apply:{name}", worker.run)
-        self.units.looping = True
+        self.units.looping = True  # from now on a worker started by a round gets a thread
+        self._spawn("rebalance", self.rebalancer.loop, self._stop_rebalance)  # (after them)
         for name, memory in self.in_memory.items():
             self._spawn(f"memory:{name}", memory.run, self._stop_workers)
 

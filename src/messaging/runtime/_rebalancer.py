@@ -102,6 +102,11 @@ class Rebalancer:
         for name, worker in inst.workers.items():
             lags = {p: max(0, head - c.checkpoint) for p, c in worker.claims().items()}
             inst.hooks.projections_lag(consumer=name, instance_id=inst.id, lags=lags)
+        inst.hooks.projections_versions(
+            instance_id=inst.id,
+            live={u.name: u.version for u in units if u.live},
+            building={u.name: u.version for u in units if u.building},
+        )
         self._next_round_in = self._next_round(members)
         if self._awaiting_since is not None and not any(self._awaited.values()):
             waited = time.monotonic() - self._awaiting_since
@@ -162,7 +167,8 @@ class Rebalancer:
                 distribution = inst.distributions[unit.name]
                 start_requested_rebuild(inst.db, spec, fingerprint, distribution)
             elif unit.building:
-                step(inst.db, spec, unit.unit, inst.consumer_settings.batch_size)
+                keep = inst.group(spec).retired_versions_for(spec.name)
+                step(inst.db, spec, unit.unit, inst.consumer_settings.batch_size, keep)
         declared = {u.unit: (u.fingerprint, u.state) for u in units}
         owners: dict[str, dict[int, str | None]] = {name: {} for name in inst.workers}
         halted: dict[str, set[int]] = {name: set() for name in inst.workers}

@@ -113,6 +113,7 @@ class Units:
         )
         if version is not None:
             worker.gate = VersionGate(inst.db, name)
+            worker.cutover_due = inst.rebalancer.request_round  # the live one waits for it
             worker.outbox = Outbox(worker.store, name)  # the ids the live version derives
         worker.outage = inst.outage
         inst.workers[unit] = worker

@@ -64,7 +64,35 @@ class UnitRow:
     topics: tuple[str, ...]
     types: tuple[str, ...]
     cutover: dict[str, Any] | None
-    """On the live row while a version takes over: what the live version had applied."""
+    """On the live row while a version takes over: what the live version had applied. On
+    another version's row: its ``tables``, when its build started (``started_at``,
+    seconds), once a cutover retired it ``retired_by`` (the number of the version that
+    replaced it) and ``retired_at``, and once dropped ``dropped``: the row stays, without
+    partitions or tables, so that no number is given twice."""
+
+    @property
+    def tables(self) -> tuple[str, ...]:
+        """The physical tables of a version that is not live (as recorded in its row)."""
+        return tuple(self.cutover.get("tables", ())) if self.cutover and not self.live else ()
+
+    @property
+    def dropped(self) -> bool:
+        """A retired version whose partitions and tables were dropped."""
+        return bool(not self.live and self.cutover and self.cutover.get("dropped"))
+
+    @property
+    def retired_by(self) -> int | None:
+        """The version whose cutover retired this one; None if it never was live, or it
+        was dropped."""
+        if self.live or self.state != ConsumerState.RETIRED or not self.cutover or self.dropped:
+            return None
+        number = self.cutover.get("retired_by")
+        return int(number) if number is not None else None
+
+    @property
+    def kept(self) -> bool:
+        """A retired version whose tables are kept (not dropped)."""
+        return self.state == ConsumerState.RETIRED and not self.live and not self.dropped
 
     @property
     def live(self) -> bool:
@@ -146,8 +174,9 @@ def start_version(
     """Record a new version of ``spec`` under ``fingerprint`` (in ``conn``'s transaction;
     each instance building it makes its tables, :func:`create_version_tables`); return its
     consumer name. Its number is the next one whose tables do not exist (a number is never
-    given twice, but tables may outlive rows). A version still being built under another
-    declaration is retired first: only the newest declaration is built."""
+    given twice: a dropped version's row stays; tables may outlive rows). A version still
+    being built under another declaration is retired first: only the newest declaration
+    is built."""
     rows = unit_rows(db, conn, [spec.name])
     version = max([1, *(r.version for r in rows)]) + 1
     present = set(inspect(conn).get_table_names())
@@ -165,6 +194,7 @@ def start_version(
             )
             Ownership(db).fence_all(conn, row.unit)
     unit = unit_name(spec.name, version)
+    tables = [table.name for table in ReadModels(db.tenant, version).tables(spec.options.tables)]
     conn.execute(
         insert(t).values(
             tenant=db.tenant,
@@ -177,11 +207,17 @@ def start_version(
             fingerprint=fingerprint,
             state=ConsumerState.RUNNING,
             updated_at=db.clock.now(),
+            cutover=json.dumps({"tables": tables, "started_at": seconds_now(db, conn)}),
         )
     )
     Ownership(db).ensure_partitions(conn, unit, spec.partitions)
     lifecycle_event("version", consumer=spec.name, version=version, reason=reason)
     return unit
+
+
+def seconds_now(db: Database, conn: Connection) -> float:
+    """The database clock's time, in seconds (recorded in a version's row)."""
+    return float(conn.execute(select(db.clock.now())).scalar_one())
 
 
 def create_version_tables(db: Database, spec: ConsumerSpec, version: int) -> None:

@@ -91,6 +91,8 @@ class ConsumerWorker(Worker):
         self._lanes = Lanes(self.lanes)
         self._stop = threading.Event()  # the apply loop's, once it runs
         self.gate: VersionGate | None = None
+        self.cutover_due: Callable[[], object] | None = None
+        """Called after each poll while the live version is stopped for a cutover."""
         """For a version being built: what the live version applied and sent."""
 
     # -- ownership, changed by the rebalance loop ----------------------------------------
@@ -175,6 +177,16 @@ class ConsumerWorker(Worker):
             raise
 
     def poll(self) -> int:
+        """Fetch and apply one batch of the owned partitions; return how many messages were
+        applied. A version being built whose live version stopped for the cutover then
+        asks for the next step at once (:attr:`cutover_due`): the live version is applied
+        by no one until the swap."""
+        applied = self._poll()
+        if self.gate is not None and self.gate.stopped and self.cutover_due is not None:
+            self.cutover_due()
+        return applied
+
+    def _poll(self) -> int:
         """Fetch and apply one batch of the owned partitions; return how many messages were
         applied.
 

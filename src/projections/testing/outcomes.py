@@ -17,8 +17,10 @@ import pymysql
 from sqlalchemy import Connection
 from sqlalchemy.exc import OperationalError
 
-from messaging import Database
+from messaging import Database, MessageStore
+from messaging._consumers import ConsumerSpec
 from messaging.distribution._ownership import Claim, Ownership
+from messaging.store._rows import PARTITION_HASH, POSITION
 
 LOST_DURING_COMMIT = 2013
 """MySQL's "Lost connection to MySQL server during query", which PyMySQL raises when the
@@ -43,6 +45,21 @@ class UnknownOutcome:
     consumer: str
     moved: Mapping[int, Moved]
     committed: bool
+
+    def messages(self, store: MessageStore, spec: ConsumerSpec) -> int:
+        """How many messages of ``spec`` the batch held."""
+        moved = self.moved
+        with store.db.read() as conn:
+            rows = store.read_batch(
+                conn,
+                spec.topics,
+                partitions={p: m.before for p, m in moved.items()},
+                partition_count=spec.partitions,
+                types=spec.stored_type_names(),  # the old names too
+                limit=max(m.after for m in moved.values()) - min(m.before for m in moved.values()),
+            )
+        n = spec.partitions
+        return sum(row[POSITION] <= moved[row[PARTITION_HASH] % n].after for row in rows)
 
 
 def unknown_outcome_error(db: Database) -> OperationalError:
@@ -70,24 +87,46 @@ class OutcomeLosingDatabase(Database):
     back (``committed=False``: the connection dropped before ``COMMIT`` reached the
     server); either way ``on_lost`` is told what it moved and the transaction raises
     :func:`unknown_outcome_error`. One such transaction per call; other transactions
-    (heartbeats, claims, deadline deliveries, reads) are untouched.
+    (heartbeats, claims, deadline deliveries, reads) are untouched. After
+    :meth:`lose_transaction`, the n-th transaction of any kind from then on loses its
+    outcome the same way (a claim, a release, a step of a cutover, ...).
     """
 
     def __init__(self, db: Database, on_lost: Callable[[UnknownOutcome], None]) -> None:
         self.__dict__.update(vars(db))  # shares db's engine: no second pool, no second schema
         self.on_lost = on_lost
         self._committed: bool | None = None
+        self._nth: tuple[int, bool] | None = None
+
+    def lose_transaction(self, nth: int, *, committed: bool = True) -> None:
+        """Lose the outcome of the ``nth`` transaction from now (1: the next), whatever it
+        does; :meth:`keep_outcomes` undoes it."""
+        self._nth = (nth, committed)
 
     def lose_next_outcome(self, *, committed: bool = True) -> None:
         """Lose the outcome of the next batch transaction that moves a checkpoint."""
         self._committed = committed
 
     def keep_outcomes(self) -> None:
-        """Lose nothing more (undo :meth:`lose_next_outcome` if no batch came)."""
+        """Lose nothing more (undo :meth:`lose_next_outcome` and :meth:`lose_transaction`
+        if no transaction came)."""
         self._committed = None
+        self._nth = None
 
     @contextmanager
     def transaction(self, *, consumer: str | None = None) -> Iterator[Connection]:
+        if self._nth is not None:
+            nth, kept = self._nth
+            self._nth = (nth - 1, kept) if nth > 1 else None
+            if nth == 1:
+                try:
+                    with super().transaction(consumer=consumer) as conn:
+                        yield conn
+                        if not kept:
+                            raise _RollBack
+                except _RollBack:
+                    pass
+                raise unknown_outcome_error(self)
         committed = self._committed
         if committed is None or consumer is None:
             with super().transaction(consumer=consumer) as conn:

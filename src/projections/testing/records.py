@@ -8,24 +8,43 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import attrs
+from sqlalchemy import select
 
-from messaging import hookimpl
+from messaging import Database, hookimpl
+from messaging.runtime._versions import split_unit
 
 if TYPE_CHECKING:
     from projections.testing.cluster import SimulatedCluster
 
-__all__ = ["Claimed", "Commit", "Delivery", "Recorder"]
+__all__ = ["Claimed", "Commit", "Delivery", "Recorder", "version_of"]
 
 
 @attrs.define(frozen=True)
 class Commit:
-    """One committed batch: which instance committed which partitions under which epochs."""
+    """One committed batch: which instance committed which partitions under which epochs,
+    for which version of the consumer (1 for a consumer that is never rebuilt)."""
 
     instance: str
     consumer: str
     epochs: Mapping[int, int]
     last_position: int
     count: int
+    version: int = 1
+
+
+def version_of(db: Database, consumer: str) -> int:
+    """The version a commit of ``consumer`` (a live version, or ``name@N``) is made for:
+    read right after the commit, before any cutover can happen (the simulated instances
+    commit and rebalance in turn)."""
+    name, version = split_unit(consumer)
+    if version is not None:
+        return version
+    c = db.schema.consumers
+    with db.read() as conn:
+        live = conn.execute(
+            select(c.c.version).where(c.c.tenant == db.tenant, c.c.name == name)
+        ).scalar_one_or_none()
+    return int(live or 1)
 
 
 @attrs.define(frozen=True)
@@ -65,7 +84,10 @@ class Recorder:
         last_position: int,
     ) -> None:
         name = self.cluster.name_of(instance_id)
-        self.cluster.commits.append(Commit(name, consumer, dict(epochs), last_position, count))
+        version = version_of(self.cluster.db, consumer)
+        self.cluster.commits.append(
+            Commit(name, consumer, dict(epochs), last_position, count, version)
+        )
         parts = " ".join(f"p{p}/e{e}" for p, e in sorted(epochs.items()))
         self.cluster.note(f"{name} committed {consumer} {parts}: {count} up to {last_position}")
 

@@ -1,0 +1,59 @@
+"""What the ``projections`` subcommands share: their settings, their database, their
+reports printed as text or JSON."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from messaging._config import load_settings
+from messaging._connection import database_for
+from messaging._errors import ProjectionsError
+from messaging._settings import Settings
+from messaging.store._database import Database, parse_database_url
+
+
+def command_settings(args: argparse.Namespace) -> Settings:
+    """The settings a command's ``--config`` and ``--database`` give."""
+    return load_settings(args.config, database=args.database)
+
+
+def existing_database(settings: Settings) -> Database:
+    """The database of a command that only reads or operates on what runs: a SQLite file
+    that does not exist is an error naming it, never created empty."""
+    url = parse_database_url(settings.database)
+    if url.get_backend_name() == "sqlite" and url.database:
+        path = Path(url.database)
+        if not path.is_file():
+            raise ProjectionsError(
+                f"no database at {path.resolve()}: nothing has run here yet "
+                "(pass --database or --config, or run an instance first)"
+            )
+    return database_for(settings)
+
+
+def print_json(data: Any) -> None:
+    print(json.dumps(data, indent=2, sort_keys=False))
+
+
+def print_report(
+    args: argparse.Namespace,
+    build: Callable[[Database, Settings], dict[str, Any]],
+    as_text: Callable[[dict[str, Any]], str],
+) -> dict[str, Any]:
+    """Print the report ``build`` reads (as JSON with ``--json``); return it."""
+    settings = command_settings(args)
+    db = existing_database(settings)
+    try:
+        db.prepare()
+        report = build(db, settings)
+    finally:
+        db.dispose()
+    if args.json:
+        print_json(report)
+    else:
+        print(as_text(report))
+    return report
