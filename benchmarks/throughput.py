@@ -19,7 +19,9 @@ Each run starts from a fresh copy of the seeded data (timed after a garbage coll
 so that no loop pays for the setup before it), and every run's read model and
 checkpoints are compared with a sequential ``ledger.replay`` of all messages; any
 difference fails the benchmark. Prints the median rate of each and, per backend,
-``ratio framework/best hand-written: X.XX`` (MySQL first when given, SQLite last).
+``ratio framework/best hand-written: X.XX`` (MySQL first when given, SQLite last); then
+``cost per upcast message``: what decoding a payload stored a version earlier, through one
+upcaster, costs beyond a current one (the stream above is all current-version messages).
 ``--profile`` adds a cProfile summary of one framework run on stderr. ``--tenant T``
 runs all as tenant ``T``, whose read model is the copy ``T__ledger_balances`` that the
 framework's statements are translated to (``messaging.store._tenancy``).
@@ -561,6 +563,47 @@ def _run_mysql(url: str, count: int) -> None:
         db.dispose()
 
 
+def upcast_cost(count: int) -> tuple[float, float]:
+    """Seconds per message to decode a current ``ledger.deposited`` payload with its
+    generated decoder, and one stored a version earlier (another field name), taken
+    through one upcaster: the cost an old message adds (median of :data:`RUNS`)."""
+    from messaging._messages import MessageRegistry
+
+    private = MessageRegistry()  # the ledger's own types stay at version 1
+    private.register(ledger.Deposited, "ledger.deposited", 2)
+
+    def rename_amount(payload: dict[str, Any]) -> dict[str, Any]:
+        cents = payload.pop("cents")
+        return {**payload, "amount": cents}
+
+    private.add_upcaster("ledger.deposited", 1, rename_amount, "ledger.deposited")
+    private.check_upcasters()
+    current = [json.dumps({"account_id": f"a{i}", "amount": i}) for i in range(count)]
+    old = [json.dumps({"account_id": f"a{i}", "cents": i}) for i in range(count)]
+    rates = []
+    for version, payloads in ((2, current), (1, old)):
+        decode = private.reader("ledger.deposited", version)
+        runs = []
+        for _ in range(RUNS):
+            gc.collect()
+            started = time.perf_counter()
+            for position, payload in enumerate(payloads):
+                decode(payload, position)
+            runs.append((time.perf_counter() - started) / count)
+        rates.append(statistics.median(runs))
+    return rates[0], rates[1]
+
+
+def print_upcast_cost(count: int) -> None:
+    current, old = upcast_cost(count)
+    print(
+        f"cost per upcast message: +{(old - current) * 1e6:.2f} us "
+        f"(decode {old * 1e6:.2f} us through one upcaster, {current * 1e6:.2f} us current; "
+        "a current-version message pays one list index more in the apply loop)",
+        flush=True,
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -582,6 +625,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             run_mysql(args.mysql_url, args.messages or 20_000)
             print()
         run_sqlite(args.messages or 100_000, args.profile)
+        print_upcast_cost(args.messages or 100_000)
     except BenchmarkFailure as exc:
         print(f"BENCHMARK FAILED: {exc}", file=sys.stderr)
         return 1

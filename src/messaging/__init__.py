@@ -21,13 +21,14 @@ from messaging._errors import (
     SchemaError,
     Unanswered,
     UnknownConsumer,
+    UnknownPayloadVersion,
     VersionConflict,
     WaitRefused,
     WaitTimeout,
 )
 from messaging._hookspecs import hookimpl, hookspec
 from messaging._kinds import ConsumerKind, register_kind
-from messaging._messages import Envelope, message
+from messaging._messages import Envelope, message, rename, upcaster
 from messaging._plugins import collect_consumers, create_plugin_manager
 from messaging._settings import (
     AdminSettings,
@@ -94,6 +95,7 @@ __all__ = [
     "Settings",
     "Unanswered",
     "UnknownConsumer",
+    "UnknownPayloadVersion",
     "UntranslatableStatement",
     "VersionConflict",
     "WaitRefused",
@@ -109,7 +111,9 @@ __all__ = [
     "mark_consumer",
     "message",
     "register_kind",
+    "rename",
     "route_consumer",
+    "upcaster",
     "wait_for",
     "wait_for_async",
     "wait_for_copy",

@@ -28,6 +28,9 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 _OPTIONS_ATTRIBUTE = "__consumer_options__"
 _HANDLER_ATTRIBUTE = "__handles_messages__"
+PAYLOAD_READS_ATTRIBUTE = "__payload_reads__"
+"""On a consumer class: stored shapes it reads beside its messages, {name: newest version}
+(a consumer kind's own, as a saga's state): published with what its instance reads."""
 
 
 DEFAULT_PARTITIONS = 16
@@ -82,11 +85,21 @@ class ConsumerSpec:
         """The stored type names this consumer handles, sorted."""
         return sorted(registry.type_name(cls) for cls in self.handlers)
 
+    def stored_type_names(self, registry: MessageRegistry = default_registry) -> list[str]:
+        """The stored type names of the messages it reads, sorted: those of the handled
+        classes and the older names their upcasters and renames lead from."""
+        names = (registry.type_name(cls) for cls in self.handlers)
+        return sorted({stored for name in names for stored in registry.readers_of(name)})
+
     def fingerprint(
         self, registry: MessageRegistry = default_registry, tables: Sequence[Table] | None = None
     ) -> str:
         """A digest of the declaration: version, topics, handled types, partitions, table DDL
-        (of ``tables``, the physical tables, when given; else of the declared ones)."""
+        (of ``tables``, the physical tables, when given; else of the declared ones).
+
+        The handled types are their current names: upcasters and renames are not part of
+        it, so declaring one rebuilds nothing (they change how older payloads are read, not
+        what the projection is); bump ``version`` to rebuild with them."""
         from sqlalchemy.dialects import sqlite
 
         declaration = {

@@ -132,3 +132,16 @@ class WaitTimeout(ProjectionsError, TimeoutError):
         super().__init__(f"not applied after {waited:.3g}s: {shown}")
         self.waited = waited
         self.behind = list(behind)
+
+
+class UnknownPayloadVersion(DecodeError):
+    """A stored (type, version) newer than every declaration this code has (written by a
+    newer instance during a rolling deploy): never decoded by guesswork."""
+
+    def __init__(self, type_name: str, version: int, *, position: int | None = None) -> None:
+        super().__init__(
+            f"needs a newer declaration of type {type_name!r} version {version}",
+            position=position,
+            type_name=type_name,
+        )
+        self.version = version

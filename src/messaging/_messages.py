@@ -9,11 +9,11 @@ from typing import Any, TypeVar
 
 import attrs
 import cattrs
-import cattrs.preconf.json
-from cattrs.cols import is_any_set, is_sequence
 
 from messaging._errors import DecodeError, RegistrationError
 from messaging._json import make_dumps
+from messaging._structure import describe, strict_converter
+from messaging._upcasting import Decode, Key, Payload, UpcasterTable, upcasting_decoder
 
 _dumps = make_dumps(",", ":")
 """``json.dumps(value, separators=(",", ":"))`` without building an encoder per call."""
@@ -28,12 +28,21 @@ class MessageRegistry:
 
     def __init__(self) -> None:
         self._by_name: dict[str, type] = {}
-        self._converter = _strict_converter()
+        self._converter = strict_converter()
         self._quick_converter = self._converter.copy(detailed_validation=False)
         self._decoders: dict[str, _Decoder] = {}
+        self._versions: dict[str, int] = {}
+        self._readers: dict[Key, Decode] = {}
+        self.upcasters = UpcasterTable()
+        """The upcasters and renames from older stored payloads (``messaging._upcasting``)."""
 
-    def register(self, cls: type, name: str) -> None:
-        """Register ``cls`` under ``name``; a redefinition of the same class path replaces it."""
+    def register(self, cls: type, name: str, version: int = 1) -> None:
+        """Register ``cls`` under ``name`` at payload ``version``; a redefinition of the same
+        class path replaces it."""
+        if type(version) is not int or version < 1:
+            raise RegistrationError(
+                f"message type {name!r}: version must be an integer of at least 1, got {version!r}"
+            )
         if not attrs.has(cls):
             raise RegistrationError(
                 f"message type {name!r}: {cls.__qualname__} is not an attrs class"
@@ -45,6 +54,8 @@ class MessageRegistry:
                 f"cannot register {_path(cls)}"
             )
         self._by_name[name] = cls
+        self._versions[name] = version
+        self._readers.clear()
         self._decoders[name] = _Decoder(
             cls,
             name,
@@ -74,13 +85,89 @@ class MessageRegistry:
         """All registered type names, sorted."""
         return sorted(self._by_name)
 
+    def version_of(self, name: str) -> int:
+        """The current payload version of the type registered as ``name`` (1 if none)."""
+        return self._versions.get(name, 1)
+
+    def versions(self) -> Mapping[str, int]:
+        """The current payload version of every registered type name."""
+        return dict(self._versions)
+
+    def add_upcaster(
+        self, type_name: str, version: int, function: Callable[[Payload], Payload], to: str
+    ) -> None:
+        """Declare an upcaster (see :func:`upcaster`)."""
+        self.upcasters.add(type_name, version, function, to)
+        self._readers.clear()
+
+    def add_rename(self, old: str, new: str) -> None:
+        """Declare a rename (see :func:`rename`)."""
+        self.upcasters.add_rename(old, new)
+        self._readers.clear()
+
+    def check_upcasters(self) -> None:
+        """RegistrationError naming the type if some declared payload version cannot reach a
+        current class (see :meth:`UpcasterTable.check`): run at start-up."""
+        self.upcasters.check(self._versions)
+
+    def reader(self, type_name: str, version: int) -> Decode:
+        """The decode function of payloads stored as (``type_name``, ``version``): the
+        generated decoder for a current version, the upcasters' way for an older one;
+        for an unknown one, a function raising its error (UnknownPayloadVersion for a
+        version newer than this code declares)."""
+        key = (type_name, version)
+        reader = self._readers.get(key)
+        if reader is None:
+            reader = self._readers[key] = self._reader(key)
+        return reader
+
+    def readers_of(self, name: str) -> dict[str, dict[int, Decode]]:
+        """Every stored (type, version) that reaches the class registered as ``name``, as
+        {stored type name: {version: its decode function}}."""
+        current = (name, self._versions[name])
+        found: dict[str, dict[int, Decode]] = {name: {current[1]: self.reader(*current)}}
+        for key in self.upcasters.sources(self._versions):
+            try:
+                target, _ = self.upcasters.resolve(key, self._versions)
+            except DecodeError:
+                continue
+            if target == current:
+                found.setdefault(key[0], {})[key[1]] = self.reader(*key)
+        return found
+
+    def _reader(self, key: Key) -> Decode:
+        upcasters, versions = self.upcasters, dict(self._versions)
+        try:
+            (name, _), steps = upcasters.resolve(key, versions)
+        except DecodeError:
+
+            def unreadable(_payload: str | bytes, position: int | None) -> Any:
+                upcasters.resolve(key, versions, position=position)  # raises its error
+                raise AssertionError(key)  # pragma: no cover (it raised above)
+
+            return unreadable
+        decoder = self._decoders[name]
+        if not steps:
+            return decoder.decode
+        return upcasting_decoder(key, steps, decoder.structure)
+
     def encode(self, message: object) -> tuple[str, str]:
         """Return ``(type name, JSON payload)`` for a registered message instance."""
         name = self.type_name(type(message))
         return name, _dumps(self._converter.unstructure(message))
 
-    def decode(self, type_name: str, payload: str | bytes, position: int | None = None) -> Any:
-        """Turn a stored payload back into its message; DecodeError names position and type."""
+    def decode(
+        self,
+        type_name: str,
+        payload: str | bytes,
+        position: int | None = None,
+        version: int | None = None,
+    ) -> Any:
+        """Turn a stored payload back into its message; DecodeError names position and type.
+        With the stored payload ``version``, an older one is upcast (:meth:`reader`);
+        without, it is read as the current version."""
+        if version is not None:
+            return self.reader(type_name, version)(payload, position)
         return self.decoder(type_name)(payload, position)
 
     def decoder(self, type_name: str) -> Callable[[str | bytes, int | None], Any]:
@@ -134,6 +221,14 @@ class _Decoder:
                 pass  # decoded again below, with the error it deserves
         return self.decode_strictly(payload, position)
 
+    def structure(self, data: dict[str, Any], position: int | None = None) -> Any:
+        """The message built from a payload already parsed (and upcast); DecodeError if it
+        does not fit the class."""
+        try:
+            return self.strict(data, self.cls)
+        except (ValueError, TypeError, KeyError, cattrs.BaseValidationError) as exc:
+            raise DecodeError(describe(exc), position=position, type_name=self.name) from exc
+
     def decode_strictly(self, payload: str | bytes, position: int | None = None) -> Any:
         """The strict path: the message, or DecodeError naming what is wrong."""
         try:
@@ -142,7 +237,7 @@ class _Decoder:
                 raise TypeError(f"payload must be a JSON object, got {type(data).__name__}")
             return self.strict(data, self.cls)
         except (ValueError, TypeError, KeyError, cattrs.BaseValidationError) as exc:
-            raise DecodeError(_describe(exc), position=position, type_name=self.name) from exc
+            raise DecodeError(describe(exc), position=position, type_name=self.name) from exc
 
 
 _scan_json: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
@@ -242,56 +337,6 @@ def _slot_setters(
     return setters if len(setters) == len(fields) else None
 
 
-def _strict_converter() -> cattrs.Converter:
-    """A JSON converter that refuses wrong types instead of coercing them (no 1.5 -> 1,
-    no "7" -> 7, no "abc" -> ["a", "b", "c"]): a payload that does not match its type must
-    halt its partition, not be applied differently."""
-    converter = cattrs.preconf.json.make_converter(forbid_extra_keys=True)
-
-    def exact(*kinds: type) -> Callable[[Any, Any], Any]:
-        def structure(value: Any, cls: Any) -> Any:
-            if isinstance(value, bool) and bool not in kinds:
-                raise TypeError(f"expected {cls.__name__}, got a boolean")
-            if not isinstance(value, kinds):
-                raise TypeError(f"expected {cls.__name__}, got {type(value).__name__}")
-            number: Any = value
-            return float(number) if cls is float else number
-
-        return structure
-
-    converter.register_structure_hook(str, exact(str))
-    converter.register_structure_hook(int, exact(int))
-    converter.register_structure_hook(float, exact(int, float))
-    converter.register_structure_hook(bool, exact(bool))
-
-    # Collections keep cattrs' own hooks (lists, tuples, sets), behind a guard that the
-    # JSON value is an array: a string is never split into its characters. The hooks come
-    # from a copy taken before the guard exists; collections nested inside collections
-    # are structured by that copy, so only the outer array is guarded there.
-    unguarded = converter.copy()
-
-    def collection_factory(type_: Any, _conv: Any) -> Callable[[Any, Any], Any]:
-        inner = unguarded.get_structure_hook(type_)
-
-        def structure(value: Any, cls: Any) -> Any:
-            if not isinstance(value, list):
-                raise TypeError(f"expected an array, got {type(value).__name__}")
-            return inner(value, cls)
-
-        return structure
-
-    converter.register_structure_hook_factory(
-        lambda t: is_sequence(t) or is_any_set(t), collection_factory
-    )
-    return converter
-
-
-def _describe(exc: BaseException) -> str:
-    if isinstance(exc, cattrs.BaseValidationError):
-        return "; ".join(cattrs.transform_error(exc, path="payload"))
-    return f"{type(exc).__name__}: {exc}"
-
-
 def _path(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
@@ -300,21 +345,45 @@ registry = MessageRegistry()
 """The process-wide registry that :func:`message` registers into."""
 
 
-def message(name: str) -> Callable[[type[T]], type[T]]:
+def message(name: str, *, version: int = 1) -> Callable[[type[T]], type[T]]:
     """Class decorator: make an attrs class a message stored under the stable type ``name``.
 
     The name, not the Python path, is what the store records, so classes can move
-    between modules without breaking stored messages.
+    between modules without breaking stored messages. ``version`` is the version of the
+    payload's shape, stored with every message: bump it when the class changes in a way
+    older payloads do not fit, and declare an :func:`upcaster` from the previous one.
     """
     if not name or not isinstance(name, str):
         raise RegistrationError(f"a message type name must be a non-empty string, got {name!r}")
 
     def decorate(cls: type[T]) -> type[T]:
         setattr(cls, _TYPE_ATTRIBUTE, name)
-        registry.register(cls, name)
+        registry.register(cls, name, version)
         return cls
 
     return decorate
+
+
+U = TypeVar("U", bound=Callable[[Payload], Payload])
+
+
+def upcaster(type_name: str, version: int, *, to: str | None = None) -> Callable[[U], U]:
+    """Function decorator: ``function(payload) -> payload`` turns a stored payload (a dict)
+    of (``type_name``, ``version``) into one of (``to``, ``version`` + 1); ``to`` defaults
+    to ``type_name`` (another name renames the type on the way). Every read path applies
+    the chain of upcasters from a stored version to its class's current one; the chains
+    are checked when an instance starts."""
+
+    def decorate(function: U) -> U:
+        registry.add_upcaster(type_name, version, function, type_name if to is None else to)
+        return function
+
+    return decorate
+
+
+def rename(old: str, new: str) -> None:
+    """Declare that stored messages of type ``old`` (every version) are of type ``new``."""
+    registry.add_rename(old, new)
 
 
 MESSAGE_ID_HEADER = "message-id"
@@ -333,6 +402,8 @@ class Envelope:
     partition_hash: int
     recorded_at: float
     headers_json: str | None = attrs.field(default=None, repr=False)
+    payload_version: int = 1
+    """The version of the stored payload's shape (upcast to its class's current one)."""
 
     @property
     def headers(self) -> Mapping[str, Any]:

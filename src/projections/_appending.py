@@ -1,5 +1,8 @@
 """``projections append``: JSON lines ``{"topic", "source", "type", "payload"}`` into the store.
 
+A line may give the payload's ``version`` (by default its class's current one): an older
+version is read through the upcasters to check it, and stored as given.
+
 Lines are validated a batch at a time before anything is written; a bad line is
 reported with its line number and nothing of its batch is written (earlier batches
 stay committed, and the error says how many lines they held).
@@ -38,7 +41,7 @@ from messaging.store._store import MessageStore
 from messaging.store._tokens import ConsistencyToken
 
 _REQUIRED = ("topic", "source", "type", "payload")
-_ALLOWED = {*_REQUIRED, "headers"}
+_ALLOWED = {*_REQUIRED, "headers", "version"}
 
 
 class AppendError(ProjectionsError, ValueError):
@@ -91,15 +94,22 @@ def parse_line(number: int, text: str, registry: MessageRegistry | None) -> NewM
     headers = data.get("headers")
     if headers is not None and not isinstance(headers, dict):
         raise ValueError("'headers' must be a JSON object")
+    version = data.get("version")
+    if version is None:
+        version = 1 if registry is None else registry.version_of(data["type"])
+    elif type(version) is not int or version < 1:
+        raise ValueError(f"'version' must be an integer of at least 1, got {version!r}")
     payload = json.dumps(data["payload"], separators=(",", ":"))
     if registry is not None:
-        registry.decode(data["type"], payload)  # DecodeError names the type and the reason
+        # Read as a consumer would (upcast if older): DecodeError names the type and why.
+        registry.reader(data["type"], version)(payload, None)
     return NewMessage(
         topic=data["topic"],
         source=data["source"],
         type=data["type"],
         payload=payload,
         headers=headers,
+        payload_version=version,
     )
 
 
@@ -129,7 +139,10 @@ def append_lines(
     each batch's consistency token to ``tokens`` if given). Each
     batch commits once, also when an acknowledgement is lost (retried per ``retry`` as a
     one-shot command's transaction, :func:`~messaging.store._retry.retry_command`);
-    :class:`ProjectionsError` naming its lines when the database does not answer."""
+    :class:`ProjectionsError` naming its lines when the database does not answer. With a
+    ``registry``, its upcasters are checked first (RegistrationError)."""
+    if registry is not None:
+        registry.check_upcasters()
     if batch_size < 1:
         raise ValueError(f"batch_size must be 1 or more, got {batch_size}")
     store = MessageStore(db)

@@ -140,6 +140,20 @@ def build_parser() -> argparse.ArgumentParser:
     db_migrate = db_commands.add_parser("migrate", help="apply missing schema migrations")
     _add_database_options(db_migrate)
 
+    messages = commands.add_parser("messages", help="the stored messages' shapes")
+    shapes = messages.add_subparsers(dest="messages_command", required=True, metavar="COMMAND")
+    check = shapes.add_parser(
+        "check",
+        help="each stored (topic, type, version), its count and whether it reaches a current "
+        "class through the upcasters; exits 1 if one does not",
+    )
+    check.add_argument(
+        "modules", nargs="*", metavar="MODULE", help="modules declaring the message types"
+    )
+    check.add_argument("--json", action="store_true", help="print JSON")
+    _add_app_dir_option(check)
+    _add_database_options(check)
+
     append = commands.add_parser(
         "append", help='append JSON lines {"topic", "source", "type", "payload"}'
     )

@@ -21,6 +21,7 @@ from sqlalchemy.sql.elements import ColumnElement
 from messaging._settings import ConsumerSettings
 from messaging._states import ConsumerState, OwnerState
 from messaging.distribution._membership import Membership
+from messaging.distribution._needs import describe, pending_need
 from messaging.runtime._versions import seconds_now, split_unit
 from messaging.store._database import Database
 from messaging.store._liveness import STALE
@@ -113,6 +114,9 @@ def consumers_report(
                     "checkpoint": row["checkpoint"],
                     "lag": int(lags.get(row["partition_no"], 0)),
                 }
+                needs = pending_need(row["needs"], row["checkpoint"])
+                if needs is not None:  # waits for an instance with a newer declaration
+                    entry["waiting"] = describe(needs)
                 if row["halted_position"] is not None:
                     entry["halted"] = {
                         "position": row["halted_position"],
@@ -239,11 +243,12 @@ def _total(db: Database, conn: Connection, topics: list[str], types: list[str]) 
 
 def instances_report(db: Database, settings: ConsumerSettings) -> dict[str, Any]:
     """``{"instances": [{"id", "name", "host", "pid", "started_at", "heartbeat_at", "live",
-    "stopping", "last_heard", "late", "gone"}]}``: ``last_heard`` is the seconds since its
+    "stopping", "last_heard", "late", "gone", "reads"}]}``: ``last_heard`` is the seconds since its
     last heartbeat by the database's clock; ``late`` a live instance whose heartbeat is more
     than two intervals old (it may have died; it turns stale at stale-instance-timeout);
     ``gone`` why an instance is not live (``process gone (lock released)`` or ``heartbeat
-    stale``), None for a live one."""
+    stale``), None for a live one; ``reads``: per consumer it runs, the newest payload
+    version of each stored type name it can read (its upcasters' reach)."""
     with db.read() as conn:
         rows = Membership(db).instances(conn, settings.stale_instance_timeout)
     late_after = LATE_HEARTBEATS * settings.heartbeat_interval
@@ -261,6 +266,7 @@ def instances_report(db: Database, settings: ConsumerSettings) -> dict[str, Any]
                 "last_heard": round(max(0.0, settings.stale_instance_timeout - r.expires_in), 3),
                 "late": r.live and r.expires_in < settings.stale_instance_timeout - late_after,
                 "gone": r.gone_because,
+                "reads": {c: dict(run.get("reads", {})) for c, run in sorted(r.runs.items())},
             }
             for r in rows
         ]
@@ -296,6 +302,8 @@ def format_consumers(report: dict[str, Any]) -> str:
                     f"  {'':>9}  {p['parked_sources']} parked sources "
                     f"(projections parked {consumer['name']})"
                 )
+            if "waiting" in p:
+                lines.append(f"  {'':>9}  waiting: it {p['waiting']}")
     for consumer in report.get("in_memory", []):
         lines.append(f"{consumer['name']}  ({IN_MEMORY}, each instance runs its own copy)")
         lines.append(f"  {'instance':<30} {'state':<8} {'position':>10} {'lag':>8}  admin")

@@ -22,7 +22,7 @@ from sqlalchemy.exc import DBAPIError
 from messaging._connection import database_for
 from messaging._errors import ConfigError, ProjectionsError
 from messaging._overrides import check_overrides
-from messaging._plugins import collect_consumers, create_plugin_manager
+from messaging._plugins import collect_consumers, create_plugin_manager, import_module
 from messaging._settings import Settings
 from messaging._states import Severity
 from messaging.runtime._instance import Instance
@@ -175,6 +175,19 @@ def cmd_instances(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_messages(args: argparse.Namespace) -> int:
+    """``projections messages check``: exits 1 when a stored shape reaches no current class."""
+    from messaging._messages import registry
+    from projections._shapes import format_shapes, shapes_report
+
+    _use_app_dir(args)
+    for module in args.modules:
+        import_module(module)
+    registry.check_upcasters()
+    report = _report(args, lambda db, _s: shapes_report(db, registry), format_shapes)
+    return 0 if report["ok"] else EXIT_ERROR
+
+
 def cmd_db(args: argparse.Namespace) -> int:
     settings = _settings(args)
     db = _database(settings, bounded=False)  # a migration may take long
@@ -214,6 +227,7 @@ _COMMANDS = {
     "instances": cmd_instances,
     "health": cmd_health,
     "db": cmd_db,
+    "messages": cmd_messages,
     "append": cmd_append,
     "wait": cmd_wait,
     "demo": cmd_demo,

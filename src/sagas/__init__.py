@@ -1,10 +1,19 @@
 """Sagas: long-running processes with versioned state, commands and deadlines."""
 
 from sagas._context import SagaContext
-from sagas._decorators import saga, start
+from sagas._decorators import saga, start, state_upcaster
 from sagas._options import SagaOptions
 from sagas._rows import Deadline
 from sagas._store import SagaStore
 from sagas._worker import SagaWorker
 
-__all__ = ["Deadline", "SagaContext", "SagaOptions", "SagaStore", "SagaWorker", "saga", "start"]
+__all__ = [
+    "Deadline",
+    "SagaContext",
+    "SagaOptions",
+    "SagaStore",
+    "SagaWorker",
+    "saga",
+    "start",
+    "state_upcaster",
+]

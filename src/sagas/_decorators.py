@@ -8,10 +8,22 @@ from typing import Any, TypeVar
 import attrs
 from sqlalchemy import Table
 
-from messaging._consumers import DEFAULT_PARTITIONS, ConsumerOptions, handler, mark_consumer
+from messaging._consumers import (
+    DEFAULT_PARTITIONS,
+    PAYLOAD_READS_ATTRIBUTE,
+    ConsumerOptions,
+    handler,
+    mark_consumer,
+)
 from messaging._errors import RegistrationError
 from sagas._kind import SAGA
-from sagas._options import SAGA_ATTRIBUTE, START_ATTRIBUTE, SagaOptions
+from sagas._options import (
+    SAGA_ATTRIBUTE,
+    START_ATTRIBUTE,
+    STATE_UPCASTERS,
+    SagaOptions,
+    state_key,
+)
 
 C = TypeVar("C", bound=type)
 F = TypeVar("F", bound=Callable[..., Any])
@@ -26,6 +38,7 @@ def saga(
     partitions: int = DEFAULT_PARTITIONS,
     tables: Iterable[Table] = (),
     version: int = 1,
+    state_version: int = 1,
 ) -> Callable[[C], C]:
     """Declare a saga: a long-running process with ``state`` (an attrs class), one instance
     per value of the ``correlate_by`` attribute of the messages it handles.
@@ -34,8 +47,14 @@ def saga(
     :func:`start` may begin a new instance by setting ``ctx.state``, the others act only
     on an instance that exists and has not ended. The state, the messages sent and the
     deadlines scheduled commit with the checkpoint. ``tables`` it writes with
-    ``ctx.execute`` are created at start.
+    ``ctx.execute`` are created at start. ``state_version`` is the version of the state's
+    shape, stored with it: raise it when ``state`` changes in a way stored states do not
+    fit, with a :func:`state_upcaster` from the previous one.
     """
+    if type(state_version) is not int or state_version < 1:
+        raise RegistrationError(
+            f"saga {name!r}: state_version must be an integer of at least 1, got {state_version!r}"
+        )
     if not attrs.has(state):
         raise RegistrationError(f"saga {name!r}: state must be an attrs class, got {state!r}")
     if not correlate_by.isidentifier():
@@ -53,8 +72,29 @@ def saga(
 
     def decorate(cls: C) -> C:
         mark_consumer(cls, options)
-        setattr(cls, SAGA_ATTRIBUTE, SagaOptions(correlate_by=correlate_by, state=state))
+        saga_options = SagaOptions(
+            correlate_by=correlate_by, state=state, state_version=state_version
+        )
+        setattr(cls, SAGA_ATTRIBUTE, saga_options)
+        # what it reads beside its messages (messaging.distribution._needs.readable)
+        setattr(cls, PAYLOAD_READS_ATTRIBUTE, {state_key(name): state_version})
         return cls
+
+    return decorate
+
+
+U = TypeVar("U", bound=Callable[[dict[str, Any]], dict[str, Any]])
+
+
+def state_upcaster(saga: str, version: int) -> Callable[[U], U]:
+    """Function decorator: ``function(state) -> state`` turns a stored state (a dict) of
+    saga ``saga`` at ``version`` into one of ``version`` + 1. A state stored at an older
+    version than the saga's ``state_version`` is read through them; the chain is checked
+    when the saga's worker starts."""
+
+    def decorate(function: U) -> U:
+        STATE_UPCASTERS.add(state_key(saga), version, function, state_key(saga))
+        return function
 
     return decorate
 

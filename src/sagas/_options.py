@@ -8,9 +8,19 @@ from typing import Any
 import attrs
 
 from messaging._errors import RegistrationError
+from messaging._upcasting import UpcasterTable
 
 SAGA_ATTRIBUTE = "__saga_options__"
 START_ATTRIBUTE = "__starts_saga__"
+
+STATE_UPCASTERS = UpcasterTable()
+"""The upcasters of stored saga states, keyed by :func:`state_key`."""
+
+
+def state_key(saga: str) -> str:
+    """How a saga's stored state is named in :data:`STATE_UPCASTERS`, in errors and in what
+    an instance publishes it reads (``runs.<saga>.reads``)."""
+    return f"saga-state:{saga}"
 
 
 @attrs.define(frozen=True, kw_only=True)
@@ -21,6 +31,8 @@ class SagaOptions:
     """The attribute of every handled message that names its saga instance."""
     state: type
     """The attrs class of a saga instance's state."""
+    state_version: int = 1
+    """The version of the state's shape, stored with every state (see :func:`state_upcaster`)."""
 
 
 def saga_options(cls: type) -> SagaOptions:

@@ -13,6 +13,8 @@ class SagaRow:
     version: int | None
     state: str | None
     ended: bool
+    state_version: int = 1
+    """The version of the stored state's shape (see ``@saga(state_version=)``)."""
 
 
 @attrs.define(frozen=True, kw_only=True)
@@ -25,6 +27,8 @@ class Deadline:
     due_at: float
     type: str
     payload: str
+    payload_version: int = 1
+    """The version of the payload's shape (its class's when it was scheduled)."""
 
 
 @attrs.define(frozen=True, kw_only=True)

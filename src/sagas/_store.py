@@ -22,20 +22,16 @@ from sqlalchemy import (
     Select,
     and_,
     bindparam,
-    case,
     delete,
     func,
     insert,
-    literal_column,
     null,
     or_,
     select,
     tuple_,
     type_coerce,
     union_all,
-    update,
 )
-from sqlalchemy.dialects import mysql
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.sql.elements import BindParameter, ColumnElement
 from sqlalchemy.types import NullType
@@ -45,6 +41,7 @@ from messaging.store import _fastpath
 from messaging.store._clock import cached_now, now_params
 from messaging.store._database import Database
 from sagas._rows import Deadline, Due, SagaRow
+from sagas._statements import update_statement
 
 _KEY_CHUNK = 500
 _KEY_NAME_DUE = attrgetter("key", "name", "due_at")
@@ -59,9 +56,11 @@ class SagaStore:
     once), so PyMySQL sends an ``executemany`` of an ``INSERT`` as one multi-row statement.
     """
 
-    def __init__(self, db: Database, saga: str) -> None:
+    def __init__(self, db: Database, saga: str, state_version: int = 1) -> None:
         self.db = db
         self.saga = saga
+        self.state_version = state_version
+        """The version states are written at (``@saga(state_version=)``)."""
         self._sagas = db.schema.sagas
         self._deadlines = db.schema.deadlines
         # Statements run for many rows at once are built once and executed with a list of
@@ -69,7 +68,7 @@ class SagaStore:
         t = self._sagas
         self._insert_sagas = insert(t)
         self._insert_deadlines = insert(self._deadlines)
-        self._update, self._updated_per_row = self._update_statement()
+        self._update, self._updated_per_row = update_statement(db, self._of_saga(t))
         # Rows per statement that lists them: on SQLite at most 750 parameters, within any
         # version's limit; on MySQL a whole batch (default 500) in one round trip.
         self._chunk = 250 if db.is_sqlite else 2_000
@@ -78,52 +77,6 @@ class SagaStore:
 
     def _of_saga(self, table: Any) -> list[ColumnElement[bool]]:
         return [table.c.tenant == self.db.tenant, table.c.saga == self.saga]
-
-    def _update_statement(self) -> tuple[Executable, int]:
-        """The statement that moves stored instances on from the version read, and the row
-        count each row that it updates adds.
-
-        On MySQL a multi-row ``INSERT ... ON DUPLICATE KEY UPDATE`` whose assignments apply
-        only where the stored version is the one read (each such row counts 2; a row whose
-        version moved counts 0 or 1, one deleted meanwhile is inserted and counts 1): one
-        statement, one round trip. Elsewhere an ``UPDATE ... WHERE version = read`` per row
-        (SQLite runs in the process: no round trips to save)."""
-        t = self._sagas
-        if self.db.is_sqlite:
-            return (
-                update(t)
-                .where(
-                    *self._of_saga(t),
-                    t.c.saga_key == bindparam("b_key"),
-                    t.c.version == bindparam("b_next") - 1,
-                )
-                .values(
-                    version=bindparam("b_next"),
-                    state=bindparam("b_state"),
-                    ended=bindparam("b_ended"),
-                    updated_at=bindparam("b_now"),
-                )
-            ), 1
-        upsert = mysql.insert(t).values(
-            tenant=bindparam("b_tenant"),
-            saga=bindparam("b_saga"),
-            saga_key=bindparam("b_key"),
-            version=bindparam("b_next"),
-            state=bindparam("b_state"),
-            ended=bindparam("b_ended"),
-            started_at=bindparam("b_now"),
-            updated_at=bindparam("b_now"),
-        )
-        new = upsert.inserted
-        # No bind outside VALUES (PyMySQL formats only those in a multi-row statement);
-        # MySQL assigns left to right, each seeing the ones before: version goes last.
-        read = t.c.version == new.version - literal_column("1")
-        return upsert.on_duplicate_key_update(
-            [
-                (column.name, case((read, new[column.name]), else_=column))
-                for column in (t.c.state, t.c.ended, t.c.updated_at, t.c.version)
-            ]
-        ), 2
 
     @staticmethod
     def _send(conn: Connection, statement: Executable, params: list[dict[str, Any]]) -> int:
@@ -147,7 +100,8 @@ class SagaStore:
             keys = [bindparam(f"k{i}", type_=t.c.saga_key.type) for i in range(size)]
             if kind == "load":  # ``ended`` as stored: no result processing, bool() below
                 statement = select(
-                    t.c.saga_key, t.c.version, t.c.state, type_coerce(t.c.ended, Integer)
+                    *(t.c.saga_key, t.c.version, t.c.state, type_coerce(t.c.ended, Integer)),
+                    t.c.state_version,
                 ).where(*self._of_saga(t), t.c.saga_key.in_(keys))
             else:
                 rows = [
@@ -170,10 +124,16 @@ class SagaStore:
         for start in range(0, len(wanted), _KEY_CHUNK):
             chunk = _fastpath.padded(wanted[start : start + _KEY_CHUNK])
             params = {f"k{i}": key for i, key in enumerate(chunk)}
-            for key, version, state, ended in _fastpath.fetch(
+            for key, version, state, ended, state_version in _fastpath.fetch(
                 conn, self._listing("load", len(chunk)), params, direct=direct
             ):
-                found[key] = SagaRow(key=key, version=version, state=state, ended=bool(ended))
+                found[key] = SagaRow(
+                    key=key,
+                    version=version,
+                    state=state,
+                    ended=bool(ended),
+                    state_version=state_version,
+                )
         return found
 
     def save(
@@ -198,6 +158,7 @@ class SagaStore:
                             "saga_key": row.key,
                             "version": 1,
                             "state": state,
+                            "state_version": self.state_version,
                             "ended": ended,
                             "started_at": now,
                             "updated_at": now,
@@ -218,6 +179,7 @@ class SagaStore:
                 "b_key": row.key,
                 "b_next": row.version + 1,  # type: ignore[operator]
                 "b_state": state,
+                "b_state_version": self.state_version,
                 "b_ended": ended,
                 "b_now": now,
             }
@@ -257,6 +219,7 @@ class SagaStore:
                     "due_at": d.due_at,
                     "type": d.type,
                     "payload": d.payload,
+                    "payload_version": d.payload_version,
                     "scheduled_at": now,
                 }
                 for d in deadlines
@@ -317,7 +280,8 @@ class SagaStore:
             t = self._sagas
             columns = (
                 *(d.c.saga_key, d.c.name, d.c.partition_no, due_at, d.c.type, d.c.payload),
-                *(t.c.version, t.c.state, type_coerce(t.c.ended, Integer)),
+                d.c.payload_version,
+                *(t.c.version, t.c.state, type_coerce(t.c.ended, Integer), t.c.state_version),
             )
             # each deadline with its saga's stored row: one read instead of two
             joined = d.outerjoin(
@@ -374,15 +338,29 @@ class SagaStore:
             statement = self._due_statement(len(quotas), until is not None)
             rows = _fastpath.fetch(conn, statement, self._due_params(quotas, until), direct=direct)
             clock = 0.0
-            for k, n, p, due, t, payload, version, state, ended in rows:
+            for k, n, p, due, t, payload, shape, version, state, ended, state_version in rows:
                 if k is None:  # the clock's row
                     clock = float(due)
                     continue
                 read[p].append(
-                    Deadline(key=k, name=n, partition=p, due_at=float(due), type=t, payload=payload)
+                    Deadline(
+                        key=k,
+                        name=n,
+                        partition=p,
+                        due_at=float(due),
+                        type=t,
+                        payload=payload,
+                        payload_version=shape,
+                    )
                 )
                 if k not in sagas:  # no stored row: version None, like a new instance's
-                    sagas[k] = SagaRow(key=k, version=version, state=state, ended=bool(ended))
+                    sagas[k] = SagaRow(
+                        key=k,
+                        version=version,
+                        state=state,
+                        ended=bool(ended),
+                        state_version=state_version or 1,
+                    )
             if any(read.values()):
                 now = now or clock
             found.update(read)

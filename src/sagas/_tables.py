@@ -14,6 +14,7 @@ from sqlalchemy import (
     PrimaryKeyConstraint,
     String,
     Table,
+    text,
 )
 
 from messaging.store._schema import LONG_TEXT, SECONDS
@@ -32,6 +33,8 @@ def saga_tables(m: MetaData, prefix: str) -> Mapping[str, Table]:
         Column("ended", Boolean, nullable=False),
         Column("started_at", SECONDS, nullable=False),
         Column("updated_at", SECONDS, nullable=False),
+        # V13: the version of the state's shape (1 for states stored before)
+        Column("state_version", Integer, nullable=False, server_default=text("1")),
         PrimaryKeyConstraint("tenant", "saga", "saga_key"),
     )
     deadlines = Table(
@@ -46,6 +49,8 @@ def saga_tables(m: MetaData, prefix: str) -> Mapping[str, Table]:
         Column("type", String(200), nullable=False),
         Column("payload", LONG_TEXT, nullable=False),
         Column("scheduled_at", SECONDS, nullable=False),
+        # V13: the version of the payload's shape (1 for deadlines scheduled before)
+        Column("payload_version", Integer, nullable=False, server_default=text("1")),
         PrimaryKeyConstraint("tenant", "saga", "saga_key", "name"),
         Index(f"{prefix}ix_deadlines_due", "tenant", "saga", "partition_no", "due_at"),
     )

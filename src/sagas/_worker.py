@@ -29,13 +29,15 @@ from messaging._json import make_dumps
 from messaging._messages import Envelope, MessageRegistry, quick_decoder
 from messaging.distribution._ownership import Claim
 from messaging.runtime._context import HandlerContext
-from messaging.runtime._dispatch import Dispatcher
+from messaging.runtime._dispatch import Dispatcher, unreadable
 from messaging.runtime._poison import Poison
+from messaging.runtime._stops import halt_at
 from messaging.runtime._worker import ConsumerWorker
 from messaging.store._database import Database
 from messaging.store._retry import is_transient
 from messaging.store._rows import (
     PAYLOAD,
+    PAYLOAD_VERSION,
     POSITION,
     TYPE,
     StoredRow,
@@ -45,8 +47,9 @@ from messaging.store._rows import (
     partition_of,
 )
 from sagas._context import SagaContext
-from sagas._options import saga_options, starts_saga
+from sagas._options import STATE_UPCASTERS, saga_options, starts_saga, state_key
 from sagas._rows import Deadline, Due, SagaRow
+from sagas._states import state_readers
 from sagas._store import SagaStore
 
 T = TypeVar("T")
@@ -58,7 +61,7 @@ class SagaDispatcher(Dispatcher):
     def __init__(self, spec: ConsumerSpec, registry: MessageRegistry, db: Database) -> None:
         super().__init__(spec, registry, db)
         self.options = saga_options(spec.cls)
-        self.store = SagaStore(db, spec.name)
+        self.store = SagaStore(db, spec.name, self.options.state_version)
         self.converter = cattrs.preconf.json.make_converter()
         self.dump_state = make_dumps()
         """``converter.dumps`` of an unstructured state, without its per-call set-up."""
@@ -67,6 +70,8 @@ class SagaDispatcher(Dispatcher):
             state_class, lambda payload, _position: self.converter.loads(payload, state_class)
         )
         """``converter.loads`` of a stored state (generated for a flat state class)."""
+        self.state_readers = state_readers(spec.name, self.options, self.converter)
+        """Per older stored state version, its decode function through the upcasters."""
         self.starters: set[str] = set()
         for cls, attribute in spec.handlers.items():
             where = f"saga {spec.name!r}: handler {spec.cls.__qualname__}.{attribute}"
@@ -84,6 +89,20 @@ class SagaDispatcher(Dispatcher):
                 f"saga {spec.name!r} has no @start handler: nothing can start an instance"
             )
 
+    def read_state(self, row: SagaRow) -> Any:
+        """The state of a stored instance: upcast if stored at an older version; never
+        decoded by guesswork if newer (UnknownPayloadVersion: its partition is left to an
+        instance that can read it)."""
+        assert row.state is not None
+        if row.state_version == self.options.state_version:
+            return self.load_state(row.state, None)
+        read = self.state_readers.get(row.state_version)
+        if read is None:  # a newer one (or none a chain leads from): the reason
+            key = (state_key(self.spec.name), row.state_version)
+            STATE_UPCASTERS.resolve(key, {key[0]: self.options.state_version})
+            raise AssertionError(key)  # pragma: no cover (it raised above)
+        return read(row.state, None)
+
     def key_of(self, message: object) -> str:
         """The saga instance a message belongs to."""
         return str(getattr(message, self.options.correlate_by))
@@ -93,17 +112,19 @@ class SagaDispatcher(Dispatcher):
         row: StoredRow | None = None
         try:
             messages = []
-            for row in rows:
-                messages.append(self.handlers[row[TYPE]][0](row[PAYLOAD], row[POSITION]))
+            for row in rows:  # decoded by payload version (upcast if older)
+                decoders = self.handlers[row[TYPE]][0]
+                messages.append(decoders[row[PAYLOAD_VERSION]](row[PAYLOAD], row[POSITION]))
             batch = _Batch(self, ctx)
             batch.load(self.key_of(m) for m in messages)
             for row, message in zip(rows, messages, strict=True):
                 ctx.position = row[POSITION]
-                batch.handle(self.key_of(message), message, row[TYPE])
+                batch.handle(self.key_of(message), message, self.current[row[TYPE]])
             batch.write()
         except Exception as exc:
             if is_transient(exc) or row is None:
                 raise
+            exc = unreadable(self.registry, row, exc)
             raise Poison(row, partition_in(row, partition_count), exc) from exc
 
     def deliver(self, due: Due, ctx: HandlerContext) -> None:
@@ -119,14 +140,17 @@ class SagaDispatcher(Dispatcher):
                 deadline.name in earlier.cancelled or deadline.name in earlier.scheduled
             ):
                 continue  # cancelled or moved by a deadline delivered just before it
-            decode = self.handlers.get(deadline.type, (None, None))[0]
-            if decode is None:
+            decoders = self.handlers.get(deadline.type, (None, None))[0]
+            if decoders is None:
                 raise ProjectionsError(
                     f"saga {self.spec.name!r} has no handler for deadline {deadline.name!r} "
                     f"of type {deadline.type!r}"
                 )
             ctx.cause = f"deadline\x1f{deadline.key}\x1f{deadline.name}\x1f{deadline.due_at!r}"
-            batch.handle(deadline.key, decode(deadline.payload, None), deadline.type)
+            if deadline.payload_version >= len(decoders):  # newer than this code: the reason
+                self.registry.reader(deadline.type, deadline.payload_version)("", None)
+            message = decoders[deadline.payload_version](deadline.payload, None)
+            batch.handle(deadline.key, message, self.current[deadline.type])
         batch.write()
 
 
@@ -173,7 +197,7 @@ class _Batch:
                 return
             state: Any = None
             if row.state is not None:
-                state = dispatcher.load_state(row.state, None)
+                state = dispatcher.read_state(row)
             instance = SagaContext(self.ctx, key, state, self.now)
         if instance.ended or (instance.state is None and type_name not in dispatcher.starters):
             return
@@ -208,6 +232,7 @@ class _Batch:
                     due_at=due,
                     type=type_name,
                     payload=payload,
+                    payload_version=dispatcher.registry.version_of(type_name),
                 )
             )
         return encoded
@@ -412,7 +437,7 @@ class SagaWorker(ConsumerWorker):
                 )
                 claim = held[deadline.partition]
                 row = (claim.checkpoint, deadline.type, deadline.partition, deadline.payload)
-                self._halt(Poison(row, deadline.partition, failure), held)
+                halt_at(self, Poison(row, deadline.partition, failure), held)
                 continue
             delivered.extend(done)
         return delivered, now

@@ -356,7 +356,7 @@ def test_db_migrate_applies_every_migration_then_is_up_to_date(
         "V4__rebuild_progress, V5__read_model_registry, V6__halt_traceback, V7__generations, "
         "V8__instance_sessions, "
         "V9__audit_command_id, V10__read_model_versions, V11__instance_liveness, "
-        "V12__parked_sources"
+        "V12__parked_sources, V13__payload_versions"
     )
     assert main(["db", "migrate", "--config", str(config)]) == 0
     assert capsys.readouterr().out.strip() == "schema is up to date"

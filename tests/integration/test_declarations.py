@@ -13,8 +13,9 @@ from messaging import Database, HandlerContext, handler, message
 from messaging._consumers import consumer_spec
 from messaging._settings import Distribution
 from messaging._states import DeclarationOutcome
+from messaging.distribution._claimable import SWAPPING
 from messaging.distribution._membership import InstanceInfo, Membership
-from messaging.distribution._ownership import SWAPPING, Ownership
+from messaging.distribution._ownership import Ownership
 from messaging.runtime._cutover import step
 from messaging.runtime._declarations import declare, start_requested_rebuild
 from messaging.runtime._versions import create_version_tables, split_unit, unit_rows

@@ -32,6 +32,7 @@ from sqlalchemy import Table, event, update
 from messaging import Database
 from messaging.distribution._ownership import Claim
 from messaging.runtime._parking import RETRYING
+from messaging.store._rows import PARTITION_HASH, SOURCE
 
 
 @pytest.fixture
@@ -143,12 +144,12 @@ def test_nothing_parked_reads_no_source_column(db: Database, table: Table) -> No
     [a] = same_partition(1)
     append(db, (a, "x1"))
     with db.read() as conn:
-        assert len(worker._fetch(conn, claims)[0]) == 3  # position, type, payload
+        assert len(worker._fetch(conn, claims)[0]) == PARTITION_HASH  # no hash, no source
     append(db, (a, "poison-2"))
     drain(worker)
     with db.read() as conn:
         rows = worker._fetch(conn, {p: attrs_claim(c) for p, c in claims.items()})
-    assert rows and len(rows[0]) == 5  # with the partition hash and the source
+    assert rows and len(rows[0]) == SOURCE + 1  # with the partition hash and the source
 
 
 def attrs_claim(claim: Claim) -> Claim:

@@ -166,7 +166,7 @@ def test_read_rows_carry_the_envelope_and_payload(db: Database) -> None:
     with db.transaction() as conn:
         store.append(conn, "t", "src-1", [Changed(5)], headers=headers)
     (row,) = _read(db, ["t"])
-    envelope = Envelope(*row[:8])
+    envelope = Envelope(*row[:9])
     assert (envelope.position, envelope.topic, envelope.source, envelope.version) == (
         1,
         "t",
@@ -177,7 +177,7 @@ def test_read_rows_carry_the_envelope_and_payload(db: Database) -> None:
     assert envelope.partition_hash == partition_hash("src-1")
     assert envelope.headers == headers
     assert envelope.recorded_at > 0
-    assert store.registry.decode(envelope.type, row[8], envelope.position) == Changed(5)
+    assert store.registry.decode(envelope.type, row[9], envelope.position) == Changed(5)
 
 
 def _populate_many_sources(db: Database, sources: int = 600) -> list[tuple[int, str]]:
@@ -221,7 +221,7 @@ def test_each_append_records_the_clocks_time_then(database_url: str, table_prefi
             with db.transaction() as conn:
                 store.append(conn, "timed", source, [Changed(1)])
             clock.advance(100.0)
-        times = [Envelope(*row[:8]).recorded_at for row in _read(db, ["timed"])]
+        times = [Envelope(*row[:9]).recorded_at for row in _read(db, ["timed"])]
         assert times == [5_000.0, 5_100.0, 5_200.0]
     finally:
         db.dispose()
@@ -266,7 +266,7 @@ def test_batch_reads_select_what_reads_select_every_time(db: Database) -> None:
                 full = store.read(conn, ["parts"], limit=100, **shape)
                 batch = store.read_batch(conn, ["parts"], limit=100, **shape)
             assert full
-            assert batch == [(r[0], r[4], r[8], r[5]) for r in full]
+            assert batch == [(r[0], r[4], r[9], r[8], r[5]) for r in full]
             assert all(type(row) is tuple for row in batch)
 
 
@@ -328,7 +328,9 @@ def test_batch_reads_of_some_types_are_what_the_types_filter_selects(db: Databas
         for after, limit in ((0, 3), (0, 4), (2, 3), (3, 3), (4, 2), (0, 9), (0, 3)):
             shape: dict[str, Any] = {"after": after, "limit": limit, "types": types}
             with db.read() as conn:
-                selected = [(r[0], r[4], r[8], r[5]) for r in store.read(conn, ["t"], **shape)]
+                selected = [
+                    (r[0], r[4], r[9], r[8], r[5]) for r in store.read(conn, ["t"], **shape)
+                ]
                 assert store.read_batch(conn, ["t"], **shape) == selected, shape
                 assert MessageStore(db).read_batch(conn, ["t"], **shape) == selected, shape
 
@@ -369,7 +371,7 @@ def test_tenants_do_not_see_each_other(db: Database, database_url: str, table_pr
         assert [(r[0], r[3]) for r in _read(db, ["t"])] == [(1, 1), (2, 2), (3, 3)]
         theirs_rows = _read(other, ["t"])
         assert [(r[0], r[3]) for r in theirs_rows] == [(1, 1)]
-        assert theirs.registry.decode(theirs_rows[0][4], theirs_rows[0][8]) == Created("theirs")
+        assert theirs.registry.decode(theirs_rows[0][4], theirs_rows[0][9]) == Created("theirs")
         assert _read(other, ["t"], partitions={0: 0}, partition_count=1) == theirs_rows
         assert _head(db) == 3
         assert _head(other) == 1

@@ -39,6 +39,7 @@ _PARTITION = _object(
     {
         "halted": _object(_HALTED, {"trace": {"type": ["string", "null"]}}),
         "parked_sources": {"type": "integer", "minimum": 1},
+        "waiting": {"type": "string"},
     },
 )
 
@@ -124,6 +125,10 @@ INSTANCES = _object(
                     "last_heard": {"type": "number", "minimum": 0},
                     "late": {"type": "boolean"},
                     "gone": {"type": ["string", "null"]},
+                    "reads": {
+                        "type": "object",
+                        "additionalProperties": {"type": "object", "additionalProperties": _INT},
+                    },
                 }
             ),
         }

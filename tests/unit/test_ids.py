@@ -24,3 +24,11 @@ def test_refused_ids(value: object) -> None:
     assert not is_plain_id(value)
     with pytest.raises(ValueError):
         check_id("id", value)
+
+
+@pytest.mark.parametrize("version", [0, -1, "2", True, 1.0])
+def test_a_new_message_refuses_a_payload_version_below_1_or_not_an_integer(version: object) -> None:
+    from messaging import NewMessage
+
+    with pytest.raises(ValueError, match="payload_version must be an integer of at least 1"):
+        NewMessage(topic="t", source="s", type="x", payload="{}", payload_version=version)  # type: ignore[arg-type]  # bad input on purpose

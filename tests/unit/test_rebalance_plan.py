@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import attrs
+
 from messaging._settings import Distribution
 from messaging.distribution._membership import InstanceRow
 from messaging.distribution._rebalance import plan
@@ -109,3 +111,35 @@ def test_remainders_of_many_consumers_spread_over_the_instances() -> None:
         assert after["w"][consumer].target == set().union(
             *(after[me][consumer].release for me in "xyz")
         )
+
+
+def test_a_partition_needing_a_newer_declaration_goes_only_to_an_instance_that_has_it() -> None:
+    """Partition 1 needs ``t`` version 3: only ``new`` (which reads it) targets it, every
+    instance computing the same; with no such instance live, nobody does (it waits)."""
+    owners = {"c1": {0: "old", 1: "old", 2: "new", 3: "new"}}
+    old, new = member("old", c1=P), member("new", c1=P)
+    new = attrs.evolve(new, runs={"c1": {**new.runs["c1"], "reads": {"t": 3}}})
+    old = attrs.evolve(old, runs={"c1": {**old.runs["c1"], "reads": {"t": 2}}})
+    needs = {"c1": {1: ("t", 3)}}
+    reads = {"old": {"c1": {"t": 2}}, "new": {"c1": {"t": 3}}}
+    plans = {
+        me: plan(me, [old, new], owners, {"c1": 4}, {"c1": P}, FP, needs, reads[me])["c1"]
+        for me in ("old", "new")
+    }
+    assert 1 in plans["new"].target and 1 not in plans["old"].target
+    assert 1 in plans["old"].release
+    assert plans["old"].target | plans["new"].target == {0, 1, 2, 3}
+    alone = plan("old", [old], owners, {"c1": 4}, {"c1": P}, FP, needs, reads["old"])["c1"]
+    assert alone.target == {0, 2, 3}
+
+
+def test_an_elected_single_owner_leaves_a_partition_it_cannot_read_waiting() -> None:
+    """Single-owner: the elected instance claims every partition but one needing a newer
+    declaration than its own (which it would only release again)."""
+    owners = {"c1": {p: "a" for p in range(4)}}
+    live = [member("a", c1=S)]
+    needs = {"c1": {2: ("t", 3)}}
+    mine = plan("a", live, owners, {"c1": 4}, {"c1": S}, FP, needs, {"c1": {"t": 2}})["c1"]
+    assert mine.target == {0, 1, 3} and mine.release == {2}
+    able = plan("a", live, owners, {"c1": 4}, {"c1": S}, FP, needs, {"c1": {"t": 3}})["c1"]
+    assert able.target == {0, 1, 2, 3} and not able.release

@@ -38,15 +38,13 @@ from sqlalchemy import (
 from sqlalchemy.sql.elements import ColumnElement
 
 from messaging._errors import CheckpointMoved, OwnershipLost
-from messaging._states import ConsumerState, PartitionStatus
+from messaging._states import PartitionStatus
+from messaging.distribution._claimable import claim_held_back
 from messaging.store import _fastpath
 from messaging.store._clock import cached_now, now_params
 from messaging.store._database import Database
 
 _FENCE_CACHE_SIZE = 64
-SWAPPING = '"swapping": true'
-"""How a live version's ``cutover`` JSON says that the swap with a new version began
-(``json.dumps`` of ``{..., "swapping": True}``, :mod:`messaging.runtime._cutover`)."""
 
 
 @attrs.define(frozen=True, kw_only=True)
@@ -71,6 +69,8 @@ class PartitionRow:
     halted_position: int | None
     halted_type: str | None
     error: str | None
+    needs: str | None = None
+    """What a newer payload needs to be read, as JSON (``messaging.runtime._newer``)."""
 
 
 NOT_HALTED: dict[str, None] = {
@@ -169,32 +169,7 @@ class Ownership:
         wanted = sorted(partitions)
         if not wanted:
             return []
-        consumers = self.db.schema.consumers
-        held_back: ColumnElement[bool] = (
-            select(consumers.c.name)
-            .where(
-                consumers.c.tenant == self.db.tenant,
-                consumers.c.name == consumer,
-                or_(
-                    consumers.c.state != ConsumerState.RUNNING,
-                    *([] if fingerprint is None else [consumers.c.fingerprint != fingerprint]),
-                ),
-            )
-            .exists()
-        )
-        name, mark, number = consumer.rpartition("@")
-        if mark and number.isdigit():  # a version being built: not once its swap began
-            live = consumers.alias("live")
-            swapping = (
-                select(live.c.name)
-                .where(
-                    live.c.tenant == self.db.tenant,
-                    live.c.name == name,
-                    live.c.cutover.contains(SWAPPING),
-                )
-                .exists()
-            )
-            held_back = or_(held_back, swapping)
+        held_back = claim_held_back(self.db, consumer, fingerprint)
         conn.execute(
             update(t)
             .where(
@@ -383,6 +358,24 @@ class Ownership:
     ) -> bool:
         """Halt a partition at a poison message, fenced like a checkpoint; False if not owned.
         ``trace`` is where the handler failed (the last frames of its traceback)."""
+        return self.fenced_update(
+            conn,
+            consumer,
+            claim,
+            instance_id,
+            status=PartitionStatus.HALTED,
+            halted_position=position,
+            halted_type=type_name,
+            error=error,
+            halted_trace=trace,
+            halted_at=self.db.clock.now(),
+        )
+
+    def fenced_update(
+        self, conn: Connection, consumer: str, claim: Claim, instance_id: str, **values: Any
+    ) -> bool:
+        """Set ``values`` on ``claim``'s partition while ``instance_id`` holds it under the
+        claim's epoch (and stamp it); False if it does not."""
         t = self.table
         result = conn.execute(
             update(t)
@@ -392,15 +385,7 @@ class Ownership:
                 t.c.owner == instance_id,
                 t.c.epoch == claim.epoch,
             )
-            .values(
-                status=PartitionStatus.HALTED,
-                halted_position=position,
-                halted_type=type_name,
-                error=error,
-                halted_trace=trace,
-                halted_at=self.db.clock.now(),
-                updated_at=self.db.clock.now(),
-            )
+            .values(**values, updated_at=self.db.clock.now())
         )
         return result.rowcount == 1
 
@@ -419,6 +404,7 @@ class Ownership:
             t.c.halted_position,
             t.c.halted_type,
             t.c.error,
+            t.c.needs,
         ).where(t.c.tenant == self.db.tenant)
         if consumers is not None:
             query = query.where(t.c.consumer.in_(consumers))
@@ -434,6 +420,7 @@ class Ownership:
                 halted_position=r[6],
                 halted_type=r[7],
                 error=r[8],
+                needs=r[9],
             )
             for r in rows
         ]

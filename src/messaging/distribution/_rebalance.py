@@ -19,6 +19,7 @@ import attrs
 from messaging._settings import Distribution
 from messaging.distribution._assignor import assign
 from messaging.distribution._membership import InstanceRow
+from messaging.distribution._needs import Need, can_read, reads_of
 
 
 @attrs.define(frozen=True, kw_only=True)
@@ -49,12 +50,17 @@ def plan(
     partitions: Mapping[str, int],
     distributions: Mapping[str, Distribution],
     fingerprints: Mapping[str, str],
+    needs: Mapping[str, Mapping[int, Need]] | None = None,
+    my_reads: Mapping[str, Mapping[str, int]] | None = None,
 ) -> dict[str, Plan]:
     """Plans for the consumers ``me`` runs (``distributions``: consumer → its mode here).
 
     ``owners`` maps consumer → partition → owning instance id (or None);
     ``partitions`` maps consumer → partition count; ``fingerprints`` maps consumer → the
     declaration ``me`` runs. Only instances on the same declaration share a consumer.
+    ``needs`` maps consumer → partition → the (type, version) its next message needs
+    (``messaging.distribution._needs``): such a partition goes only to a member that can
+    read it (``my_reads``: what ``me`` reads of each consumer), to none if none can.
     """
     members = {i.id for i in live} | {me}
     # Every instance reading the same rows ranks the consumers alike: the rank turns the
@@ -75,7 +81,16 @@ def plan(
             units = range(partitions[consumer])
             current = {p: o for p, o in owners.get(consumer, {}).items() if o in members}
             rotation = rank[consumer] * (len(units) % len(members_here))
-            target = assign(units, members_here, current, rotation=rotation)
+            waiting = (needs or {}).get(consumer, {})
+            free = [p for p in units if p not in waiting]
+            target = assign(free, members_here, current, rotation=rotation)
+            reads = {i.id: reads_of(i, consumer) for i in live}
+            reads[me] = (my_reads or {}).get(consumer, {})
+            for p, need in sorted(waiting.items()):
+                able = [m for m in members_here if can_read(reads.get(m, {}), need)]
+                holder = current.get(p)
+                if able:  # kept by a holder that can read it, else spread over those that can
+                    target[p] = holder if holder in able and holder else able[p % len(able)]
             mine = frozenset(p for p, owner in target.items() if owner == me)
             plans[consumer] = Plan(
                 consumer=consumer, target=mine, release=frozenset(owned_here - mine)
@@ -109,10 +124,17 @@ def plan(
         for consumer in consumers:
             owned_here = {p for p, o in owners.get(consumer, {}).items() if o == me}
             if elected[consumer] == me:
+                # but a partition waiting for a newer declaration than this one's: it waits
+                readable_here = (my_reads or {}).get(consumer, {})
+                unreadable = {
+                    p
+                    for p, need in (needs or {}).get(consumer, {}).items()
+                    if not can_read(readable_here, need)
+                }
                 plans[consumer] = Plan(
                     consumer=consumer,
-                    target=frozenset(range(partitions[consumer])),
-                    release=frozenset(),
+                    target=frozenset(range(partitions[consumer])) - unreadable,
+                    release=frozenset(owned_here & unreadable),
                 )
             else:
                 plans[consumer] = Plan(

@@ -114,7 +114,13 @@ def start_requested_rebuild(
         if won != 1:
             return False
         start_version(
-            db, conn, spec, fingerprint, distribution, types=spec.type_names(), reason="requested"
+            db,
+            conn,
+            spec,
+            fingerprint,
+            distribution,
+            types=spec.stored_type_names(),
+            reason="requested",
         )
         bump_generation(db, conn)
     return True
@@ -137,7 +143,7 @@ def _record(
         "distribution": distribution.value,
         "partitions": spec.partitions,
         "topics": json.dumps(sorted(spec.topics)),
-        "types": json.dumps(spec.type_names()),
+        "types": json.dumps(spec.stored_type_names()),
         "fingerprint": fingerprint,
         "state": ConsumerState.RUNNING,
         "updated_at": db.clock.now(),
@@ -233,6 +239,6 @@ def _record(
         conn.execute(update(table).where(*where).values(state=ConsumerState.RUNNING))
     reason = "rolling back: rebuild requested" if rolling_back else "new declaration"
     unit = start_version(
-        db, conn, spec, fingerprint, distribution, types=spec.type_names(), reason=reason
+        db, conn, spec, fingerprint, distribution, types=spec.stored_type_names(), reason=reason
     )
     return outcome(DeclarationOutcome.BUILDING, "build", previous=row.fingerprint, reason=reason)

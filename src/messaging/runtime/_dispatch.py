@@ -6,16 +6,54 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from messaging._consumers import ConsumerSpec
+from messaging._errors import DecodeError
 from messaging._messages import MessageRegistry
 from messaging.runtime._context import HandlerContext
 from messaging.runtime._poison import Poison
 from messaging.store._database import Database
 from messaging.store._refusals import refusal
 from messaging.store._retry import is_transient
-from messaging.store._rows import StoredRow, partition_in
+from messaging.store._rows import (
+    PAYLOAD,
+    PAYLOAD_VERSION,
+    POSITION,
+    TYPE,
+    StoredRow,
+    partition_in,
+)
 
-Handler = tuple[Callable[[Any, int | None], Any], Callable[[Any, HandlerContext], Any]]
-"""(decode, handle) of one message type."""
+Decoders = Sequence[Callable[[Any, int | None], Any]]
+"""The decode functions of one stored type name, indexed by payload version."""
+Handler = tuple[Decoders, Callable[[Any, HandlerContext], Any]]
+"""(decoders by payload version, handle) of one stored type name."""
+
+
+def versioned_decoders(registry: MessageRegistry, name: str) -> dict[str, Decoders]:
+    """For the message class registered as ``name``: per stored type name that reaches it
+    (its own, and the old names renames and upcasters lead from), the decode functions by
+    payload version: the generated decoder at the current version, the upcasters' way at
+    older ones, a function raising the reason at versions no chain leads from. A version
+    past the end is newer than this code knows (:func:`unreadable`)."""
+    found: dict[str, Decoders] = {}
+    for stored, by_version in registry.readers_of(name).items():
+        found[stored] = [
+            by_version.get(version) or registry.reader(stored, version)
+            for version in range(max(by_version) + 1)
+        ]
+    return found
+
+
+def unreadable(registry: MessageRegistry, row: StoredRow, error: Exception) -> Exception:
+    """What failed applying ``row``, which raised ``error``: for an IndexError (maybe its
+    payload version past the end of its decoders), the reason its version cannot be read,
+    if it cannot."""
+    if not isinstance(error, IndexError):
+        return error
+    try:
+        registry.reader(row[TYPE], row[PAYLOAD_VERSION])(row[PAYLOAD], row[POSITION])
+    except DecodeError as exc:
+        return exc
+    return error
 
 
 def _without_context(method: Callable[[Any], Any]) -> Callable[[Any, HandlerContext], Any]:
@@ -34,13 +72,19 @@ class Dispatcher:
         self.db = db
         self.target = spec.cls()
         self.handlers: dict[str, Handler] = {}
+        self.current: dict[str, str] = {}
+        """The current type name of each stored type name read."""
         for cls, attribute in spec.handlers.items():
-            name = registry.type_name(cls)
             method = getattr(self.target, attribute)
             if spec.handler_arity[cls] == 1:
                 method = _without_context(method)
-            self.handlers[name] = (registry.decoder(name), method)
+            name = registry.type_name(cls)
+            for stored, decoders in versioned_decoders(registry, name).items():
+                self.handlers[stored] = (decoders, method)
+                self.current[stored] = name
         self.type_names = sorted(self.handlers)
+        """The stored type names read: those of the handled classes and the older names
+        that reach them."""
 
     def apply(self, rows: Sequence[StoredRow], ctx: HandlerContext, partition_count: int) -> None:
         """Decode and handle ``rows`` in order; raise the first failure as :class:`Poison`
@@ -51,9 +95,10 @@ class Dispatcher:
         try:
             for row in rows:  # (with their partition hash or not: indexed, not unpacked)
                 position = ctx.position = row[0]
-                decode, call = handlers[row[1]]
-                call(decode(row[2], position), ctx)
+                decoders, call = handlers[row[1]]
+                call(decoders[row[3]](row[2], position), ctx)  # by payload version
         except Exception as exc:
             if is_transient(exc) or refusal(exc) or row is None:
                 raise
+            exc = unreadable(self.registry, row, exc)
             raise Poison(row, partition_in(row, partition_count), exc) from exc

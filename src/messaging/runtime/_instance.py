@@ -30,12 +30,10 @@ from messaging._overrides import check_overrides
 from messaging._settings import ConsumerGroupSettings, Distribution, Settings
 from messaging._states import DeclarationOutcome
 from messaging.distribution._membership import InstanceInfo, Membership
+from messaging.distribution._needs import readable
 from messaging.distribution._ownership import Ownership
 from messaging.distribution._pulse import bump_generation
-from messaging.runtime._declarations import (
-    declare,
-    tenant_fingerprint,
-)
+from messaging.runtime._declarations import declare, tenant_fingerprint
 from messaging.runtime._heap import freeze_once
 from messaging.runtime._in_memory import InMemoryConsumer
 from messaging.runtime._lifecycle import lifecycle_event
@@ -147,6 +145,7 @@ class Instance:
 
     def _start(self, loops: bool) -> None:
         check_overrides(self.settings, self.specs)
+        self.registry.check_upcasters()  # every stored version reaches a class, or one line
         # Another process may be creating a new SQLite file's schema (and WAL mode) at
         # this moment: that is a lock error like any other, and retried.
         self.retry(self.db.prepare, "prepare the schema")
@@ -158,6 +157,7 @@ class Instance:
                 runs[spec.name] = {
                     "distribution": distribution.value,
                     "fingerprint": self.fingerprints[spec.name],
+                    "reads": readable(self.registry, spec),  # (messaging.distribution._needs)
                 }
         self.info = attrs.evolve(self.info, id=self.id, name=self.name, runs=runs)
         if loops:  # a liveness signal its peers watch (none for an instance driven by hand)

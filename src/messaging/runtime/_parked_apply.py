@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import attrs
-from sqlalchemy import Connection
+from sqlalchemy import Connection, select
 
 from messaging._errors import CheckpointMoved, OwnershipLost
 from messaging.distribution._ownership import Claim
@@ -25,9 +25,11 @@ from messaging.runtime._context import HandlerContext
 from messaging.runtime._lifecycle import lifecycle_event
 from messaging.runtime._parking import RETRYING_SKIPPED, NewPark, ParkedSource, Parking
 from messaging.runtime._poison import Poison
+from messaging.runtime._stops import halt_at
 from messaging.store._refusals import refusal
 from messaging.store._retry import is_ambiguous, is_transient
 from messaging.store._rows import PARTITION_HASH, POSITION, SOURCE, StoredRow
+from messaging.store._store import MessageStore
 
 if TYPE_CHECKING:
     from messaging.runtime._worker import ConsumerWorker
@@ -102,7 +104,7 @@ def park_sources(
             attempt = attrs.evolve(batch, rows=rows[:index], through=0, parks=tuple(parks))
             applied = _commit_parks(worker, attempt, started, immediate=True)
             poison.partition = partition
-            worker._halt(poison, batch.claims)
+            halt_at(worker, poison, batch.claims)
             return applied
         parks.append(NewPark.of(row, partition, poison.error))
         attempt = attrs.evolve(batch, rows=rows, parks=tuple(parks))
@@ -201,7 +203,8 @@ def _replay(worker: ConsumerWorker, parking: Parking, claim: Claim, source: Park
     while True:
         try:
             with worker.db.transaction(consumer=spec.name) as conn:
-                rows = worker.store.source_rows(
+                rows = source_rows(
+                    worker.store,
                     conn,
                     spec.topics,
                     source.source,
@@ -274,3 +277,32 @@ def _apply(worker: ConsumerWorker, conn: Connection, rows: Sequence[StoredRow]) 
         last = rows[-1]
         partition = last[PARTITION_HASH] % worker.spec.partitions
         raise Poison(last, partition, exc, exact=False) from exc
+
+
+def source_rows(
+    store: MessageStore,
+    conn: Connection,
+    topics: Sequence[str],
+    source: str,
+    *,
+    first: int,
+    last: int,
+    types: Sequence[str],
+) -> list[StoredRow]:
+    """The messages of ``source`` in ``topics`` of ``types`` from position ``first`` to
+    ``last``, in order, as batch rows with their source (a parked source's held
+    messages; by the unique index of sources)."""
+    m = store.db.schema.messages
+    rows = conn.execute(
+        select(*store.sourced_columns)
+        .where(
+            m.c.tenant == store.db.tenant,
+            m.c.topic.in_(topics),
+            m.c.source == source,
+            m.c.position >= first,
+            m.c.position <= last,
+            m.c.type.in_(types),
+        )
+        .order_by(m.c.position)
+    )
+    return [tuple(row) for row in rows]

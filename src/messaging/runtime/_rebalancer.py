@@ -20,6 +20,7 @@ import attrs
 
 from messaging._states import ConsumerState, PartitionStatus
 from messaging.distribution._membership import InstanceRow
+from messaging.distribution._needs import Need, can_read, describe, pending, readable, reads_of
 from messaging.distribution._ownership import PartitionRow
 from messaging.distribution._pulse import bump_generation, read_generation
 from messaging.distribution._rebalance import plan
@@ -51,6 +52,8 @@ class Rebalancer:
         self.instance = instance
         self._next_round_in = instance.consumer_settings.rebalance_interval
         self._waiting: dict[str, str | None] = {}
+        self._needs_said: set[tuple[str, int, Need]] = set()
+        """The partitions waiting for a newer declaration this instance has said so of."""
         self.generation: int | None = None
         """The tenant's generation as the last round read it, before its rows."""
         self._requested = threading.Event()
@@ -174,6 +177,8 @@ class Rebalancer:
                 owners[row.consumer][row.partition] = row.owner
                 if row.status == PartitionStatus.HALTED:
                     halted[row.consumer].add(row.partition)
+        needs = pending(rows)
+        reads = {name: readable(inst.registry, w.spec) for name, w in inst.workers.items()}
         plans = plan(
             inst.id,
             live,
@@ -181,7 +186,10 @@ class Rebalancer:
             {name: worker.spec.partitions for name, worker in inst.workers.items()},
             {name: inst.distributions[split_unit(name)[0]] for name in inst.workers},
             {name: inst.fingerprints[split_unit(name)[0]] for name in inst.workers},
+            needs,
+            reads,
         )
+        self._say_needs(needs, live, reads)
         live_ids = inst.membership.live_ids(inst.consumer_settings.stale_instance_timeout)
         for name, target in plans.items():
             worker = inst.workers[name]
@@ -245,6 +253,31 @@ class Rebalancer:
                     ended,
                     member.name,
                 )
+
+    def _say_needs(
+        self,
+        needs: dict[str, dict[int, Need]],
+        live: list[InstanceRow],
+        reads: dict[str, dict[str, int]],
+    ) -> None:
+        """Say once of each partition of this instance's consumers that waits for a newer
+        declaration no live instance has (``reads``: what this one reads of each)."""
+        for name, waiting in needs.items():
+            if name not in reads:
+                continue
+            for partition, need in waiting.items():
+                said = (name, partition, need)
+                able = can_read(reads[name], need) or any(
+                    can_read(reads_of(i, name), need) for i in live
+                )
+                if not able and said not in self._needs_said:
+                    self._needs_said.add(said)
+                    log.warning(
+                        "consumer %s partition %d waits: it %s, which no live instance has",
+                        name,
+                        partition,
+                        describe(need),
+                    )
 
     def release(self, name: str, partitions: Sequence[int]) -> None:
         """Give up ``partitions`` of ``name``, handed over by its worker."""

@@ -22,7 +22,7 @@ import pluggy
 from sqlalchemy import Connection
 
 from messaging._consumers import ConsumerSpec
-from messaging._errors import CheckpointMoved, OwnershipLost
+from messaging._errors import CheckpointMoved, OwnershipLost, UnknownPayloadVersion
 from messaging._messages import MessageRegistry
 from messaging._settings import ConsumerSettings
 from messaging.distribution._ownership import Claim, Ownership
@@ -34,8 +34,9 @@ from messaging.runtime._holdings import Holdings
 from messaging.runtime._lanes import Lanes
 from messaging.runtime._lifecycle import lifecycle_event
 from messaging.runtime._parking import Parking
-from messaging.runtime._poison import Poison, halt_partition, isolate
+from messaging.runtime._poison import Poison, isolate
 from messaging.runtime._polling import Worker
+from messaging.runtime._stops import halt_at, leave_at
 from messaging.store._database import Database
 from messaging.store._refusals import refusal
 from messaging.store._retry import (
@@ -298,7 +299,10 @@ class ConsumerWorker(Worker):
                 # Commit what came before the poison message, so that its partition's
                 # checkpoint stops right before it, then halt that partition there.
                 found = isolate(poison, partial(self._commit_prefix, claims, started))
-                self._halt(found.poison, claims)
+                if isinstance(found.poison.error, UnknownPayloadVersion):
+                    leave_at(self, found.poison, claims)  # to an instance that can read it
+                else:
+                    halt_at(self, found.poison, claims)
                 return found.committed
         if not rows:
             return 0
@@ -435,16 +439,3 @@ class ConsumerWorker(Worker):
             self.hooks.projections_partition_released(
                 consumer=self.spec.name, partition=partition, instance_id=self.instance_id
             )
-
-    def _halt(self, poison: Poison, claims: Mapping[int, Claim]) -> None:
-        """Halt ``poison``'s partition at it (recorded, told to the plugins) and drop it."""
-        if poison.partition is None:  # read without its partition hash: look it up
-            position = poison.row[POSITION]
-            with self.db.read() as conn:
-                envelope = self.store.envelopes(conn, [position])[position]
-            poison.partition = envelope.partition_hash % self.spec.partitions
-        claim = claims[poison.partition]
-        halt_partition(
-            self.db, self.hooks, self.spec.name, self.instance_id, claim, poison, self.instance_name
-        )
-        self.drop([claim.partition])

@@ -32,6 +32,7 @@ INSERTED = (
     "headers",
     "partition_hash",
     "recorded_at",
+    "payload_version",
 )
 """The columns of an appended message's row, in the order ``MessageStore.append_encoded``
 gives them."""
@@ -62,15 +63,17 @@ def partition_of(key: str, partitions: int) -> int:
 
 StoredRow = tuple[Any, ...]
 """A stored message as a consumer applies it (:meth:`MessageStore.read_batch`), a plain
-tuple indexed by :data:`POSITION`, :data:`TYPE` (the stored type name), :data:`PAYLOAD`
-and, unless read without it, :data:`PARTITION_HASH` (its partition is this modulo the
-partition count; see :func:`partition_in`) and, when read with it, :data:`SOURCE`
-(read only while a partition has parked sources)."""
+tuple indexed by :data:`POSITION`, :data:`TYPE` (the stored type name), :data:`PAYLOAD`,
+:data:`PAYLOAD_VERSION` (the version of its shape) and, unless read without it,
+:data:`PARTITION_HASH` (its partition is this modulo the partition count; see
+:func:`partition_in`) and, when read with it, :data:`SOURCE` (read only while a
+partition has parked sources)."""
 POSITION: Final = 0
 TYPE: Final = 1
 PAYLOAD: Final = 2
-PARTITION_HASH: Final = 3
-SOURCE: Final = 4
+PAYLOAD_VERSION: Final = 3
+PARTITION_HASH: Final = 4
+SOURCE: Final = 5
 
 
 def partition_in(row: StoredRow, partitions: int) -> int | None:
@@ -88,6 +91,8 @@ class NewMessage:
     type: str
     payload: str
     headers: Mapping[str, Any] | None = None
+    payload_version: int = 1
+    """The version of the payload's shape (its class's declared version)."""
 
     def __attrs_post_init__(self) -> None:
         # One quick test of the three ids (a batch builds thousands); the error names the
@@ -95,6 +100,11 @@ class NewMessage:
         if not (is_plain_id(self.topic) and is_plain_id(self.source) and is_plain_id(self.type)):
             for name in ("topic", "source", "type"):
                 check_id(f"message {name}", getattr(self, name))
+        version = self.payload_version
+        if type(version) is not int or version < 1:
+            raise ValueError(
+                f"message payload_version must be an integer of at least 1, got {version!r}"
+            )
 
 
 def is_plain_id(value: object) -> bool:

@@ -21,10 +21,11 @@ from sqlalchemy import (
     Table,
     Text,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.dialects import mysql
 
-SCHEMA_VERSION = 12
+SCHEMA_VERSION = 13
 """The newest schema migration this code expects."""
 
 LONG_TEXT = Text().with_variant(mysql.LONGTEXT(), "mysql", "mariadb")
@@ -85,11 +86,15 @@ class Schema:
             Column("headers", LONG_TEXT, nullable=True),
             Column("partition_hash", BigInteger, nullable=False),
             Column("recorded_at", SECONDS, nullable=False),
+            # V13: the version of the payload's shape, from its class (1 for older rows)
+            Column("payload_version", Integer, nullable=False, server_default=text("1")),
             PrimaryKeyConstraint("tenant", "position"),
             UniqueConstraint(
                 "tenant", "topic", "source", "version", name=f"{prefix}uq_source_version"
             ),
             Index(f"{prefix}ix_messages_topic", "tenant", "topic", "position"),
+            # V13: `projections messages check` reads the distinct shapes from it alone
+            Index(f"{prefix}ix_messages_shape", "tenant", "topic", "type", "payload_version"),
         )
         self.consumers = Table(
             f"{prefix}consumers",
@@ -127,6 +132,7 @@ class Schema:
             Column("halted_at", SECONDS, nullable=True),
             Column("updated_at", SECONDS, nullable=False),
             Column("halted_trace", LONG_TEXT, nullable=True),  # V6
+            Column("needs", LONG_TEXT, nullable=True),  # V13: a newer payload stops it (JSON)
             PrimaryKeyConstraint("tenant", "consumer", "partition_no"),
             Index(f"{prefix}ix_partitions_owner", "tenant", "owner"),
         )

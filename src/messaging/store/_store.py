@@ -69,11 +69,18 @@ class MessageStore:
             m.c.partition_hash,
             m.c.recorded_at,
             m.c.headers,
+            m.c.payload_version,
             m.c.payload,
         )
-        self._batch_columns: tuple[Any, ...] = (m.c.position, m.c.type, m.c.payload)
+        self._batch_columns: tuple[Any, ...] = (
+            m.c.position,
+            m.c.type,
+            m.c.payload,
+            m.c.payload_version,
+        )
         self._hashed_columns = (*self._batch_columns, m.c.partition_hash)
-        self._sourced_columns = (*self._hashed_columns, m.c.source)
+        self.sourced_columns = (*self._hashed_columns, m.c.source)
+        """The columns of a batch read with the partition hash and the source."""
         self._queries: dict[Any, Select[Any]] = {}
         self._handled: dict[tuple[tuple[str, ...], tuple[str, ...]], frozenset[str] | None] = {}
         """Per (topics, types) of :meth:`read_batch`: the types, while reads without the
@@ -107,7 +114,12 @@ class MessageStore:
             type_name, payload = self.registry.encode(message)
             encoded.append(
                 NewMessage(
-                    topic=topic, source=source, type=type_name, payload=payload, headers=headers
+                    topic=topic,
+                    source=source,
+                    type=type_name,
+                    payload=payload,
+                    headers=headers,
+                    payload_version=self.registry.version_of(type_name),
                 )
             )
         return self.append_encoded(
@@ -157,6 +169,7 @@ class MessageStore:
             type=type_name,
             payload=payload,
             headers={**(headers or {}), MESSAGE_ID_HEADER: message_id},
+            payload_version=self.registry.version_of(type_name),
         )
 
     def append_encoded(
@@ -197,6 +210,7 @@ class MessageStore:
                     headers_json(message.headers),
                     partition_hash(message.source),
                     now,
+                    message.payload_version,
                 )
             )
         try:
@@ -279,7 +293,7 @@ class MessageStore:
                     self._handled.clear()
                 handled = self._handled[wanted] = frozenset(types)
         columns = (
-            self._sourced_columns
+            self.sourced_columns
             if sources
             else self._hashed_columns
             if hashes
@@ -306,34 +320,6 @@ class MessageStore:
         if rows and type(rows[0]) is not tuple:  # SQLAlchemy's rows, the first time
             return [tuple(row) for row in rows]
         return rows if type(rows) is list else list(rows)
-
-    def source_rows(
-        self,
-        conn: Connection,
-        topics: Sequence[str],
-        source: str,
-        *,
-        first: int,
-        last: int,
-        types: Sequence[str],
-    ) -> list[StoredRow]:
-        """The messages of ``source`` in ``topics`` of ``types`` from position ``first`` to
-        ``last``, in order, as :meth:`read_batch` rows with their source (a parked
-        source's held messages; by the unique index of sources)."""
-        m = self._messages
-        rows = conn.execute(
-            select(*self._sourced_columns)
-            .where(
-                m.c.tenant == self.db.tenant,
-                m.c.topic.in_(topics),
-                m.c.source == source,
-                m.c.position >= first,
-                m.c.position <= last,
-                m.c.type.in_(types),
-            )
-            .order_by(m.c.position)
-        )
-        return [tuple(row) for row in rows]
 
     def envelopes(self, conn: Connection, positions: Sequence[int]) -> dict[int, Envelope]:
         """The envelopes of the messages at ``positions``, by position (one query)."""

@@ -1,7 +1,8 @@
 """Testing kit: a battery of fixed scenarios, simulated clusters of real instances on a
 real database with a manual clock, Hypothesis strategies of cluster events and messages,
-and a state machine base class with the protocol's invariants. Also a pytest plugin
-(``projections.testing.plugin``) with the ``make_cluster`` and ``run_machine`` fixtures."""
+golden payloads and old payloads for upcasters, and a state machine base class with the
+protocol's invariants. Also a pytest plugin (``projections.testing.plugin``) with the
+``make_cluster`` and ``run_machine`` fixtures."""
 
 from projections.testing.battery import (
     BATTERY,
@@ -41,6 +42,13 @@ from projections.testing.outcomes import (
     UnknownOutcome,
     unknown_outcome_error,
 )
+from projections.testing.payloads import (
+    Golden,
+    golden_payloads,
+    old_payloads,
+    read_stored,
+    shaped_like,
+)
 from projections.testing.records import Claimed, Commit, Delivery
 from projections.testing.runner import REPORT_SECONDS, report_within, run_cluster_machine
 from projections.testing.strategies import (
@@ -69,6 +77,7 @@ __all__ = [
     "Crash",
     "Delivery",
     "Difference",
+    "Golden",
     "Join",
     "LoseAck",
     "OutcomeLosingDatabase",
@@ -88,17 +97,21 @@ __all__ = [
     "cluster_events",
     "configured_database",
     "differences",
+    "golden_payloads",
     "machine_settings",
     "messages_of",
+    "old_payloads",
     "open_cluster",
     "pauses",
     "picks",
+    "read_stored",
     "report_within",
     "run_battery",
     "run_cluster_machine",
     "run_events",
     "samples_of",
     "scratch_database",
+    "shaped_like",
     "simulation_settings",
     "ticks",
     "unknown_outcome_error",

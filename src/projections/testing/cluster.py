@@ -227,7 +227,7 @@ class SimulatedCluster:
                     {p: m.epoch for p, m in moved.items()},
                     last,
                     count,
-                    version_of(self.db, spec.name),
+                    version_of(self, spec.name),
                 )
             )
             self.note(

@@ -55,7 +55,7 @@ class UnknownOutcome:
                 spec.topics,
                 partitions={p: m.before for p, m in moved.items()},
                 partition_count=spec.partitions,
-                types=spec.type_names(),
+                types=spec.stored_type_names(),  # the old names too
                 limit=max(m.after for m in moved.values()) - min(m.before for m in moved.values()),
             )
         n = spec.partitions

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import attrs
 from sqlalchemy import select
 
-from messaging import Database, hookimpl
+from messaging import hookimpl
 from messaging.runtime._versions import split_unit
 
 if TYPE_CHECKING:
@@ -32,14 +32,16 @@ class Commit:
     version: int = 1
 
 
-def version_of(db: Database, consumer: str) -> int:
+def version_of(cluster: SimulatedCluster, consumer: str) -> int:
     """The version a commit of ``consumer`` (a live version, or ``name@N``) is made for:
     read right after the commit, before any cutover can happen (the simulated instances
-    commit and rebalance in turn)."""
+    commit and rebalance in turn); 1, without a read, for a kind that is never rebuilt."""
     name, version = split_unit(consumer)
     if version is not None:
         return version
-    c = db.schema.consumers
+    if not any(s.name == name and s.kind.rebuildable for s in cluster.specs):
+        return 1
+    db, c = cluster.db, cluster.db.schema.consumers
     with db.read() as conn:
         live = conn.execute(
             select(c.c.version).where(c.c.tenant == db.tenant, c.c.name == name)
@@ -84,7 +86,7 @@ class Recorder:
         last_position: int,
     ) -> None:
         name = self.cluster.name_of(instance_id)
-        version = version_of(self.cluster.db, consumer)
+        version = version_of(self.cluster, consumer)
         self.cluster.commits.append(
             Commit(name, consumer, dict(epochs), last_position, count, version)
         )

@@ -116,7 +116,8 @@ def _check_versions(applied: set[int], shipped: list[Migration]) -> None:
 
 def create_sqlite_schema(db: Database) -> None:
     """Create every table on SQLite and record the schema version (idempotent). A file
-    made by an older version gets the columns (all nullable) and indexes added since."""
+    made by an older version gets the columns (nullable, or with their defaults) and indexes
+    added since."""
     table = db.schema.migrations
     db.schema.extend()  # the tables of consumer kinds registered since it was built
     with db.transaction() as conn:
@@ -141,6 +142,9 @@ def _add_missing_columns_and_indexes(conn: Connection, db: Database) -> None:
         for column in table.columns:
             if column.name not in present:
                 kind = column.type.compile(dialect=conn.dialect)
+                default = getattr(getattr(column.server_default, "arg", None), "text", None)
+                if default is not None:  # NOT NULL with its default (the rows there get it)
+                    kind += f" NOT NULL DEFAULT {default}"
                 conn.exec_driver_sql(
                     f'ALTER TABLE "{table.name}" ADD COLUMN "{column.name}" {kind}'
                 )

@@ -1,0 +1,60 @@
+"""The cattrs converter messages are structured with: exact JSON types, no coercion."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import cattrs
+import cattrs.preconf.json
+from cattrs.cols import is_any_set, is_sequence
+
+
+def strict_converter() -> cattrs.Converter:
+    """A JSON converter that refuses wrong types instead of coercing them (no 1.5 -> 1,
+    no "7" -> 7, no "abc" -> ["a", "b", "c"]): a payload that does not match its type must
+    halt its partition, not be applied differently."""
+    converter = cattrs.preconf.json.make_converter(forbid_extra_keys=True)
+
+    def exact(*kinds: type) -> Callable[[Any, Any], Any]:
+        def structure(value: Any, cls: Any) -> Any:
+            if isinstance(value, bool) and bool not in kinds:
+                raise TypeError(f"expected {cls.__name__}, got a boolean")
+            if not isinstance(value, kinds):
+                raise TypeError(f"expected {cls.__name__}, got {type(value).__name__}")
+            number: Any = value
+            return float(number) if cls is float else number
+
+        return structure
+
+    converter.register_structure_hook(str, exact(str))
+    converter.register_structure_hook(int, exact(int))
+    converter.register_structure_hook(float, exact(int, float))
+    converter.register_structure_hook(bool, exact(bool))
+
+    # Collections keep cattrs' own hooks (lists, tuples, sets), behind a guard that the
+    # JSON value is an array: a string is never split into its characters. The hooks come
+    # from a copy taken before the guard exists; collections nested inside collections
+    # are structured by that copy, so only the outer array is guarded there.
+    unguarded = converter.copy()
+
+    def collection_factory(type_: Any, _conv: Any) -> Callable[[Any, Any], Any]:
+        inner = unguarded.get_structure_hook(type_)
+
+        def structure(value: Any, cls: Any) -> Any:
+            if not isinstance(value, list):
+                raise TypeError(f"expected an array, got {type(value).__name__}")
+            return inner(value, cls)
+
+        return structure
+
+    converter.register_structure_hook_factory(
+        lambda t: is_sequence(t) or is_any_set(t), collection_factory
+    )
+    return converter
+
+
+def describe(exc: BaseException) -> str:
+    if isinstance(exc, cattrs.BaseValidationError):
+        return "; ".join(cattrs.transform_error(exc, path="payload"))
+    return f"{type(exc).__name__}: {exc}"

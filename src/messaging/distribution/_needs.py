@@ -1,0 +1,92 @@
+"""Payloads newer than this code: a partition is left to an instance that can read them.
+
+During a rolling deploy a newer instance writes a (type, version) the older ones do not
+know. An older worker meeting one neither applies it, skips it, nor halts: it commits
+what came before it, records on the partition row what the message needs (its type,
+version and position; fenced by the claim) and releases the partition, saying once why.
+Every instance publishes, per consumer, the newest version of each stored type it can
+read (``runs[consumer]["reads"]`` of its instance row); the rebalance plan gives such a
+partition only to an instance that can read what it needs, and to none while no live
+instance can (it waits, and the reports show why). Once its checkpoint passed that
+position the record has no effect: nothing is left behind.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable, Mapping
+
+from messaging._consumers import PAYLOAD_READS_ATTRIBUTE, ConsumerSpec
+from messaging._errors import UnknownPayloadVersion
+from messaging._messages import MessageRegistry
+from messaging.distribution._membership import InstanceRow
+from messaging.distribution._ownership import Claim, Ownership, PartitionRow
+from messaging.store._database import Database
+
+log = logging.getLogger("messaging.distribution.needs")
+
+Need = tuple[str, int]
+"""A (type, payload version) a partition's next message needs."""
+
+
+def readable(registry: MessageRegistry, spec: ConsumerSpec) -> dict[str, int]:
+    """The newest payload version of each stored type name ``spec`` reads, with this code."""
+    found: dict[str, int] = dict(spec.cls.__dict__.get(PAYLOAD_READS_ATTRIBUTE, {}))
+    for cls in spec.handlers:
+        for stored, versions in registry.readers_of(registry.type_name(cls)).items():
+            found[stored] = max(versions)
+    return found
+
+
+def describe(need: Need) -> str:
+    """Why a partition waits for another instance, as logs and reports say it."""
+    return f"needs a newer declaration of type {need[0]!r} version {need[1]}"
+
+
+def leave(
+    db: Database, consumer: str, claim: Claim, instance_id: str, error: UnknownPayloadVersion
+) -> bool:
+    """Record what ``claim``'s partition needs and release it (fenced by the claim: False
+    if it is no longer held)."""
+    needs = {"type": error.type_name, "version": error.version, "position": error.position}
+    with db.transaction() as conn:
+        return Ownership(db).fenced_update(
+            conn, consumer, claim, instance_id, needs=json.dumps(needs), owner=None
+        )
+
+
+def pending(rows: Iterable[PartitionRow]) -> dict[str, dict[int, Need]]:
+    """Per consumer, the partitions whose checkpoint is still before a message they need a
+    newer declaration for, and what they need."""
+    found: dict[str, dict[int, Need]] = {}
+    for row in rows:
+        need = pending_need(row.needs, row.checkpoint)
+        if need is not None:
+            found.setdefault(row.consumer, {})[row.partition] = need
+    return found
+
+
+def pending_need(needs: str | None, checkpoint: int) -> Need | None:
+    """What a partition at ``checkpoint`` whose row records ``needs`` waits for, if it still
+    does (its checkpoint is before the message that needs it)."""
+    if needs is None:
+        return None
+    recorded = json.loads(needs)
+    position = recorded.get("position")
+    if position is not None and checkpoint >= position:
+        return None
+    return recorded["type"], recorded["version"]
+
+
+def reads_of(instance: InstanceRow, consumer: str) -> Mapping[str, int]:
+    """What ``instance`` publishes it can read of ``consumer`` (or of its base name, for a
+    version ``NAME@N``); nothing for an instance from before payload versions."""
+    entry = instance.runs.get(consumer) or instance.runs.get(consumer.split("@")[0]) or {}
+    reads = entry.get("reads")
+    return reads if isinstance(reads, dict) else {}
+
+
+def can_read(reads: Mapping[str, int], need: Need) -> bool:
+    """Whether an instance reading ``reads`` has the declaration ``need`` needs."""
+    return reads.get(need[0], 0) >= need[1]
