@@ -14,7 +14,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from clusters import wait_until, write_config
+from clusters import (
+    cli,
+    lag,
+    ledger_matches_replay,
+    live_version,
+    seed_ledger,
+    wait_until,
+    write_config,
+)
 
 from messaging import Database
 from messaging._settings import ConsumerSettings
@@ -219,3 +227,31 @@ def test_a_worker_whose_loop_is_stuck_exits_and_is_replaced(
         if supervisor.poll() is None:
             supervisor.kill()
             supervisor.wait()
+
+
+def test_workers_build_a_new_version_and_cut_over(sqlite_db: Database, tmp_path: Path) -> None:
+    """Under `run --workers 2` a requested rebuild builds a new version, which takes over;
+    the read model equals the replay."""
+    db = sqlite_db
+    seed_ledger(db, 1500, seed=81)
+    config = write_config(tmp_path / "fast.yaml", db, batch_size=50)
+    log = tmp_path / "supervisor.log"
+    supervisor = _supervisor(db, config, log)
+    try:
+        wait_until(
+            lambda: _live(db).keys() == {"sup-1", "sup-2"},
+            timeout=START_TIMEOUT,
+            what="two live workers",
+        )
+        wait_until(lambda: lag(db) == 0, timeout=60, what="the first pass")
+        cli(config, "rebuild", "ledger-balances", "--reason", "workers")
+        wait_until(lambda: live_version(db) == 2, timeout=60, what="version 2 to take over")
+        wait_until(lambda: lag(db) == 0, timeout=60, what="the new version to catch up")
+        supervisor.send_signal(signal.SIGTERM)
+        assert supervisor.wait(timeout=30) == 0, log.read_text()
+    finally:
+        if supervisor.poll() is None:
+            supervisor.kill()
+            supervisor.wait()
+    actual, expected = ledger_matches_replay(db)
+    assert actual == expected
