@@ -276,7 +276,7 @@ def test_broken_variants_are_caught(variant: str, monkeypatch: pytest.MonkeyPatc
         machine.teardown()
 
 
-ProtocolMachine.TestCase.settings = machine_settings(max_examples=40, steps=40)
+ProtocolMachine.TestCase.settings = machine_settings(max_examples=30, steps=40)
 TestProtocol = ProtocolMachine.TestCase
 
 
