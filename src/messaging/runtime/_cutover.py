@@ -158,8 +158,6 @@ def _swap(db: Database, spec: ConsumerSpec, live: UnitRow, building: UnitRow, ke
         with db.transaction() as conn:
             swapped = _swap_marked(db, conn, live, building, mark=False)
             if swapped:
-                for leftover in _leftovers(conn, renames, live):
-                    conn.exec_driver_sql(f'DROP TABLE "{leftover}"')
                 for old, new in renames.items():
                     conn.exec_driver_sql(f'ALTER TABLE "{old}" RENAME TO "{new}"')
                 _swap_rows(db, conn, spec, live, building, _retired_tables(renames, live))
@@ -200,8 +198,6 @@ def _rename_tables(
             return True  # renamed already (all or none)
         try:
             with bounded_lock_wait(conn):
-                for leftover in _leftovers(conn, pending, live):
-                    conn.exec_driver_sql(f"DROP TABLE IF EXISTS `{leftover}`")
                 conn.exec_driver_sql(
                     "RENAME TABLE " + ", ".join(f"`{a}` TO `{b}`" for a, b in pending.items())
                 )
@@ -273,14 +269,6 @@ def _renames(
     renames = {name: f"_v{live.version}__{name}" for name in old}
     renames.update({v.name: d.name for v, d in zip(new, declared, strict=True)})
     return renames
-
-
-def _leftovers(conn: Connection, renames: Mapping[str, str], live: UnitRow) -> list[str]:
-    """Tables in the way of the live ones' new names: left by a version of the live one's
-    number whose rows are gone (the live version's own tables have the declared names)."""
-    present = set(inspect(conn).get_table_names())
-    prefix = f"_v{live.version}__"
-    return [new for new in renames.values() if new.startswith(prefix) and new in present]
 
 
 def _swap_marked(
