@@ -5,9 +5,12 @@ place by an older release is taken as a request."""
 from __future__ import annotations
 
 import json
+import logging
 
 import attrs
-from sqlalchemy import Column, Integer, MetaData, String, Table, insert, select, update
+import pytest
+from clusters import wait_until
+from sqlalchemy import Column, Integer, MetaData, String, Table, insert, inspect, select, update
 
 from messaging import Database, HandlerContext, handler, message
 from messaging._consumers import consumer_spec
@@ -19,6 +22,7 @@ from messaging.distribution._ownership import Ownership
 from messaging.runtime._cutover import step
 from messaging.runtime._declarations import declare, start_requested_rebuild
 from messaging.runtime._versions import create_version_tables, split_unit, unit_rows
+from messaging.store._ddl import drop_tables_if_exist
 from projections import _operations as operations
 from projections import projection
 
@@ -58,7 +62,7 @@ def _register(db: Database, instance_id: str) -> None:
 def _cut_over(db: Database, spec, unit: str) -> None:  # type: ignore[no-untyped-def]
     """Take the cutover steps of version ``unit`` of ``spec`` (an empty stream: each at once),
     as an instance building it would (its tables made first)."""
-    create_version_tables(db, spec, split_unit(unit)[1] or 0)
+    assert create_version_tables(db, spec, unit, split_unit(unit)[1] or 0)
     step(db, spec, unit, batch_size=100, keep=1)  # the live version stops
     step(db, spec, unit, batch_size=100, keep=1)  # the versions change places
     with db.read() as conn:
@@ -99,7 +103,7 @@ def test_a_new_declaration_builds_a_version_beside_the_live_one(db: Database) ->
         assert len(conn.execute(select(table)).all()) == 1
         built = ownership.partitions(conn, ["decl-notes@2"])
     assert [(r.owner, r.checkpoint) for r in built] == [(None, 0)] * 4
-    create_version_tables(db, v2, 2)  # as an instance building it does
+    assert create_version_tables(db, v2, "decl-notes@2", 2)  # as an instance building it does
     assert _count(db, f"_v2__{table.name}") == 0
 
 
@@ -200,3 +204,60 @@ def test_a_version_whose_swap_began_cannot_be_claimed_again(db: Database) -> Non
         assert ownership.claim(conn, unit, range(4), "a", live_ids) == []
         conn.execute(update(c).where(c.c.name == "decl-notes").values(cutover=None))
         assert len(ownership.claim(conn, unit, range(4), "a", live_ids)) == 4
+
+
+def test_a_version_that_took_over_or_was_replaced_gets_no_tables_again(db: Database) -> None:
+    """An instance whose round read a version as building after another instance's swap
+    renamed its tables (or a newer declaration replaced it) makes no empty tables under
+    the names a later swap renames the live ones to."""
+    v1, table = _spec(db, 1)
+    v2, _ = _spec(db, 2)
+    v3, _ = _spec(db, 3)
+    _register(db, "a")
+    declare(db, v1, P, "a", instance_name="a")
+    _cut_over(db, v2, declare(db, v2, P, "a", instance_name="a").unit)
+    assert not create_version_tables(db, v2, "decl-notes@2", 2)  # a stale round's start
+    replaced = declare(db, v3, P, "a", instance_name="a").unit
+    assert declare(db, _spec(db, 4)[0], P, "a", instance_name="a").unit == "decl-notes@4"
+    assert not create_version_tables(db, v3, replaced, 3)
+    with db.read() as conn:
+        present = set(inspect(conn).get_table_names())
+    assert {f"_v2__{table.name}", f"_v3__{table.name}"}.isdisjoint(present)
+
+
+def test_a_table_in_the_way_of_the_swap_holds_it_until_moved(
+    db: Database, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A table holding the name the live tables are renamed to: the swap waits (the live
+    version stays whole, one warning naming the table per attempt), and takes place once
+    the table is gone."""
+    v1, table = _spec(db, 1)
+    v2, _ = _spec(db, 2)
+    _register(db, "a")
+    declare(db, v1, P, "a", instance_name="a")
+    unit = declare(db, v2, P, "a", instance_name="a").unit
+    in_way = Table(f"_v1__{table.name}", MetaData(), Column("id", Integer, primary_key=True))
+    with db.transaction() as conn:
+        in_way.create(conn)
+    assert create_version_tables(db, v2, unit, 2)
+    step(db, v2, unit, batch_size=100, keep=1)  # the live version stops
+    with caplog.at_level(logging.WARNING, logger="messaging.runtime.cutover"):
+        step(db, v2, unit, batch_size=100, keep=1)
+        step(db, v2, unit, batch_size=100, keep=1)  # within the backoff: not tried again
+    assert [r.getMessage() for r in caplog.records if r.name.endswith(".cutover")] == [
+        f"decl-notes: the swap to version 2 cannot rename tables to _v1__{table.name}: "
+        "tables by those names exist; trying again in 2 s"
+    ]
+    with db.read() as conn:
+        assert [u.version for u in unit_rows(db, conn, ["decl-notes"]) if u.live] == [1]
+    drop_tables_if_exist(db, [in_way.name])
+    wait_until(
+        lambda: step(db, v2, unit, batch_size=100, keep=1) or _live(db) == 2,
+        timeout=10,
+        what="the swap after the table was moved",
+    )
+
+
+def _live(db: Database) -> int:
+    with db.read() as conn:
+        return next(u.version for u in unit_rows(db, conn, ["decl-notes"]) if u.live)

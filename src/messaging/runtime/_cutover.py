@@ -153,8 +153,14 @@ def _stop_live(db: Database, live: UnitRow, building: UnitRow) -> None:
 def _swap(db: Database, spec: ConsumerSpec, live: UnitRow, building: UnitRow, keep: int) -> None:
     """Step 2: the tables, partitions and rows of the two versions change places."""
     assert live.cutover is not None
+    with db.read() as conn:
+        if seconds_now(db, conn) < float(live.cutover.get("rename_after", 0)):
+            return
     renames = _renames(db, spec, live, building)
     if db.is_sqlite:
+        with db.read() as conn:
+            if _blocked(db, conn, live, renames):
+                return
         with db.transaction() as conn:
             swapped = _swap_marked(db, conn, live, building, mark=False)
             if swapped:
@@ -186,16 +192,14 @@ def _rename_tables(
     are renamed (here, or by another instance of the version first). The rename waits a
     second at most for readers' metadata locks; after a wait ran out, no instance tries
     again before :func:`_rename_backoff` has passed (recorded on the live row)."""
-    assert live.cutover is not None
-    with db.read() as conn:
-        if seconds_now(db, conn) < float(live.cutover.get("rename_after", 0)):
-            return False
     with db.engine.connect() as conn:
         present = set(inspect(conn).get_table_names())
         pending = {old: new for old, new in renames.items() if old in present}
         first_new = ReadModels(db.tenant, building.version).tables(spec.options.tables)
         if not any(t.name in present for t in first_new):
             return True  # renamed already (all or none)
+        if _blocked(db, conn, live, pending):
+            return False
         try:
             with bounded_lock_wait(conn):
                 conn.exec_driver_sql(
@@ -206,17 +210,34 @@ def _rename_tables(
             present = set(inspect(conn).get_table_names())
             if code in RACED and not any(t.name in present for t in first_new):
                 return True  # another instance of the version renamed them first
+            if _blocked(db, conn, live, pending):
+                return False
             if lock_conflict(exc) != "lock-wait-timeout":
                 raise
-            _rename_backoff(db, live, sorted(pending))
+            _rename_backoff(
+                db, live, f"waits for open transactions on {', '.join(sorted(pending))}"
+            )
             return False
     return True
 
 
-def _rename_backoff(db: Database, live: UnitRow, tables: list[str]) -> None:
-    """After a rename gave up waiting for readers: the next attempt comes 2, 4, 8... up to
-    30 seconds later (recorded on the live row, for every instance), so that the readers
-    queued behind each attempt (a second at most) get the time between to themselves."""
+def _blocked(db: Database, conn: Connection, live: UnitRow, renames: Mapping[str, str]) -> bool:
+    """Whether a table not of the swap holds a name the swap renames a table to (the
+    swap then waits, :func:`_rename_backoff`, for an operator to move it)."""
+    present = set(inspect(conn).get_table_names())
+    in_way = sorted(new for new in renames.values() if new in present and new not in renames)
+    if in_way:
+        _rename_backoff(
+            db, live, f"cannot rename tables to {', '.join(in_way)}: tables by those names exist"
+        )
+    return bool(in_way)
+
+
+def _rename_backoff(db: Database, live: UnitRow, why: str) -> None:
+    """After a rename could not be done (it gave up waiting for readers, or a table is in
+    the way): the next attempt comes 2, 4, 8... up to 30 seconds later (recorded on the
+    live row, for every instance), so that the readers queued behind each attempt (a
+    second at most) get the time between to themselves."""
     assert live.cutover is not None
     attempts = int(live.cutover.get("rename_attempts", 0)) + 1
     delay = min(30.0, 2.0**attempts)
@@ -238,10 +259,10 @@ def _rename_backoff(db: Database, live: UnitRow, tables: list[str]) -> None:
             )
         )
     log.warning(  # the readers queued behind it go on meanwhile
-        "%s: the swap to version %d waits for open transactions on %s; trying again in %.0f s",
+        "%s: the swap to version %d %s; trying again in %.0f s",
         live.name,
         live.cutover["version"],
-        ", ".join(tables),
+        why,
         delay,
     )
 

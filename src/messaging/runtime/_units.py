@@ -93,7 +93,8 @@ class Units:
         name, version = split_unit(unit)
         db, lanes = inst.db, self.lanes(spec)
         if version is not None:
-            create_version_tables(inst.db, spec, version)
+            if not create_version_tables(inst.db, spec, unit, version):
+                return  # it took over or was replaced since this round read it
             db = self._engines.get(version) or self._engines.setdefault(
                 version, inst.db.for_version(version)
             )

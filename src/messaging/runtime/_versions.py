@@ -30,6 +30,7 @@ from messaging._states import ConsumerState
 from messaging.distribution._ownership import Ownership
 from messaging.runtime._lifecycle import lifecycle_event
 from messaging.store._database import Database
+from messaging.store._ddl import drop_tables_if_exist
 from messaging.store._tenancy import ReadModels
 
 log = logging.getLogger("messaging.runtime.versions")
@@ -220,20 +221,68 @@ def seconds_now(db: Database, conn: Connection) -> float:
     return float(conn.execute(select(db.clock.now())).scalar_one())
 
 
-def create_version_tables(db: Database, spec: ConsumerSpec, version: int) -> None:
-    """Create the tables of ``version`` of ``spec`` that do not exist yet."""
-    create_tables(db, ReadModels(db.tenant, version).tables(spec.options.tables))
+def create_version_tables(db: Database, spec: ConsumerSpec, unit: str, version: int) -> bool:
+    """Create the tables of version ``version`` of ``spec`` (the consumer ``unit``) that do
+    not exist yet, while it is being built; whether it still is. Its tables are made only
+    then: an instance whose round read the version as building when another instance's
+    swap had just renamed its tables (or a newer rebuild had replaced it) would otherwise
+    make empty ones under names a later swap needs. On SQLite the check and the creation
+    are one transaction; on MySQL/MariaDB (DDL commits) a table this call created is
+    dropped again if the version is found not building after it."""
+    tables = ReadModels(db.tenant, version).tables(spec.options.tables)
+    if db.is_sqlite:
+        with db.transaction() as conn:
+            if not still_building(db, conn, unit, version):
+                return False
+            for table in tables:
+                table.create(conn, checkfirst=True)
+        return True
+    with db.read() as conn:
+        if not still_building(db, conn, unit, version):
+            return False
+    created = create_tables(db, tables)
+    with db.read() as conn:
+        building = still_building(db, conn, unit, version)
+    if created and not building:
+        drop_tables_if_exist(db, created)
+    return building
 
 
-def create_tables(db: Database, tables: Iterable[Table]) -> None:
+def still_building(db: Database, conn: Connection, unit: str, version: int) -> bool:
+    """Whether version ``version`` (the consumer ``unit``) is being built and its swap has
+    not begun (once begun, its tables may be renamed at any moment)."""
+    t = db.schema.consumers
+    name, _ = split_unit(unit)
+    rows = {
+        r.name: r
+        for r in conn.execute(
+            select(t.c.name, t.c.state, t.c.cutover).where(
+                t.c.tenant == db.tenant, t.c.name.in_([unit, name])
+            )
+        )
+    }
+    row, live = rows.get(unit), rows.get(name)
+    if row is None or row.state != ConsumerState.RUNNING:
+        return False
+    cutover = json.loads(live.cutover) if live is not None and live.cutover else {}
+    return not (cutover.get("version") == version and cutover.get("swapping"))
+
+
+def create_tables(db: Database, tables: Iterable[Table]) -> list[str]:
     """Create those of ``tables`` that do not exist yet, each in its own transaction (DDL
-    commits implicitly on MySQL); a concurrent creation by another instance is no error."""
+    commits implicitly on MySQL); return the names of those this call created (a
+    concurrent creation by another instance is no error, and not counted)."""
+    created = []
     for table in tables:
         try:
             with db.transaction() as conn:
-                table.create(conn, checkfirst=True)
+                if inspect(conn).has_table(table.name):
+                    continue
+                table.create(conn)
+            created.append(table.name)
         except (OperationalError, ProgrammingError) as exc:
             with db.read() as conn:
                 if not inspect(conn).has_table(table.name):
                     raise
             log.debug("read model %s created concurrently: %s", table.name, exc)
+    return created
