@@ -251,11 +251,12 @@ def test_a_table_in_the_way_of_the_swap_holds_it_until_moved(
     with db.read() as conn:
         assert [u.version for u in unit_rows(db, conn, ["decl-notes"]) if u.live] == [1]
     drop_tables_if_exist(db, [in_way.name])
-    wait_until(
-        lambda: step(db, v2, unit, batch_size=100, keep=1) or _live(db) == 2,
-        timeout=10,
-        what="the swap after the table was moved",
-    )
+
+    def swapped() -> bool:
+        step(db, v2, unit, batch_size=100, keep=1)
+        return _live(db) == 2
+
+    wait_until(swapped, timeout=10, what="the swap after the table was moved")
 
 
 def _live(db: Database) -> int:

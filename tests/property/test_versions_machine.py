@@ -15,23 +15,17 @@ from typing import ClassVar
 
 import pytest
 from hypothesis import strategies as st
-from hypothesis.stateful import precondition, rule
 from sqlalchemy import Connection, select
 
-from messaging._errors import OperationError
-from messaging.runtime._versions import unit_rows, versions_changing
-from projections._operations import rebuild
-from projections._version_commands import rollback
 from projections.examples import ledger
-from projections.testing import Append, ClusterMachine, machine_settings, messages_of
+from projections.testing import Append, ClusterMachine, VersionSteps, machine_settings, messages_of
 from projections.testing.plugin import RunMachine
-from projections.testing.strategies import picks
 
 ACCOUNTS = [f"acct-{n}" for n in range(3)]
 BALANCES = "ledger-balances"
 
 
-class VersionsMachine(ClusterMachine):
+class VersionsMachine(VersionSteps, ClusterMachine):
     consumers: ClassVar[Sequence[type]] = (ledger.Balances,)
     initial = [Append(ledger.TOPIC, a, [ledger.AccountOpened(a, "ada")]) for a in ACCOUNTS]
     messages = messages_of(
@@ -49,54 +43,6 @@ class VersionsMachine(ClusterMachine):
 
     def actual(self, conn: Connection) -> object:
         return ledger.read_model(conn.execute(select(ledger.balances)).mappings())
-
-    def _steady(self) -> bool:
-        """No version being built or taking over, and no rebuild asked for."""
-        db = self.cluster.db
-        with db.read() as conn:
-            (live,) = [r for r in unit_rows(db, conn, [BALANCES]) if r.live]
-        return live.state == "running" and not versions_changing(db, [BALANCES])
-
-    @precondition(lambda self: self._steady())
-    @rule()
-    def request_rebuild(self) -> None:
-        """An operator asks for a rebuild; the version is built among whatever follows."""
-        rebuild(self.cluster.db, BALANCES, who="machine")
-        self.cluster.note("an operator asked for a rebuild")
-
-    @precondition(lambda self: self._steady())
-    @rule()
-    def request_rollback(self) -> None:
-        """An operator rolls back to the version the live one replaced, if there is one
-        (otherwise the refusal changes nothing)."""
-        db = self.cluster.db
-        try:
-            version = rollback(db, BALANCES, who="machine")
-        except OperationError as refused:
-            with db.read() as conn:
-                kept = [r for r in unit_rows(db, conn, [BALANCES]) if r.retired_by]
-            assert "no retired version" in str(refused) or not kept, refused
-            return
-        self.cluster.note(f"an operator rolled back to version {version}")
-
-    @precondition(lambda self: self.cluster.running)
-    @rule(pick=picks(), nth=st.integers(1, 4), committed=st.booleans())
-    def round_loses_an_outcome(self, pick: int, nth: int, committed: bool) -> None:
-        """The ``nth`` transaction of an instance's next round (a claim, a release, a step
-        of a cutover) commits and loses its acknowledgement, or rolls back with the
-        connection; the round is retried as the instance's loop retries it."""
-        names = sorted(self.cluster.running)
-        name = names[pick % len(names)]
-        instance, db = self.cluster.running[name], self.cluster._databases[name]
-        db.lose_transaction(nth, committed=committed)
-        try:
-            instance.retry(instance.rebalance, "rebalance")
-        except Exception as exc:  # the loop logs it and plans again next round
-            self.cluster.note(f"{name}'s round failed: {exc}")
-        finally:
-            db.keep_outcomes()
-        lost = "committed, acknowledgement lost" if committed else "rolled back"
-        self.cluster.note(f"{name}'s round: its transaction {nth} {lost}, retried")
 
 
 @pytest.fixture(autouse=True)

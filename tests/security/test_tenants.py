@@ -40,8 +40,7 @@ from messaging.store._tenancy import physical_name
 from projections import projection
 from projections._operations import audit_log, pause, rebuild, resume
 from projections.examples import ledger, transfers
-from projections.testing import SimulatedCluster
-from projections.testing.cluster import simulation_settings
+from projections.testing import SimulatedCluster, simulation_settings
 from projections.testing.database import drop_tables
 
 BALANCES = "ledger-balances"

@@ -28,6 +28,11 @@ from messaging.store._database import Database
 from messaging.store._ddl import drop_tables_if_exist
 
 
+class NoRetiredVersion(OperationError):
+    """A rollback refused: the live version replaced none, or the one it replaced was
+    dropped."""
+
+
 def droppable(rows: Sequence[UnitRow], keep: int) -> list[UnitRow]:
     """Of the versions ``rows``, the retired ones to drop: those replaced while being
     built, and those a cutover retired beyond the ``keep`` latest."""
@@ -94,7 +99,7 @@ def revive(db: Database, conn: Connection, name: str) -> UnitRow:
         raise OperationError(f"unknown projection {name!r}")
     previous = next((r for r in rows if r.retired_by == live.version), None)
     if previous is None:
-        raise OperationError(
+        raise NoRetiredVersion(
             f"{name!r} has no retired version to roll back to: version {live.version} is live "
             "and the version it replaced was dropped (or it replaced none)"
         )

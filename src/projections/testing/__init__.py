@@ -13,12 +13,7 @@ from projections.testing.battery import (
     run_battery,
     samples_of,
 )
-from projections.testing.cluster import (
-    SIMULATION_CONFIG,
-    SimulatedCluster,
-    open_cluster,
-    simulation_settings,
-)
+from projections.testing.cluster import SimulatedCluster, open_cluster
 from projections.testing.database import DATABASE_ENV, configured_database, scratch_database
 from projections.testing.differences import Difference, ReadModelDiffers, differences
 from projections.testing.events import (
@@ -51,6 +46,7 @@ from projections.testing.payloads import (
 )
 from projections.testing.records import Claimed, Commit, Delivery
 from projections.testing.runner import REPORT_SECONDS, report_within, run_cluster_machine
+from projections.testing.simulation import SIMULATION_CONFIG, simulation_settings
 from projections.testing.strategies import (
     SOURCES,
     cluster_events,
@@ -60,6 +56,7 @@ from projections.testing.strategies import (
     ticks,
 )
 from projections.testing.testcase import machine_settings
+from projections.testing.versions import VersionSteps
 from projections.testing.waiting import wait_in
 
 __all__ = [
@@ -93,6 +90,7 @@ __all__ = [
     "Stop",
     "Tick",
     "UnknownOutcome",
+    "VersionSteps",
     "Wake",
     "cluster_events",
     "configured_database",

@@ -12,7 +12,7 @@ calls that replay it.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from functools import partial
 
@@ -26,17 +26,18 @@ from messaging import (
     create_plugin_manager,
     is_ambiguous,
 )
-from messaging._config import settings_from_mapping
 from messaging._consumers import ConsumerSpec, collect_specs
 from messaging._errors import OperationError
 from messaging.distribution._ownership import Ownership
 from messaging.routing._consumer import ROUTE_CONSUMER
+from messaging.runtime._retired import NoRetiredVersion
 from messaging.runtime._versions import cutting_over, versions_changing
 from messaging.runtime._worker import ConsumerWorker
 from messaging.store._clock import ManualClock
 from messaging.store._rows import NewMessage
 from projections import _operations as operations
 from projections._kinds import PROJECTION
+from projections._version_commands import rollback
 from projections.testing.database import configured_database, scratch_database
 from projections.testing.outcomes import (
     DiesAtCommit,
@@ -45,28 +46,7 @@ from projections.testing.outcomes import (
     UnknownOutcome,
 )
 from projections.testing.records import Claimed, Commit, Delivery, Recorder, version_of
-
-SIMULATION_CONFIG: Mapping[str, object] = {
-    "rebalance-interval": "1s",
-    "stale-instance-timeout": "3s",
-    "heartbeat-interval": "400ms",
-    "graceful-shutdown-timeout": "2s",
-    "batch-size": 4,
-    "executor": {"max-workers": 1},
-    "conflict-retry": {"max-retries": 3, "max-delay": "50ms"},
-}
-"""``messaging.consumer`` settings of a simulation: short intervals (the clock is manual
-anyway), small batches, so that a few messages already span several batches, and one
-batch at a time (on MySQL, lanes would commit in parallel, in no fixed order, and a
-scenario would not replay the same way)."""
-
-
-def simulation_settings(**sections: object) -> Settings:
-    """Settings with :data:`SIMULATION_CONFIG` plus top-level config ``sections``, e.g.
-    ``simulation_settings(projections={"consumers": {"x": {"distribution": "single-owner"}}})``.
-    """
-    return settings_from_mapping({"messaging": {"consumer": SIMULATION_CONFIG}, **sections})
-
+from projections.testing.simulation import simulation_settings
 
 _OPERATOR = "projections.testing"
 """Who the simulated operator commands are recorded as, in the audit log."""
@@ -119,11 +99,9 @@ class SimulatedCluster:
         self._names: dict[str, str] = {}
         self._databases: dict[str, OutcomeLosingDatabase] = {}
         """Instance name → its view of the database (see :meth:`lose_ack`)."""
-        self._lost = 0
-        """Messages of the last batch whose outcome was lost."""
+        self._lost = 0  # messages of the last batch whose outcome was lost
         self._joined = 0
-        self.started_at = self.clock.value
-        """The clock when the cluster was made: scenario times are counted from it."""
+        self.started_at = self.clock.value  # scenario times are counted from it
         self._notes: list[str] = []
         self._hooks = create_plugin_manager(
             [], plugins=[Recorder(self), *plugins], load_entrypoints=False
@@ -140,11 +118,8 @@ class SimulatedCluster:
 
     def join(self, name: str | None = None) -> Instance:
         """Start a new instance (named ``i0``, ``i1``... unless given): it registers, declares
-        and rebalances once.
-
-        Instance ids, which order the members for the assignor, are not random here, so
-        that a run replays exactly: each newcomer's sorts first, which moves the most
-        partitions if an assignor is not sticky."""
+        and rebalances once. Ids (the assignor's order) are not random, so that a run replays
+        exactly: each newcomer's sorts first (most moves, if an assignor is not sticky)."""
         name = f"i{self._joined}" if name is None else name
         db = OutcomeLosingDatabase(self.db, partial(self._outcome_lost, name))
         self._databases[name] = db
@@ -351,6 +326,31 @@ class SimulatedCluster:
             operations.rebuild(self.db, name, who=_OPERATOR)
         self._record("rebuild()")
         return names
+
+    def rollback(self) -> list[str]:
+        """``projections rollback`` of every projection whose live version replaced one."""
+        names = []
+        for spec in self.specs:
+            if spec.kind is PROJECTION:
+                with suppress(NoRetiredVersion):  # none to go back to: nothing changes
+                    rollback(self.db, spec.name, who=_OPERATOR)
+                    names.append(spec.name)
+        self._record("rollback()", f"rolled back {', '.join(names) or 'none'}")
+        return names
+
+    def lose_in_round(self, name: str, nth: int, *, committed: bool = True) -> None:
+        """The ``nth`` transaction of instance ``name``'s next rebalance round (a claim, a
+        release, a cutover step) loses its acknowledgement, or (``committed=False``) rolls
+        back with the connection; the round is retried as the instance's loop does."""
+        instance, db = self.running[name], self._databases[name]
+        db.lose_transaction(nth, committed=committed)
+        try:
+            instance.retry(instance.rebalance, "rebalance")
+        except Exception as exc:  # the loop logs it and plans again next round
+            self.note(f"{name}'s round failed again: {exc}")
+        finally:
+            db.keep_outcomes()
+        self._record(f"lose_in_round({name!r}, {nth}, committed={committed})")
 
     def poll(self, name: str) -> int:
         """One batch of every consumer of one running instance."""
