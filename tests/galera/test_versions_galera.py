@@ -1,8 +1,9 @@
-"""A rebuild on a 3-node Galera cluster: instances on nodes 0 and 1 build the new version
-while traffic is appended through node 2 and a reader queries node 1 every 10 ms. The
-cutover's ``RENAME TABLE`` runs in total order on every node: the reader never sees an
-empty, partly built or older read model, and every node ends with the new version live
-and equal to the replay (the old one kept as ``_v1__ledger_balances``)."""
+"""A rebuild and a rollback on a 3-node Galera cluster: instances on nodes 0 and 1 build
+the new version, then the old one again from where it was retired, while traffic is
+appended through node 2 and a reader queries node 1 every 10 ms. Each cutover's
+``RENAME TABLE`` runs in total order on every node: the reader never sees an empty,
+partly built or older read model, and every node ends with version 1 live again and
+equal to the replay (version 2 kept as ``_v2__ledger_balances``)."""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ from messaging import Database
 pytestmark = [pytest.mark.galera, pytest.mark.mysql, pytest.mark.multiprocess]
 
 
-def test_a_version_built_on_two_nodes_takes_over_on_every_node(
+def test_a_version_built_on_two_nodes_takes_over_and_rolls_back_on_every_node(
     galera: GaleraCluster, galera_db: str, tmp_path: Path
 ) -> None:
     through = Database(galera.url(2, galera_db))
@@ -49,6 +50,8 @@ def test_a_version_built_on_two_nodes_takes_over_on_every_node(
         traffic.start()
         cli(configs["on-node0"], "rebuild", "ledger-balances", "--reason", "galera")
         wait_until(lambda: live_version(through) == 2, timeout=60, what="version 2 live")
+        cli(configs["on-node1"], "rollback", "ledger-balances", "--reason", "galera")
+        wait_until(lambda: live_version(through) == 1, timeout=60, what="version 1 live again")
         traffic.stop()
         wait_until(lambda: lag(through) == 0, timeout=60, what="the new version caught up")
         reader.stop()
@@ -66,8 +69,9 @@ def test_a_version_built_on_two_nodes_takes_over_on_every_node(
         try:
             with db.read() as conn:
                 tables = set(inspect(conn).get_table_names())
-            assert live_version(db) == 2
+            assert live_version(db) == 1
         finally:
             db.dispose()
-        assert {"ledger_balances", "_v1__ledger_balances"} <= tables, (node, tables)
+        assert {"ledger_balances", "_v2__ledger_balances"} <= tables, (node, tables)
+        assert "_v1__ledger_balances" not in tables, (node, tables)
     through.dispose()
