@@ -27,7 +27,7 @@ from sqlalchemy import Connection, delete, insert, select, update
 from messaging._errors import OperationError
 from messaging._settings import ConflictRetrySettings
 from messaging._states import ConsumerState, PartitionStatus
-from messaging.distribution._ownership import NOT_HALTED
+from messaging.distribution._ownership import NOT_HALTED, Ownership
 from messaging.distribution._pulse import bump_generation
 from messaging.routing._consumer import ROUTE_CONSUMER
 from messaging.runtime._lifecycle import lifecycle_event
@@ -93,15 +93,11 @@ def _set_state(db: Database, conn: Connection, consumer: str, state: str) -> Non
     )
 
 
-def _fence_all(db: Database, conn: Connection, consumer: str, **values: Any) -> None:
-    """Release every partition under a new epoch: current owners can commit nothing more."""
-    t = db.schema.partitions
-    conn.execute(
-        update(t)
-        .where(t.c.tenant == db.tenant, t.c.consumer == consumer)
-        .values(owner=None, epoch=t.c.epoch + 1, updated_at=db.clock.now(), **values)
-    )
-    bump_generation(db, conn)  # every instance plans again at its next pulse
+def _fence_all(db: Database, conn: Connection, consumer: str) -> None:
+    """Release every partition under a new epoch: current owners can commit nothing more;
+    every instance plans again at its next pulse."""
+    Ownership(db).fence_all(conn, consumer)
+    bump_generation(db, conn)
 
 
 class _Recorded(Exception):
