@@ -39,7 +39,28 @@ name                                   instrument       from hook
 ``projections.partition.lag``          gauge            projections_lag
 ``projections.version.live``           gauge            projections_versions
 ``projections.version.building``       gauge            projections_versions
+``projections.partition.share``        gauge (0-1)      projections_ownership
+``projections.partition.range.start``  gauge            projections_ownership
+``projections.partition.range.end``    gauge            projections_ownership
+``projections.partitioned.fetches``    counter          projections_batch_read
+``projections.partitioned.fetched``    counter          projections_batch_read
+``projections.consumer.health``        observable gauge projections_admin_started
 =====================================  ===============  ===========================
+
+Every metric also carries ``tenant``. The ownership gauges are the reference's range
+gauges: per consumer and ``member`` (the instance's id), the share of the consumer's
+partitions it owns and its range ``[start, end)`` (0 and 0 while it owns none, -1 and -1
+while its partitions are not one contiguous range). ``projections.partitioned.fetches``
+counts the reads of the owned partitions, empty ones included (``...fetched``: the
+messages they brought). ``projections.consumer.health`` is a state set: one series per
+consumer and ``verdict`` (every verdict of ``projections health``), 1 for the
+consumer's current verdict and 0 for the others; it is read from the database when
+collected, through an admin server's health source (``run --admin-port``, ``projections
+admin``), so an instance without one reports none.
+
+An admin server with the plugin enabled serves ``GET /metrics`` for Prometheus
+(:mod:`projections_otel.prometheus`): with no meter provider set by the application,
+the plugin sets one exporting through OpenTelemetry's Prometheus exporter.
 
 A version being built beside the live one is the consumer ``name@N`` in the metrics of
 its batches, claims and lag (its build progress: its partitions' lag going to 0);
@@ -79,6 +100,13 @@ Merge with headers of your own as ``headers={**trace_headers(), "correlation": .
 
 from __future__ import annotations
 
+from projections_otel.cluster import NOT_CONTIGUOUS, ClusterMetrics, contiguous_range
+from projections_otel.prometheus import (
+    exposition,
+    install_prometheus,
+    projections_admin_started,
+    projections_metrics_exposition,
+)
 from projections_otel.propagation import context_of, trace_headers
 from projections_otel.telemetry import (
     DURATION_BUCKETS,
@@ -86,6 +114,7 @@ from projections_otel.telemetry import (
     Telemetry,
     default_telemetry,
     projections_batch_applied,
+    projections_batch_read,
     projections_deadlines_delivered,
     projections_heartbeat,
     projections_instance_started,
@@ -93,6 +122,7 @@ from projections_otel.telemetry import (
     projections_lag,
     projections_lock_contention,
     projections_message_failed,
+    projections_ownership,
     projections_partition_claimed,
     projections_partition_halted,
     projections_partition_released,
@@ -106,10 +136,17 @@ from projections_otel.telemetry import (
 __all__ = [
     "DURATION_BUCKETS",
     "INSTRUMENTATION_NAME",
+    "NOT_CONTIGUOUS",
+    "ClusterMetrics",
     "Telemetry",
     "context_of",
+    "contiguous_range",
     "default_telemetry",
+    "exposition",
+    "install_prometheus",
+    "projections_admin_started",
     "projections_batch_applied",
+    "projections_batch_read",
     "projections_deadlines_delivered",
     "projections_heartbeat",
     "projections_instance_started",
@@ -117,6 +154,8 @@ __all__ = [
     "projections_lag",
     "projections_lock_contention",
     "projections_message_failed",
+    "projections_metrics_exposition",
+    "projections_ownership",
     "projections_partition_claimed",
     "projections_partition_halted",
     "projections_partition_released",

@@ -12,6 +12,7 @@ from opentelemetry import metrics, trace
 from opentelemetry.util.types import Attributes
 
 from messaging import hookimpl
+from projections_otel.cluster import ClusterMetrics
 
 INSTRUMENTATION_NAME = "projections_otel"
 _VERSION = "0.1.0"
@@ -54,7 +55,7 @@ def _never_raise(hook: str) -> Iterator[None]:
         log.exception("projections_otel: %s failed; telemetry skipped", hook)
 
 
-class Telemetry:
+class Telemetry(ClusterMetrics):
     """A plugin recording metrics and batch spans from the projections lifecycle hooks.
 
     :param meter_provider: Where the instruments come from; the global provider if None.
@@ -72,6 +73,7 @@ class Telemetry:
         tracer_provider: trace.TracerProvider | None = None,
     ) -> None:
         meter = metrics.get_meter(INSTRUMENTATION_NAME, _VERSION, meter_provider=meter_provider)
+        super().__init__(meter)
         self.tracer = trace.get_tracer(
             INSTRUMENTATION_NAME, _VERSION, tracer_provider=tracer_provider
         )
@@ -186,24 +188,9 @@ class Telemetry:
             description="The number of the version being built beside the live one (0: none)",
         )
         self._building: set[str] = set()
-        self._names: dict[str, str] = {}
         self._positions: dict[tuple[str, str], int] = {}
-        self._lock = threading.Lock()
-
-    # -- which instance ----------------------------------------------------------------
-
-    def _instance(self, instance_id: str) -> str:
-        """The instance's name when it started here, else its id."""
-        return self._names.get(instance_id, instance_id)
 
     # -- hooks -------------------------------------------------------------------------
-
-    @hookimpl
-    def projections_instance_started(
-        self, instance_id: str, name: str, consumers: Sequence[str]
-    ) -> None:
-        with self._lock:
-            self._names[instance_id] = name
 
     @hookimpl
     def projections_instance_stopping(self, instance_id: str, name: str) -> None:
@@ -218,7 +205,7 @@ class Telemetry:
             attributes: Attributes = {
                 "consumer": consumer,
                 "partition": partition,
-                "instance": self._instance(instance_id),
+                **self._who(instance_id),
             }
             self.claims.add(1, attributes)
             if epoch > 1:  # the partition was owned before: it moved here
@@ -234,7 +221,7 @@ class Telemetry:
                 {
                     "consumer": consumer,
                     "partition": partition,
-                    "instance": self._instance(instance_id),
+                    **self._who(instance_id),
                 },
             )
 
@@ -251,12 +238,12 @@ class Telemetry:
     ) -> None:
         with _never_raise("projections_batch_applied"):
             end = time.time_ns()
-            instance = self._instance(instance_id)
-            attributes: Attributes = {"consumer": consumer, "instance": instance}
+            who = self._who(instance_id)
+            attributes: Attributes = {"consumer": consumer, **who}
             self.messages_applied.add(count, attributes)
             self.batch_duration.record(seconds, attributes)
             # Lanes commit in parallel: report the highest position applied so far.
-            key = (consumer, instance)
+            key = (consumer, instance_id)
             self._positions[key] = max(self._positions.get(key, 0), last_position)
             self.checkpoint_position.set(self._positions[key], attributes)
             span = self.tracer.start_span(
@@ -268,7 +255,7 @@ class Telemetry:
                     "count": count,
                     "last_position": last_position,
                     "partitions": list(partitions),
-                    "instance": instance,
+                    **who,
                 },
             )
             span.end(end_time=end)
@@ -291,7 +278,7 @@ class Telemetry:
                     "partition": partition,
                     "type": type_name,
                     "error.type": type(error).__name__,
-                    "instance": self._instance(instance_id),
+                    **self._who(instance_id),
                 },
             )
 
@@ -306,7 +293,7 @@ class Telemetry:
                     "consumer": consumer,
                     "partition": partition,
                     "type": type_name,
-                    "instance": self._instance(instance_id),
+                    **self._who(instance_id),
                 },
             )
 
@@ -315,14 +302,14 @@ class Telemetry:
         self, consumer: str, partition: int, type_name: str, instance_id: str
     ) -> None:
         with _never_raise("projections_source_parked"):
-            instance = self._instance(instance_id)
+            who = self._who(instance_id)
             self.parks.add(
                 1,
                 {
                     "consumer": consumer,
                     "partition": partition,
                     "type": type_name,
-                    "instance": instance,
+                    **who,
                 },
             )
 
@@ -331,10 +318,8 @@ class Telemetry:
         self, consumer: str, partition: int, applied: int, instance_id: str
     ) -> None:
         with _never_raise("projections_source_retried"):
-            instance = self._instance(instance_id)
-            self.retried.add(
-                applied, {"consumer": consumer, "partition": partition, "instance": instance}
-            )
+            who = self._who(instance_id)
+            self.retried.add(applied, {"consumer": consumer, "partition": partition, **who})
 
     @hookimpl
     def projections_retrying(self, what: str, instance_id: str, error: BaseException) -> None:
@@ -344,23 +329,21 @@ class Telemetry:
                 {
                     "what": what,
                     "error.type": type(error).__name__,
-                    "instance": self._instance(instance_id),
+                    **self._who(instance_id),
                 },
             )
 
     @hookimpl
     def projections_lock_contention(self, what: str, instance_id: str, kind: str) -> None:
         with _never_raise("projections_lock_contention"):
-            self.lock_contentions.add(
-                1, {"what": what, "kind": kind, "instance": self._instance(instance_id)}
-            )
+            self.lock_contentions.add(1, {"what": what, "kind": kind, **self._who(instance_id)})
 
     @hookimpl(optionalhook=True)  # specified by sagas, when imported
     def projections_deadlines_delivered(
         self, consumer: str, instance_id: str, count: int, lateness: Sequence[float]
     ) -> None:
         with _never_raise("projections_deadlines_delivered"):
-            attributes: Attributes = {"consumer": consumer, "instance": self._instance(instance_id)}
+            attributes: Attributes = {"consumer": consumer, **self._who(instance_id)}
             self.deadlines_delivered.add(count, attributes)
             for seconds in lateness:
                 self.deadline_lateness.record(seconds, attributes)
@@ -368,14 +351,14 @@ class Telemetry:
     @hookimpl
     def projections_heartbeat(self, instance_id: str, seconds: float) -> None:
         with _never_raise("projections_heartbeat"):
-            self.heartbeat_duration.record(seconds, {"instance": self._instance(instance_id)})
+            self.heartbeat_duration.record(seconds, self._who(instance_id))
 
     @hookimpl
     def projections_rebalanced(
         self, instance_id: str, seconds: float, membership_seconds: float, live_members: int
     ) -> None:
         with _never_raise("projections_rebalanced"):
-            attributes: Attributes = {"instance": self._instance(instance_id)}
+            attributes: Attributes = self._who(instance_id)
             self.rebalance_duration.record(seconds, attributes)
             self.membership_read_duration.record(membership_seconds, attributes)
             self.live_members.set(live_members, attributes)
@@ -385,22 +368,34 @@ class Telemetry:
         self, instance_id: str, live: Mapping[str, int], building: Mapping[str, int]
     ) -> None:
         with _never_raise("projections_versions"):
-            instance = self._instance(instance_id)
+            who = self._who(instance_id)
             for name, version in live.items():
-                self.live_version.set(version, {"consumer": name, "instance": instance})
+                self.live_version.set(version, {"consumer": name, **who})
             for name in self._building | set(building):  # 0 once a build is over
-                attributes: Attributes = {"consumer": name, "instance": instance}
+                attributes: Attributes = {"consumer": name, **who}
                 self.building_version.set(building.get(name, 0), attributes)
             self._building = set(building)
 
     @hookimpl
+    def projections_ownership(
+        self, consumer: str, instance_id: str, partitions: Sequence[int], total: int
+    ) -> None:
+        with _never_raise("projections_ownership"):
+            self._ownership(consumer, instance_id, partitions, total)
+
+    @hookimpl
+    def projections_batch_read(
+        self, consumer: str, instance_id: str, partitions: Sequence[int], count: int
+    ) -> None:
+        with _never_raise("projections_batch_read"):
+            self._batch_read(consumer, instance_id, count)
+
+    @hookimpl
     def projections_lag(self, consumer: str, instance_id: str, lags: Mapping[int, int]) -> None:
         with _never_raise("projections_lag"):
-            instance = self._instance(instance_id)
+            who = self._who(instance_id)
             for partition, lag in lags.items():
-                self.lag.set(
-                    lag, {"consumer": consumer, "partition": partition, "instance": instance}
-                )
+                self.lag.set(lag, {"consumer": consumer, "partition": partition, **who})
 
 
 default_telemetry = Telemetry()
@@ -424,3 +419,5 @@ projections_heartbeat = default_telemetry.projections_heartbeat
 projections_rebalanced = default_telemetry.projections_rebalanced
 projections_lag = default_telemetry.projections_lag
 projections_versions = default_telemetry.projections_versions
+projections_ownership = default_telemetry.projections_ownership
+projections_batch_read = default_telemetry.projections_batch_read

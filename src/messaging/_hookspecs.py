@@ -7,7 +7,7 @@ object passed to :func:`messaging._plugins.create_plugin_manager`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import pluggy
 
@@ -37,8 +37,11 @@ def projections_consumers() -> Sequence[type]:
 
 
 @hookspec
-def projections_instance_started(instance_id: str, name: str, consumers: Sequence[str]) -> None:
-    """Called after an instance registered itself and before it applies anything."""
+def projections_instance_started(
+    instance_id: str, name: str, consumers: Sequence[str], tenant: str
+) -> None:
+    """Called after an instance of ``tenant`` registered itself and before it applies
+    anything."""
 
 
 @hookspec
@@ -156,6 +159,42 @@ def projections_versions(
 
 
 @hookspec
+def projections_ownership(
+    consumer: str, instance_id: str, partitions: Sequence[int], total: int
+) -> None:
+    """Called after each rebalance round, for each consumer applied here, with the
+    partitions this instance owns of the ``total``."""
+
+
+@hookspec
+def projections_batch_read(
+    consumer: str, instance_id: str, partitions: Sequence[int], count: int
+) -> None:
+    """Called after each read of the partitions this instance owns (the reference's
+    "partitioned fetch"), with how many messages it brought (0: nothing to apply)."""
+
+
+@hookspec
 def projections_lag(consumer: str, instance_id: str, lags: Mapping[int, int]) -> None:
     """Called after each rebalance round with the position lag of each partition applied
     here: the newest position in the store minus the partition's checkpoint."""
+
+
+# -------------------------------------------------------------------------------------
+# Admin server: health for telemetry, the Prometheus scrape endpoint
+# -------------------------------------------------------------------------------------
+
+
+@hookspec
+def projections_admin_started(
+    tenant: str, instance_id: str | None, health: Callable[[], Mapping[str, str]]
+) -> None:
+    """Called when an admin server starts (before the instance beside it, if any,
+    starts): ``health()`` gives each consumer's health verdict now (it queries the
+    database; it raises while the database fails), for telemetry plugins to observe."""
+
+
+@hookspec(firstresult=True)
+def projections_metrics_exposition() -> tuple[bytes, str] | None:
+    """The metrics in the Prometheus text format and its content type, for ``GET
+    /metrics`` of the admin server; None from a plugin that exports none."""

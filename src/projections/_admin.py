@@ -7,7 +7,12 @@ Routes:
 - ``GET /admin/instances``: :func:`projections._reports.instances_report`;
 - ``GET /admin/cluster``: the live members and how each consumer's partitions are shared
   among them (:func:`cluster_report`), plus ``answered_by``, this server's host:pid;
+- ``GET /admin/cluster`` also marks the serving member and says, per consumer, whether
+  the serving instance applies it and why not (:mod:`projections._cluster`);
 - ``GET /admin``: the HTML page (``admin_page.html``), refreshed every 2 s, with buttons;
+- ``GET /metrics``: the metrics in the Prometheus text format, from the plugins
+  (``projections_metrics_exposition``: ``projections_otel``); 404 saying how to enable
+  them without one;
 - ``GET /admin/health``: the health verdicts (:func:`projections._health.health_report`),
   ``GET /admin/consumers/<name>/health`` one consumer's (404 for an unknown one);
 - ``GET /admin/health/live`` and ``/admin/health/ready``: 200 or 503 with the reasons
@@ -26,7 +31,8 @@ Routes:
   skip or evict; ``skipped``: retry its skipped messages); the audit records
   ``admin token@<peer address>``.
 
-Every request must name this server in its ``Host`` header (421 otherwise); commands need
+Every request must name this server in its ``Host`` header (421 otherwise); the GETs,
+``/metrics`` included, are read-only and need no token (like the reports); commands need
 the admin token, a JSON content type and no foreign ``Origin`` (:mod:`projections._admin_guard`).
 Paths are URL-decoded. Errors are ``{"error": "..."}``: 404 unknown route, 409 a command
 that does not fit, 503 while the database fails (its error goes to the log only). Each
@@ -39,17 +45,18 @@ import logging
 import os
 import socket
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Mapping
+from functools import partial
 from importlib import resources
 from typing import Any
 from urllib.parse import unquote
 
+import pluggy
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from messaging._errors import OperationError, ProjectionsError, Unanswered
-from messaging._settings import Distribution, Settings
-from messaging._states import OwnerState
+from messaging._settings import Settings
 from messaging.runtime._instance import Instance
 from messaging.runtime._probes import liveness, readiness
 from messaging.runtime._signals import POLL, StopSignals
@@ -60,6 +67,7 @@ from projections._admin_guard import AdminGuard, Refusal, require_token_off_loop
 from projections._admin_http import BoundedHTTPServer, LimitedRequestHandler
 from projections._admin_progress import serve as serve_progress
 from projections._admin_waits import Answer, wait_answer
+from projections._cluster import Here, cluster_report
 from projections._health import UnknownConsumer, health_report
 from projections._reports import (
     consumers_report,
@@ -70,8 +78,11 @@ from projections._version_commands import versions_report
 
 log = logging.getLogger("projections.admin")
 
-SINGLE_OWNER_REASON = "single-owner: one elected instance applies it"
 DATABASE_UNAVAILABLE = "the database is unavailable; see the server's log"
+NO_METRICS = (
+    "no metrics here: enable the OpenTelemetry plugin (plugins: [projections_otel] in the "
+    "config; pip install 'projections[otel]') and restart"
+)
 COMMANDS = ("pause", "resume", "rebuild", "rollback", "drop-version", "retry", "skip", "evict")
 IN_MEMORY = ("pause", "resume", "rebuild")  # what an in-memory copy takes (no versions)
 #: Seconds a client has to send a whole request; handler threads; bytes of a command's body.
@@ -89,71 +100,6 @@ PAGE_HEADERS = {
 def identity() -> str:
     """This process as ``host:pid``."""
     return f"{socket.gethostname()}:{os.getpid()}"
-
-
-def ranges(numbers: Iterable[int]) -> list[list[int]]:
-    """Numbers as sorted contiguous inclusive ranges: ``[0,1,2,5]`` → ``[[0,2],[5,5]]``."""
-    result: list[list[int]] = []
-    for n in sorted(set(numbers)):
-        if result and result[-1][1] == n - 1:
-            result[-1][1] = n
-        else:
-            result.append([n, n])
-    return result
-
-
-def cluster_report(
-    consumers: dict[str, Any], instances: dict[str, Any], answered_by: str
-) -> dict[str, Any]:
-    """Live members (sorted by id) and, per consumer, each member's share of its partitions.
-
-    ``consumers`` and ``instances`` are the two reports of :mod:`projections._reports`.
-    A partition counts for a member only while it is OWNED by it; the others are listed
-    under ``unowned`` (ORPHANED or UNCLAIMED). ``share`` is the member's count over the
-    consumer's partition count (0 when it has none).
-    """
-    members = sorted(
-        (
-            {"id": i["id"], "name": i["name"], "host": i["host"], "pid": i["pid"]}
-            for i in instances["instances"]
-            if i["live"]
-        ),
-        key=lambda m: str(m["id"]),
-    )
-    result = []
-    for consumer in consumers["consumers"]:
-        parts = consumer["partitions"]
-        total = len(parts)
-        owned: dict[str, list[int]] = {m["id"]: [] for m in members}
-        unowned: list[int] = []
-        for p in parts:
-            if p["state"] == OwnerState.OWNED and p.get("instance_id") in owned:
-                owned[p["instance_id"]].append(p["partition"])
-            else:
-                unowned.append(p["partition"])
-        partitioned = consumer["distribution"] == Distribution.PARTITIONED.value
-        entry: dict[str, Any] = {
-            "name": consumer["name"],
-            "kind": consumer["kind"],
-            "distribution": consumer["distribution"],
-            "partitioned": partitioned,
-            "partitions": total,
-            "shares": [
-                {
-                    "id": m["id"],
-                    "instance": m["name"],
-                    "partitions": sorted(owned[m["id"]]),
-                    "ranges": ranges(owned[m["id"]]),
-                    "share": len(owned[m["id"]]) / total if total else 0.0,
-                }
-                for m in members
-            ],
-            "unowned": ranges(unowned),
-        }
-        if not partitioned:
-            entry["reason"] = SINGLE_OWNER_REASON
-        result.append(entry)
-    return {"answered_by": answered_by, "members": members, "consumers": result}
 
 
 def _one_line(exc: BaseException) -> str:
@@ -187,6 +133,7 @@ def make_server(
     request_timeout: float = REQUEST_TIMEOUT,
     max_threads: int = MAX_THREADS,
     instance: Instance | None = None,
+    hooks: pluggy.HookRelay | None = None,
 ) -> BoundedHTTPServer:
     """A (not yet serving) admin server on ``host:port``; port 0 picks a free one.
 
@@ -194,7 +141,9 @@ def make_server(
     hosts can reach is refused with :class:`ProjectionsError` (so is a port in use).
     ``request_timeout`` and ``max_threads`` bound what clients can hold (see
     :mod:`projections._admin_http`). Served beside an ``instance``, the commands for its
-    in-memory consumers act on its copy.
+    in-memory consumers act on its copy. ``hooks`` (the instance's by default) are told
+    the server started, with a health source (``projections_admin_started``), and give
+    ``GET /metrics`` (``projections_metrics_exposition``).
     """
     admin = settings.admin
     consumer_settings = settings.messaging.consumer
@@ -207,6 +156,7 @@ def make_server(
             consumers_report(db, consumer_settings),
             instances_report(db, consumer_settings),
             me,
+            Here.of(instance) if instance is not None else None,
         ),
         "/admin/health": lambda: health_report(db, settings),
     }
@@ -214,6 +164,7 @@ def make_server(
         "/admin/health/live": lambda: liveness(instance),
         "/admin/health/ready": lambda: readiness(instance, db),
     }
+    hooks = hooks if hooks is not None or instance is None else instance.hooks
 
     class Handler(LimitedRequestHandler):
         server_version = "projections-admin"
@@ -262,6 +213,13 @@ def make_server(
             path = "/" + "/".join(segments)
             if path == "/admin":
                 self.send_body(200, page, "text/html; charset=utf-8", headers=PAGE_HEADERS)
+                return
+            if path == "/metrics":
+                exposed = hooks.projections_metrics_exposition() if hooks is not None else None
+                if exposed is None:
+                    self.send_json(404, {"error": NO_METRICS})
+                else:
+                    self.send_body(200, *exposed)
                 return
             probe = probes.get(path)
             if probe is not None:
@@ -361,16 +319,30 @@ def make_server(
         server.server_close()
         raise
     guard = AdminGuard(admin.token, admin.allowed_hosts, str(bound_host), int(bound_port))
+    if hooks is not None:
+        instance_id = instance.id if instance is not None else None
+        health = partial(verdicts, db, settings)
+        hooks.projections_admin_started(tenant=db.tenant, instance_id=instance_id, health=health)
     return server
 
 
+def verdicts(db: Database, settings: Settings) -> Mapping[str, str]:
+    """Each consumer's health verdict now (the metrics' health source)."""
+    return {c["name"]: str(c["verdict"]) for c in health_report(db, settings)["consumers"]}
+
+
 def listen(
-    db: Database, settings: Settings, host: str, port: int, instance: Instance | None = None
+    db: Database,
+    settings: Settings,
+    host: str,
+    port: int,
+    instance: Instance | None = None,
+    hooks: pluggy.HookRelay | None = None,
 ) -> BoundedHTTPServer:
     """:func:`make_server` (beside ``instance``, if given), with a port that cannot be bound
     as a :class:`ProjectionsError`; prints the page's address."""
     try:
-        server = make_server(db, settings, host, port, instance=instance)
+        server = make_server(db, settings, host, port, instance=instance, hooks=hooks)
     except OSError as exc:
         raise ProjectionsError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
     bound_host, bound_port = (str(part) for part in server.server_address[:2])
@@ -381,10 +353,12 @@ def listen(
     return server
 
 
-def serve(db: Database, settings: Settings, host: str, port: int) -> None:
+def serve(
+    db: Database, settings: Settings, host: str, port: int, hooks: pluggy.HookRelay | None = None
+) -> None:
     """Serve until SIGINT or SIGTERM, then close the server and dispose the engine."""
     try:
-        server = listen(db, settings, host, port)
+        server = listen(db, settings, host, port, hooks=hooks)
     except BaseException:
         db.dispose()
         raise

@@ -16,6 +16,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
+import pluggy
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import DBAPIError
 
@@ -86,12 +87,12 @@ def cmd_run(args: argparse.Namespace) -> int:
                 f"serve ports {args.admin_port + 1}-{args.admin_port + args.workers}, "
                 "past 65535; choose a lower port"
             )
-        with _admin_alongside(args, settings, None):
+        with _admin_alongside(args, settings, None, manager.hook):
             return _supervise(args, settings)
     db = _database(settings)
     instance = Instance(db, specs, settings, manager.hook, name=args.instance_name)
     try:
-        with _admin_alongside(args, settings, instance):
+        with _admin_alongside(args, settings, instance, manager.hook):
             instance.run()
     finally:
         db.dispose()
@@ -100,7 +101,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 @contextmanager
 def _admin_alongside(
-    args: argparse.Namespace, settings: Settings, instance: Instance | None
+    args: argparse.Namespace,
+    settings: Settings,
+    instance: Instance | None,
+    hooks: pluggy.HookRelay,
 ) -> Iterator[None]:
     """With ``--admin-port``, serve the admin endpoints from this process meanwhile (and
     operate ``instance``'s in-memory consumers through them)."""
@@ -113,7 +117,7 @@ def _admin_alongside(
     try:
         # Bound first, so a port in use fails before the database is made; prepared
         # before serving, so the first request finds the tables.
-        server = listen(db, settings, "127.0.0.1", args.admin_port, instance)
+        server = listen(db, settings, "127.0.0.1", args.admin_port, instance, hooks)
     except BaseException:
         db.dispose()
         raise
@@ -217,7 +221,8 @@ def cmd_admin(args: argparse.Namespace) -> int:
     except BaseException:
         db.dispose()
         raise
-    serve(db, settings, args.host, args.port)  # disposes the engine when it stops
+    hooks = create_plugin_manager(settings.plugins).hook  # GET /metrics, with a plugin
+    serve(db, settings, args.host, args.port, hooks)  # disposes the engine when it stops
     return 0
 
 

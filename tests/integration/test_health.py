@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import signal
-import sqlite3
 import subprocess
 import threading
 import time
@@ -22,7 +21,8 @@ from unittest.mock import ANY
 import health_app
 import pytest
 from clusters import live_version, owned_by, start_instance, stop_instance, wait_until, write_config
-from sqlalchemy import MetaData, make_url
+from freezing import freeze
+from sqlalchemy import MetaData
 
 from messaging import Database
 from messaging._config import load_settings
@@ -84,34 +84,6 @@ def _caught_up(db: Database, settings: Settings, count: int) -> bool:
     return health_app.applied(db) == count and _verdict(db, settings) == Verdict.CAUGHT_UP
 
 
-def _write_lock_free(db: Database) -> bool:
-    """Whether a SQLite write transaction can begin now (no frozen process holds the lock)."""
-    probe = sqlite3.connect(str(make_url(db.url).database), timeout=0.1)
-    try:
-        probe.execute("BEGIN IMMEDIATE")
-        probe.rollback()
-        return True
-    except sqlite3.OperationalError:
-        return False
-    finally:
-        probe.close()
-
-
-def _stopped(pid: int) -> bool:
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
-
-
-def _freeze(process: subprocess.Popen[bytes], db: Database) -> None:
-    """SIGSTOP ``process``; on SQLite at a moment it holds no write lock (the whole file
-    would wait for it otherwise, which is no test of the health verdicts)."""
-    while True:
-        process.send_signal(signal.SIGSTOP)
-        wait_until(lambda: _stopped(process.pid), timeout=10, what="the process to stop")
-        if not db.is_sqlite or _write_lock_free(db):
-            return
-        process.send_signal(signal.SIGCONT)
-
-
 def test_a_frozen_owner_is_stalled_then_unowned_then_caught_up_after_a_takeover(
     db: Database, tmp_path: Path
 ) -> None:
@@ -126,7 +98,7 @@ def test_a_frozen_owner_is_stalled_then_unowned_then_caught_up_after_a_takeover(
     health_app.append(db, 0, 20)
     wait_until(lambda: _caught_up(db, settings, 20), timeout=60, what="p1 to apply 20")
 
-    _freeze(first, db)
+    freeze(first, db)
     frozen = time.monotonic()
     health_app.append(db, 20, 20)
     appended = time.monotonic()
@@ -303,7 +275,7 @@ def test_halted_partitions_and_the_exit_codes_of_projections_health(
     assert healthy.stdout.startswith("healthy")
     assert f"{CONSUMER}  caught-up  (healthy)" in healthy.stdout
 
-    _freeze(process, db)
+    freeze(process, db)
     health_app.append(db, 8, 8)
     wait_until(lambda: _verdict(db, settings) == Verdict.STALLED, timeout=30, what="stalled")
     degraded = health_app.health_cli(config, "--json")

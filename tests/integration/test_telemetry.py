@@ -235,6 +235,10 @@ def test_the_plugin_loads_from_the_config(tmp_path: Path) -> None:
         if hook.get_hookimpls()
     }
     assert implemented == {
+        "projections_admin_started",
+        "projections_metrics_exposition",
+        "projections_ownership",
+        "projections_batch_read",
         "projections_instance_started",
         "projections_instance_stopping",
         "projections_partition_claimed",
@@ -355,6 +359,7 @@ def test_a_batch_meeting_another_writers_lock_is_retried_and_counted(
         "what": f"apply {CONSUMER}",
         "kind": "busy",
         "instance": "contended",
+        "tenant": "default",
     }
     assert contention.value >= 1
     (retries,) = _points(reader)["projections.retries"]
@@ -362,6 +367,7 @@ def test_a_batch_meeting_another_writers_lock_is_retried_and_counted(
         "what": f"apply {CONSUMER}",
         "error.type": "OperationalError",
         "instance": "contended",
+        "tenant": "default",
     }
     assert retries.value == contention.value
 
@@ -405,6 +411,7 @@ def _poison_points(
         "partition": partition_of("s1", 2),
         "type": "test.otel.fragile",
         "instance": "fragile-1",
+        "tenant": "default",
     }
     points = _points(reader)
     (failure,) = points["projections.message.failures"]
@@ -457,7 +464,11 @@ def test_delivered_deadlines_are_counted_with_their_lateness(
     points = _points(reader)
     (delivered,) = points["projections.deadlines.delivered"]
     assert delivered.value == 3
-    assert dict(delivered.attributes) == {"consumer": "test-timers", "instance": "timekeeper"}
+    assert dict(delivered.attributes) == {
+        "consumer": "test-timers",
+        "instance": "timekeeper",
+        "tenant": "default",
+    }
     (lateness,) = points["projections.deadline.lateness"]
     assert lateness.count == 3
     assert lateness.sum == pytest.approx(1.5, abs=1e-3)  # each poll takes a microsecond

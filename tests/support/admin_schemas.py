@@ -135,10 +135,29 @@ INSTANCES = _object(
     }
 )
 
-_MEMBER = {"id": _ID, "name": _ID, "host": _ID, "pid": _INT}
+_MEMBER = {"id": _ID, "name": _ID, "host": _ID, "pid": _INT, "serving": {"type": "boolean"}}
+_WHY = [
+    "not-a-member",
+    "stopping",
+    "outage",
+    "applies",
+    "halted",
+    "paused",
+    "not-declared",
+    "older-declaration",
+    "newer-declaration",
+    "waiting",
+    "standby",
+    "no-live-member",
+    "owned-elsewhere",
+]
+_OR_NULL = {"type": ["string", "null"]}
 CLUSTER = _object(
     {
         "answered_by": _ID,
+        "serving": _object(
+            {"member": {"type": "boolean"}, "id": _OR_NULL, "name": _OR_NULL, "note": _OR_NULL}
+        ),
         "members": {"type": "array", "items": _object(_MEMBER)},
         "consumers": {
             "type": "array",
@@ -162,11 +181,15 @@ CLUSTER = _object(
                         ),
                     },
                     "unowned": _RANGES,
+                    "here": _object(
+                        {"applies": {"type": "boolean"}, "why": {"enum": _WHY}, "reason": _ID}
+                    ),
                 },
                 {"reason": {"type": "string"}},
             ),
         },
-    }
+    },
+    {"no_live_member": _ID},
 )
 
 COMMAND = _object(

@@ -193,7 +193,10 @@ class Instance:
             sorted(self.in_memory),
         )
         self.hooks.projections_instance_started(
-            instance_id=self.id, name=self.name, consumers=[s.name for s in self.specs]
+            instance_id=self.id,
+            name=self.name,
+            consumers=[s.name for s in self.specs],
+            tenant=self.db.tenant,
         )
         self.retry(self.rebalance, "rebalance")  # starts the workers (messaging.runtime._units)
         if self.settings.messaging.gc_freeze:

@@ -102,6 +102,12 @@ class Rebalancer:
         for name, worker in inst.workers.items():
             lags = {p: max(0, head - c.checkpoint) for p, c in worker.claims().items()}
             inst.hooks.projections_lag(consumer=name, instance_id=inst.id, lags=lags)
+            inst.hooks.projections_ownership(
+                consumer=name,
+                instance_id=inst.id,
+                partitions=sorted(worker.claims()),
+                total=worker.spec.partitions,
+            )
         inst.hooks.projections_versions(
             instance_id=inst.id,
             live={u.name: u.version for u in units if u.live},
@@ -116,6 +122,11 @@ class Rebalancer:
                 inst.name,
                 waited,
             )
+
+    def waiting(self) -> dict[str, str]:
+        """Why this instance applies nothing of each consumer the last round planned
+        nothing of here for a reason (by unit name), as the warning said."""
+        return {name: why for name, why in self._waiting.items() if why}
 
     def announce_wait(self) -> None:
         """Say, once at start, what this instance waits for and for how long at most: the

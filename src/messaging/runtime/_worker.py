@@ -347,6 +347,12 @@ class ConsumerWorker(Worker):
             hashes=self.lanes > 1 or self.gate is not None,
             sources=sources,  # only while a partition has parked sources
         )
+        self.hooks.projections_batch_read(
+            consumer=self.spec.name,
+            instance_id=self.instance_id,
+            partitions=list(claims),
+            count=len(rows),
+        )
         if self.gate is None:
             return rows
         self.gate.read(conn)
