@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import page_app
+import prometheus_client.parser as parser
 import pytest
 from admin_client import admin_process, chromium, get, get_json, screenshot
 from clusters import owned_by, start_instance, stop_instance, wait_until, write_config
@@ -29,8 +30,6 @@ from projections._admin import NO_METRICS
 from projections._health import health_report
 
 pytestmark = pytest.mark.multiprocess
-parser = pytest.importorskip("prometheus_client.parser")
-pytest.importorskip("opentelemetry.exporter.prometheus")
 
 TENANT = "acme"
 EXPECTED = {
