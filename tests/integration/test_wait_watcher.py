@@ -8,8 +8,10 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
-from clusters import wait_until
+import pytest
+from clusters import owned_by, start_instance, stop_instance, wait_until, write_config
 from ledger_waits import CONSUMER, deposit, ledger_instance
 from sqlalchemy import event, select
 
@@ -132,3 +134,22 @@ def test_a_wait_returns_right_after_the_batch_in_this_process_commits(db: Databa
             assert returned and returned[0] - committed < 5
     finally:
         instance.stop()
+
+
+@pytest.mark.multiprocess
+def test_a_wait_returns_right_after_a_batch_in_another_process_on_this_host_commits(
+    db: Database, tmp_path: Path
+) -> None:
+    """A ``projections run`` process on this host wakes the watcher here when its batch
+    commits (a datagram to the watcher's socket): waits polled only every 10 s return
+    within a fraction of that once their appends are applied."""
+    process = start_instance(write_config(tmp_path / "config.yaml", db), "applier")
+    try:
+        wait_until(lambda: owned_by(db, {"applier"}), timeout=60, what="the instance to own")
+        for n in range(5):
+            appended = deposit(db, f"far-{n}")
+            committed = time.monotonic()
+            wait_for(db, appended.token, CONSUMER, timeout=30, poll_interval=10)
+            assert time.monotonic() - committed < 5
+    finally:
+        assert stop_instance(process) == 0

@@ -7,10 +7,12 @@ its state) and the tenant's committed head. A wait is checked in full
 time and when what that statement returned for its consumers moved since its last
 check; waits that nothing moved for cost nothing more. Rounds run every
 ``poll_interval`` (the smallest of the waits') while there are waits, at once when one
-is added, and when a batch of any consumer commits through the same
-:class:`~messaging.store._database.Database` object in this process (an instance in the
-same process: the wait returns right after the commit it waits for). The thread ends
-after :data:`IDLE_EXIT` seconds without waits.
+is added, and when a batch of any consumer commits: through the same
+:class:`~messaging.store._database.Database` object in this process, or in another
+process on this host (its commit sends a datagram to the watchers' sockets,
+:mod:`messaging.store._wakeup`; a lost one costs a poll interval). The wait returns
+within milliseconds of the commit it waits for. The thread ends after :data:`IDLE_EXIT`
+seconds without waits.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from sqlalchemy import Connection, select
 from messaging.runtime._progress import Progress, progress
 from messaging.store._database import Database
 from messaging.store._retry import is_transient
+from messaging.store._wakeup import Listener
 
 log = logging.getLogger("messaging.runtime.watcher")
 
@@ -67,6 +70,7 @@ class Watcher:
         self._watches: set[Watch] = set()
         self._kicked = False
         self._thread: threading.Thread | None = None
+        self._listener: Listener | None = None
         db.after_batch.append(self.kick)
 
     def add(self, watch: Watch) -> Watch:
@@ -91,6 +95,34 @@ class Watcher:
                 self._cond.notify()
 
     def _run(self) -> None:
+        if self._listener is None:  # kept for good: the committers' listing of it holds
+            self._listener = self.db.commit_wakeups.listen()
+            if self._listener is not None:
+                weakref.finalize(self, self._listener.close)
+        stopped = threading.Event()
+        if self._listener is not None:
+            threading.Thread(
+                target=self._listen,
+                args=(self._listener, stopped),
+                name="wait-wakeups",
+                daemon=True,
+            ).start()
+        try:
+            self._watch()
+        finally:
+            stopped.set()
+            if self._listener is not None:
+                self._listener.poke()
+
+    def _listen(self, listener: Listener, stopped: threading.Event) -> None:
+        """Kick a round whenever a process on this host commits a batch, until
+        ``stopped`` (while no thread listens, the socket's queue fills and the committers'
+        datagrams are refused, at no cost to them)."""
+        while not stopped.is_set():
+            if listener.wait(IDLE_EXIT) and not stopped.is_set():
+                self.kick()
+
+    def _watch(self) -> None:
         while True:
             with self._cond:
                 if not self._watches:

@@ -201,10 +201,13 @@ class Database:
         declared table are sent to this tenant's copy (see :mod:`messaging.store._tenancy`)."""
         self.read_models.install(self.engine)
         self.wakeups = WakeUps(self._identity(table_prefix))
+        """Same-host wake-ups: a commit that appended wakes the instances here at once."""
+        self.commit_wakeups = WakeUps(self._identity(table_prefix) + "|batches")
+        """Same-host wake-ups of the waits' watchers (:mod:`messaging.runtime._watcher`) in
+        other processes: each batch of a consumer that commits here wakes them at once."""
         self.after_batch: list[Callable[[], object]] = []
         """Called after each batch of a consumer commits through this object (the shared
-        watcher of waits: :mod:`messaging.runtime._watcher`)."""
-        """Same-host wake-ups: a commit that appended wakes the instances here at once."""
+        watcher of waits in this process)."""
         self.sessions = None if self.is_sqlite else Sessions(self.engine)
         """This process's MySQL sessions (None on SQLite)."""
         self.lock_wait: float | None = None
@@ -280,6 +283,7 @@ class Database:
         if info is not None and (appended := info.pop(APPENDED, None)):
             self.wakeups.notify(appended)
         if consumer is not None:
+            self.commit_wakeups.notify()
             for hook in self.after_batch:
                 hook()
 
