@@ -10,10 +10,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+import parked_seq_app as app
 import pytest
-import slow_app as app
 from clusters import start_instance, stop_instance, wait_until, write_config
-from sqlalchemy import MetaData, select
+from sqlalchemy import MetaData
 
 from messaging import Database, MessageStore
 from messaging._settings import ConsumerSettings
@@ -43,23 +43,14 @@ def _append(db: Database, seqs: range, sources: list[str]) -> dict[str, int]:
     with db.transaction() as conn:
         for seq in seqs:
             for source in sources:
-                position = store.append(conn, "slow", source, [app.Step(seq)])[0]
+                position = store.append(conn, "seq", source, [app.Step(seq)])[0]
                 first.setdefault(source, position)
     return first
 
 
-def _applied(db: Database) -> dict[str, list[int]]:
-    t = app.applied
-    found: dict[str, list[int]] = {}
-    with db.read() as conn:
-        for row in conn.execute(select(t.c.source, t.c.seq).order_by(t.c.source, t.c.seq)):
-            found.setdefault(row.source, []).append(row.seq)
-    return found
-
-
 def _halted(db: Database) -> dict[int, Any]:
     report = consumers_report(db, ConsumerSettings())
-    entry = next(c for c in report["consumers"] if c["name"] == "slow-steps")
+    entry = next(c for c in report["consumers"] if c["name"] == "parked-seq")
     return {p["partition"]: p["halted"] for p in entry["partitions"] if "halted" in p}
 
 
@@ -76,7 +67,9 @@ def _start(db: Database, tmp_path: Path, extra: str, env: dict[str, str]) -> Any
     timing = {"stale-instance-timeout": "8s"}
     config = write_config(tmp_path / "config.yaml", db, batch_size=20, extra=extra, consumer=timing)
     started = tmp_path / "started"
-    return start_instance(config, "t1", "slow_app", env={"SLOW_STARTED": str(started), **env})
+    return start_instance(
+        config, "t1", "parked_seq_app", env={"STUCK_STARTED": str(started), **env}
+    )
 
 
 def _others_move(db: Database) -> None:
@@ -84,7 +77,7 @@ def _others_move(db: Database) -> None:
     others = [s for s in SOURCES if partition_of(s, 4) != partition_of(SLOW, 4)]
     _append(db, range(4, 6), others)
     wait_until(
-        lambda: all(_applied(db).get(s) == [1, 2, 3, 4, 5] for s in others),
+        lambda: all(app.applied_seqs(db).get(s) == [1, 2, 3, 4, 5] for s in others),
         timeout=30,
         what="the other partitions",
     )
@@ -94,7 +87,7 @@ def test_a_handler_sleeping_past_the_timeout_halts_its_partition(
     db: Database, tmp_path: Path
 ) -> None:
     extra = "projections:\n  apply-timeout: 3s\n"
-    process = _start(db, tmp_path, extra, {"SLOW_SOURCE": SLOW, "SLOW_SECONDS": "3.3"})
+    process = _start(db, tmp_path, extra, {"STUCK_SOURCE": SLOW, "STUCK_SECONDS": "3.3"})
     try:
         first = _append(db, range(1, 4), SOURCES)
         began = wait_until(lambda: _started(tmp_path / "started"), timeout=30, what="the slow one")
@@ -105,7 +98,7 @@ def test_a_handler_sleeping_past_the_timeout_halts_its_partition(
         halt = halts[partition_of(SLOW, 4)]
         assert halt["position"] == first[SLOW]
         assert f"apply timeout (3s) exceeded at position {first[SLOW]}" in halt["error"]
-        assert SLOW not in _applied(db)  # rolled back, not committed
+        assert SLOW not in app.applied_seqs(db)  # rolled back, not committed
         _others_move(db)
         assert len((tmp_path / "started").read_text().split()) == 1  # not applied again
     finally:
@@ -116,13 +109,13 @@ def test_a_statement_that_never_ends_is_interrupted_and_parks_its_source(
     db: Database, tmp_path: Path
 ) -> None:
     extra = "projections:\n  on-failure: park-source\n  consumers:\n"
-    extra += "    slow-steps:\n      apply-timeout: 3s\n"
-    process = _start(db, tmp_path, extra, {"SLOW_SOURCE": SLOW, "SLOW_SQL": "1"})
+    extra += "    parked-seq:\n      apply-timeout: 3s\n"
+    process = _start(db, tmp_path, extra, {"STUCK_SOURCE": SLOW, "STUCK_SQL": "1"})
     try:
         first = _append(db, range(1, 4), SOURCES)
         began = wait_until(lambda: _started(tmp_path / "started"), timeout=30, what="the slow one")
         found = wait_until(
-            lambda: parked(db, "slow-steps")["parked"], timeout=30, what="the parked source"
+            lambda: parked(db, "parked-seq")["parked"], timeout=30, what="the parked source"
         )
         took = time.time() - began
         assert took < BOUND + 1 + SLACK, f"parked {took:.2f}s after the statement began"
@@ -132,10 +125,10 @@ def test_a_statement_that_never_ends_is_interrupted_and_parks_its_source(
         # Every other source flows, those of the slow source's partition too.
         _append(db, range(4, 6), SOURCES)
         wait_until(
-            lambda: _applied(db) == {s: [1, 2, 3, 4, 5] for s in SOURCES if s != SLOW},
+            lambda: app.applied_seqs(db) == {s: [1, 2, 3, 4, 5] for s in SOURCES if s != SLOW},
             timeout=30,
             what="the other sources",
         )
-        assert [p["count"] for p in parked(db, "slow-steps")["parked"]] == [5]  # all held
+        assert [p["count"] for p in parked(db, "parked-seq")["parked"]] == [5]  # all held
     finally:
         assert stop_instance(process) == 0
