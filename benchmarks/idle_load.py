@@ -1,6 +1,8 @@
 """Statements/s that one idle instance sends its database, with 1 and with 20 consumers.
 
-Run as ``python benchmarks/idle_load.py [--seconds 20] [--mysql-url URL]``.
+Run as ``python benchmarks/idle_load.py [--seconds 20] [--mysql-url URL]
+[--timing heartbeat-interval=1s ...]`` (``--timing``: a ``messaging.consumer`` setting
+instead of its default, to see what shorter intervals cost).
 
 One ``messaging.Instance`` runs in this process at the default settings (heartbeat 5 s,
 rebalance 10 s, idle-poll 200 ms) with N projections (N = 1, then 20), each reading a
@@ -46,7 +48,7 @@ from messaging import (
     handler,
     message,
 )
-from messaging._config import settings_from_mapping
+from messaging._config import parse_duration, settings_from_mapping
 from messaging._consumers import collect_specs
 from messaging.store._migrations import migrate
 from projections import projection
@@ -110,9 +112,13 @@ class StatementCounter:
         self._add(_kind(statement))
 
 
-def run_idle(url: str, count: int, seconds: float, warmup: float) -> Counter[tuple[str, str]]:
-    """Run an idle instance of ``count`` consumers; its statements over ``seconds``."""
-    settings = settings_from_mapping({"database": url, "table-prefix": PREFIX})
+def run_idle(
+    url: str, count: int, seconds: float, warmup: float, timing: Mapping[str, str]
+) -> Counter[tuple[str, str]]:
+    """Run an idle instance of ``count`` consumers with the consumer settings ``timing``;
+    its statements over ``seconds``."""
+    consumer = {"messaging": {"consumer": dict(timing)}}
+    settings = settings_from_mapping({"database": url, "table-prefix": PREFIX, **consumer})
     db = Database(url, table_prefix=PREFIX)
     if not db.is_sqlite:
         migrate(db)
@@ -133,23 +139,28 @@ def run_idle(url: str, count: int, seconds: float, warmup: float) -> Counter[tup
     return counter.counts
 
 
-def report(counts: Mapping[tuple[str, str], int], seconds: float, count: int) -> float:
+def report(counts: Mapping[tuple[str, str], int], seconds: float, count: int, idle: float) -> float:
     """Print per-second figures by (thread, kind); return the total per second."""
     total = sum(counts.values()) / seconds
     queries = sum(n for (_, kind), n in counts.items() if kind.startswith(QUERIES)) / seconds
     print(f"  {count} consumer(s): {total:.2f} statements/s (queries {queries:.2f}/s)")
     for (thread, kind), n in sorted(counts.items(), key=lambda item: (-item[1], item[0])):
         print(f"    {n / seconds:8.2f}/s  {thread:<12} {kind}")
-    print(f"    (a poll per consumer per idle-poll-interval alone would be {count / 0.2:.0f}/s)")
+    print(f"    (a poll per consumer per idle-poll-interval alone would be {count / idle:.0f}/s)")
     return total
 
 
-def measure(label: str, url_for: Any, seconds: float, warmup: float) -> float:
-    print(f"\n{label}: one idle instance, default intervals, {seconds:g} s per measurement")
+def measure(
+    label: str, url_for: Any, seconds: float, warmup: float, timing: Mapping[str, str]
+) -> float:
+    intervals = ", ".join(f"{k} {v}" for k, v in timing.items()) or "default intervals"
+    print(f"\n{label}: one idle instance, {intervals}, {seconds:g} s per measurement")
     totals = {}
     for count in COUNTS:
         with url_for() as url:
-            totals[count] = report(run_idle(url, count, seconds, warmup), seconds, count)
+            counts = run_idle(url, count, seconds, warmup, timing)
+            idle = parse_duration(timing.get("idle-poll-interval", "200ms"))
+            totals[count] = report(counts, seconds, count, idle)
     ratio = totals[COUNTS[-1]] / totals[COUNTS[0]]
     print(f"ratio {COUNTS[-1]} consumers / {COUNTS[0]} consumer: {ratio:.2f}  (goal <= 1.50)")
     return ratio
@@ -181,14 +192,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=20.0, help="length of each measurement")
     parser.add_argument("--warmup", type=float, default=2.0, help="idle time before measuring")
     parser.add_argument("--mysql-url", help="also measure on this MySQL/MariaDB server")
+    parser.add_argument(
+        "--timing",
+        action="append",
+        default=[],
+        metavar="KEY=DURATION",
+        help="a messaging.consumer setting, e.g. idle-poll-interval=50ms (repeatable)",
+    )
     args = parser.parse_args(argv)
+    timing = dict(item.split("=", 1) for item in args.timing)
     ratios = []
     with tempfile.TemporaryDirectory(prefix="idle-load-") as tmp:
         sqlite = lambda: scratch_sqlite(Path(tmp))  # noqa: E731
-        ratios.append(measure("sqlite", sqlite, args.seconds, args.warmup))
+        ratios.append(measure("sqlite", sqlite, args.seconds, args.warmup, timing))
         if args.mysql_url:
             mysql = lambda: scratch_mysql(args.mysql_url)  # noqa: E731
-            ratios.append(measure("mysql", mysql, args.seconds, args.warmup))
+            ratios.append(measure("mysql", mysql, args.seconds, args.warmup, timing))
     return 0 if all(r <= 1.5 for r in ratios) else 1
 
 

@@ -10,6 +10,7 @@ from messaging._config import load_settings
 from messaging._connection import connect
 from messaging._consumers import ConsumerOptions, handler, mark_consumer
 from messaging._errors import (
+    ApplyTimedOut,
     CheckpointMoved,
     ConcurrentUpdate,
     ConfigError,
@@ -59,6 +60,7 @@ from messaging.store._tokens import Appended, ConsistencyToken, InvalidToken, Se
 __all__ = [
     "AdminSettings",
     "Appended",
+    "ApplyTimedOut",
     "Behind",
     "CheckpointMoved",
     "ConcurrentUpdate",

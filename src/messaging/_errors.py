@@ -145,3 +145,13 @@ class UnknownPayloadVersion(DecodeError):
             type_name=type_name,
         )
         self.version = version
+
+
+class ApplyTimedOut(ProjectionsError, TimeoutError):
+    """A batch outlasted its consumer's ``apply-timeout``: it was rolled back (its statement
+    interrupted if one was running) and the message being handled fails like a poison one."""
+
+    def __init__(self, timeout: str, position: int) -> None:
+        super().__init__(f"apply timeout ({timeout}) exceeded at position {position}")
+        self.timeout = timeout
+        self.position = position

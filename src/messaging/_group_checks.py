@@ -60,4 +60,35 @@ def group_problems(settings: Settings) -> list[str]:
             problems.append(
                 f"{section}.retired-versions ({group.retired_versions}) must be 0 or more"
             )
+        timeouts = [(f"{section}.apply-timeout", group.apply_timeout)] + [
+            (f"{section}.consumers.{name}.apply-timeout", o.apply_timeout)
+            for name, o in sorted(group.consumers.items())
+        ]
+        problems += [
+            p
+            for key, value in timeouts
+            if value is not None
+            for p in _apply_timeout(key, value, settings)
+        ]
     return problems
+
+
+def _apply_timeout(key: str, timeout: float, settings: Settings) -> list[str]:
+    """An apply timeout must leave a batch time to wait out a lock held by a frozen
+    instance (the lock-wait bound, which conflict-retry retries): a shorter one would halt
+    partitions for a transient conflict. (A long batch never makes its instance or its
+    partitions stale: the heartbeat runs apart, so there is no other bound.)"""
+    from messaging._settings import format_duration as d
+    from messaging.store._database import LOCK_WAIT_FRACTION, lock_wait_bound
+
+    if not timeout > 0:
+        return [f"{key} ({d(timeout)}) must be above 0s"]
+    stale = settings.messaging.consumer.stale_instance_timeout
+    bound = lock_wait_bound(stale)
+    if timeout > bound:
+        return []
+    return [
+        f"{key} ({d(timeout)}) must be above the lock-wait bound: "
+        f"messaging.consumer.stale-instance-timeout ({d(stale)}) / {LOCK_WAIT_FRACTION}, "
+        f"at least 1s = {d(bound)}"
+    ]

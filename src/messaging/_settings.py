@@ -125,12 +125,14 @@ class ConsumerOverride:
         in one instance (``concurrency-limit``); ``None`` means no limit.
     :ivar retired_versions: Retired versions of this projection to keep (for a rollback).
     :ivar on_failure: What a failing message does to this consumer (``on-failure``).
+    :ivar apply_timeout: Seconds one batch of this consumer may take (``apply-timeout``).
     """
 
     distribution: Distribution | None = None
     concurrency_limit: int | None = None
     retired_versions: int | None = None
     on_failure: OnFailure | None = None
+    apply_timeout: float | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -146,6 +148,11 @@ class ConsumerGroupSettings:
         default (a single-owner consumer halts unless configured otherwise).
     :ivar max_parked_sources: Most parked sources per partition (``max-parked-sources``);
         one more failing source halts the partition instead.
+    :ivar apply_timeout: Seconds one batch's transaction may take, from its first handler
+        call to its commit (``apply-timeout``): past it the batch is rolled back (a running
+        statement interrupted) and the message being handled fails like a poison message
+        (halt or park, as ``on-failure`` says). 5 minutes, like Kafka's
+        ``max.poll.interval.ms``: far above any sane batch, it only ends stuck ones.
     """
 
     distribution: Distribution = Distribution.PARTITIONED
@@ -153,6 +160,14 @@ class ConsumerGroupSettings:
     consumers: dict[str, ConsumerOverride] = attrs.field(factory=dict)
     on_failure: OnFailure | None = None
     max_parked_sources: int = 100
+    apply_timeout: float = 300.0
+
+    def apply_timeout_for(self, name: str) -> float:
+        """Seconds one batch of consumer ``name`` may take: its override, else the group's."""
+        override = self.consumers.get(name)
+        if override is not None and override.apply_timeout is not None:
+            return override.apply_timeout
+        return self.apply_timeout
 
     def on_failure_for(self, name: str, default: OnFailure) -> OnFailure:
         """What a failure does to consumer ``name``: its override, else the group's

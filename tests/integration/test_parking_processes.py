@@ -36,17 +36,6 @@ def _append(db: Database, steps: range, poison_at: int | None = None) -> None:
                 store.append(conn, "seq", source, [app.Step(seq, poison)])
 
 
-def _applied(db: Database) -> dict[str, list[int]]:
-    """Each source's seqs in the order they were applied (by their rank: how many of the
-    source were applied before each)."""
-    t = app.applied
-    found: dict[str, list[int]] = {}
-    with db.read() as conn:
-        for row in conn.execute(select(t.c.source, t.c.seq).order_by(t.c.source, t.c.rank)):
-            found.setdefault(row.source, []).append(row.seq)
-    return found
-
-
 def _parked(config: Path) -> dict[str, int]:
     report = json.loads(cli(config, "parked", "parked-seq", "--json"))
     return {e["source"]: e["count"] for e in report["parked"]}
@@ -72,7 +61,7 @@ def test_a_poison_parks_its_source_survives_sigkill_and_retries_once_in_order(
     try:
         wait_until(lambda: lag(db, "parked-seq") == 0, timeout=60, what="the first batches")
         assert _parked(config) == {POISONED: 7}  # 4..10 held
-        seen = _applied(db)
+        seen = app.applied_seqs(db)
         assert seen.pop(POISONED) == [1, 2, 3]
         assert seen == {s: list(range(1, 11)) for s in SOURCES if s != POISONED}
         _append(db, range(11, 21))  # the others flow, the parked source's are held
@@ -86,7 +75,7 @@ def test_a_poison_parks_its_source_survives_sigkill_and_retries_once_in_order(
         _append(db, range(21, 24))
         wait_until(lambda: lag(db, "parked-seq") == 0, timeout=60, what="the takeover")
         assert _parked(config) == {POISONED: 20}  # 4..23: still held, none applied
-        assert _applied(db)[POISONED] == [1, 2, 3]
+        assert app.applied_seqs(db)[POISONED] == [1, 2, 3]
     finally:
         assert stop_instance(second) == 0
 
@@ -104,7 +93,7 @@ def test_a_poison_parks_its_source_survives_sigkill_and_retries_once_in_order(
     finally:
         third.kill()
         third.wait(timeout=10)
-    assert _applied(db)[POISONED] == [1, 2, 3], "the kill did not land inside the retry"
+    assert app.applied_seqs(db)[POISONED] == [1, 2, 3], "the kill did not land inside the retry"
     fourth = start_instance(config, "k4", "parked_seq_app")
     try:
         wait_until(lambda: not _parked(config), timeout=60, what="the retry after the kill")
@@ -113,7 +102,7 @@ def test_a_poison_parks_its_source_survives_sigkill_and_retries_once_in_order(
     finally:
         assert stop_instance(fourth) == 0
     # Exactly once (the primary key refuses a second apply) and in each source's order.
-    assert _applied(db) == {s: list(range(1, 26)) for s in SOURCES}
+    assert app.applied_seqs(db) == {s: list(range(1, 26)) for s in SOURCES}
     with db.read() as conn:
         ranks = conn.execute(select(app.applied.c.seq, app.applied.c.rank)).all()
     assert all(seq == rank for seq, rank in ranks)
@@ -154,10 +143,10 @@ def test_one_failing_source_more_than_max_parked_sources_halts_the_partition(
         assert list(_parked(config)) == [first]
         others = {s for s in SOURCES if partition_of(s, 4) != partition_of(first, 4)}
         wait_until(
-            lambda: all(_applied(db).get(s) == [1, 2, 3, 4, 5] for s in others),
+            lambda: all(app.applied_seqs(db).get(s) == [1, 2, 3, 4, 5] for s in others),
             timeout=60,
             what="the other partitions",
         )
     finally:
         assert stop_instance(process) == 0
-    assert _applied(db)[second] == [1]  # halted right before its poison
+    assert app.applied_seqs(db)[second] == [1]  # halted right before its poison

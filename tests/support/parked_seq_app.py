@@ -3,7 +3,11 @@
 source's applied messages, and fails on a message marked ``poison`` while the file named by
 ``PARKED_SEQ_BROKEN`` exists (deleting it "fixes" the handler). With
 ``PARKED_SEQ_EFFECTS`` set, each message of source ``PARKED_SEQ_SLOW_SOURCE`` takes 50 ms
-and writes its seq to that file first (an effect outside the database)."""
+and writes its seq to that file first (an effect outside the database). A message of
+source ``$STUCK_SOURCE`` is stuck (apply-timeout tests): it writes the time it started to
+``$STUCK_STARTED``, then sleeps ``$STUCK_SECONDS`` in Python, or (``$STUCK_SQL`` set) runs
+a statement that does not end by itself (``SELECT SLEEP(600)`` on MySQL/MariaDB, an endless
+recursive query on SQLite) until something interrupts it."""
 
 from __future__ import annotations
 
@@ -22,9 +26,10 @@ from sqlalchemy import (
     func,
     insert,
     select,
+    text,
 )
 
-from messaging import HandlerContext, handler, message
+from messaging import Database, HandlerContext, handler, message
 from projections import projection
 
 metadata = MetaData()
@@ -36,6 +41,14 @@ applied = Table(
     Column("position", BigInteger, nullable=False),
     Column("rank", Integer, nullable=False),  # how many of its source were applied before + 1
 )
+
+
+ENDLESS = {
+    "sqlite": "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) "
+    "SELECT count(*) FROM c",
+    "mysql": "SELECT SLEEP(600)",
+    "mariadb": "SELECT SLEEP(600)",
+}
 
 
 @message("test-parked-seq.step")
@@ -52,6 +65,8 @@ class ParkedSeq:
         if step.poison and Path(os.environ["PARKED_SEQ_BROKEN"]).exists():
             raise ValueError(f"step {step.seq} of {ctx.envelope.source} is poison")
         source = ctx.envelope.source
+        if source == os.environ.get("STUCK_SOURCE"):
+            stuck(ctx)
         effects = os.environ.get("PARKED_SEQ_EFFECTS")
         if effects and source == os.environ.get("PARKED_SEQ_SLOW_SOURCE"):
             with open(effects, "a", encoding="utf-8") as out:  # a slow effect outside
@@ -62,3 +77,24 @@ class ParkedSeq:
         ).scalar_one()
         row = {"source": source, "seq": step.seq, "position": ctx.envelope.position}
         ctx.execute(insert(applied), {**row, "rank": before + 1})
+
+
+def stuck(ctx: HandlerContext) -> None:
+    """Take longer than any apply timeout (see the module)."""
+    with open(os.environ["STUCK_STARTED"], "a", encoding="utf-8") as out:
+        out.write(f"{time.time()}\n")
+    if os.environ.get("STUCK_SQL"):
+        ctx.connection.execute(text(ENDLESS[ctx.connection.dialect.name])).all()
+    else:
+        time.sleep(float(os.environ["STUCK_SECONDS"]))
+
+
+def applied_seqs(db: Database) -> dict[str, list[int]]:
+    """Each source's seqs in the order they were applied (by their rank: how many of the
+    source were applied before each)."""
+    t = applied
+    found: dict[str, list[int]] = {}
+    with db.read() as conn:
+        for row in conn.execute(select(t.c.source, t.c.seq).order_by(t.c.source, t.c.rank)):
+            found.setdefault(row.source, []).append(row.seq)
+    return found

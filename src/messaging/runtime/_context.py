@@ -29,6 +29,7 @@ from messaging._errors import ProjectionsError
 from messaging._messages import Envelope
 from messaging.routing._outbox import Outbox
 from messaging.runtime import _upserts as upserts
+from messaging.runtime._apply_timeout import NO_DEADLINE
 from messaging.store import _fastpath
 from messaging.store._rows import NewMessage
 
@@ -110,6 +111,7 @@ class HandlerContext(MessageContext):
         "_statement",
         "_upserts",
         "cause",
+        "deadline",
         "immediate",
         "position",
     )
@@ -138,6 +140,8 @@ class HandlerContext(MessageContext):
         self._keys: KeysView[str] | None = None
         self._upserts: upserts.Folded | None = None
         self.immediate = immediate
+        self.deadline = NO_DEADLINE
+        """When the batch must have been applied (``apply-timeout``), checked per message."""
         """Send every write at once (used to find which message a failing batch broke on)."""
         self.position = 0
         """The position of the message being handled."""

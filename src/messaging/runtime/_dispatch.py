@@ -90,15 +90,21 @@ class Dispatcher:
         """Decode and handle ``rows`` in order; raise the first failure as :class:`Poison`
         (a transient database error, or one refusing writes, as itself: the batch is
         retried)."""
-        handlers = self.handlers
+        handlers, deadline = self.handlers, ctx.deadline
         row: StoredRow | None = None
         try:
             for row in rows:  # (with their partition hash or not: indexed, not unpacked)
                 position = ctx.position = row[0]
                 decoders, call = handlers[row[1]]
                 call(decoders[row[3]](row[2], position), ctx)  # by payload version
+                deadline.check(position)
         except Exception as exc:
-            if is_transient(exc) or refusal(exc) or row is None:
+            if row is None:
                 raise
-            exc = unreadable(self.registry, row, exc)
-            raise Poison(row, partition_in(row, partition_count), exc) from exc
+            if deadline.passed():  # whatever failed past it (an interrupted statement)
+                error: Exception = deadline.error(row[0])
+            elif is_transient(exc) or refusal(exc):
+                raise
+            else:
+                error = unreadable(self.registry, row, exc)
+            raise Poison(row, partition_in(row, partition_count), error) from exc

@@ -1,22 +1,50 @@
-"""Where a worker stops at a message: a poison message halts its partition there; a
-payload newer than this code leaves the partition to an instance that can read it."""
+"""Where a worker stops at a message: a poison message (or one whose handler outlasted the
+apply timeout) parks its source or halts its partition there; a payload newer than this
+code leaves the partition to an instance that can read it."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from functools import partial
 from typing import TYPE_CHECKING
 
 from messaging._errors import UnknownPayloadVersion
 from messaging.distribution._needs import describe, leave
 from messaging.distribution._ownership import Claim
-from messaging.runtime._poison import Poison, halt_partition
-from messaging.store._rows import POSITION
+from messaging.runtime._batch import Batch
+from messaging.runtime._poison import Poison, halt_partition, isolate
+from messaging.store._rows import POSITION, StoredRow
 
 if TYPE_CHECKING:
     from messaging.runtime._worker import ConsumerWorker
 
 log = logging.getLogger("messaging.runtime.worker")
+
+
+def stop_at(
+    worker: ConsumerWorker,
+    batch: Batch,
+    replay: Sequence[StoredRow],
+    poison: Poison,
+    started: float,
+) -> int:
+    """After ``poison`` failed the ``replay`` of ``batch``: park its source (``on-failure:
+    park-source``), or commit what came before it, so that its partition's checkpoint stops
+    right before it, and halt that partition there (or leave it). Returns how many
+    messages were committed."""
+    from messaging.runtime._parked_apply import park_sources  # (it imports this module)
+
+    done = park_sources(worker, batch, replay, poison, started)
+    if done is not None:
+        return done
+    claims = batch.claims
+    found = isolate(poison, partial(worker._commit_prefix, claims, started))
+    if isinstance(found.poison.error, UnknownPayloadVersion):
+        leave_at(worker, found.poison, claims)  # to an instance that can read it
+    else:
+        halt_at(worker, found.poison, claims)
+    return found.committed
 
 
 def leave_at(worker: ConsumerWorker, poison: Poison, claims: Mapping[int, Claim]) -> None:

@@ -118,6 +118,8 @@ class Units:
             worker.cutover_due = inst.rebalancer.request_round  # the live one waits for it
             worker.outbox = Outbox(worker.store, name)  # the ids the live version derives
         group = inst.group(spec)
+        worker.apply_timeout = group.apply_timeout_for(name)
+        worker.deadlines = inst.watchdog.applies
         default = OnFailure.HALT_PARTITION
         if spec.kind.parks and group.on_failure_for(name, default) is OnFailure.PARK_SOURCE:
             worker.parking = Parking(db, spec.name, group.max_parked_sources)

@@ -18,7 +18,9 @@ once a second:
   (``projections run --workers``, systemd, Kubernetes) starts it again; the others take
   its partitions over as from any instance that died.
 
-Apply loops are not beaten: a batch runs the application's handlers, whose time is theirs.
+Apply loops are not beaten: a batch runs the application's handlers, whose time is
+bounded by its consumer's ``apply-timeout`` instead: at each look, the batches past it
+have their running statement interrupted (:mod:`messaging.runtime._apply_timeout`).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from typing import Any
 import attrs
 
 from messaging._settings import ConsumerSettings
+from messaging.runtime._apply_timeout import ApplyDeadlines
 from messaging.store._database import Database, lock_wait_bound
 
 __all__ = ["EXIT_STUCK", "Watchdog", "round_bound"]
@@ -99,6 +102,8 @@ class Watchdog:
         self._loops: dict[str, _Loop] = {}
         self._waits: dict[int, _Wait] = {}
         self._lock = threading.Lock()
+        self.applies = ApplyDeadlines(who, clock)
+        """The deadlines of the batches being applied (``apply-timeout``)."""
 
     def watch(self, name: str, bound: float) -> None:
         """Watch the calling thread's loop ``name``: it must :meth:`beat` at least every
@@ -134,6 +139,7 @@ class Watchdog:
             if found is not None:
                 waiting[thread] = found
         self._abandon_long_waits(waiting, now)
+        self.applies.look(waiting.keys(), lambda t: _where(frames[t]) if t in frames else "?")
         with self._lock:
             loops = list(self._loops.items())
         for name, loop in loops:

@@ -22,11 +22,12 @@ import pluggy
 from sqlalchemy import Connection
 
 from messaging._consumers import ConsumerSpec
-from messaging._errors import CheckpointMoved, OwnershipLost, UnknownPayloadVersion
+from messaging._errors import ApplyTimedOut, CheckpointMoved, OwnershipLost
 from messaging._messages import MessageRegistry
 from messaging._settings import ConsumerSettings
 from messaging.distribution._ownership import Claim, Ownership
 from messaging.runtime import _parked_apply as parked
+from messaging.runtime._apply_timeout import ApplyDeadlines, batch_name
 from messaging.runtime._batch import Batch, split_lanes
 from messaging.runtime._context import HandlerContext
 from messaging.runtime._gate import VersionGate
@@ -34,9 +35,9 @@ from messaging.runtime._holdings import Holdings
 from messaging.runtime._lanes import Lanes
 from messaging.runtime._lifecycle import lifecycle_event
 from messaging.runtime._parking import Parking
-from messaging.runtime._poison import Poison, isolate
+from messaging.runtime._poison import Poison
 from messaging.runtime._polling import Worker
-from messaging.runtime._stops import halt_at, leave_at
+from messaging.runtime._stops import stop_at
 from messaging.store._database import Database
 from messaging.store._refusals import refusal
 from messaging.store._retry import (
@@ -76,8 +77,7 @@ class ConsumerWorker(Worker):
             hooks=hooks,
             registry=registry,
         )
-        self.instance_name = instance_name
-        """The instance's name, as log lines show it (``instance_id`` is its unique id)."""
+        self.instance_name = instance_name  # as log lines show it (instance_id: unique)
         self.whole = whole
         """Single-owner mode: apply only while holding every partition (global order)."""
         self.lanes = 1 if whole else max(1, min(lanes, spec.partitions))
@@ -88,16 +88,16 @@ class ConsumerWorker(Worker):
         """The claims, the batches in flight, and the handovers waiting for them."""
         self._claims, self._lock = self.holdings.claims, self.holdings.lock
         self._catching_up = False
-        self._stale = False
-        """An error of unknown outcome happened: re-read the claims before applying more."""
+        self._stale = False  # an error of unknown outcome happened: re-read claims first
         self._lanes = Lanes(self.lanes)
         self._stop = threading.Event()  # the apply loop's, once it runs
-        self.gate: VersionGate | None = None
+        self.gate: VersionGate | None = None  # a version being built: what the live one did
         self.cutover_due: Callable[[], object] | None = None
         """Called after a poll of a version being built near its end (see :meth:`poll`)."""
-        """For a version being built: what the live version applied and sent."""
-        self.parking: Parking | None = None
-        """``on-failure: park-source``: the parked sources of the partitions held here."""
+        self.parking: Parking | None = None  # on-failure: park-source: parked sources held
+        self.apply_timeout: float | None = None  # apply-timeout: seconds a batch may take
+        self.deadlines = ApplyDeadlines(f"instance {instance_name}")
+        """Where the batches' deadlines are registered: the instance's watchdog's."""
 
     # -- ownership, changed by the rebalance loop ----------------------------------------
 
@@ -284,26 +284,19 @@ class ConsumerWorker(Worker):
             )
         except Poison as failed:
             replay: Sequence[StoredRow] | None = failed.batch
+            known = failed if failed.exact and isinstance(failed.error, ApplyTimedOut) else None
         else:
             replay = None
         if replay is not None:
             # The buffered writes hide which message failed: replay it unbuffered to find
             # out (outside the handler above, so the handler's error, logged with the halt,
-            # does not carry this first failure as its context).
+            # does not carry this first failure as its context). A timeout names its own.
             try:
+                if known is not None:
+                    raise known
                 rows = self._commit(Batch(claims, replay), immediate=True)
             except Poison as poison:
-                done = parked.park_sources(self, batch, replay, poison, started)
-                if done is not None:
-                    return done
-                # Commit what came before the poison message, so that its partition's
-                # checkpoint stops right before it, then halt that partition there.
-                found = isolate(poison, partial(self._commit_prefix, claims, started))
-                if isinstance(found.poison.error, UnknownPayloadVersion):
-                    leave_at(self, found.poison, claims)  # to an instance that can read it
-                else:
-                    halt_at(self, found.poison, claims)
-                return found.committed
+                return stop_at(self, batch, replay, poison, started)
         if not rows:
             return 0
         self._applied(batch, rows, started)
@@ -376,19 +369,26 @@ class ConsumerWorker(Worker):
             held = None if self.parking is None else self.parking.held(claims, batch.parks)
             if held:
                 rows = parked.with_sources(self, conn, rows)
-            try:
-                todo = parked.held_back(rows, held) if held else rows
-                self.dispatcher.apply(todo, ctx, self.spec.partitions)
+            with self.deadlines.bound(
+                conn, self.apply_timeout, batch_name(self.spec.name, claims)
+            ) as deadline:
+                ctx.deadline = deadline
                 try:
-                    ctx.flush()
-                except Exception as exc:
-                    if is_transient(exc) or refusal(exc):
-                        raise
-                    last = rows[-1]
-                    partition = partition_in(last, self.spec.partitions)
-                    raise Poison(last, partition, exc, exact=False) from exc
-            except Poison as poison:
-                raise poison.within(rows) from poison.error
+                    todo = parked.held_back(rows, held) if held else rows
+                    self.dispatcher.apply(todo, ctx, self.spec.partitions)
+                    try:
+                        ctx.flush()
+                        deadline.check(rows[-1][POSITION])
+                    except Exception as exc:
+                        last = rows[-1]
+                        passed = deadline.passed()
+                        if not passed and (is_transient(exc) or refusal(exc)):
+                            raise
+                        error = deadline.error(last[POSITION]) if passed else exc
+                        partition = partition_in(last, self.spec.partitions)
+                        raise Poison(last, partition, error, exact=False) from exc
+                except Poison as poison:
+                    raise poison.within(rows) from poison.error
             if batch.parks and self.parking is not None:
                 self.parking.write(conn, batch.parks)
             self.ownership.commit_checkpoint(

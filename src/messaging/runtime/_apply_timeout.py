@@ -1,0 +1,153 @@
+"""The apply timeout: a bound on one batch's transaction, from its first handler call to
+its commit (``apply-timeout``, per consumer).
+
+Each batch runs under a :class:`Deadline`, registered with the instance's
+:class:`ApplyDeadlines`, which its :class:`~messaging.runtime._watchdog.Watchdog` looks at
+once a second. Past the deadline:
+
+- **a statement that is running is interrupted** from the watchdog's thread: on
+  MySQL/MariaDB by ``KILL QUERY`` of the batch's session from another connection (only
+  while the batch's thread waits for the server, so no later statement is hit), on SQLite
+  by ``sqlite3.Connection.interrupt`` (a no-op between statements);
+- **the batch's thread checks the deadline** after each message and before the commit, so
+  a handler busy in Python (which nothing outside can interrupt) fails as it returns.
+
+Either way the batch is rolled back and the message being handled fails with
+:class:`~messaging._errors.ApplyTimedOut`, like a poison message: its partition halts
+there, or its source is parked (``on-failure``). The deadline ends before the commit, so a
+commit is never interrupted.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable, Collection, Iterable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from sqlalchemy import Connection
+
+from messaging._errors import ApplyTimedOut
+from messaging._settings import format_duration
+
+__all__ = ["NO_DEADLINE", "ApplyDeadlines", "Deadline", "batch_name"]
+
+log = logging.getLogger("messaging.runtime.watchdog")
+
+
+class Deadline:
+    """When one batch must have finished applying (``timeout`` None: never)."""
+
+    def __init__(
+        self,
+        timeout: float | None,
+        what: str = "",
+        interrupt: Callable[[], None] | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.timeout = timeout
+        self.what = what
+        self.at = math.inf if timeout is None else clock() + timeout
+        self.interrupt = interrupt
+        """Ends the batch's running statement (None: nothing to interrupt)."""
+        self.waits_only = False
+        """Interrupt only while the batch's thread waits for the server (MySQL/MariaDB)."""
+        self.thread = threading.get_ident()
+        self.expired = False
+        """Set by the watchdog once it saw the deadline pass."""
+        self._clock = clock
+
+    def passed(self) -> bool:
+        """Whether the batch is past its deadline."""
+        return self.expired or self._clock() > self.at
+
+    def error(self, position: int) -> ApplyTimedOut:
+        """The failure of the message at ``position``, handled when the deadline passed."""
+        return ApplyTimedOut(format_duration(self.timeout or 0.0), position)
+
+    def check(self, position: int) -> None:
+        """Raise :meth:`error` if the deadline passed."""
+        if self.passed():
+            raise self.error(position)
+
+
+NO_DEADLINE = Deadline(None)
+"""The deadline of a context applied outside a bounded batch."""
+
+
+class ApplyDeadlines:
+    """The deadlines of the batches being applied in one instance."""
+
+    def __init__(self, who: str, clock: Callable[[], float] = time.monotonic) -> None:
+        self.who = who
+        self._clock = clock
+        self._running: set[Deadline] = set()
+        self._lock = threading.Lock()
+        """Held while a statement is interrupted, so its batch cannot end meanwhile (and
+        its connection serve another)."""
+
+    @contextmanager
+    def bound(self, conn: Connection, timeout: float | None, what: str) -> Iterator[Deadline]:
+        """Apply within ``timeout`` seconds on ``conn`` (``what`` names the batch in the
+        log); the deadline no longer holds once the block is left."""
+        if timeout is None:
+            yield NO_DEADLINE
+            return
+        deadline = Deadline(timeout, what, _interrupter(conn), clock=self._clock)
+        deadline.waits_only = conn.dialect.name != "sqlite"
+        with self._lock:
+            self._running.add(deadline)
+        try:
+            yield deadline
+        finally:
+            with self._lock:
+                self._running.discard(deadline)
+
+    def look(self, waiting: Collection[int], where: Callable[[int], str]) -> None:
+        """One look (by the watchdog): interrupt the running statement of each batch past
+        its deadline; ``waiting``: the threads waiting for a MySQL/MariaDB server now;
+        ``where``: where a thread is, for the log."""
+        now = self._clock()
+        with self._lock:
+            for deadline in [d for d in self._running if now > d.at]:
+                if not deadline.expired:
+                    deadline.expired = True
+                    log.warning(
+                        "%s: %s is past its apply timeout (%s) in %s; it fails and is "
+                        "rolled back (a handler busy in Python fails as it returns)",
+                        self.who,
+                        deadline.what,
+                        format_duration(deadline.timeout or 0.0),
+                        where(deadline.thread),
+                    )
+                if deadline.waits_only and deadline.thread not in waiting:
+                    continue
+                try:
+                    if deadline.interrupt is not None:
+                        deadline.interrupt()
+                except Exception as exc:  # the batch still fails when its thread returns
+                    log.warning("%s: could not interrupt %s: %s", self.who, deadline.what, exc)
+
+
+def batch_name(consumer: str, partitions: Iterable[int]) -> str:
+    """How the log names a batch of ``consumer`` applying ``partitions``."""
+    return f"a batch of consumer {consumer} (partitions {','.join(map(str, sorted(partitions)))})"
+
+
+def _interrupter(conn: Connection) -> Callable[[], None]:
+    """What ends the statement ``conn`` runs now, called from another thread."""
+    raw: Any = conn.connection.dbapi_connection
+    if conn.dialect.name == "sqlite":
+        return raw.interrupt  # type: ignore[no-any-return]
+    session = int(raw.thread_id())
+    engine = conn.engine
+
+    def kill() -> None:
+        with engine.connect() as other:
+            other.exec_driver_sql(f"KILL QUERY {session}")
+
+    return kill
