@@ -156,8 +156,8 @@ def _swap(db: Database, spec: ConsumerSpec, live: UnitRow, building: UnitRow, ke
     with db.read() as conn:
         if seconds_now(db, conn) < float(live.cutover.get("rename_after", 0)):
             return
-    renames = _renames(db, spec, live, building)
     if db.is_sqlite:
+        renames = _renames(db, spec, live, building)
         with db.read() as conn:
             if _blocked(db, conn, live, renames):
                 return
@@ -171,10 +171,16 @@ def _swap(db: Database, spec: ConsumerSpec, live: UnitRow, building: UnitRow, ke
             drop_retired(db, live.name, keep)
         return
     if not live.cutover.get("swapping"):
+        # The renames are listed now, while no rename can be under way, and recorded for
+        # every instance of the version: MariaDB's table listing during another's RENAME
+        # TABLE may show it half done.
+        renames = _renames(db, spec, live, building)
         with db.transaction() as conn:
-            if not _swap_marked(db, conn, live, building, mark=True):
+            if not _swap_marked(db, conn, live, building, mark=True, renames=renames):
                 return
-        live = attrs.evolve(live, cutover={**live.cutover, "swapping": True})  # as written
+        live = attrs.evolve(live, cutover={**live.cutover, "swapping": True, "renames": renames})
+    assert live.cutover is not None  # as written
+    renames = live.cutover.get("renames") or _renames(db, spec, live, building)
     if not _rename_tables(db, spec, live, building, renames):
         return
     with db.transaction() as conn:
@@ -300,10 +306,11 @@ def _swap_marked(
     *,
     mark: bool,
     swapping: bool = False,
+    renames: Mapping[str, str] | None = None,
 ) -> bool:
     """Whether the swap of ``building`` is still to do (the rows read again in ``conn``'s
-    transaction, locked); with ``mark``, record that it started and fence the new
-    version (MySQL: before the tables change places)."""
+    transaction, locked); with ``mark``, record that it started with its ``renames`` and
+    fence the new version (MySQL: before the tables change places)."""
     t = db.schema.consumers
     row = conn.execute(
         select(t.c.state, t.c.cutover)
@@ -323,7 +330,7 @@ def _swap_marked(
         conn.execute(
             update(t)
             .where(t.c.tenant == db.tenant, t.c.name == live.unit)
-            .values(cutover=json.dumps({**cutover, "swapping": True}))
+            .values(cutover=json.dumps({**cutover, "swapping": True, "renames": renames}))
         )
     return True
 
