@@ -34,3 +34,10 @@ def galera_db(galera: GaleraCluster) -> Iterator[str]:
             galera.restart_node(node)
     with cluster_database(galera) as name:
         yield name
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under ``pytest -n``, every Galera test runs on one worker (one cluster)."""
+    for item in items:
+        if item.get_closest_marker("galera") is not None:
+            item.add_marker(pytest.mark.xdist_group("galera"))
