@@ -178,8 +178,9 @@ def _in_memory(db: Database, conn: Connection, instances: dict[str, Any]) -> lis
                 "position": copy["position"],
                 "lag": int(lag),
             }
-            if "halted" in copy:
-                entry["halted"] = copy["halted"]
+            for held in ("halted", "waiting"):
+                if held in copy:
+                    entry[held] = copy[held]
             by_name.setdefault(name, []).append(entry)
     return [
         {"name": name, "kind": IN_MEMORY, "instances": copies}
@@ -313,6 +314,9 @@ def format_consumers(report: dict[str, Any]) -> str:
                 f"{c['admin'] or '-'}"
             )
             lines += _halted(c, "  ")
+            if "waiting" in c:
+                w = c["waiting"]
+                lines.append(f"  waiting at position {w['position']}: it {w['reason']}")
     return "\n".join(lines) if lines else "no consumers declared yet"
 
 

@@ -8,7 +8,9 @@ Every instance publishes, per consumer, the newest version of each stored type i
 read (``runs[consumer]["reads"]`` of its instance row); the rebalance plan gives such a
 partition only to an instance that can read what it needs, and to none while no live
 instance can (it waits, and the reports show why). Once its checkpoint passed that
-position the record has no effect: nothing is left behind.
+position the record has no effect: nothing is left behind. A saga's deadline has no
+position: its record goes when an instance that reads it delivers the partition's due
+deadlines.
 """
 
 from __future__ import annotations
@@ -17,11 +19,14 @@ import json
 import logging
 from collections.abc import Iterable, Mapping
 
+from sqlalchemy import Connection, update
+
 from messaging._consumers import PAYLOAD_READS_ATTRIBUTE, ConsumerSpec
 from messaging._errors import UnknownPayloadVersion
 from messaging._messages import MessageRegistry
 from messaging.distribution._membership import InstanceRow
 from messaging.distribution._ownership import Claim, Ownership, PartitionRow
+from messaging.distribution._pulse import bump_generation
 from messaging.store._database import Database
 
 log = logging.getLogger("messaging.distribution.needs")
@@ -45,15 +50,49 @@ def describe(need: Need) -> str:
 
 
 def leave(
-    db: Database, consumer: str, claim: Claim, instance_id: str, error: UnknownPayloadVersion
+    db: Database,
+    consumer: str,
+    claim: Claim,
+    instance_id: str,
+    error: UnknownPayloadVersion,
+    deadline: str | None = None,
 ) -> bool:
-    """Record what ``claim``'s partition needs and release it (fenced by the claim: False
-    if it is no longer held)."""
+    """Record what ``claim``'s partition needs and release it, telling the peers at once
+    (fenced by the claim: False if it is no longer held). For a saga's ``deadline`` the
+    record holds until an instance that can read it delivers it (:func:`clear_deadline`)."""
     needs = {"type": error.type_name, "version": error.version, "position": error.position}
+    if deadline is not None:
+        needs = {DEADLINE: deadline, **needs}
     with db.transaction() as conn:
-        return Ownership(db).fenced_update(
+        left = Ownership(db).fenced_update(
             conn, consumer, claim, instance_id, needs=json.dumps(needs), owner=None
         )
+        if left:
+            bump_generation(db, conn)
+        return left
+
+
+DEADLINE = "deadline"
+"""The key of a record of what a saga's deadline (not a message) needs; it comes first."""
+
+
+def clear_deadline(
+    db: Database, conn: Connection, consumer: str, instance_id: str, partitions: Iterable[int]
+) -> None:
+    """In a delivery's transaction: forget what a deadline of ``partitions`` (owned by
+    ``instance_id``) needed, now that this instance, which reads it, delivers them."""
+    t = db.schema.partitions
+    conn.execute(
+        update(t)
+        .where(
+            t.c.tenant == db.tenant,
+            t.c.consumer == consumer,
+            t.c.partition_no.in_(sorted(set(partitions))),
+            t.c.owner == instance_id,
+            t.c.needs.like(f'{{"{DEADLINE}"%'),
+        )
+        .values(needs=None)
+    )
 
 
 def pending(rows: Iterable[PartitionRow]) -> dict[str, dict[int, Need]]:
