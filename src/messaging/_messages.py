@@ -13,7 +13,7 @@ import cattrs
 from messaging._errors import DecodeError, RegistrationError
 from messaging._json import make_dumps
 from messaging._structure import describe, strict_converter
-from messaging._upcasting import Decode, Key, Payload, UpcasterTable, upcasting_decoder
+from messaging._upcasting import Decode, Key, UpcasterTable, upcasting_decoder
 
 _dumps = make_dumps(",", ":")
 """``json.dumps(value, separators=(",", ":"))`` without building an encoder per call."""
@@ -94,7 +94,7 @@ class MessageRegistry:
         return dict(self._versions)
 
     def add_upcaster(
-        self, type_name: str, version: int, function: Callable[[Payload], Payload], to: str
+        self, type_name: str, version: int, function: Callable[[Any], Any], to: str
     ) -> None:
         """Declare an upcaster (see :func:`upcaster`)."""
         self.upcasters.add(type_name, version, function, to)
@@ -364,13 +364,15 @@ def message(name: str, *, version: int = 1) -> Callable[[type[T]], type[T]]:
     return decorate
 
 
-U = TypeVar("U", bound=Callable[[Payload], Payload])
+U = TypeVar("U", bound=Callable[[Any], Any])
 
 
 def upcaster(type_name: str, version: int, *, to: str | None = None) -> Callable[[U], U]:
     """Function decorator: ``function(payload) -> payload`` turns a stored payload (a dict)
     of (``type_name``, ``version``) into one of (``to``, ``version`` + 1); ``to`` defaults
-    to ``type_name`` (another name renames the type on the way). Every read path applies
+    to ``type_name`` (another name renames the type on the way). Typed: a function whose
+    parameter is annotated with an attrs class of the old shape gets the payload
+    structured into it; it may return an attrs instance of the next shape. Every read path applies
     the chain of upcasters from a stored version to its class's current one; the chains
     are checked when an instance starts."""
 

@@ -83,14 +83,15 @@ def saga(
     return decorate
 
 
-U = TypeVar("U", bound=Callable[[dict[str, Any]], dict[str, Any]])
+U = TypeVar("U", bound=Callable[[Any], Any])
 
 
 def state_upcaster(saga: str, version: int) -> Callable[[U], U]:
     """Function decorator: ``function(state) -> state`` turns a stored state (a dict) of
-    saga ``saga`` at ``version`` into one of ``version`` + 1. A state stored at an older
-    version than the saga's ``state_version`` is read through them; the chain is checked
-    when the saga's worker starts."""
+    saga ``saga`` at ``version`` into one of ``version`` + 1 (or typed, as an
+    :func:`~messaging.upcaster`). A state stored at an older version than the saga's
+    ``state_version`` is read through them; the chain is checked when the saga's worker
+    starts."""
 
     def decorate(function: U) -> U:
         STATE_UPCASTERS.add(state_key(saga), version, function, state_key(saga))
