@@ -31,6 +31,9 @@ _HANDLER_ATTRIBUTE = "__handles_messages__"
 PAYLOAD_READS_ATTRIBUTE = "__payload_reads__"
 """On a consumer class: stored shapes it reads beside its messages, {name: newest version}
 (a consumer kind's own, as a saga's state): published with what its instance reads."""
+PAYLOAD_UPCASTS_ATTRIBUTE = "__payload_upcasts__"
+"""On a consumer class: a function listing the upcasters of what it reads beside its
+messages (a saga's state upcasters), published with its instance's upcasters."""
 
 
 DEFAULT_PARTITIONS = 16

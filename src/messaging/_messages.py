@@ -135,6 +135,19 @@ class MessageRegistry:
                 found.setdefault(key[0], {})[key[1]] = self.reader(*key)
         return found
 
+    def upcasts_to(self, name: str) -> list[str]:
+        """The labels of the upcasters and renames on the ways to the class registered as
+        ``name`` (what an instance reading it applies to older payloads), sorted."""
+        labels: set[str] = set()
+        for key in self.upcasters.sources(self._versions):
+            try:
+                target, steps = self.upcasters.resolve(key, self._versions)
+            except DecodeError:
+                continue
+            if target == (name, self._versions[name]):
+                labels.update(step.label for step in steps)
+        return sorted(labels)
+
     def _reader(self, key: Key) -> Decode:
         upcasters, versions = self.upcasters, dict(self._versions)
         try:

@@ -11,6 +11,7 @@ from sqlalchemy import Table
 from messaging._consumers import (
     DEFAULT_PARTITIONS,
     PAYLOAD_READS_ATTRIBUTE,
+    PAYLOAD_UPCASTS_ATTRIBUTE,
     ConsumerOptions,
     handler,
     mark_consumer,
@@ -78,9 +79,15 @@ def saga(
         setattr(cls, SAGA_ATTRIBUTE, saga_options)
         # what it reads beside its messages (messaging.distribution._needs.readable)
         setattr(cls, PAYLOAD_READS_ATTRIBUTE, {state_key(name): state_version})
+        setattr(cls, PAYLOAD_UPCASTS_ATTRIBUTE, lambda: state_upcasts(name))
         return cls
 
     return decorate
+
+
+def state_upcasts(saga: str) -> list[str]:
+    """The labels of the state upcasters declared for ``saga`` (when its instance starts)."""
+    return [u.label for u in STATE_UPCASTERS.steps() if u.source[0] == state_key(saga)]
 
 
 U = TypeVar("U", bound=Callable[[Any], Any])

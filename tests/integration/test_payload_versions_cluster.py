@@ -75,6 +75,22 @@ def test_a_rolling_deploy_to_a_newer_payload_version_never_misreads(
             "old2": {"shop.order-placed": 2, "shop.sale": 2},
             "new1": {"shop.order-placed": 3, "shop.sale": 3},
         }
+        older = [
+            "rename 'shop.order-placed' -> 'shop.sale'",
+            "upcaster shapes_tables.split_customer_name ('shop.order-placed' v1 -> "
+            "'shop.order-placed' v2)",
+        ]
+        upcasters = {i["name"]: i["upcasters"][CONSUMER] for i in report["instances"]}
+        assert upcasters == {
+            "old1": older,
+            "old2": older,
+            "new1": sorted(
+                [*older, "upcaster shapes_newer_app.to_cents ('shop.sale' v2 -> 'shop.sale' v3)"]
+            ),
+        }
+        [old1] = [i for i in report["instances"] if i["name"] == "old1"]
+        saga_state = "upcaster shapes_app.rename_score ('saga-state:shop-loyalty' v1 -> "
+        assert any(u.startswith(saga_state) for u in old1["upcasters"]["shop-loyalty"])
         newer = _newer_sales(16)
         assert len({partition_of(m.source, 4) for m in newer}) == 4
         with db.transaction() as conn:

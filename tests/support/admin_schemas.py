@@ -139,6 +139,10 @@ INSTANCES = _object(
                         "type": "object",
                         "additionalProperties": {"type": "object", "additionalProperties": _INT},
                     },
+                    "upcasters": {
+                        "type": "object",
+                        "additionalProperties": {"type": "array", "items": {"type": "string"}},
+                    },
                 }
             ),
         }

@@ -233,3 +233,15 @@ def test_a_typed_upcaster_with_an_unresolvable_annotation_or_two_arguments_is_re
         MessageRegistry().add_upcaster("order", 1, unresolved, "order")
     with pytest.raises(RegistrationError, match="two must take one argument"):
         MessageRegistry().add_upcaster("order", 1, two, "order")  # type: ignore[arg-type]
+
+
+def test_the_upcasters_on_the_ways_to_a_class_are_listed_for_the_operator() -> None:
+    registry = _registry()
+    registry.add_upcaster("order", 1, _typed_total, "order")
+    registry.add_upcaster("order", 2, _currency, "order")
+    registry.add_rename("purchase", "order")
+    assert registry.upcasts_to("order") == [
+        "rename 'purchase' -> 'order'",
+        f"upcaster {__name__}._currency ('order' v2 -> 'order' v3)",
+        f"upcaster {__name__}._typed_total ('order' v1 -> 'order' v2)",
+    ]

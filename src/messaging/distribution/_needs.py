@@ -21,7 +21,7 @@ from collections.abc import Iterable, Mapping
 
 from sqlalchemy import Connection, update
 
-from messaging._consumers import PAYLOAD_READS_ATTRIBUTE, ConsumerSpec
+from messaging._consumers import PAYLOAD_READS_ATTRIBUTE, PAYLOAD_UPCASTS_ATTRIBUTE, ConsumerSpec
 from messaging._errors import UnknownPayloadVersion
 from messaging._messages import MessageRegistry
 from messaging.distribution._membership import InstanceRow
@@ -42,6 +42,22 @@ def readable(registry: MessageRegistry, spec: ConsumerSpec) -> dict[str, int]:
         for stored, versions in registry.readers_of(registry.type_name(cls)).items():
             found[stored] = max(versions)
     return found
+
+
+def upcasts(registry: MessageRegistry, spec: ConsumerSpec) -> list[str]:
+    """The upcasters and renames ``spec`` reads older payloads through, with this code (for
+    the operator: published beside :func:`readable`)."""
+    found = {
+        label for cls in spec.handlers for label in registry.upcasts_to(registry.type_name(cls))
+    }
+    own = spec.cls.__dict__.get(PAYLOAD_UPCASTS_ATTRIBUTE)  # a kind's own (a saga's state)
+    return sorted(found | set(own() if own is not None else ()))
+
+
+def published(registry: MessageRegistry, spec: ConsumerSpec) -> dict[str, object]:
+    """What an instance publishes of the shapes ``spec`` reads, beside its mode: ``reads``
+    (:func:`readable`) and ``upcasters`` (:func:`upcasts`)."""
+    return {"reads": readable(registry, spec), "upcasters": upcasts(registry, spec)}
 
 
 def describe(need: Need) -> str:
