@@ -16,14 +16,13 @@ from __future__ import annotations
 import functools
 import inspect
 import json
-import typing
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import attrs
-import cattrs.preconf.json
 
 from messaging._errors import DecodeError, RegistrationError, UnknownPayloadVersion
+from messaging._structure import strict_converter, type_hints
 
 Payload = dict[str, Any]
 """A stored payload as an upcaster sees it: the decoded JSON object."""
@@ -234,11 +233,7 @@ def typed(function: Callable[[Any], Any], what: str) -> Callable[[Payload], Any]
         return function
     if len(parameters) != 1:
         raise RegistrationError(f"{what} must take one argument: the stored payload")
-    try:
-        hints = typing.get_type_hints(function)
-    except Exception as exc:
-        raise RegistrationError(f"{what}: cannot resolve its annotations: {exc}") from exc
-    shape = hints.get(parameters[0].name)
+    shape = type_hints(function, what).get(parameters[0].name)
     if not (isinstance(shape, type) and attrs.has(shape)):
         return function
 
@@ -249,8 +244,9 @@ def typed(function: Callable[[Any], Any], what: str) -> Callable[[Payload], Any]
     return step
 
 
-_CONVERTER = cattrs.preconf.json.make_converter()
-"""Structures payloads into typed upcasters' old shapes and unstructures what they return."""
+_CONVERTER = strict_converter()
+"""Structures payloads into typed upcasters' old shapes (exact types, no extra keys: as
+messages are) and unstructures what they return."""
 
 
 def _check_name(what: str, value: object) -> None:

@@ -7,7 +7,6 @@ node."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -16,9 +15,10 @@ from clusters import lag, owned_by, owners, start_instance, stop_instance, wait_
 from galera_cluster import GaleraCluster
 from galera_ledger import instance_config
 from shapes_app import write_generations
-from sqlalchemy import func, select
+from shapes_tables import newer_sales, sales_count
+from sqlalchemy import select
 
-from messaging import Database, MessageStore, NewMessage
+from messaging import Database, MessageStore
 from messaging.distribution._ownership import Ownership
 
 pytestmark = [pytest.mark.galera, pytest.mark.mysql, pytest.mark.multiprocess]
@@ -31,29 +31,6 @@ def _sales(db: Database) -> dict[str, int]:
     with db.read() as conn:
         rows = conn.execute(select(shapes_tables.sales.c.order_id, shapes_tables.sales.c.amount))
         return {order: amount for order, amount in rows}
-
-
-def _count(db: Database) -> int:
-    with db.read() as conn:
-        return int(conn.execute(select(func.count()).select_from(shapes_tables.sales)).scalar_one())
-
-
-def _write_newer(db: Database, first: int, count: int) -> None:
-    """What the newer instance's producer writes: ``shop.sale`` version 3, one per source."""
-    rows = [
-        NewMessage(
-            topic=shapes_tables.TOPIC,
-            source=f"n{i}",
-            type="shop.sale",
-            payload=json.dumps(
-                {"order_id": f"n{i}", "cents": 100 + i, "first_name": "N", "last_name": f"{i}"}
-            ),
-            payload_version=3,
-        )
-        for i in range(first, first + count)
-    ]
-    with db.transaction() as conn:
-        MessageStore(db).append_encoded(conn, rows)
 
 
 def test_a_newer_payload_written_through_one_node_is_left_by_an_older_instance_on_another(
@@ -73,7 +50,7 @@ def test_a_newer_payload_written_through_one_node_is_left_by_an_older_instance_o
     new = None
     try:
         wait_until(lambda: owned_by(nodes[0], {"old-on-node0"}, CONSUMER), timeout=60, what="old")
-        wait_until(lambda: _count(nodes[0]) == 8, timeout=60, what="the older generations")
+        wait_until(lambda: sales_count(nodes[0]) == 8, timeout=60, what="the older generations")
         new = start_instance(
             configs["new-on-node1"], "new-on-node1", "shapes_newer_app", log=logs["new-on-node1"]
         )
@@ -83,9 +60,10 @@ def test_a_newer_payload_written_through_one_node_is_left_by_an_older_instance_o
             what="the newer instance to take a share",
         )
         for round_ in range(4):  # both producers at once, through their own nodes
-            _write_newer(newer_producer, first=4 * round_, count=4)
+            with newer_producer.transaction() as conn:
+                MessageStore(newer_producer).append_encoded(conn, newer_sales(4, first=4 * round_))
             write_generations(old_producer, first=2 + round_)
-        wait_until(lambda: _count(nodes[1]) == 8 + 16 + 16, timeout=90, what="every sale")
+        wait_until(lambda: sales_count(nodes[1]) == 8 + 16 + 16, timeout=90, what="every sale")
         assert NEWER in logs["old-on-node0"].read_text()
         assert stop_instance(old) == 0
         wait_until(lambda: owned_by(nodes[1], {"new-on-node1"}, CONSUMER), timeout=60, what="new")
@@ -99,7 +77,7 @@ def test_a_newer_payload_written_through_one_node_is_left_by_an_older_instance_o
                 stop_instance(process)
     expected = {f"n{i}": 100 + i for i in range(16)}
     stored = wait_until(
-        lambda: all(_count(db) == 40 for db in nodes) and [_sales(db) for db in nodes],
+        lambda: all(sales_count(db) == 40 for db in nodes) and [_sales(db) for db in nodes],
         timeout=30,
         what="every node to have every sale",
     )

@@ -13,7 +13,8 @@ import pytest
 import shapes_tables
 from clusters import lag, owned_by, start_instance, stop_instance, wait_until, write_config
 from shapes_app import write_generations
-from sqlalchemy import MetaData, func, select
+from shapes_tables import newer_sales, sales_count
+from sqlalchemy import MetaData, select
 from timers_shared import FIRED, TOPIC
 
 from messaging import Database, MessageStore, NewMessage
@@ -35,27 +36,6 @@ def read_model_metadata() -> list[MetaData]:
     return [shapes_tables.metadata]
 
 
-def _count(db: Database) -> int:
-    with db.read() as conn:
-        return int(conn.execute(select(func.count()).select_from(shapes_tables.sales)).scalar_one())
-
-
-def _newer_sales(count: int) -> list[NewMessage]:
-    """``shop.sale`` version 3 (amounts in ``cents``), as the newer instances write it."""
-    return [
-        NewMessage(
-            topic="shop",
-            source=f"n{i}",
-            type="shop.sale",
-            payload=json.dumps(
-                {"order_id": f"n{i}", "cents": 100 + i, "first_name": "N", "last_name": f"{i}"}
-            ),
-            payload_version=3,
-        )
-        for i in range(count)
-    ]
-
-
 def test_a_single_owner_consumer_moves_whole_to_an_instance_that_reads_a_newer_payload(
     db: Database, tmp_path: Path
 ) -> None:
@@ -70,17 +50,17 @@ def test_a_single_owner_consumer_moves_whole_to_an_instance_that_reads_a_newer_p
     new = None
     try:
         wait_until(lambda: owned_by(db, {"old1"}, SALES), timeout=60, what="old1 holding it")
-        wait_until(lambda: _count(db) == 8, timeout=60, what="the old generations applied")
+        wait_until(lambda: sales_count(db) == 8, timeout=60, what="the old generations applied")
         new = start_instance(config, "new1", "shapes_newer_app", log=logs["new1"])
         wait_until(
             lambda: "new1" in {i["name"] for i in _live(db)}, timeout=60, what="new1 registered"
         )
         assert owned_by(db, {"old1"}, SALES)  # sticky: the holder keeps it
         with db.transaction() as conn:
-            MessageStore(db).append_encoded(conn, _newer_sales(8))
+            MessageStore(db).append_encoded(conn, newer_sales(8))
         write_generations(db, times=1, first=2)  # an older producer still writes too
         wait_until(lambda: owned_by(db, {"new1"}, SALES), timeout=60, what="new1 holding it")
-        wait_until(lambda: _count(db) == 8 + 8 + 4, timeout=60, what="every sale applied")
+        wait_until(lambda: sales_count(db) == 8 + 8 + 4, timeout=60, what="every sale applied")
         wait_until(lambda: lag(db, SALES) == 0, timeout=60, what="no lag")
         with db.read() as conn:
             parts = Ownership(db).partitions(conn, [SALES])

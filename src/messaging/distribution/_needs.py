@@ -19,7 +19,7 @@ import json
 import logging
 from collections.abc import Iterable, Mapping
 
-from sqlalchemy import Connection, update
+from sqlalchemy import Connection
 
 from messaging._consumers import PAYLOAD_READS_ATTRIBUTE, PAYLOAD_UPCASTS_ATTRIBUTE, ConsumerSpec
 from messaging._errors import UnknownPayloadVersion
@@ -97,18 +97,7 @@ def clear_deadline(
 ) -> None:
     """In a delivery's transaction: forget what a deadline of ``partitions`` (owned by
     ``instance_id``) needed, now that this instance, which reads it, delivers them."""
-    t = db.schema.partitions
-    conn.execute(
-        update(t)
-        .where(
-            t.c.tenant == db.tenant,
-            t.c.consumer == consumer,
-            t.c.partition_no.in_(sorted(set(partitions))),
-            t.c.owner == instance_id,
-            t.c.needs.like(f'{{"{DEADLINE}"%'),
-        )
-        .values(needs=None)
-    )
+    Ownership(db).clear_needs(conn, consumer, instance_id, partitions, DEADLINE)
 
 
 def pending(rows: Iterable[PartitionRow]) -> dict[str, dict[int, Need]]:
