@@ -303,7 +303,8 @@ class SagaWorker(ConsumerWorker):
             ctx.flush()
             fenced = {d.partition: claims[d.partition] for d in due.deadlines}
             self.ownership.commit_checkpoint(conn, self.spec.name, self.instance_id, fenced, 0)
-            clear_deadline(self.db, conn, self.spec.name, self.instance_id, fenced)
+            if self.needed.intersection(fenced):  # a deadline's record: delivered now
+                clear_deadline(self.db, conn, self.spec.name, self.instance_id, fenced)
             return due.deadlines, due.now
 
     def _deliver_one_by_one(

@@ -117,7 +117,8 @@ def test_a_saga_deadline_newer_than_the_code_waits_for_an_instance_that_reads_it
     timers = [f"t{i}" for i in range(8)]
     processes = [start_instance(config, "new1", "timers_newer_app", log=logs["new1"])]
     try:
-        due_at = time.time() + 3
+        wait_until(lambda: owned_by(db, {"new1"}, TIMERS), timeout=60, what="new1 holding it")
+        due_at = time.time() + 6  # after new1 stopped (whatever the load)
         with db.transaction() as conn:
             for timer in timers:
                 body = json.dumps({"timer_id": timer, "due_at": due_at})

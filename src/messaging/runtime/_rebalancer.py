@@ -193,6 +193,7 @@ class Rebalancer:
                     halted[row.consumer].add(row.partition)
         needs = pending(rows)
         for name, worker in inst.workers.items():  # left after the rows were read
+            worker.needed = frozenset(needs.get(name, {}))
             for partition, (need, left_at) in list(worker.left.items()):
                 if left_at < read_at:
                     worker.left.pop(partition, None)  # the rows hold the record
