@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import inspect
 import json
-import typing
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -23,6 +22,7 @@ from messaging._errors import RegistrationError
 from messaging._kinds import ConsumerKind
 from messaging._messages import MessageRegistry
 from messaging._messages import registry as default_registry
+from messaging._structure import type_hints
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -31,6 +31,9 @@ _HANDLER_ATTRIBUTE = "__handles_messages__"
 PAYLOAD_READS_ATTRIBUTE = "__payload_reads__"
 """On a consumer class: stored shapes it reads beside its messages, {name: newest version}
 (a consumer kind's own, as a saga's state): published with what its instance reads."""
+PAYLOAD_UPCASTS_ATTRIBUTE = "__payload_upcasts__"
+"""On a consumer class: a function listing the upcasters of what it reads beside its
+messages (a saga's state upcasters), published with its instance's upcasters."""
 
 
 DEFAULT_PARTITIONS = 16
@@ -196,10 +199,7 @@ def _handled_type(cls: type, attribute: str, func: Callable[..., Any]) -> tuple[
     params = list(inspect.signature(func).parameters.values())[1:]  # drop self
     if not 1 <= len(params) <= 2:
         raise RegistrationError(f"{where} must take (self, message) or (self, message, context)")
-    try:
-        hints = typing.get_type_hints(func)
-    except Exception as exc:
-        raise RegistrationError(f"{where}: cannot resolve its annotations: {exc}") from exc
+    hints = type_hints(func, where)
     message_type = hints.get(params[0].name)
     if message_type is None:
         raise RegistrationError(f"{where}: annotate {params[0].name!r} with the message type")

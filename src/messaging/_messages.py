@@ -13,7 +13,7 @@ import cattrs
 from messaging._errors import DecodeError, RegistrationError
 from messaging._json import make_dumps
 from messaging._structure import describe, strict_converter
-from messaging._upcasting import Decode, Key, Payload, UpcasterTable, upcasting_decoder
+from messaging._upcasting import Decode, Key, UpcasterTable, upcasting_decoder
 
 _dumps = make_dumps(",", ":")
 """``json.dumps(value, separators=(",", ":"))`` without building an encoder per call."""
@@ -94,7 +94,7 @@ class MessageRegistry:
         return dict(self._versions)
 
     def add_upcaster(
-        self, type_name: str, version: int, function: Callable[[Payload], Payload], to: str
+        self, type_name: str, version: int, function: Callable[[Any], Any], to: str
     ) -> None:
         """Declare an upcaster (see :func:`upcaster`)."""
         self.upcasters.add(type_name, version, function, to)
@@ -134,6 +134,19 @@ class MessageRegistry:
             if target == current:
                 found.setdefault(key[0], {})[key[1]] = self.reader(*key)
         return found
+
+    def upcasts_to(self, name: str) -> list[str]:
+        """The labels of the upcasters and renames on the ways to the class registered as
+        ``name`` (what an instance reading it applies to older payloads), sorted."""
+        labels: set[str] = set()
+        for key in self.upcasters.sources(self._versions):
+            try:
+                target, steps = self.upcasters.resolve(key, self._versions)
+            except DecodeError:
+                continue
+            if target == (name, self._versions[name]):
+                labels.update(step.label for step in steps)
+        return sorted(labels)
 
     def _reader(self, key: Key) -> Decode:
         upcasters, versions = self.upcasters, dict(self._versions)
@@ -364,13 +377,15 @@ def message(name: str, *, version: int = 1) -> Callable[[type[T]], type[T]]:
     return decorate
 
 
-U = TypeVar("U", bound=Callable[[Payload], Payload])
+U = TypeVar("U", bound=Callable[[Any], Any])
 
 
 def upcaster(type_name: str, version: int, *, to: str | None = None) -> Callable[[U], U]:
     """Function decorator: ``function(payload) -> payload`` turns a stored payload (a dict)
     of (``type_name``, ``version``) into one of (``to``, ``version`` + 1); ``to`` defaults
-    to ``type_name`` (another name renames the type on the way). Every read path applies
+    to ``type_name`` (another name renames the type on the way). Typed: a function whose
+    parameter is annotated with an attrs class of the old shape gets the payload
+    structured into it; it may return an attrs instance of the next shape. Every read path applies
     the chain of upcasters from a stored version to its class's current one; the chains
     are checked when an instance starts."""
 

@@ -62,6 +62,8 @@ class CopyState(enum.StrEnum):
     RUNNING = "running"
     PAUSED = "paused"
     HALTED = "halted"
+    WAITING = "waiting"
+    """At a payload newer than this instance's declarations: it applies nothing more."""
 
 
 class DeclarationOutcome(enum.StrEnum):

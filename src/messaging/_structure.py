@@ -1,13 +1,17 @@
-"""The cattrs converter messages are structured with: exact JSON types, no coercion."""
+"""The cattrs converter messages are structured with (exact JSON types, no coercion), and
+the annotations handlers and typed upcasters are read by."""
 
 from __future__ import annotations
 
+import typing
 from collections.abc import Callable
 from typing import Any
 
 import cattrs
 import cattrs.preconf.json
 from cattrs.cols import is_any_set, is_sequence
+
+from messaging._errors import RegistrationError
 
 
 def strict_converter() -> cattrs.Converter:
@@ -58,3 +62,12 @@ def describe(exc: BaseException) -> str:
     if isinstance(exc, cattrs.BaseValidationError):
         return "; ".join(cattrs.transform_error(exc, path="payload"))
     return f"{type(exc).__name__}: {exc}"
+
+
+def type_hints(function: Callable[..., Any], where: str) -> dict[str, Any]:
+    """``function``'s resolved annotations; RegistrationError naming ``where`` if they
+    cannot be resolved."""
+    try:
+        return typing.get_type_hints(function)
+    except Exception as exc:
+        raise RegistrationError(f"{where}: cannot resolve its annotations: {exc}") from exc

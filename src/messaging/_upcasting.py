@@ -1,7 +1,9 @@
 """Upcasters: the ways from every stored (type, version) of a payload to a current class.
 
 An upcaster turns the stored payload (a dict) of (type, version n) into the payload of
-(type', version n + 1); a rename maps an old type name to a new one at the same version.
+(type', version n + 1); a typed one takes an attrs class of the old shape and may return
+an attrs instance of the next one. A rename maps an old type name to a new one at the
+same version.
 Following them from a stored (type, version) leads, step by step, to a registered class
 at its current version: the chain. :meth:`UpcasterTable.check` validates every chain at
 start-up (gaps, duplicates, cycles, classes their older versions cannot reach);
@@ -11,6 +13,8 @@ take this way: current ones keep their generated decoders (``messaging._messages
 
 from __future__ import annotations
 
+import functools
+import inspect
 import json
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -18,6 +22,7 @@ from typing import Any
 import attrs
 
 from messaging._errors import DecodeError, RegistrationError, UnknownPayloadVersion
+from messaging._structure import strict_converter, type_hints
 
 Payload = dict[str, Any]
 """A stored payload as an upcaster sees it: the decoded JSON object."""
@@ -31,7 +36,7 @@ class Upcast:
 
     source: Key
     target: Key
-    function: Callable[[Payload], Payload] | None = None
+    function: Callable[[Payload], Any] | None = None
 
     @property
     def label(self) -> str:
@@ -51,10 +56,14 @@ class Upcast:
         except Exception as exc:
             reason = f"{self.label} failed: {type(exc).__name__}: {exc}"
             raise DecodeError(reason, position=position, type_name=stored) from exc
-        if not isinstance(result, dict):
-            reason = f"{self.label} returned {type(result).__name__}, not a dict"
-            raise DecodeError(reason, position=position, type_name=stored)
-        return result
+        if isinstance(result, dict):
+            return result
+        if attrs.has(type(result)):  # a typed upcaster's instance of the next shape
+            unstructured: object = _CONVERTER.unstructure(result)
+            if isinstance(unstructured, dict):
+                return unstructured
+        reason = f"{self.label} returned {type(result).__name__}, not a dict or attrs instance"
+        raise DecodeError(reason, position=position, type_name=stored)
 
 
 class UpcasterTable:
@@ -64,11 +73,10 @@ class UpcasterTable:
         self._upcasts: dict[Key, Upcast] = {}
         self._renames: dict[str, str] = {}
 
-    def add(
-        self, type_name: str, version: int, function: Callable[[Payload], Payload], to: str
-    ) -> None:
-        """Declare ``function`` from (``type_name``, ``version``) to (``to``, ``version`` + 1);
-        a redefinition of the same function path replaces it."""
+    def add(self, type_name: str, version: int, function: Callable[[Any], Any], to: str) -> None:
+        """Declare ``function`` from (``type_name``, ``version``) to (``to``, ``version`` + 1):
+        on dicts, or typed (:func:`typed`); a redefinition of the same function path
+        replaces it."""
         _check_name("an upcaster's type name", type_name)
         _check_name("an upcaster's target type name", to)
         if type(version) is not int or version < 1:
@@ -78,6 +86,7 @@ class UpcasterTable:
             )
         if not callable(function):
             raise RegistrationError(f"upcaster of message type {type_name!r}: not a function")
+        function = typed(function, f"upcaster {_path(function)}")
         key = (type_name, version)
         existing = self._upcasts.get(key)
         if existing is not None and _path(existing.function) != _path(function):
@@ -212,6 +221,32 @@ class UpcasterTable:
         if new is not None:
             known.append(current.get(new, 0))
         return max(known, default=0)
+
+
+def typed(function: Callable[[Any], Any], what: str) -> Callable[[Payload], Any]:
+    """``function`` as a step on stored payloads: one whose parameter is annotated with an
+    attrs class (the old shape) gets the payload structured into it first (by cattrs; a
+    payload that does not fit fails as the upcaster). Others get the dict as stored."""
+    try:
+        parameters = list(inspect.signature(function).parameters.values())
+    except (TypeError, ValueError):  # a builtin without a signature: given the dict
+        return function
+    if len(parameters) != 1:
+        raise RegistrationError(f"{what} must take one argument: the stored payload")
+    shape = type_hints(function, what).get(parameters[0].name)
+    if not (isinstance(shape, type) and attrs.has(shape)):
+        return function
+
+    @functools.wraps(function)
+    def step(payload: Payload) -> Any:
+        return function(_CONVERTER.structure(payload, shape))
+
+    return step
+
+
+_CONVERTER = strict_converter()
+"""Structures payloads into typed upcasters' old shapes (exact types, no extra keys: as
+messages are) and unstructures what they return."""
 
 
 def _check_name(what: str, value: object) -> None:

@@ -4,7 +4,8 @@ A partition is, in this order of precedence: ``paused`` (its consumer is), ``hal
 a poison message), ``rebuilding`` (a version of a projection being built, or a live one
 stopped while its new version takes over), ``unowned`` (no live owner for
 stale-instance-timeout plus one second: since its release, or since its owner's last
-heartbeat), ``rebuilding`` (a rebuild requested, not started yet),
+heartbeat; the reason names what its next message needs when no live instance can read
+it), ``rebuilding`` (a rebuild requested, not started yet),
 ``stalled`` (messages to apply and no checkpoint committed for ``health.stall-timeout``),
 ``lagging`` (messages to apply, progressing) or ``caught-up``. Progress is timed from the
 partition row's ``updated_at`` (a claim, a release, an operator's command or an advanced
@@ -150,6 +151,11 @@ def _verdict(
             "a new version of the consumer is built beside the live one"
             if state == ConsumerState.REBUILDING
             else "the consumer's new version is taking over (its live version stopped)"
+        )
+    if unowned > limits["unowned_after"] and "waiting" in p:
+        return Verdict.UNOWNED, (
+            f"no live instance can read its next message: it {p['waiting']} (released "
+            f"{unowned:.1f} s ago)"
         )
     if unowned > limits["unowned_after"]:
         who = f"its owner {p['instance']} was last heard" if p["instance"] else "released"

@@ -178,8 +178,9 @@ def _in_memory(db: Database, conn: Connection, instances: dict[str, Any]) -> lis
                 "position": copy["position"],
                 "lag": int(lag),
             }
-            if "halted" in copy:
-                entry["halted"] = copy["halted"]
+            for held in ("halted", "waiting"):
+                if held in copy:
+                    entry[held] = copy[held]
             by_name.setdefault(name, []).append(entry)
     return [
         {"name": name, "kind": IN_MEMORY, "instances": copies}
@@ -243,12 +244,14 @@ def _total(db: Database, conn: Connection, topics: list[str], types: list[str]) 
 
 def instances_report(db: Database, settings: ConsumerSettings) -> dict[str, Any]:
     """``{"instances": [{"id", "name", "host", "pid", "started_at", "heartbeat_at", "live",
-    "stopping", "last_heard", "late", "gone", "reads"}]}``: ``last_heard`` is the seconds since its
-    last heartbeat by the database's clock; ``late`` a live instance whose heartbeat is more
-    than two intervals old (it may have died; it turns stale at stale-instance-timeout);
+    "stopping", "last_heard", "late", "gone", "reads", "upcasters"}]}``: ``last_heard`` is
+    the seconds since its last heartbeat by the database's clock; ``late`` a live instance
+    whose heartbeat is more than two intervals old (it may have died; it turns stale at
+    stale-instance-timeout);
     ``gone`` why an instance is not live (``process gone (lock released)`` or ``heartbeat
     stale``), None for a live one; ``reads``: per consumer it runs, the newest payload
-    version of each stored type name it can read (its upcasters' reach)."""
+    version of each stored type name it can read (its upcasters' reach); ``upcasters``: per
+    consumer, the upcasters and renames it reads older payloads through."""
     with db.read() as conn:
         rows = Membership(db).instances(conn, settings.stale_instance_timeout)
     late_after = LATE_HEARTBEATS * settings.heartbeat_interval
@@ -267,6 +270,9 @@ def instances_report(db: Database, settings: ConsumerSettings) -> dict[str, Any]
                 "late": r.live and r.expires_in < settings.stale_instance_timeout - late_after,
                 "gone": r.gone_because,
                 "reads": {c: dict(run.get("reads", {})) for c, run in sorted(r.runs.items())},
+                "upcasters": {
+                    c: list(run.get("upcasters", [])) for c, run in sorted(r.runs.items())
+                },
             }
             for r in rows
         ]
@@ -313,6 +319,9 @@ def format_consumers(report: dict[str, Any]) -> str:
                 f"{c['admin'] or '-'}"
             )
             lines += _halted(c, "  ")
+            if "waiting" in c:
+                w = c["waiting"]
+                lines.append(f"  waiting at position {w['position']}: it {w['reason']}")
     return "\n".join(lines) if lines else "no consumers declared yet"
 
 

@@ -11,6 +11,7 @@ from sqlalchemy import Table
 from messaging._consumers import (
     DEFAULT_PARTITIONS,
     PAYLOAD_READS_ATTRIBUTE,
+    PAYLOAD_UPCASTS_ATTRIBUTE,
     ConsumerOptions,
     handler,
     mark_consumer,
@@ -78,19 +79,26 @@ def saga(
         setattr(cls, SAGA_ATTRIBUTE, saga_options)
         # what it reads beside its messages (messaging.distribution._needs.readable)
         setattr(cls, PAYLOAD_READS_ATTRIBUTE, {state_key(name): state_version})
+        setattr(cls, PAYLOAD_UPCASTS_ATTRIBUTE, lambda: state_upcasts(name))
         return cls
 
     return decorate
 
 
-U = TypeVar("U", bound=Callable[[dict[str, Any]], dict[str, Any]])
+def state_upcasts(saga: str) -> list[str]:
+    """The labels of the state upcasters declared for ``saga`` (when its instance starts)."""
+    return [u.label for u in STATE_UPCASTERS.steps() if u.source[0] == state_key(saga)]
+
+
+U = TypeVar("U", bound=Callable[[Any], Any])
 
 
 def state_upcaster(saga: str, version: int) -> Callable[[U], U]:
     """Function decorator: ``function(state) -> state`` turns a stored state (a dict) of
-    saga ``saga`` at ``version`` into one of ``version`` + 1. A state stored at an older
-    version than the saga's ``state_version`` is read through them; the chain is checked
-    when the saga's worker starts."""
+    saga ``saga`` at ``version`` into one of ``version`` + 1 (or typed, as an
+    :func:`~messaging.upcaster`). A state stored at an older version than the saga's
+    ``state_version`` is read through them; the chain is checked when the saga's worker
+    starts."""
 
     def decorate(function: U) -> U:
         STATE_UPCASTERS.add(state_key(saga), version, function, state_key(saga))

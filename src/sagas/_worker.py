@@ -9,7 +9,8 @@ every deadline is delivered exactly once. Deadlines due while no instance ran ar
 at the first poll after a claim. A deadline never overtakes a message of its partitions
 recorded before it fell due: behind a backlog, only the deadlines due by the time the
 last applied message was recorded are delivered. A deadline whose delivery fails halts
-its partition, as a poison message does.
+its partition, as a poison message does; one (or a saga state) newer than this code
+leaves its partition to an instance that can read it (``messaging.distribution._needs``).
 """
 
 from __future__ import annotations
@@ -24,14 +25,21 @@ import cattrs.preconf.json
 from sqlalchemy import Connection
 
 from messaging._consumers import ConsumerSpec
-from messaging._errors import CheckpointMoved, OwnershipLost, ProjectionsError, RegistrationError
+from messaging._errors import (
+    CheckpointMoved,
+    OwnershipLost,
+    ProjectionsError,
+    RegistrationError,
+    UnknownPayloadVersion,
+)
 from messaging._json import make_dumps
 from messaging._messages import Envelope, MessageRegistry, quick_decoder
+from messaging.distribution._needs import clear_deadline
 from messaging.distribution._ownership import Claim
 from messaging.runtime._context import HandlerContext
 from messaging.runtime._dispatch import Dispatcher, unreadable
 from messaging.runtime._poison import Poison
-from messaging.runtime._stops import halt_at
+from messaging.runtime._stops import halt_at, leave_partition
 from messaging.runtime._worker import ConsumerWorker
 from messaging.store._database import Database
 from messaging.store._retry import is_transient
@@ -41,12 +49,9 @@ from messaging.store._rows import (
     POSITION,
     TYPE,
     StoredRow,
-    check_id,
-    is_plain_id,
     partition_in,
-    partition_of,
 )
-from sagas._context import SagaContext
+from sagas._batch import SagaBatch
 from sagas._options import STATE_UPCASTERS, saga_options, starts_saga, state_key
 from sagas._rows import Deadline, Due, SagaRow
 from sagas._states import state_readers
@@ -115,7 +120,7 @@ class SagaDispatcher(Dispatcher):
             for row in rows:  # decoded by payload version (upcast if older)
                 decoders = self.handlers[row[TYPE]][0]
                 messages.append(decoders[row[PAYLOAD_VERSION]](row[PAYLOAD], row[POSITION]))
-            batch = _Batch(self, ctx)
+            batch = SagaBatch(self, ctx)
             batch.load(self.key_of(m) for m in messages)
             for row, message in zip(rows, messages, strict=True):
                 ctx.position = row[POSITION]
@@ -131,7 +136,7 @@ class SagaDispatcher(Dispatcher):
         """Take the ``due`` deadlines off the table and apply them at the time they were read
         (the database's), to their saga instances as read with them."""
         deadlines = due.deadlines
-        batch = _Batch(self, ctx, due.now)
+        batch = SagaBatch(self, ctx, due.now)
         batch.rows.update(due.sagas)
         self.store.take(ctx.connection, deadlines)
         for deadline in deadlines:
@@ -152,113 +157,6 @@ class SagaDispatcher(Dispatcher):
             message = decoders[deadline.payload_version](deadline.payload, None)
             batch.handle(deadline.key, message, self.current[deadline.type])
         batch.write()
-
-
-class _Batch:
-    """The saga instances one batch touches: read once, changed in memory, written once."""
-
-    def __init__(
-        self, dispatcher: SagaDispatcher, ctx: HandlerContext, now: float | None = None
-    ) -> None:
-        self.dispatcher = dispatcher
-        self.ctx = ctx
-        self.rows: dict[str, SagaRow] = {}
-        self.instances: dict[str, SagaContext] = {}
-        self.encoded: dict[str, tuple[str, list[Deadline]]] = {}
-        """Per instance handled: its state and deadlines, encoded after its last message."""
-        self._now = now
-
-    @property
-    def now(self) -> float:
-        """The database's time, read once per batch (unless given)."""
-        if self._now is None:
-            self._now = self.dispatcher.store.now(self.ctx.connection)
-        return self._now
-
-    def load(self, keys: Any) -> None:
-        """Read the stored rows of ``keys``."""
-        keys = set(keys)
-        found = self.dispatcher.store.load(self.ctx.connection, keys)
-        for key in keys:
-            self.rows[key] = found.get(key) or SagaRow(
-                key=key, version=None, state=None, ended=False
-            )
-
-    def handle(self, key: str, message: object, type_name: str) -> None:
-        """Call the handler of ``message`` for instance ``key``, unless that instance has
-        ended, or does not exist and the handler does not start one."""
-        dispatcher = self.dispatcher
-        instance = self.instances.get(key)
-        if instance is None:
-            if not is_plain_id(key):
-                check_id(f"saga {dispatcher.spec.name!r}: correlation key", key)
-            row = self.rows[key]
-            if row.ended:
-                return
-            state: Any = None
-            if row.state is not None:
-                state = dispatcher.read_state(row)
-            instance = SagaContext(self.ctx, key, state, self.now)
-        if instance.ended or (instance.state is None and type_name not in dispatcher.starters):
-            return
-        dispatcher.handlers[type_name][1](message, instance)  # type: ignore[arg-type]
-        if not isinstance(instance.state, dispatcher.options.state):
-            raise ProjectionsError(
-                f"saga {dispatcher.spec.name!r}: after {type_name!r} the state of {key!r} is "
-                f"{instance.state!r}, not a {dispatcher.options.state.__qualname__}"
-            )
-        self.instances[key] = instance
-        state = dispatcher.dump_state(dispatcher.converter.unstructure(instance.state))
-        self.encoded[key] = (state, self._deadlines(instance))
-
-    def _deadlines(self, instance: SagaContext) -> list[Deadline]:
-        """The deadlines ``instance`` has scheduled, encoded (a bad one fails here, at the
-        message that scheduled it)."""
-        dispatcher = self.dispatcher
-        encoded = []
-        for name, (due, deadline) in instance.scheduled.items():
-            check_id(f"saga {dispatcher.spec.name!r}: deadline name", name)
-            if type(deadline) not in dispatcher.spec.handlers:
-                raise ProjectionsError(
-                    f"saga {dispatcher.spec.name!r} schedules deadline {name!r} as a "
-                    f"{type(deadline).__qualname__}, which it has no handler for"
-                )
-            type_name, payload = dispatcher.registry.encode(deadline)
-            encoded.append(
-                Deadline(
-                    key=instance.key,
-                    name=name,
-                    partition=partition_of(instance.key, dispatcher.spec.partitions),
-                    due_at=due,
-                    type=type_name,
-                    payload=payload,
-                    payload_version=dispatcher.registry.version_of(type_name),
-                )
-            )
-        return encoded
-
-    def write(self) -> None:
-        """Store every changed instance with its deadlines (ConcurrentUpdate if one moved
-        on): one statement per kind of change, whatever the number of instances."""
-        store, conn, now = self.dispatcher.store, self.ctx.connection, self.now
-        rows, encoded = self.rows, self.encoded
-        changes: list[tuple[SagaRow, str, bool]] = []
-        ended: list[str] = []
-        cancelled: list[tuple[str, str]] = []
-        scheduled: list[Deadline] = []
-        for key, instance in self.instances.items():
-            state, deadlines = encoded[key]
-            changes.append((rows[key], state, instance.ended))
-            if instance.ended:
-                ended.append(key)
-                continue
-            if instance.cancelled:
-                cancelled.extend((key, name) for name in sorted(instance.cancelled))
-            scheduled.extend(deadlines)
-        store.save(conn, changes, now)
-        if ended or cancelled:
-            store.unschedule(conn, ended, cancelled)
-        store.schedule(conn, scheduled, now)
 
 
 def _no_envelopes() -> dict[int, Envelope]:
@@ -405,6 +303,8 @@ class SagaWorker(ConsumerWorker):
             ctx.flush()
             fenced = {d.partition: claims[d.partition] for d in due.deadlines}
             self.ownership.commit_checkpoint(conn, self.spec.name, self.instance_id, fenced, 0)
+            if self.needed.intersection(fenced):  # a deadline's record: delivered now
+                clear_deadline(self.db, conn, self.spec.name, self.instance_id, fenced)
             return due.deadlines, due.now
 
     def _deliver_one_by_one(
@@ -428,6 +328,10 @@ class SagaWorker(ConsumerWorker):
                 continue
             except CheckpointMoved as moved:
                 self._moved(moved, held)
+                continue
+            except UnknownPayloadVersion as newer:  # never decoded by guesswork: left
+                what = f"deadline {deadline.name!r} of saga instance {deadline.key!r}"
+                leave_partition(self, held[deadline.partition], newer, what)
                 continue
             except Exception as exc:
                 if is_transient(exc):

@@ -4,16 +4,16 @@ and once the older instances stop everything is applied exactly once."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 import shapes_tables
 from clusters import lag, owned_by, owners, start_instance, stop_instance, wait_until, write_config
 from shapes_app import write_generations
-from sqlalchemy import MetaData, func, select
+from shapes_tables import newer_sales, sales_count
+from sqlalchemy import MetaData, select
 
-from messaging import Database, MessageStore, NewMessage
+from messaging import Database, MessageStore
 from messaging._settings import ConsumerSettings
 from messaging.distribution._ownership import Ownership
 from messaging.store._rows import partition_of
@@ -29,28 +29,6 @@ def read_model_metadata() -> list[MetaData]:
     return [shapes_tables.metadata]
 
 
-def _count(db: Database) -> int:
-    with db.read() as conn:
-        return int(conn.execute(select(func.count()).select_from(shapes_tables.sales)).scalar_one())
-
-
-def _newer_sales(count: int) -> list[NewMessage]:
-    """What the newer instances' producers write: ``shop.sale`` version 3, one source per
-    sale spread over every partition (amounts in ``cents``)."""
-    return [
-        NewMessage(
-            topic="shop",
-            source=f"n{i}",
-            type="shop.sale",
-            payload=json.dumps(
-                {"order_id": f"n{i}", "cents": 100 + i, "first_name": "N", "last_name": f"{i}"}
-            ),
-            payload_version=3,
-        )
-        for i in range(count)
-    ]
-
-
 def test_a_rolling_deploy_to_a_newer_payload_version_never_misreads(
     db: Database, tmp_path: Path
 ) -> None:
@@ -61,7 +39,7 @@ def test_a_rolling_deploy_to_a_newer_payload_version_never_misreads(
     new = None
     try:
         wait_until(lambda: owned_by(db, {"old1", "old2"}, CONSUMER), timeout=60, what="old share")
-        wait_until(lambda: _count(db) == 8, timeout=60, what="the old generations applied")
+        wait_until(lambda: sales_count(db) == 8, timeout=60, what="the old generations applied")
         new = start_instance(config, "new1", "shapes_newer_app", log=logs["new1"])
         wait_until(
             lambda: "new1" in {name for name, _ in owners(db, CONSUMER).values()},
@@ -75,12 +53,28 @@ def test_a_rolling_deploy_to_a_newer_payload_version_never_misreads(
             "old2": {"shop.order-placed": 2, "shop.sale": 2},
             "new1": {"shop.order-placed": 3, "shop.sale": 3},
         }
-        newer = _newer_sales(16)
+        older = [
+            "rename 'shop.order-placed' -> 'shop.sale'",
+            "upcaster shapes_tables.split_customer_name ('shop.order-placed' v1 -> "
+            "'shop.order-placed' v2)",
+        ]
+        upcasters = {i["name"]: i["upcasters"][CONSUMER] for i in report["instances"]}
+        assert upcasters == {
+            "old1": older,
+            "old2": older,
+            "new1": sorted(
+                [*older, "upcaster shapes_newer_app.to_cents ('shop.sale' v2 -> 'shop.sale' v3)"]
+            ),
+        }
+        [old1] = [i for i in report["instances"] if i["name"] == "old1"]
+        saga_state = "upcaster shapes_app.rename_score ('saga-state:shop-loyalty' v1 -> "
+        assert any(u.startswith(saga_state) for u in old1["upcasters"]["shop-loyalty"])
+        newer = newer_sales(16)
         assert len({partition_of(m.source, 4) for m in newer}) == 4
         with db.transaction() as conn:
             MessageStore(db).append_encoded(conn, newer)
         write_generations(db, times=1, first=2)  # an older producer still writes too
-        wait_until(lambda: _count(db) == 8 + 16 + 4, timeout=60, what="every sale applied")
+        wait_until(lambda: sales_count(db) == 8 + 16 + 4, timeout=60, what="every sale applied")
         wait_until(lambda: lag(db, CONSUMER) == 0, timeout=60, what="no lag")
         # The older instances hold only partitions with nothing newer left to read.
         with db.read() as conn:

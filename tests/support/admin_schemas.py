@@ -95,11 +95,21 @@ CONSUMERS = _object(
                                 "instance_id": _ID,
                                 "live": {"type": "boolean"},
                                 "admin": {"type": ["string", "null"]},
-                                "state": {"enum": ["running", "paused", "halted"]},
+                                "state": {"enum": ["running", "paused", "halted", "waiting"]},
                                 "position": _INT,
                                 "lag": _INT,
                             },
-                            {"halted": _object(_HALTED, {"trace": {"type": ["string", "null"]}})},
+                            {
+                                "halted": _object(_HALTED, {"trace": {"type": ["string", "null"]}}),
+                                "waiting": _object(
+                                    {
+                                        "position": _INT,
+                                        "type": _ID,
+                                        "version": _INT,
+                                        "reason": {"type": "string"},
+                                    }
+                                ),
+                            },
                         ),
                     },
                 }
@@ -128,6 +138,10 @@ INSTANCES = _object(
                     "reads": {
                         "type": "object",
                         "additionalProperties": {"type": "object", "additionalProperties": _INT},
+                    },
+                    "upcasters": {
+                        "type": "object",
+                        "additionalProperties": {"type": "array", "items": {"type": "string"}},
                     },
                 }
             ),

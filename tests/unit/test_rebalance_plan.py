@@ -141,5 +141,29 @@ def test_an_elected_single_owner_leaves_a_partition_it_cannot_read_waiting() -> 
     needs = {"c1": {2: ("t", 3)}}
     mine = plan("a", live, owners, {"c1": 4}, {"c1": S}, FP, needs, {"c1": {"t": 2}})["c1"]
     assert mine.target == {0, 1, 3} and mine.release == {2}
+    assert mine.waiting_for == (
+        "its partition 2 needs a newer declaration of type 't' version 3, which no instance "
+        "running it has"
+    )
     able = plan("a", live, owners, {"c1": 4}, {"c1": S}, FP, needs, {"c1": {"t": 3}})["c1"]
     assert able.target == {0, 1, 2, 3} and not able.release
+
+
+def test_a_single_owner_consumer_needing_a_newer_declaration_moves_to_an_instance_with_it() -> None:
+    """Single-owner: ``old`` holds the consumer, but partition 2 needs ``t`` version 3, which
+    only ``new`` reads: every instance elects ``new``, ``old`` releases every partition;
+    once nothing is needed, the holder keeps it (sticky)."""
+    owners = {"c1": {p: "old" for p in range(4)}}
+    old, new = member("old", c1=S), member("new", c1=S)
+    old = attrs.evolve(old, runs={"c1": {**old.runs["c1"], "reads": {"t": 2}}})
+    new = attrs.evolve(new, runs={"c1": {**new.runs["c1"], "reads": {"t": 3}}})
+    reads = {"old": {"c1": {"t": 2}}, "new": {"c1": {"t": 3}}}
+    needs = {"c1": {2: ("t", 3)}}
+    plans = {
+        me: plan(me, [old, new], owners, {"c1": 4}, {"c1": S}, FP, needs, reads[me])["c1"]
+        for me in ("old", "new")
+    }
+    assert plans["new"].target == {0, 1, 2, 3} and plans["new"].waiting_for is None
+    assert not plans["old"].target and plans["old"].release == {0, 1, 2, 3}
+    steady = plan("old", [old, new], owners, {"c1": 4}, {"c1": S}, FP, {}, reads["old"])["c1"]
+    assert steady.target == {0, 1, 2, 3}

@@ -155,8 +155,8 @@ def test_an_upcaster_returning_what_the_class_cannot_read_is_named() -> None:
 
 def test_an_upcaster_returning_a_non_dict_is_named() -> None:
     registry = _registry(2)
-    registry.add_upcaster("order", 1, lambda payload: [payload], "order")  # type: ignore[arg-type, return-value]  # a bad upcaster on purpose
-    with pytest.raises(DecodeError, match="returned list, not a dict"):
+    registry.add_upcaster("order", 1, lambda payload: [payload], "order")  # a bad one
+    with pytest.raises(DecodeError, match="returned list, not a dict or attrs instance"):
         registry.reader("order", 1)("{}", None)
 
 
@@ -175,3 +175,73 @@ def test_decode_with_the_stored_version_upcasts() -> None:
     assert registry.decode("order", stored, 1, version=1) == Order("a", 5, "EUR")
     with pytest.raises(DecodeError, match="currency"):
         registry.decode("order", stored, 1)  # read as the current version: it is not
+
+
+@attrs.define(frozen=True)
+class OrderV1:
+    """The first shape of ``order``: an amount, no currency."""
+
+    order_id: str
+    amount: int
+
+
+@attrs.define(frozen=True)
+class OrderV2:
+    order_id: str
+    total: int
+
+
+def _typed_total(old: OrderV1) -> OrderV2:
+    return OrderV2(old.order_id, old.amount)
+
+
+def _typed_currency(old: OrderV2) -> Order:
+    return Order(old.order_id, old.total, "EUR")
+
+
+def test_typed_upcasters_take_and_return_attrs_classes_of_each_shape() -> None:
+    """A typed upcaster gets the stored payload as its old-shape class and may return an
+    instance of the next shape (or the current class); typed and dict steps mix."""
+    registry = _registry()
+    registry.add_upcaster("order", 1, _typed_total, "order")
+    registry.add_upcaster("order", 2, _typed_currency, "order")
+    registry.check_upcasters()
+    assert registry.reader("order", 1)('{"order_id": "a", "amount": 5}', 1) == Order("a", 5, "EUR")
+    mixed = _registry()
+    mixed.add_upcaster("order", 1, _bump, "order")
+    mixed.add_upcaster("order", 2, _typed_currency, "order")
+    assert mixed.reader("order", 1)('{"order_id": "a", "amount": 5}', 1) == Order("a", 5, "EUR")
+
+
+def test_a_payload_that_does_not_fit_a_typed_upcasters_old_shape_is_named() -> None:
+    registry = _registry(2)
+    registry.add_upcaster("order", 1, _typed_total, "order")
+    with pytest.raises(DecodeError) as info:
+        registry.reader("order", 1)('{"order_id": "a"}', 4)
+    message = str(info.value)
+    assert "position 4" in message and "_typed_total" in message and "failed" in message
+
+
+def test_a_typed_upcaster_with_an_unresolvable_annotation_or_two_arguments_is_refused() -> None:
+    def unresolved(old: Missing) -> dict[str, Any]:  # type: ignore[name-defined]  # noqa: F821
+        return {}
+
+    def two(payload: dict[str, Any], extra: int) -> dict[str, Any]:
+        return payload
+
+    with pytest.raises(RegistrationError, match="unresolved: cannot resolve its annotations"):
+        MessageRegistry().add_upcaster("order", 1, unresolved, "order")
+    with pytest.raises(RegistrationError, match="two must take one argument"):
+        MessageRegistry().add_upcaster("order", 1, two, "order")  # type: ignore[arg-type]
+
+
+def test_the_upcasters_on_the_ways_to_a_class_are_listed_for_the_operator() -> None:
+    registry = _registry()
+    registry.add_upcaster("order", 1, _typed_total, "order")
+    registry.add_upcaster("order", 2, _currency, "order")
+    registry.add_rename("purchase", "order")
+    assert registry.upcasts_to("order") == [
+        "rename 'purchase' -> 'order'",
+        f"upcaster {__name__}._currency ('order' v2 -> 'order' v3)",
+        f"upcaster {__name__}._typed_total ('order' v1 -> 'order' v2)",
+    ]

@@ -8,7 +8,9 @@ Every instance publishes, per consumer, the newest version of each stored type i
 read (``runs[consumer]["reads"]`` of its instance row); the rebalance plan gives such a
 partition only to an instance that can read what it needs, and to none while no live
 instance can (it waits, and the reports show why). Once its checkpoint passed that
-position the record has no effect: nothing is left behind.
+position the record has no effect: nothing is left behind. A saga's deadline has no
+position: its record goes when an instance that reads it delivers the partition's due
+deadlines.
 """
 
 from __future__ import annotations
@@ -17,11 +19,14 @@ import json
 import logging
 from collections.abc import Iterable, Mapping
 
-from messaging._consumers import PAYLOAD_READS_ATTRIBUTE, ConsumerSpec
+from sqlalchemy import Connection
+
+from messaging._consumers import PAYLOAD_READS_ATTRIBUTE, PAYLOAD_UPCASTS_ATTRIBUTE, ConsumerSpec
 from messaging._errors import UnknownPayloadVersion
 from messaging._messages import MessageRegistry
 from messaging.distribution._membership import InstanceRow
 from messaging.distribution._ownership import Claim, Ownership, PartitionRow
+from messaging.distribution._pulse import bump_generation
 from messaging.store._database import Database
 
 log = logging.getLogger("messaging.distribution.needs")
@@ -39,21 +44,60 @@ def readable(registry: MessageRegistry, spec: ConsumerSpec) -> dict[str, int]:
     return found
 
 
+def upcasts(registry: MessageRegistry, spec: ConsumerSpec) -> list[str]:
+    """The upcasters and renames ``spec`` reads older payloads through, with this code (for
+    the operator: published beside :func:`readable`)."""
+    found = {
+        label for cls in spec.handlers for label in registry.upcasts_to(registry.type_name(cls))
+    }
+    own = spec.cls.__dict__.get(PAYLOAD_UPCASTS_ATTRIBUTE)  # a kind's own (a saga's state)
+    return sorted(found | set(own() if own is not None else ()))
+
+
+def published(registry: MessageRegistry, spec: ConsumerSpec) -> dict[str, object]:
+    """What an instance publishes of the shapes ``spec`` reads, beside its mode: ``reads``
+    (:func:`readable`) and ``upcasters`` (:func:`upcasts`)."""
+    return {"reads": readable(registry, spec), "upcasters": upcasts(registry, spec)}
+
+
 def describe(need: Need) -> str:
     """Why a partition waits for another instance, as logs and reports say it."""
     return f"needs a newer declaration of type {need[0]!r} version {need[1]}"
 
 
 def leave(
-    db: Database, consumer: str, claim: Claim, instance_id: str, error: UnknownPayloadVersion
+    db: Database,
+    consumer: str,
+    claim: Claim,
+    instance_id: str,
+    error: UnknownPayloadVersion,
+    deadline: str | None = None,
 ) -> bool:
-    """Record what ``claim``'s partition needs and release it (fenced by the claim: False
-    if it is no longer held)."""
+    """Record what ``claim``'s partition needs and release it, telling the peers at once
+    (fenced by the claim: False if it is no longer held). For a saga's ``deadline`` the
+    record holds until an instance that can read it delivers it (:func:`clear_deadline`)."""
     needs = {"type": error.type_name, "version": error.version, "position": error.position}
+    if deadline is not None:
+        needs = {DEADLINE: deadline, **needs}
     with db.transaction() as conn:
-        return Ownership(db).fenced_update(
+        left = Ownership(db).fenced_update(
             conn, consumer, claim, instance_id, needs=json.dumps(needs), owner=None
         )
+        if left:
+            bump_generation(db, conn)
+        return left
+
+
+DEADLINE = "deadline"
+"""The key of a record of what a saga's deadline (not a message) needs; it comes first."""
+
+
+def clear_deadline(
+    db: Database, conn: Connection, consumer: str, instance_id: str, partitions: Iterable[int]
+) -> None:
+    """In a delivery's transaction: forget what a deadline of ``partitions`` (owned by
+    ``instance_id``) needed, now that this instance, which reads it, delivers them."""
+    Ownership(db).clear_needs(conn, consumer, instance_id, partitions, DEADLINE)
 
 
 def pending(rows: Iterable[PartitionRow]) -> dict[str, dict[int, Need]]:

@@ -389,6 +389,28 @@ class Ownership:
         )
         return result.rowcount == 1
 
+    def clear_needs(
+        self,
+        conn: Connection,
+        consumer: str,
+        instance_id: str,
+        partitions: Iterable[int],
+        kind: str,
+    ) -> None:
+        """Forget what ``partitions`` (owned by ``instance_id``) needed, where the record is
+        of ``kind`` (its first key; ``messaging.distribution._needs``)."""
+        t = self.table
+        conn.execute(
+            update(t)
+            .where(
+                *self._consumer(consumer),
+                t.c.partition_no.in_(sorted(set(partitions))),
+                t.c.owner == instance_id,
+                t.c.needs.like(f'{{"{kind}"%'),
+            )
+            .values(needs=None)
+        )
+
     def partitions(
         self, conn: Connection, consumers: Sequence[str] | None = None
     ) -> list[PartitionRow]:

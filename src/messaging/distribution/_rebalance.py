@@ -19,7 +19,7 @@ import attrs
 from messaging._settings import Distribution
 from messaging.distribution._assignor import assign
 from messaging.distribution._membership import InstanceRow
-from messaging.distribution._needs import Need, can_read, reads_of
+from messaging.distribution._needs import Need, can_read, describe, reads_of
 
 
 @attrs.define(frozen=True, kw_only=True)
@@ -60,7 +60,8 @@ def plan(
     declaration ``me`` runs. Only instances on the same declaration share a consumer.
     ``needs`` maps consumer → partition → the (type, version) its next message needs
     (``messaging.distribution._needs``): such a partition goes only to a member that can
-    read it (``my_reads``: what ``me`` reads of each consumer), to none if none can.
+    read it (``my_reads``: what ``me`` reads of each consumer), to none if none can; a
+    single-owner consumer with such a partition is elected to a member that can read it.
     """
     members = {i.id for i in live} | {me}
     # Every instance reading the same rows ranks the consumers alike: the rank turns the
@@ -84,8 +85,7 @@ def plan(
             waiting = (needs or {}).get(consumer, {})
             free = [p for p in units if p not in waiting]
             target = assign(free, members_here, current, rotation=rotation)
-            reads = {i.id: reads_of(i, consumer) for i in live}
-            reads[me] = (my_reads or {}).get(consumer, {})
+            reads = _reads(me, live, my_reads, consumer)
             for p, need in sorted(waiting.items()):
                 able = [m for m in members_here if can_read(reads.get(m, {}), need)]
                 holder = current.get(p)
@@ -122,22 +122,53 @@ def plan(
             holders[consumer] = min(held, key=lambda o: (-held[o], o)) if held else None
         elected = assign(consumers, group_members, holders)
         for consumer in consumers:
+            waiting = (needs or {}).get(consumer, {})
+            if waiting:  # to a member that can read what its partitions need, if one can
+                reads = _reads(me, live, my_reads, consumer)
+                able = [
+                    m
+                    for m in group_members
+                    if all(can_read(reads.get(m, {}), n) for n in waiting.values())
+                ]
+                if able and elected[consumer] not in able:
+                    elected[consumer] = able[rank[consumer] % len(able)]
             owned_here = {p for p, o in owners.get(consumer, {}).items() if o == me}
             if elected[consumer] == me:
-                # but a partition waiting for a newer declaration than this one's: it waits
+                # but a partition waiting for a newer declaration than this one's: it waits,
+                # and so does the consumer (applied whole, in global order)
                 readable_here = (my_reads or {}).get(consumer, {})
                 unreadable = {
-                    p
-                    for p, need in (needs or {}).get(consumer, {}).items()
-                    if not can_read(readable_here, need)
+                    p: need for p, need in waiting.items() if not can_read(readable_here, need)
                 }
                 plans[consumer] = Plan(
                     consumer=consumer,
-                    target=frozenset(range(partitions[consumer])) - unreadable,
-                    release=frozenset(owned_here & unreadable),
+                    target=frozenset(range(partitions[consumer])) - set(unreadable),
+                    release=frozenset(owned_here & set(unreadable)),
+                    waiting_for=_unreadable(unreadable),
                 )
             else:
                 plans[consumer] = Plan(
                     consumer=consumer, target=frozenset(), release=frozenset(owned_here)
                 )
     return plans
+
+
+def _reads(
+    me: str,
+    live: Sequence[InstanceRow],
+    my_reads: Mapping[str, Mapping[str, int]] | None,
+    consumer: str,
+) -> dict[str, Mapping[str, int]]:
+    """What each member reads of ``consumer``: published by the others, known here for ``me``."""
+    reads = {i.id: reads_of(i, consumer) for i in live}
+    reads[me] = (my_reads or {}).get(consumer, {})
+    return reads
+
+
+def _unreadable(unreadable: Mapping[int, Need]) -> str | None:
+    """Why a single-owner consumer's elected instance applies nothing: a partition waits
+    for a newer declaration than any of its members has."""
+    if not unreadable:
+        return None
+    partition, need = min(unreadable.items())
+    return f"its partition {partition} {describe(need)}, which no instance running it has"

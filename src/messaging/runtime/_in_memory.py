@@ -13,9 +13,10 @@ import threading
 import traceback
 from typing import Any, ClassVar
 
-from messaging._errors import OperationError
+from messaging._errors import OperationError, UnknownPayloadVersion
 from messaging._messages import Envelope
 from messaging._states import CopyState
+from messaging.distribution._needs import describe
 from messaging.runtime._context import HandlerContext
 from messaging.runtime._failures import last_frames
 from messaging.runtime._poison import Poison
@@ -45,6 +46,10 @@ class InMemoryWorker(Worker):
     """Where the handler failed (the last frames of its traceback), while halted."""
     halted_message: dict[str, Any] | None = None
     """The poison message's position, type and error, while halted."""
+    waiting: dict[str, Any] | None = None
+    """The message newer than this code's declarations it stopped before (position, type,
+    version, reason): never applied, skipped or halted at; instances with a newer
+    declaration apply it in their own copies."""
 
     @property
     def target(self) -> Any:
@@ -53,7 +58,7 @@ class InMemoryWorker(Worker):
 
     def poll(self) -> int:
         """Apply the next batch to the in-memory state; return how many were applied."""
-        if self.halted is not None:
+        if self.halted is not None or self.waiting is not None:
             return 0
         with self.db.read() as conn:
             rows = self.store.read_batch(
@@ -75,10 +80,29 @@ class InMemoryWorker(Worker):
             try:
                 self.dispatcher.apply(rows[index : index + 1], ctx, self.spec.partitions)
             except Poison as poison:
-                self._halt(poison)
+                if isinstance(poison.error, UnknownPayloadVersion):
+                    self._wait(poison.row[POSITION], poison.error)
+                else:
+                    self._halt(poison)
                 return index
             self.position = row[POSITION]
         return len(rows)
+
+    def _wait(self, position: int, error: UnknownPayloadVersion) -> None:
+        reason = describe((error.type_name, error.version))
+        self.waiting = {
+            "position": position,
+            "type": error.type_name,
+            "version": error.version,
+            "reason": reason,
+        }
+        log.warning(
+            "in-memory consumer %s stops before position %d on this instance: it %s; only "
+            "instances with one apply it (to their own copies)",
+            self.spec.name,
+            position,
+            reason,
+        )
 
     def _halt(self, poison: Poison) -> None:
         position, type_name = poison.row[POSITION], poison.row[TYPE]
@@ -118,10 +142,13 @@ class InMemoryConsumer(InMemoryWorker):
 
     @property
     def state(self) -> str:
-        """``halted`` (at a poison message), ``paused`` or ``running``."""
+        """``halted`` (at a poison message), ``waiting`` (for a newer declaration),
+        ``paused`` or ``running``."""
         return (
             CopyState.HALTED
             if self.halted is not None
+            else CopyState.WAITING
+            if self.waiting is not None
             else CopyState.PAUSED
             if self.paused
             else CopyState.RUNNING
@@ -139,6 +166,8 @@ class InMemoryConsumer(InMemoryWorker):
             }
             if self.halted_message is not None:
                 entry["halted"] = {**self.halted_message, "trace": self.trace}
+            if self.waiting is not None:
+                entry["waiting"] = dict(self.waiting)
             return entry
 
     def pause(self) -> dict[str, Any]:
@@ -154,6 +183,12 @@ class InMemoryConsumer(InMemoryWorker):
         goes on right after it (never applied). Returns the halted message, if any."""
         with self._lock:
             halted = self.halted_message
+            if self.waiting is not None and (skip_poison or not self.paused):
+                raise InMemoryOperationError(
+                    f"{self.spec.name} waits here at position {self.waiting['position']}: it "
+                    f"{self.waiting['reason']}; it is never skipped (run an instance that has "
+                    "that declaration)"
+                )
             if skip_poison and halted is None:
                 raise InMemoryOperationError(
                     f"{self.spec.name} has no halted message to skip past here"
@@ -172,5 +207,5 @@ class InMemoryConsumer(InMemoryWorker):
         with self._lock:
             self.dispatcher = self.dispatcher_class(self.spec, self.store.registry, self.db)
             self.position = 0
-            self.halted = self.trace = self.halted_message = None
+            self.halted = self.trace = self.halted_message = self.waiting = None
             return {}

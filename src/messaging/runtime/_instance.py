@@ -30,7 +30,7 @@ from messaging._overrides import check_overrides
 from messaging._settings import ConsumerGroupSettings, Distribution, Settings
 from messaging._states import DeclarationOutcome
 from messaging.distribution._membership import InstanceInfo, Membership
-from messaging.distribution._needs import readable
+from messaging.distribution._needs import published
 from messaging.distribution._ownership import Ownership
 from messaging.distribution._pulse import bump_generation
 from messaging.runtime._declarations import declare, tenant_fingerprint
@@ -157,7 +157,7 @@ class Instance:
                 runs[spec.name] = {
                     "distribution": distribution.value,
                     "fingerprint": self.fingerprints[spec.name],
-                    "reads": readable(self.registry, spec),  # (messaging.distribution._needs)
+                    **published(self.registry, spec),  # (messaging.distribution._needs)
                 }
         self.info = attrs.evolve(self.info, id=self.id, name=self.name, runs=runs)
         if loops:  # a liveness signal its peers watch (none for an instance driven by hand)

@@ -66,6 +66,9 @@ class Worker:
         self.pulsed = False
         """Set by the instance whose pulse wakes this worker: then an idle worker waits for
         :meth:`wake` instead of polling every ``idle-poll-interval``."""
+        self.needed: frozenset[int] = frozenset()
+        """The partitions whose rows record what a newer payload needs, as the last
+        rebalance round read them (``messaging.distribution._needs``)."""
         self._news = threading.Event()
         self._retired = threading.Event()
 

@@ -86,11 +86,12 @@ class Rebalancer:
             live = [i for i in members if i.live and not i.stopping]
             units = unit_rows(inst.db, conn, inst.units.specs())
         inst.units.sync(units)  # the workers of the consumers to apply here
+        read_at = time.monotonic()
         with inst.db.read() as conn:
             rows = inst.ownership.partitions(conn, sorted(inst.workers))
             head = inst.store.head(conn)
         read_seconds = time.perf_counter() - started
-        moved = self._round(live, rows, units)
+        moved = self._round(live, rows, units, read_at)
         inst.hooks.projections_rebalanced(
             instance_id=inst.id,
             seconds=time.perf_counter() - started,
@@ -161,8 +162,10 @@ class Rebalancer:
         live: list[InstanceRow],
         rows: list[PartitionRow],
         units: list[UnitRow],
+        read_at: float,
     ) -> Moved:
-        """One round's decisions from the rows just read; returns what moved."""
+        """One round's decisions from the rows just read (from ``read_at``, monotonic);
+        returns what moved."""
         inst = self.instance
         claimed = released = 0
         specs = inst.units.specs()
@@ -189,6 +192,13 @@ class Rebalancer:
                 if row.status == PartitionStatus.HALTED:
                     halted[row.consumer].add(row.partition)
         needs = pending(rows)
+        for name, worker in inst.workers.items():  # left after the rows were read
+            worker.needed = frozenset(needs.get(name, {}))
+            for partition, (need, left_at) in list(worker.left.items()):
+                if left_at < read_at:
+                    worker.left.pop(partition, None)  # the rows hold the record
+                else:
+                    needs.setdefault(name, {})[partition] = need
         reads = {name: readable(inst.registry, w.spec) for name, w in inst.workers.items()}
         plans = plan(
             inst.id,

@@ -5,6 +5,7 @@ code leaves the partition to an instance that can read it."""
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping, Sequence
 from functools import partial
 from typing import TYPE_CHECKING
@@ -51,16 +52,27 @@ def leave_at(worker: ConsumerWorker, poison: Poison, claims: Mapping[int, Claim]
     """Stop before ``poison``, a payload newer than this code: record what its partition
     needs, release it to an instance that can read it (``distribution._needs``), say
     why once."""
-    claim = claims[partition_of(worker, poison)]
     error = poison.error
     assert isinstance(error, UnknownPayloadVersion)
-    if leave(worker.db, worker.spec.name, claim, worker.instance_id, error):
+    leave_partition(worker, claims[partition_of(worker, poison)], error)
+
+
+def leave_partition(
+    worker: ConsumerWorker,
+    claim: Claim,
+    error: UnknownPayloadVersion,
+    deadline: str | None = None,
+) -> None:
+    """Release ``claim``'s partition to an instance that can read what ``error`` names (at
+    a message's position, or a saga's ``deadline``), recording what it needs; say why."""
+    if leave(worker.db, worker.spec.name, claim, worker.instance_id, error, deadline):
+        worker.left[claim.partition] = ((error.type_name, error.version), time.monotonic())
         log.warning(
-            "consumer %s partition %d stops before position %s and is left to another "
-            "instance: it %s (instance %s)",
+            "consumer %s partition %d stops before %s and is left to another instance: it "
+            "%s (instance %s)",
             worker.spec.name,
             claim.partition,
-            error.position,
+            f"position {error.position}" if deadline is None else deadline,
             describe((error.type_name, error.version)),
             worker.instance_name,
         )

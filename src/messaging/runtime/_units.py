@@ -21,7 +21,7 @@ import attrs
 from messaging._consumers import ConsumerSpec
 from messaging._settings import Distribution, OnFailure
 from messaging._states import ConsumerState
-from messaging.distribution._needs import readable
+from messaging.distribution._needs import published
 from messaging.routing._outbox import Outbox
 from messaging.runtime._gate import VersionGate
 from messaging.runtime._lifecycle import lifecycle_event
@@ -82,7 +82,7 @@ class Units:
                         "distribution": inst.distributions[split_unit(unit)[0]].value,
                         "fingerprint": inst.fingerprints[split_unit(unit)[0]],
                         # what it can read (messaging.distribution._needs)
-                        "reads": readable(inst.registry, inst.workers[unit].spec),
+                        **published(inst.registry, inst.workers[unit].spec),
                     }
                     for unit in inst.workers
                 }

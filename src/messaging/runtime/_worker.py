@@ -96,6 +96,9 @@ class ConsumerWorker(Worker):
         """Called after a poll of a version being built near its end (see :meth:`poll`)."""
         self.parking: Parking | None = None  # on-failure: park-source: parked sources held
         self.apply_timeout: float | None = None  # apply-timeout: seconds a batch may take
+        self.left: dict[int, tuple[tuple[str, int], float]] = {}
+        """Partitions left for a newer declaration: what each needs, and when (monotonic).
+        A rebalance round that read the rows before that does not claim them back."""
         self.deadlines = ApplyDeadlines(f"instance {instance_name}")
         """Where the batches' deadlines are registered: the instance's watchdog's."""
 
