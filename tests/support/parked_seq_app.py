@@ -1,14 +1,15 @@
 """A projection for real-process parking tests: it records each message of a source as
 (source, seq) once (the primary key refuses a second apply) with its rank among the
 source's applied messages, and fails on a message marked ``poison`` while the file named by
-``PARKED_SEQ_BROKEN`` exists (deleting it "fixes" the handler). With
-``PARKED_SEQ_EFFECTS`` set, each message of source ``PARKED_SEQ_SLOW_SOURCE`` takes 50 ms
-and writes its seq to that file first (an effect outside the database)."""
+``PARKED_SEQ_BROKEN`` exists (deleting it "fixes" the handler). With ``PARKED_SEQ_BLOCK``
+set to ``SOURCE:SEQ``, the first time that message is handled the handler creates the file
+named by ``PARKED_SEQ_REACHED`` and never returns: the process is inside that message's
+transaction until a test kills it."""
 
 from __future__ import annotations
 
 import os
-import time
+import threading
 from pathlib import Path
 
 import attrs
@@ -52,11 +53,9 @@ class ParkedSeq:
         if step.poison and Path(os.environ["PARKED_SEQ_BROKEN"]).exists():
             raise ValueError(f"step {step.seq} of {ctx.envelope.source} is poison")
         source = ctx.envelope.source
-        effects = os.environ.get("PARKED_SEQ_EFFECTS")
-        if effects and source == os.environ.get("PARKED_SEQ_SLOW_SOURCE"):
-            with open(effects, "a", encoding="utf-8") as out:  # a slow effect outside
-                out.write(f"{step.seq}\n")
-            time.sleep(0.05)  # so that a kill lands inside its batch
+        if os.environ.get("PARKED_SEQ_BLOCK") == f"{source}:{step.seq}":
+            Path(os.environ["PARKED_SEQ_REACHED"]).touch()
+            threading.Event().wait()  # inside the transaction, until SIGKILL
         before = ctx.connection.execute(
             select(func.count()).select_from(applied).where(applied.c.source == source)
         ).scalar_one()
