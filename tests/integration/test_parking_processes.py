@@ -28,6 +28,18 @@ def read_model_metadata() -> list[MetaData]:
     return [app.metadata]
 
 
+@pytest.fixture
+def broken(db: Database, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The file whose existence makes the handler fail on poison (unlink it: fixed); the
+    read model's table created."""
+    path = tmp_path / "broken"
+    path.touch()
+    monkeypatch.setenv("PARKED_SEQ_BROKEN", str(path))
+    with db.transaction() as conn:
+        app.metadata.create_all(conn)
+    return path
+
+
 def _append(db: Database, steps: range, poison_at: int | None = None) -> None:
     store = MessageStore(db)
     with db.transaction() as conn:
@@ -68,14 +80,42 @@ def _exactly_once_in_order(db: Database, last: int) -> None:
     assert all(seq == rank for seq, rank in ranks)
 
 
-def test_a_poison_parks_its_source_survives_sigkill_and_retries_once_in_order(
-    db: Database, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def _retry_killed_then_finished(
+    db: Database, config: Path, broken: Path, names: tuple[str, str], *, block_at: int, held: int
 ) -> None:
-    broken = tmp_path / "broken"
-    broken.touch()
-    monkeypatch.setenv("PARKED_SEQ_BROKEN", str(broken))
-    with db.transaction() as conn:
-        app.metadata.create_all(conn)
+    """The first instance of ``names`` holds (or parks) the poisoned source's ``held``
+    messages; the handler is fixed and the source retried, the instance SIGKILLed inside
+    the retry (at seq ``block_at``); the second finishes the retry, then applies two more
+    seqs of every source: each source's messages once each, in their order."""
+    reached = config.parent / f"retrying-{names[0]}"
+    owner = start_instance(
+        config, names[0], "parked_seq_app", env=_blocking(POISONED, block_at, reached)
+    )
+    try:
+        wait_until(lambda: lag(db, "parked-seq") == 0, timeout=60, what=f"{names[0]} to hold")
+        assert _parked(config) == {POISONED: held}
+        broken.unlink()  # the handler is fixed
+        out = cli(config, "retry", "parked-seq", "--source", POISONED, "--reason", "fixed")
+        assert out == f"retrying 1 parked sources of parked-seq: {POISONED}\n"
+        wait_until(reached.exists, timeout=60, what="the retry's transaction")
+    finally:
+        owner.kill()
+        owner.wait(timeout=10)
+    assert _applied(db)[POISONED] == [1, 2, 3]
+    last = held + 3
+    finisher = start_instance(config, names[1], "parked_seq_app")
+    try:
+        wait_until(lambda: not _parked(config), timeout=60, what="the retry after the kill")
+        _append(db, range(last + 1, last + 3))
+        wait_until(lambda: lag(db, "parked-seq") == 0, timeout=60, what="the last batches")
+    finally:
+        assert stop_instance(finisher) == 0
+    _exactly_once_in_order(db, last + 2)
+
+
+def test_a_poison_parks_its_source_survives_sigkill_and_retries_once_in_order(
+    db: Database, tmp_path: Path, broken: Path
+) -> None:
     config = write_config(
         tmp_path / "config.yaml",
         db,
@@ -107,40 +147,16 @@ def test_a_poison_parks_its_source_survives_sigkill_and_retries_once_in_order(
         assert stop_instance(second) == 0
 
     # The retry: its owner is SIGKILLed inside it (at the seventh of its held messages).
-    reached = tmp_path / "reached"
-    third = start_instance(config, "k3", "parked_seq_app", env=_blocking(POISONED, 10, reached))
-    try:
-        wait_until(lambda: lag(db, "parked-seq") == 0, timeout=60, what="k3 to hold")
-        broken.unlink()  # the handler is fixed
-        out = cli(config, "retry", "parked-seq", "--source", POISONED, "--reason", "fixed")
-        assert out == f"retrying 1 parked sources of parked-seq: {POISONED}\n"
-        wait_until(reached.exists, timeout=60, what="the retry")
-    finally:
-        third.kill()
-        third.wait(timeout=10)
-    assert _applied(db)[POISONED] == [1, 2, 3]
-    fourth = start_instance(config, "k4", "parked_seq_app")
-    try:
-        wait_until(lambda: not _parked(config), timeout=60, what="the retry after the kill")
-        _append(db, range(24, 26))
-        wait_until(lambda: lag(db, "parked-seq") == 0, timeout=60, what="the last batches")
-    finally:
-        assert stop_instance(fourth) == 0
-    _exactly_once_in_order(db, 25)
+    _retry_killed_then_finished(db, config, broken, ("k3", "k4"), block_at=10, held=20)
 
 
 def test_an_instance_killed_while_parking_and_while_retrying_applies_each_once_in_order(
-    db: Database, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    db: Database, tmp_path: Path, broken: Path
 ) -> None:
     """SIGKILL inside the transaction that parks the poisoned source (at a message of
     another source after the poison, applied in the park's commit), then inside the retry:
     nothing of either is committed, the next instance parks and retries again, and every
     source's messages are applied once each in their order."""
-    broken = tmp_path / "broken"
-    broken.touch()
-    monkeypatch.setenv("PARKED_SEQ_BROKEN", str(broken))
-    with db.transaction() as conn:
-        app.metadata.create_all(conn)
     extra = "projections:\n  on-failure: park-source\n"
     config = write_config(tmp_path / "config.yaml", db, batch_size=200, extra=extra)
     neighbour = next(  # after the poisoned source in the appends, in its partition
@@ -160,40 +176,14 @@ def test_an_instance_killed_while_parking_and_while_retrying_applies_each_once_i
     assert _parked(config) == {}
     assert POISONED not in _applied(db) and neighbour not in _applied(db)
 
-    retrying = tmp_path / "retrying"
-    second = start_instance(config, "k2", "parked_seq_app", env=_blocking(POISONED, 8, retrying))
-    try:
-        wait_until(lambda: lag(db, "parked-seq") == 0, timeout=60, what="the park")
-        assert _parked(config) == {POISONED: 7}
-        assert _applied(db)[neighbour] == list(range(1, 11))
-        broken.unlink()
-        cli(config, "retry", "parked-seq", "--source", POISONED, "--reason", "fixed")
-        wait_until(retrying.exists, timeout=60, what="the retry's transaction")
-    finally:
-        second.kill()
-        second.wait(timeout=10)
-    assert _applied(db)[POISONED] == [1, 2, 3]
-
-    third = start_instance(config, "k3", "parked_seq_app")
-    try:
-        wait_until(lambda: not _parked(config), timeout=60, what="the retry after the kill")
-        _append(db, range(11, 13))
-        wait_until(lambda: lag(db, "parked-seq") == 0, timeout=60, what="the last batches")
-    finally:
-        assert stop_instance(third) == 0
-    _exactly_once_in_order(db, 12)
+    _retry_killed_then_finished(db, config, broken, ("k2", "k3"), block_at=8, held=7)
 
 
 def test_one_failing_source_more_than_max_parked_sources_halts_the_partition(
-    db: Database, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    db: Database, tmp_path: Path, broken: Path
 ) -> None:
     """With ``max-parked-sources: 1``, a second failing source of a partition halts it
     (status shows the halt and the parked source); other partitions go on."""
-    broken = tmp_path / "broken"
-    broken.touch()
-    monkeypatch.setenv("PARKED_SEQ_BROKEN", str(broken))
-    with db.transaction() as conn:
-        app.metadata.create_all(conn)
     extra = "projections:\n  on-failure: park-source\n  max-parked-sources: 1\n"
     config = write_config(tmp_path / "config.yaml", db, batch_size=7, extra=extra)
     first, second = [s for s in SOURCES if partition_of(s, 4) == partition_of(POISONED, 4)][:2]

@@ -6,17 +6,15 @@ applied once and each source in its order; and on a framework that does not reco
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import ClassVar
 
-import attrs
 import pytest
 from hypothesis import strategies as st
-from sqlalchemy import Column, Connection, Integer, MetaData, String, Table, func, insert, select
+from ranked_steps import SOURCES, Step, Steps, applied
+from sqlalchemy import Connection, select
 
-from messaging import HandlerContext, handler, message
 from messaging.runtime._parking import Parking
-from projections import projection
 from projections.testing import (
     Append,
     ClusterMachine,
@@ -27,75 +25,46 @@ from projections.testing import (
 )
 from projections.testing.plugin import RunMachine
 
-metadata = MetaData()
-ranks = Table(
-    "test_parking_kit",
-    metadata,
-    Column("source", String(16), primary_key=True),
-    Column("rank", Integer, primary_key=True, autoincrement=False),
-    Column("n", Integer, nullable=False),
-)
 
-
-@message("test-parking-kit.noted")
-@attrs.define(frozen=True)
-class Noted:
-    key: str
-    n: int
-
-
-@projection("parking-kit", topics="notes", partitions=2, tables=[ranks])
-class Notes:
-    """Each source's numbers in the order they were applied (its rank among its source's)."""
-
-    @handler
-    def noted(self, event: Noted, ctx: HandlerContext) -> None:
-        before = ctx.connection.execute(
-            select(func.count()).select_from(ranks).where(ranks.c.source == event.key)
-        ).scalar_one()
-        ctx.execute(insert(ranks), {"source": event.key, "rank": before + 1, "n": event.n})
-
-
-class NotesMachine(ParkingSteps, ClusterMachine):
-    consumers: ClassVar[Sequence[type]] = (Notes,)
+class StepsMachine(ParkingSteps, ClusterMachine):
+    consumers: ClassVar[Sequence[type]] = (Steps,)
     messages = messages_of(
-        Noted,
-        topic="notes",
+        Step,
+        topic="steps",
         source="key",
-        fields={"key": st.sampled_from(["a", "b", "c"]), "n": st.integers(0, 99)},
+        fields={
+            "key": st.sampled_from(SOURCES),
+            "seq": st.integers(0, 99),
+            "poison": st.just(False),
+        },
     )
-    poison_topics = ("notes",)
+    poison_topics = ("steps",)
     cluster_settings = simulation_settings(projections={"on-failure": "park-source"})
     battery = ()
 
     def expected(self, messages: Sequence[object]) -> object:
+        """Each source's seqs in the order appended."""
         found: dict[str, list[int]] = {}
-        for m in messages:
-            assert isinstance(m, Noted)
-            found.setdefault(m.key, []).append(m.n)
+        for step in messages:
+            assert isinstance(step, Step)
+            found.setdefault(step.key, []).append(step.seq)
         return found
 
     def actual(self, conn: Connection) -> object:
+        """Each source's seqs in the order applied."""
         found: dict[str, list[int]] = {}
-        for row in conn.execute(select(ranks).order_by(ranks.c.source, ranks.c.rank)):
-            found.setdefault(row.source, []).append(row.n)
+        rows = conn.execute(select(applied).order_by(applied.c.source, applied.c.rank))
+        for row in rows:
+            found.setdefault(row.source, []).append(row.seq)
         return found
 
 
-@pytest.fixture(autouse=True)
-def _quiet() -> Iterator[None]:
-    logger = logging.getLogger("messaging")
-    level = logger.level
-    logger.setLevel(logging.CRITICAL)
-    yield
-    logger.setLevel(level)
-
-
 def test_poisoned_sources_park_and_apply_once_in_order_after_retry(
-    run_machine: RunMachine, backend: str
+    run_machine: RunMachine, backend: str, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.CRITICAL, logger="messaging")
     examples = 20 if backend == "sqlite" else 8
-    run_machine(NotesMachine, machine_settings(max_examples=examples, steps=30))
+    run_machine(StepsMachine, machine_settings(max_examples=examples, steps=30))
 
 
 def test_a_park_never_recorded_is_caught(
@@ -104,10 +73,10 @@ def test_a_park_never_recorded_is_caught(
     """Broken: parks are not written; the next claim forgets them, and the poisoned
     message (fixed meanwhile) is never applied."""
     monkeypatch.setattr(Parking, "write", lambda self, conn, parks: None)
-    machine = NotesMachine(projections_database_url)
+    machine = StepsMachine(projections_database_url)
     try:
-        machine.append(Append("notes", "a", [Noted("a", 1)]))
-        machine.append_poisoned(Append("notes", "a", [Noted("a", 2), Noted("a", 3)]))
+        machine.append(Append("steps", "s0", [Step("s0", 1)]))
+        machine.append_poisoned(Append("steps", "s0", [Step("s0", 2), Step("s0", 3)]))
         machine.poll()
         machine.crash(0)
         machine.crash(0)
