@@ -5,13 +5,11 @@ instance to park, and halts its partition."""
 from __future__ import annotations
 
 import parked_saga_app as app
+from clusters import consumer_worker
 from parking_app import ME, claimed, drain, parked
 from sqlalchemy import select
 
-from messaging import Database, MessageStore, Settings
-from messaging._consumers import consumer_spec
-from messaging._messages import registry
-from messaging._plugins import create_plugin_manager
+from messaging import Database, MessageStore
 from messaging._states import PartitionStatus
 from messaging.distribution._ownership import Ownership
 from messaging.store._rows import partition_of
@@ -46,14 +44,6 @@ def test_a_saga_parks_an_instance_by_its_own_source_and_halts_on_another(db: Dat
 
 
 def create_worker(db: Database) -> SagaWorker:
-    worker = SagaWorker(
-        db=db,
-        spec=consumer_spec(Keyed),
-        instance_id=ME,
-        instance_name="me",
-        settings=Settings().messaging.consumer,
-        hooks=create_plugin_manager([], load_entrypoints=False).hook,
-        registry=registry,
-    )
+    worker: SagaWorker = consumer_worker(db, Keyed, instance_id=ME, worker_class=SagaWorker)
     claimed(db, worker)
     return worker
