@@ -47,7 +47,7 @@ class ConsumerKind:
     """A new declaration (or an operator) may reset it and replay its topics from the start."""
     parks: bool = False
     """``on-failure: park-source`` is supported (the parking key is the message's source:
-    a stream, a route consumer's key)."""
+    a stream, a route consumer's key; a saga's instance, see ``Dispatcher.parking_keys``)."""
     records_handled_ids: bool = False
     """It may keep an idempotency guard of handled message ids."""
     tables: Callable[[MetaData, str], Mapping[str, Table]] | None = None

@@ -12,7 +12,7 @@ from sagas._context import SagaContext
 from sagas._rows import Deadline, SagaRow
 
 if TYPE_CHECKING:
-    from sagas._worker import SagaDispatcher
+    from sagas._dispatch import SagaDispatcher
 
 
 class SagaBatch:

@@ -17,7 +17,8 @@ SAGA = register_kind(
         worker=SagaWorker,
         tables=saga_tables,
         hookspecs=hookspecs,
+        parks=True,
     )
 )
 """Sagas: applied in fenced batches with their states and deadlines; never rebuilt (a
-replay would repeat the commands they sent)."""
+replay would repeat the commands they sent); a failure may park its instance."""

@@ -246,9 +246,10 @@ class SagaStore:
             conn.execute(delete(d).where(*self._of_saga(d), or_(*matches)))
 
     def _due(
-        self, partitions: Sequence[Any], until: Any, now: Any = None
+        self, partitions: Sequence[Any], until: Any, now: Any = None, parked: Sequence[str] = ()
     ) -> list[ColumnElement[bool]]:
-        """Deadlines of ``partitions`` due now (and by ``until``, when given)."""
+        """Deadlines of ``partitions`` due now (and by ``until``, when given), but those of
+        the ``parked`` instances (they wait for a retry)."""
         d = self._deadlines
         where = [
             *self._of_saga(d),
@@ -259,17 +260,21 @@ class SagaStore:
         ]
         if until is not None:
             where.append(d.c.due_at <= until)
+        if parked:
+            where.append(d.c.saga_key.not_in(sorted(parked)))
         return where
 
-    def _due_statement(self, count: int, until: bool) -> CompoundSelect | Select[Any]:
+    def _due_statement(
+        self, count: int, until: bool, parked: Sequence[str] = ()
+    ) -> CompoundSelect | Select[Any]:
         """The query of :meth:`due` for ``count`` partitions, built once: ``UNION ALL`` of one
         range of the ``(tenant, saga, partition, due_at)`` index per partition, read in
         order up to its quota (parameters ``p<i>``, ``q<i>`` and ``until``), each deadline
         with its saga's stored row, after one row holding the database's time. Never a
         sort of the whole overdue backlog, as one ``ORDER BY due_at`` over several
-        partitions is."""
+        partitions is. Built anew (never kept) with ``parked`` instances left out."""
         shape = (count, until)
-        if shape not in self._due_statements:
+        if parked or shape not in self._due_statements:
             d = self._deadlines
             cut = bindparam("until", type_=d.c.due_at.type) if until else None
             now = cached_now(self.db.clock)  # a manual clock's is bound per read
@@ -291,18 +296,23 @@ class SagaStore:
             parts = [
                 select(*columns)
                 .select_from(joined)
-                .where(*self._due([bindparam(f"p{i}", type_=d.c.partition_no.type)], cut, now))
+                .where(
+                    *self._due([bindparam(f"p{i}", type_=d.c.partition_no.type)], cut, now, parked)
+                )
                 .order_by(d.c.due_at)
                 .limit(bindparam(f"q{i}", type_=Integer()))
                 for i in range(count)
             ]
             # The clock once, in a row of its own (no saga key), not once per deadline.
             clock_row = select(*[null()] * 3, clock, *[null()] * (len(columns) - 4))
+            statement: CompoundSelect
             if self.db.is_sqlite:  # no parenthesized parts there: each a subquery
-                subqueries = [q.subquery().select() for q in parts]
-                self._due_statements[shape] = union_all(clock_row, *subqueries)
+                statement = union_all(clock_row, *[q.subquery().select() for q in parts])
             else:  # parenthesized: MySQL streams them, no temporary tables
-                self._due_statements[shape] = union_all(clock_row, *parts)
+                statement = union_all(clock_row, *parts)
+            if parked:
+                return statement
+            self._due_statements[shape] = statement
         return self._due_statements[shape]
 
     def _due_params(self, quotas: Mapping[int, int], until: float | None) -> dict[str, Any]:
@@ -321,22 +331,28 @@ class SagaStore:
         return statement.params(self._due_params(quotas, until))
 
     def due(
-        self, conn: Connection, partitions: Sequence[int], limit: int, until: float | None = None
+        self,
+        conn: Connection,
+        partitions: Sequence[int],
+        limit: int,
+        until: float | None = None,
+        parked: Sequence[str] = (),
     ) -> Due:
         """Deadlines of ``partitions`` due now (and by ``until``), at most ``limit``, earliest
         first: of each partition its earliest ones (so of each saga instance, in due order),
         of the partitions in the same read an even share each; a share a partition leaves
         unused goes to those that filled theirs, in at most two more reads; the time of
         the first read that found any (the database's; 0.0 if none did), and the stored
-        rows of their saga instances, read with them."""
+        rows of their saga instances, read with them; none of the ``parked`` instances'."""
         quotas = dict.fromkeys(partitions, max(1, -(-limit // max(1, len(partitions)))))
         found: dict[int, list[Deadline]] = {}
         sagas: dict[str, SagaRow] = {}
         direct, now = _fastpath.sends_directly(conn), 0.0
         for _ in range(3):
             read: dict[int, list[Deadline]] = {p: [] for p in quotas}
-            statement = self._due_statement(len(quotas), until is not None)
-            rows = _fastpath.fetch(conn, statement, self._due_params(quotas, until), direct=direct)
+            statement = self._due_statement(len(quotas), until is not None, parked)
+            params = self._due_params(quotas, until)
+            rows = _fastpath.fetch(conn, statement, params, direct=direct and not parked)
             clock = 0.0
             for k, n, p, due, t, payload, shape, version, state, ended, state_version in rows:
                 if k is None:  # the clock's row
@@ -375,28 +391,33 @@ class SagaStore:
         return Due(deadlines=every[:limit], now=now, sagas=sagas)
 
     def any_due(
-        self, conn: Connection, partitions: Sequence[int], until: float | None = None
+        self,
+        conn: Connection,
+        partitions: Sequence[int],
+        until: float | None = None,
+        parked: Sequence[str] = (),
     ) -> bool:
-        """Whether any deadline of ``partitions`` is due now (and by ``until``). Unordered,
-        so it stops at the first due row it finds instead of sorting a backlog of them, as
-        ``due(..., 1)`` would."""
+        """Whether any deadline of ``partitions`` (but the ``parked`` instances') is due now
+        (and by ``until``). Unordered, so it stops at the first due row it finds instead of
+        sorting a backlog of them, as ``due(..., 1)`` would."""
         d = self._deadlines
-        found = conn.execute(select(d.c.due_at).where(*self._due(partitions, until)).limit(1))
+        where = self._due(partitions, until, parked=parked)
+        found = conn.execute(select(d.c.due_at).where(*where).limit(1))
         return found.first() is not None
 
     def next_due_in(
-        self, conn: Connection, partitions: Sequence[int], within: float
+        self, conn: Connection, partitions: Sequence[int], within: float, parked: Sequence[str] = ()
     ) -> float | None:
-        """Seconds until the earliest deadline of ``partitions`` falls due, if one does
-        within ``within`` seconds (None otherwise): an index range of that window only."""
+        """Seconds until the earliest deadline of ``partitions`` (but the ``parked``
+        instances') falls due, if one does within ``within`` seconds (None otherwise): an
+        index range of that window only."""
         d = self._deadlines
         now = self.db.clock.now()
+        where = [*self._of_saga(d), d.c.partition_no.in_(list(partitions))]
+        if parked:
+            where.append(d.c.saga_key.not_in(sorted(parked)))
         found = conn.execute(
-            select(func.min(d.c.due_at) - now).where(
-                *self._of_saga(d),
-                d.c.partition_no.in_(list(partitions)),
-                d.c.due_at <= now + within,
-            )
+            select(func.min(d.c.due_at) - now).where(*where, d.c.due_at <= now + within)
         ).scalar()
         return None if found is None else max(0.0, float(found))
 

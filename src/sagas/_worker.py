@@ -21,142 +21,27 @@ from functools import partial
 from typing import Any, TypeVar
 
 import attrs
-import cattrs.preconf.json
 from sqlalchemy import Connection
 
-from messaging._consumers import ConsumerSpec
 from messaging._errors import (
     CheckpointMoved,
     OwnershipLost,
     ProjectionsError,
-    RegistrationError,
     UnknownPayloadVersion,
 )
-from messaging._json import make_dumps
-from messaging._messages import Envelope, MessageRegistry, quick_decoder
+from messaging._messages import Envelope
 from messaging.distribution._needs import clear_deadline
 from messaging.distribution._ownership import Claim
 from messaging.runtime._context import HandlerContext
-from messaging.runtime._dispatch import Dispatcher, unreadable
 from messaging.runtime._poison import Poison
 from messaging.runtime._stops import halt_at, leave_partition
 from messaging.runtime._worker import ConsumerWorker
-from messaging.store._database import Database
 from messaging.store._retry import is_transient
-from messaging.store._rows import (
-    PAYLOAD,
-    PAYLOAD_VERSION,
-    POSITION,
-    TYPE,
-    StoredRow,
-    partition_in,
-)
-from sagas._batch import SagaBatch
-from sagas._options import STATE_UPCASTERS, saga_options, starts_saga, state_key
-from sagas._rows import Deadline, Due, SagaRow
-from sagas._states import state_readers
-from sagas._store import SagaStore
+from messaging.store._rows import StoredRow
+from sagas._dispatch import SagaDispatcher
+from sagas._rows import Deadline
 
 T = TypeVar("T")
-
-
-class SagaDispatcher(Dispatcher):
-    """Decodes a saga's messages and deadlines, and applies them to their saga instances."""
-
-    def __init__(self, spec: ConsumerSpec, registry: MessageRegistry, db: Database) -> None:
-        super().__init__(spec, registry, db)
-        self.options = saga_options(spec.cls)
-        self.store = SagaStore(db, spec.name, self.options.state_version)
-        self.converter = cattrs.preconf.json.make_converter()
-        self.dump_state = make_dumps()
-        """``converter.dumps`` of an unstructured state, without its per-call set-up."""
-        state_class = self.options.state
-        self.load_state = quick_decoder(
-            state_class, lambda payload, _position: self.converter.loads(payload, state_class)
-        )
-        """``converter.loads`` of a stored state (generated for a flat state class)."""
-        self.state_readers = state_readers(spec.name, self.options, self.converter)
-        """Per older stored state version, its decode function through the upcasters."""
-        self.starters: set[str] = set()
-        for cls, attribute in spec.handlers.items():
-            where = f"saga {spec.name!r}: handler {spec.cls.__qualname__}.{attribute}"
-            if spec.handler_arity[cls] != 2:
-                raise RegistrationError(f"{where} must take (self, message, ctx)")
-            if self.options.correlate_by not in {f.name for f in attrs.fields(cls)}:
-                raise RegistrationError(
-                    f"{where}: {cls.__qualname__} has no attribute "
-                    f"{self.options.correlate_by!r} to correlate it by"
-                )
-            if starts_saga(getattr(spec.cls, attribute)):
-                self.starters.add(registry.type_name(cls))
-        if not self.starters:
-            raise RegistrationError(
-                f"saga {spec.name!r} has no @start handler: nothing can start an instance"
-            )
-
-    def read_state(self, row: SagaRow) -> Any:
-        """The state of a stored instance: upcast if stored at an older version; never
-        decoded by guesswork if newer (UnknownPayloadVersion: its partition is left to an
-        instance that can read it)."""
-        assert row.state is not None
-        if row.state_version == self.options.state_version:
-            return self.load_state(row.state, None)
-        read = self.state_readers.get(row.state_version)
-        if read is None:  # a newer one (or none a chain leads from): the reason
-            key = (state_key(self.spec.name), row.state_version)
-            STATE_UPCASTERS.resolve(key, {key[0]: self.options.state_version})
-            raise AssertionError(key)  # pragma: no cover (it raised above)
-        return read(row.state, None)
-
-    def key_of(self, message: object) -> str:
-        """The saga instance a message belongs to."""
-        return str(getattr(message, self.options.correlate_by))
-
-    def apply(self, rows: Sequence[StoredRow], ctx: HandlerContext, partition_count: int) -> None:
-        """Apply ``rows`` to their saga instances and write the instances that changed."""
-        row: StoredRow | None = None
-        try:
-            messages = []
-            for row in rows:  # decoded by payload version (upcast if older)
-                decoders = self.handlers[row[TYPE]][0]
-                messages.append(decoders[row[PAYLOAD_VERSION]](row[PAYLOAD], row[POSITION]))
-            batch = SagaBatch(self, ctx)
-            batch.load(self.key_of(m) for m in messages)
-            for row, message in zip(rows, messages, strict=True):
-                ctx.position = row[POSITION]
-                batch.handle(self.key_of(message), message, self.current[row[TYPE]])
-            batch.write()
-        except Exception as exc:
-            if is_transient(exc) or row is None:
-                raise
-            exc = unreadable(self.registry, row, exc)
-            raise Poison(row, partition_in(row, partition_count), exc) from exc
-
-    def deliver(self, due: Due, ctx: HandlerContext) -> None:
-        """Take the ``due`` deadlines off the table and apply them at the time they were read
-        (the database's), to their saga instances as read with them."""
-        deadlines = due.deadlines
-        batch = SagaBatch(self, ctx, due.now)
-        batch.rows.update(due.sagas)
-        self.store.take(ctx.connection, deadlines)
-        for deadline in deadlines:
-            earlier = batch.instances.get(deadline.key)
-            if earlier is not None and (
-                deadline.name in earlier.cancelled or deadline.name in earlier.scheduled
-            ):
-                continue  # cancelled or moved by a deadline delivered just before it
-            decoders = self.handlers.get(deadline.type, (None, None))[0]
-            if decoders is None:
-                raise ProjectionsError(
-                    f"saga {self.spec.name!r} has no handler for deadline {deadline.name!r} "
-                    f"of type {deadline.type!r}"
-                )
-            ctx.cause = f"deadline\x1f{deadline.key}\x1f{deadline.name}\x1f{deadline.due_at!r}"
-            if deadline.payload_version >= len(decoders):  # newer than this code: the reason
-                self.registry.reader(deadline.type, deadline.payload_version)("", None)
-            message = decoders[deadline.payload_version](deadline.payload, None)
-            batch.handle(deadline.key, message, self.current[deadline.type])
-        batch.write()
 
 
 def _no_envelopes() -> dict[int, Envelope]:
@@ -235,12 +120,13 @@ class SagaWorker(ConsumerWorker):
         """Deliver one batch of the deadlines of the held partitions due now (behind a
         backlog: and by the time its last applied message was recorded); return how many.
         A deadline whose delivery fails halts its partition, as a poison message does; the
-        others are delivered."""
+        others are delivered. Those of a parked instance wait until it is retried."""
         self._wake_at = None
         claims = self.held_claims()
         if not claims:
             return 0
         dispatcher = self.dispatcher
+        parked = () if self.parking is None else tuple(sorted(self.parking.held(claims)))
         until = None
         more, self._more_due = self._more_due, False
         if behind_backlog or not more:  # after a full batch, the delivery's own read tells
@@ -250,16 +136,16 @@ class SagaWorker(ConsumerWorker):
                     until = self.store.recorded_at(conn, applied_through)
                     if until is None:
                         return 0
-                if not dispatcher.store.any_due(conn, sorted(claims), until):
+                if not dispatcher.store.any_due(conn, sorted(claims), until, parked):
                     if until is None:
                         wait = dispatcher.store.next_due_in(
-                            conn, sorted(claims), self.settings.idle_poll_interval
+                            conn, sorted(claims), self.settings.idle_poll_interval, parked
                         )
                         self._wake_at = None if wait is None else time.monotonic() + wait
                     return 0
         with self._limiter:
             try:
-                delivered, now = self._retried(lambda: self._deliver(claims, until), claims)
+                delivered, now = self._retried(lambda: self._deliver(claims, until, parked), claims)
             except OwnershipLost as lost:
                 self._lose(lost.partitions)
                 return 0
@@ -269,7 +155,7 @@ class SagaWorker(ConsumerWorker):
             except Exception as exc:
                 if is_transient(exc):
                     raise
-                delivered, now = self._deliver_one_by_one(claims, until)
+                delivered, now = self._deliver_one_by_one(claims, until, parked)
         self._more_due = len(delivered) >= self.settings.batch_size
         if delivered:
             self.hooks.projections_deadlines_delivered(
@@ -287,13 +173,18 @@ class SagaWorker(ConsumerWorker):
         return self._retry_commit(action, claims, f"deliver deadlines of {self.spec.name}")
 
     def _deliver(
-        self, claims: dict[int, Claim], until: float | None, only: Deadline | None = None
+        self,
+        claims: dict[int, Claim],
+        until: float | None,
+        parked: Sequence[str],
+        only: Deadline | None = None,
     ) -> tuple[list[Deadline], float]:
-        """In one fenced transaction: read the due deadlines (or just ``only``, if still
-        due), deliver them, commit."""
+        """In one fenced transaction: read the due deadlines but the ``parked`` instances'
+        (or just ``only``, if still due), deliver them, commit."""
         dispatcher = self.dispatcher
+        size = self.settings.batch_size
         with self.db.transaction(consumer=self.spec.name) as conn:
-            due = dispatcher.store.due(conn, sorted(claims), self.settings.batch_size, until)
+            due = dispatcher.store.due(conn, sorted(claims), size, until, parked)
             if only is not None:
                 due = attrs.evolve(due, deadlines=[d for d in due.deadlines if d == only])
             if not due.deadlines:
@@ -308,13 +199,15 @@ class SagaWorker(ConsumerWorker):
             return due.deadlines, due.now
 
     def _deliver_one_by_one(
-        self, claims: dict[int, Claim], until: float | None
+        self, claims: dict[int, Claim], until: float | None, parked: Sequence[str]
     ) -> tuple[list[Deadline], float]:
         """After a failed batch: each due deadline in a transaction of its own; the one that
         fails halts its partition at the partition's checkpoint, with the reason."""
         dispatcher = self.dispatcher
         with self.db.read() as conn:
-            due = dispatcher.store.due(conn, sorted(claims), self.settings.batch_size, until)
+            due = dispatcher.store.due(
+                conn, sorted(claims), self.settings.batch_size, until, parked
+            )
         delivered: list[Deadline] = []
         now = 0.0
         for deadline in due.deadlines:
@@ -322,7 +215,9 @@ class SagaWorker(ConsumerWorker):
             if deadline.partition not in held:
                 continue  # its partition halted (or moved) meanwhile
             try:
-                done, now = self._retried(partial(self._deliver, held, until, deadline), held)
+                done, now = self._retried(
+                    partial(self._deliver, held, until, parked, deadline), held
+                )
             except OwnershipLost as lost:
                 self._lose(lost.partitions)
                 continue

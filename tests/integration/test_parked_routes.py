@@ -5,14 +5,11 @@ through a retry and a skip, and an at-least-once sender's duplicate is still han
 from __future__ import annotations
 
 import attrs
+from clusters import consumer_worker
 from parking_app import BROKEN, ME, claimed, drain, parked, reclaim
 from sqlalchemy import select
 
 from messaging import Database, HandlerContext, MessageStore, handler, message, route_consumer
-from messaging._consumers import consumer_spec
-from messaging._messages import registry
-from messaging._plugins import create_plugin_manager
-from messaging._settings import Settings
 from messaging.routing._consumer import IdempotentWorker
 from messaging.runtime._worker import ConsumerWorker
 from messaging.store._rows import partition_of
@@ -35,15 +32,7 @@ class Jobs:
 
 
 def _worker(db: Database) -> ConsumerWorker:
-    worker = IdempotentWorker(
-        db=db,
-        spec=consumer_spec(Jobs),
-        instance_id=ME,
-        instance_name="me",
-        settings=Settings().messaging.consumer,
-        hooks=create_plugin_manager([], load_entrypoints=False).hook,
-        registry=registry,
-    )
+    worker = consumer_worker(db, Jobs, instance_id=ME, worker_class=IdempotentWorker)
     return claimed(db, worker)
 
 

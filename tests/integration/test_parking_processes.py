@@ -1,7 +1,8 @@
 """Real processes: a poison message parks its source while every other source flows; the
-parked source survives a SIGKILL of its owner, and a retry from the CLI, whose owner is
-SIGKILLed inside it, applies its held messages exactly once each, in their original order
-(checked per source against its sequence), on both backends."""
+parked source survives a SIGKILL of its owner, an owner SIGKILLed inside the park's
+transaction commits nothing of it, and a retry from the CLI, whose owner is SIGKILLed
+inside it, applies its held messages exactly once each, in their original order (checked
+per source against its sequence), on both backends."""
 
 from __future__ import annotations
 
@@ -27,6 +28,18 @@ def read_model_metadata() -> list[MetaData]:
     return [app.metadata]
 
 
+@pytest.fixture
+def broken(db: Database, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The file whose existence makes the handler fail on poison (unlink it: fixed); the
+    read model's table created."""
+    path = tmp_path / "broken"
+    path.touch()
+    monkeypatch.setenv("PARKED_SEQ_BROKEN", str(path))
+    with db.transaction() as conn:
+        app.metadata.create_all(conn)
+    return path
+
+
 def _append(db: Database, steps: range, poison_at: int | None = None) -> None:
     store = MessageStore(db)
     with db.transaction() as conn:
@@ -41,14 +54,57 @@ def _parked(config: Path) -> dict[str, int]:
     return {e["source"]: e["count"] for e in report["parked"]}
 
 
-def test_a_poison_parks_its_source_survives_sigkill_and_retries_once_in_order(
-    db: Database, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def _blocking(source: str, seq: int, reached: Path) -> dict[str, str]:
+    """The environment of an instance whose handler stops for good inside the transaction
+    that first handles ``source``'s message ``seq``, once it has created ``reached``."""
+    return {"PARKED_SEQ_BLOCK": f"{source}:{seq}", "PARKED_SEQ_REACHED": str(reached)}
+
+
+def _exactly_once_in_order(db: Database, last: int) -> None:
+    """Every source's seqs 1..``last`` applied once each (the primary key refuses a second
+    apply), each as the seq-th of its source."""
+    assert app.applied_seqs(db) == {s: list(range(1, last + 1)) for s in SOURCES}
+    with db.read() as conn:
+        ranks = conn.execute(select(app.applied.c.seq, app.applied.c.rank)).all()
+    assert all(seq == rank for seq, rank in ranks)
+
+
+def _retry_killed_then_finished(
+    db: Database, config: Path, broken: Path, names: tuple[str, str], *, block_at: int, held: int
 ) -> None:
-    broken = tmp_path / "broken"
-    broken.touch()
-    monkeypatch.setenv("PARKED_SEQ_BROKEN", str(broken))
-    with db.transaction() as conn:
-        app.metadata.create_all(conn)
+    """The first instance of ``names`` holds (or parks) the poisoned source's ``held``
+    messages; the handler is fixed and the source retried, the instance SIGKILLed inside
+    the retry (at seq ``block_at``); the second finishes the retry, then applies two more
+    seqs of every source: each source's messages once each, in their order."""
+    reached = config.parent / f"retrying-{names[0]}"
+    owner = start_instance(
+        config, names[0], "parked_seq_app", env=_blocking(POISONED, block_at, reached)
+    )
+    try:
+        wait_until(lambda: lag(db, "parked-seq") == 0, timeout=60, what=f"{names[0]} to hold")
+        assert _parked(config) == {POISONED: held}
+        broken.unlink()  # the handler is fixed
+        out = cli(config, "retry", "parked-seq", "--source", POISONED, "--reason", "fixed")
+        assert out == f"retrying 1 parked sources of parked-seq: {POISONED}\n"
+        wait_until(reached.exists, timeout=60, what="the retry's transaction")
+    finally:
+        owner.kill()
+        owner.wait(timeout=10)
+    assert app.applied_seqs(db)[POISONED] == [1, 2, 3]
+    last = held + 3
+    finisher = start_instance(config, names[1], "parked_seq_app")
+    try:
+        wait_until(lambda: not _parked(config), timeout=60, what="the retry after the kill")
+        _append(db, range(last + 1, last + 3))
+        wait_until(lambda: lag(db, "parked-seq") == 0, timeout=60, what="the last batches")
+    finally:
+        assert stop_instance(finisher) == 0
+    _exactly_once_in_order(db, last + 2)
+
+
+def test_a_poison_parks_its_source_survives_sigkill_and_retries_once_in_order(
+    db: Database, tmp_path: Path, broken: Path
+) -> None:
     config = write_config(
         tmp_path / "config.yaml",
         db,
@@ -79,45 +135,44 @@ def test_a_poison_parks_its_source_survives_sigkill_and_retries_once_in_order(
     finally:
         assert stop_instance(second) == 0
 
-    # The retry: its owner is SIGKILLed inside it (its slow effects half done).
-    effects = tmp_path / "effects.txt"
-    effects.touch()
-    slow = {"PARKED_SEQ_EFFECTS": str(effects), "PARKED_SEQ_SLOW_SOURCE": POISONED}
-    third = start_instance(config, "k3", "parked_seq_app", env=slow)
+    # The retry: its owner is SIGKILLed inside it (at the seventh of its held messages).
+    _retry_killed_then_finished(db, config, broken, ("k3", "k4"), block_at=10, held=20)
+
+
+def test_an_instance_killed_while_parking_and_while_retrying_applies_each_once_in_order(
+    db: Database, tmp_path: Path, broken: Path
+) -> None:
+    """SIGKILL inside the transaction that parks the poisoned source (at a message of
+    another source after the poison, applied in the park's commit), then inside the retry:
+    nothing of either is committed, the next instance parks and retries again, and every
+    source's messages are applied once each in their order."""
+    extra = "projections:\n  on-failure: park-source\n"
+    config = write_config(tmp_path / "config.yaml", db, batch_size=200, extra=extra)
+    neighbour = next(  # after the poisoned source in the appends, in its partition
+        s
+        for s in SOURCES[SOURCES.index(POISONED) + 1 :]
+        if partition_of(s, 4) == partition_of(POISONED, 4)
+    )
+    _append(db, range(1, 11), poison_at=4)  # one batch per partition
+
+    parking = tmp_path / "parking"
+    first = start_instance(config, "k1", "parked_seq_app", env=_blocking(neighbour, 4, parking))
     try:
-        wait_until(lambda: lag(db, "parked-seq") == 0, timeout=60, what="k3 to hold")
-        broken.unlink()  # the handler is fixed
-        out = cli(config, "retry", "parked-seq", "--source", POISONED, "--reason", "fixed")
-        assert out == f"retrying 1 parked sources of parked-seq: {POISONED}\n"
-        wait_until(lambda: len(effects.read_text().split()) >= 5, timeout=60, what="the retry")
+        wait_until(parking.exists, timeout=60, what="the park's transaction")
     finally:
-        third.kill()
-        third.wait(timeout=10)
-    assert app.applied_seqs(db)[POISONED] == [1, 2, 3], "the kill did not land inside the retry"
-    fourth = start_instance(config, "k4", "parked_seq_app")
-    try:
-        wait_until(lambda: not _parked(config), timeout=60, what="the retry after the kill")
-        _append(db, range(24, 26))
-        wait_until(lambda: lag(db, "parked-seq") == 0, timeout=60, what="the last batches")
-    finally:
-        assert stop_instance(fourth) == 0
-    # Exactly once (the primary key refuses a second apply) and in each source's order.
-    assert app.applied_seqs(db) == {s: list(range(1, 26)) for s in SOURCES}
-    with db.read() as conn:
-        ranks = conn.execute(select(app.applied.c.seq, app.applied.c.rank)).all()
-    assert all(seq == rank for seq, rank in ranks)
+        first.kill()
+        first.wait(timeout=10)
+    assert _parked(config) == {}
+    assert POISONED not in app.applied_seqs(db) and neighbour not in app.applied_seqs(db)
+
+    _retry_killed_then_finished(db, config, broken, ("k2", "k3"), block_at=8, held=7)
 
 
 def test_one_failing_source_more_than_max_parked_sources_halts_the_partition(
-    db: Database, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    db: Database, tmp_path: Path, broken: Path
 ) -> None:
     """With ``max-parked-sources: 1``, a second failing source of a partition halts it
     (status shows the halt and the parked source); other partitions go on."""
-    broken = tmp_path / "broken"
-    broken.touch()
-    monkeypatch.setenv("PARKED_SEQ_BROKEN", str(broken))
-    with db.transaction() as conn:
-        app.metadata.create_all(conn)
     extra = "projections:\n  on-failure: park-source\n  max-parked-sources: 1\n"
     config = write_config(tmp_path / "config.yaml", db, batch_size=7, extra=extra)
     first, second = [s for s in SOURCES if partition_of(s, 4) == partition_of(POISONED, 4)][:2]

@@ -415,7 +415,7 @@ def test_a_saga_whose_state_version_has_no_upcaster_is_refused(db: Database) -> 
     from messaging import RegistrationError
     from messaging._messages import registry
     from sagas import saga, start
-    from sagas._worker import SagaDispatcher
+    from sagas._dispatch import SagaDispatcher
 
     @saga(
         "shop-gap", topics="shop", correlate_by="order_id", state=shapes_app.Points, state_version=3

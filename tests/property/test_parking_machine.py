@@ -9,50 +9,15 @@ from __future__ import annotations
 from collections import Counter
 from contextlib import suppress
 
-import attrs
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
-from sqlalchemy import BigInteger, Column, Integer, MetaData, String, Table, func, insert, select
+from ranked_steps import FIXED, SOURCES, Step, Steps, applied
+from sqlalchemy import select
 
-from messaging import HandlerContext, OperationError, handler, message
+from messaging import OperationError
 from projections import _parked_ops as ops
-from projections import projection
-from projections.testing import open_cluster, simulation_settings
-
-SOURCES = ["s0", "s1", "s2", "s3"]
-metadata = MetaData()
-applied = Table(
-    "test_parking_machine",
-    metadata,
-    Column("source", String(16), nullable=False),
-    Column("seq", Integer, nullable=False),
-    Column("position", BigInteger, nullable=False),
-    Column("rank", Integer, nullable=False),
-)
-FIXED: set[tuple[str, int]] = set()
-"""Poisoned (source, seq) whose handler has been fixed."""
-
-
-@message("test-parking-machine.step")
-@attrs.define(frozen=True)
-class Step:
-    seq: int
-    poison: bool
-
-
-@projection("parking-machine", topics="steps", partitions=2, tables=[applied])
-class Steps:
-    @handler
-    def step(self, step: Step, ctx: HandlerContext) -> None:
-        source = ctx.envelope.source
-        if step.poison and (source, step.seq) not in FIXED:
-            raise ValueError(f"{source} #{step.seq} is poison")
-        before = ctx.connection.execute(
-            select(func.count()).select_from(applied).where(applied.c.source == source)
-        ).scalar_one()
-        row = {"source": source, "seq": step.seq, "position": ctx.envelope.position}
-        ctx.execute(insert(applied), {**row, "rank": before + 1})
+from projections.testing import open_cluster, retry_parked_sources, simulation_settings
 
 
 class ParkingMachine(RuleBasedStateMachine):
@@ -80,7 +45,7 @@ class ParkingMachine(RuleBasedStateMachine):
         steps = []
         for n in range(count):
             self.seqs[source] += 1
-            steps.append(Step(self.seqs[source], poison and n == 0))
+            steps.append(Step(source, self.seqs[source], poison and n == 0))
         positions = self.cluster.append("steps", source, steps)
         for position, step in zip(positions, steps, strict=True):
             self.steps[position] = (source, step.seq, step.poison)
@@ -154,14 +119,8 @@ class ParkingMachine(RuleBasedStateMachine):
         is applied once or recorded as skipped."""
         FIXED.update((s, seq) for s, seq, poison in self.steps.values() if poison)
         self.cluster.settle()
-        for _ in range(5):
-            if not ops.parked(self.db, "parking-machine")["parked"]:
-                break
-            with suppress(OperationError):  # all being retried already
-                ops.retry(self.db, "parking-machine", who="machine")
-            self.cluster.settle()
+        retry_parked_sources(self.cluster, ["parking-machine"])
         report = ops.parked(self.db, "parking-machine", skipped=True)
-        assert report["parked"] == []
         done = {position for _s, _seq, position, _r in self._applied()}
         skipped = {entry["position"] for entry in report["skipped"]}
         assert not done & skipped

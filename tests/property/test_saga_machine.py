@@ -109,7 +109,9 @@ def test_a_deadline_left_in_the_table_after_delivery_is_caught(
 
 def test_a_deadline_never_delivered_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     """Broken: the workers never see a deadline as due, so none is delivered."""
-    monkeypatch.setattr(SagaStore, "any_due", lambda self, conn, partitions, until=None: False)
+    monkeypatch.setattr(
+        SagaStore, "any_due", lambda self, conn, partitions, until=None, parked=(): False
+    )
     machine = TimersMachine()
     try:
         machine.append(Append("sim-timers", "timer-1", [TimerSet("timer-1", 1.0)]))

@@ -229,14 +229,15 @@ def consumer_worker(
     instance_id: str,
     instance_name: str | None = None,
     whole: bool = False,
+    worker_class: type | None = None,
 ) -> Any:
-    """A ConsumerWorker of one decorated consumer class, with default settings and no plugins
-    (``instance_name`` defaults to ``instance_id``)."""
+    """A ConsumerWorker (or a ``worker_class``) of one decorated consumer class, with default
+    settings and no plugins (``instance_name`` defaults to ``instance_id``)."""
     from messaging import Settings, create_plugin_manager
     from messaging._consumers import consumer_spec
     from messaging.runtime._worker import ConsumerWorker
 
-    return ConsumerWorker(
+    return (worker_class or ConsumerWorker)(
         db=db,
         spec=consumer_spec(consumer),
         instance_id=instance_id,

@@ -1,17 +1,19 @@
 """A projection for real-process parking tests: it records each message of a source as
 (source, seq) once (the primary key refuses a second apply) with its rank among the
 source's applied messages, and fails on a message marked ``poison`` while the file named by
-``PARKED_SEQ_BROKEN`` exists (deleting it "fixes" the handler). With
-``PARKED_SEQ_EFFECTS`` set, each message of source ``PARKED_SEQ_SLOW_SOURCE`` takes 50 ms
-and writes its seq to that file first (an effect outside the database). A message of
-source ``$STUCK_SOURCE`` is stuck (apply-timeout tests): it writes the time it started to
-``$STUCK_STARTED``, then sleeps ``$STUCK_SECONDS`` in Python, or (``$STUCK_SQL`` set) runs
-a statement that does not end by itself (``SELECT SLEEP(600)`` on MySQL/MariaDB, an endless
-recursive query on SQLite) until something interrupts it."""
+``PARKED_SEQ_BROKEN`` exists (deleting it "fixes" the handler). With ``PARKED_SEQ_BLOCK``
+set to ``SOURCE:SEQ``, the first time that message is handled the handler creates the file
+named by ``PARKED_SEQ_REACHED`` and never returns: the process is inside that message's
+transaction until a test kills it. A message of source ``$STUCK_SOURCE`` is stuck
+(apply-timeout tests): it writes the time it started to ``$STUCK_STARTED``, then sleeps
+``$STUCK_SECONDS`` in Python, or (``$STUCK_SQL`` set) runs a statement that does not end by
+itself (``SELECT SLEEP(600)`` on MySQL/MariaDB, an endless recursive query on SQLite)
+until something interrupts it."""
 
 from __future__ import annotations
 
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -67,11 +69,9 @@ class ParkedSeq:
         source = ctx.envelope.source
         if source == os.environ.get("STUCK_SOURCE"):
             stuck(ctx)
-        effects = os.environ.get("PARKED_SEQ_EFFECTS")
-        if effects and source == os.environ.get("PARKED_SEQ_SLOW_SOURCE"):
-            with open(effects, "a", encoding="utf-8") as out:  # a slow effect outside
-                out.write(f"{step.seq}\n")
-            time.sleep(0.05)  # so that a kill lands inside its batch
+        if os.environ.get("PARKED_SEQ_BLOCK") == f"{source}:{step.seq}":
+            Path(os.environ["PARKED_SEQ_REACHED"]).touch()
+            threading.Event().wait()  # inside the transaction, until SIGKILL
         before = ctx.connection.execute(
             select(func.count()).select_from(applied).where(applied.c.source == source)
         ).scalar_one()

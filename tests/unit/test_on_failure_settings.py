@@ -32,6 +32,13 @@ def test_the_consumer_wins_over_its_section_which_wins_over_the_kind_default() -
     assert routing.on_failure_for("other", HALT) is HALT  # the kind's default
 
 
+def test_a_saga_may_park_its_instances() -> None:
+    settings = settings_from_mapping(
+        {"sagas": {"consumers": {"trip": {"on-failure": "park-source"}}}}
+    )
+    assert settings.group("sagas").on_failure_for("trip", HALT) is PARK
+
+
 def test_a_single_owner_consumer_halts_unless_configured_otherwise() -> None:
     settings = settings_from_mapping(
         {
@@ -55,10 +62,6 @@ def test_a_single_owner_consumer_halts_unless_configured_otherwise() -> None:
         (
             {"projections": {"on-failure": "park"}},
             "invalid value 'park', expected one of halt-partition, park-source",
-        ),
-        (
-            {"sagas": {"consumers": {"trip": {"on-failure": "park-source"}}}},
-            "sagas.consumers.trip.on-failure (park-source) is not supported",
         ),
         (
             {"projections": {"max-parked-sources": 0}},

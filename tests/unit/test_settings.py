@@ -791,6 +791,11 @@ def test_a_kind_brings_its_section_to_the_file(auditors: None) -> None:
     assert _problem_lines(_config_error(limited)) == [
         "audits.consumers.x.concurrency-limit (2) is not supported: auditors run in one lane"
     ]
+    parking = {"audits": {"consumers": {"x": {"on-failure": "park-source"}}}}
+    assert _problem_lines(_config_error(parking)) == [
+        "audits.consumers.x.on-failure (park-source) is not supported: audits halt their "
+        "partition on a failure"
+    ]
 
 
 def test_a_section_no_kind_registered_is_unknown() -> None:

@@ -86,6 +86,12 @@ class Dispatcher:
         """The stored type names read: those of the handled classes and the older names
         that reach them."""
 
+    def parking_keys(self, rows: Sequence[StoredRow]) -> Sequence[StoredRow]:
+        """``rows`` (read with their source) with the source of each replaced by the key it
+        parks under (``on-failure: park-source``): its source here; None for a message
+        that cannot park (its failure halts the partition), which is never held back."""
+        return rows
+
     def apply(self, rows: Sequence[StoredRow], ctx: HandlerContext, partition_count: int) -> None:
         """Decode and handle ``rows`` in order; raise the first failure as :class:`Poison`
         (a transient database error, or one refusing writes, as itself: the batch is

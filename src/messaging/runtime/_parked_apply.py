@@ -45,18 +45,21 @@ def held_back(rows: Sequence[StoredRow], held: Mapping[str, int]) -> list[Stored
 def with_sources(
     worker: ConsumerWorker, conn: Connection, rows: Sequence[StoredRow]
 ) -> Sequence[StoredRow]:
-    """``rows`` with their partition hash and source (looked up if read without)."""
-    if not rows or len(rows[0]) > SOURCE:
+    """``rows`` with their partition hash and the key each parks under (its source, looked
+    up if read without; see :meth:`Dispatcher.parking_keys`)."""
+    if not rows:
         return rows
-    envelopes = worker.store.envelopes(conn, [row[POSITION] for row in rows])
-    return [
-        (
-            *row[:PARTITION_HASH],
-            envelopes[row[POSITION]].partition_hash,
-            envelopes[row[POSITION]].source,
-        )
-        for row in rows
-    ]
+    if len(rows[0]) <= SOURCE:
+        envelopes = worker.store.envelopes(conn, [row[POSITION] for row in rows])
+        rows = [
+            (
+                *row[:PARTITION_HASH],
+                envelopes[row[POSITION]].partition_hash,
+                envelopes[row[POSITION]].source,
+            )
+            for row in rows
+        ]
+    return worker.dispatcher.parking_keys(rows)
 
 
 def park_sources(
@@ -89,7 +92,8 @@ def park_sources(
         row = rows[index]
         partition = row[PARTITION_HASH] % worker.spec.partitions
         parked = parking.count(partition) + sum(p.partition == partition for p in parks)
-        if parked >= parking.max_sources:
+        unparkable = row[SOURCE] is None  # tied to no key it could park under
+        if unparkable or parked >= parking.max_sources:
             lifecycle_event(
                 "park-escalated",
                 level=logging.WARNING,
@@ -97,7 +101,9 @@ def park_sources(
                 partition=partition,
                 instance=worker.instance_name,
                 parked=parked,
-                reason=f"{parked} sources are parked in it (max-parked-sources): it halts",
+                reason="the failing message has no key to park under: it halts"
+                if unparkable
+                else f"{parked} sources are parked in it (max-parked-sources): it halts",
             )
             if not parks:
                 return None
@@ -213,7 +219,11 @@ def _replay(worker: ConsumerWorker, parking: Parking, claim: Claim, source: Park
                     types=worker.dispatcher.type_names,
                 )
                 skipped = parking.skipped_positions(conn, source.source)
-                rows = [row for row in rows if (row[POSITION] in skipped) is only_skipped]
+                rows = [
+                    row
+                    for row in worker.dispatcher.parking_keys(rows)
+                    if row[SOURCE] == source.source and (row[POSITION] in skipped) is only_skipped
+                ]
                 todo = rows if cut is None else rows[:cut]
                 _apply(worker, conn, todo)
                 if only_skipped:  # applied now; one failing again stays skipped

@@ -37,6 +37,7 @@ from projections.testing.outcomes import (
     UnknownOutcome,
     unknown_outcome_error,
 )
+from projections.testing.parking import ParkingSteps, retry_parked_sources
 from projections.testing.payloads import (
     Golden,
     golden_payloads,
@@ -78,6 +79,7 @@ __all__ = [
     "Join",
     "LoseAck",
     "OutcomeLosingDatabase",
+    "ParkingSteps",
     "Pause",
     "PauseAndWake",
     "Poll",
@@ -104,6 +106,7 @@ __all__ = [
     "picks",
     "read_stored",
     "report_within",
+    "retry_parked_sources",
     "run_battery",
     "run_cluster_machine",
     "run_events",

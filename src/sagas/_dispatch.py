@@ -1,0 +1,153 @@
+"""Applying a saga's messages and deadlines to its instances: decoded, read once per
+batch, changed in memory by the handlers, written once (:class:`SagaDispatcher`).
+
+A saga parks its instance (``on-failure: park-source``): the parking key of a message is
+its correlation key, when that is also its source (its partition key), so the instance's
+messages and deadlines share one partition; a message of another source cannot park (its
+failure halts the partition) and is never held back (:meth:`SagaDispatcher.parking_keys`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+import cattrs.preconf.json
+
+from messaging._consumers import ConsumerSpec
+from messaging._errors import ProjectionsError, RegistrationError
+from messaging._json import make_dumps
+from messaging._messages import MessageRegistry, quick_decoder
+from messaging.runtime._context import HandlerContext
+from messaging.runtime._dispatch import Dispatcher, unreadable
+from messaging.runtime._poison import Poison
+from messaging.store._database import Database
+from messaging.store._retry import is_transient
+from messaging.store._rows import (
+    PAYLOAD,
+    PAYLOAD_VERSION,
+    POSITION,
+    SOURCE,
+    TYPE,
+    StoredRow,
+    partition_in,
+)
+from sagas._batch import SagaBatch
+from sagas._options import STATE_UPCASTERS, saga_options, starts_saga, state_key
+from sagas._rows import Due, SagaRow
+from sagas._states import state_readers
+from sagas._store import SagaStore
+
+
+class SagaDispatcher(Dispatcher):
+    """Decodes a saga's messages and deadlines, and applies them to their saga instances."""
+
+    def __init__(self, spec: ConsumerSpec, registry: MessageRegistry, db: Database) -> None:
+        super().__init__(spec, registry, db)
+        self.options = saga_options(spec.cls)
+        self.store = SagaStore(db, spec.name, self.options.state_version)
+        self.converter = cattrs.preconf.json.make_converter()
+        self.dump_state = make_dumps()
+        """``converter.dumps`` of an unstructured state, without its per-call set-up."""
+        state_class = self.options.state
+        self.load_state = quick_decoder(
+            state_class, lambda payload, _position: self.converter.loads(payload, state_class)
+        )
+        """``converter.loads`` of a stored state (generated for a flat state class)."""
+        self.state_readers = state_readers(spec.name, self.options, self.converter)
+        """Per older stored state version, its decode function through the upcasters."""
+        self.starters: set[str] = set()
+        for cls, attribute in spec.handlers.items():
+            where = f"saga {spec.name!r}: handler {spec.cls.__qualname__}.{attribute}"
+            if spec.handler_arity[cls] != 2:
+                raise RegistrationError(f"{where} must take (self, message, ctx)")
+            if self.options.correlate_by not in {f.name for f in attrs.fields(cls)}:
+                raise RegistrationError(
+                    f"{where}: {cls.__qualname__} has no attribute "
+                    f"{self.options.correlate_by!r} to correlate it by"
+                )
+            if starts_saga(getattr(spec.cls, attribute)):
+                self.starters.add(registry.type_name(cls))
+        if not self.starters:
+            raise RegistrationError(
+                f"saga {spec.name!r} has no @start handler: nothing can start an instance"
+            )
+
+    def read_state(self, row: SagaRow) -> Any:
+        """The state of a stored instance: upcast if stored at an older version; never
+        decoded by guesswork if newer (UnknownPayloadVersion: its partition is left to an
+        instance that can read it)."""
+        assert row.state is not None
+        if row.state_version == self.options.state_version:
+            return self.load_state(row.state, None)
+        read = self.state_readers.get(row.state_version)
+        if read is None:  # a newer one (or none a chain leads from): the reason
+            key = (state_key(self.spec.name), row.state_version)
+            STATE_UPCASTERS.resolve(key, {key[0]: self.options.state_version})
+            raise AssertionError(key)  # pragma: no cover (it raised above)
+        return read(row.state, None)
+
+    def key_of(self, message: object) -> str:
+        """The saga instance a message belongs to."""
+        return str(getattr(message, self.options.correlate_by))
+
+    def parking_keys(self, rows: Sequence[StoredRow]) -> Sequence[StoredRow]:
+        """``rows`` (read with their source) with the source of each replaced by None
+        unless it is also the message's correlation key (or the message cannot be
+        decoded): such a message is not tied to one parkable instance."""
+        keyed = []
+        for row in rows:
+            try:
+                decoders = self.handlers[row[TYPE]][0]
+                key = self.key_of(decoders[row[PAYLOAD_VERSION]](row[PAYLOAD], row[POSITION]))
+            except Exception:
+                key = None
+            keyed.append(row if key == row[SOURCE] else (*row[:SOURCE], None))
+        return keyed
+
+    def apply(self, rows: Sequence[StoredRow], ctx: HandlerContext, partition_count: int) -> None:
+        """Apply ``rows`` to their saga instances and write the instances that changed."""
+        row: StoredRow | None = None
+        try:
+            messages = []
+            for row in rows:  # decoded by payload version (upcast if older)
+                decoders = self.handlers[row[TYPE]][0]
+                messages.append(decoders[row[PAYLOAD_VERSION]](row[PAYLOAD], row[POSITION]))
+            batch = SagaBatch(self, ctx)
+            batch.load(self.key_of(m) for m in messages)
+            for row, message in zip(rows, messages, strict=True):
+                ctx.position = row[POSITION]
+                batch.handle(self.key_of(message), message, self.current[row[TYPE]])
+            batch.write()
+        except Exception as exc:
+            if is_transient(exc) or row is None:
+                raise
+            exc = unreadable(self.registry, row, exc)
+            raise Poison(row, partition_in(row, partition_count), exc) from exc
+
+    def deliver(self, due: Due, ctx: HandlerContext) -> None:
+        """Take the ``due`` deadlines off the table and apply them at the time they were read
+        (the database's), to their saga instances as read with them."""
+        deadlines = due.deadlines
+        batch = SagaBatch(self, ctx, due.now)
+        batch.rows.update(due.sagas)
+        self.store.take(ctx.connection, deadlines)
+        for deadline in deadlines:
+            earlier = batch.instances.get(deadline.key)
+            if earlier is not None and (
+                deadline.name in earlier.cancelled or deadline.name in earlier.scheduled
+            ):
+                continue  # cancelled or moved by a deadline delivered just before it
+            decoders = self.handlers.get(deadline.type, (None, None))[0]
+            if decoders is None:
+                raise ProjectionsError(
+                    f"saga {self.spec.name!r} has no handler for deadline {deadline.name!r} "
+                    f"of type {deadline.type!r}"
+                )
+            ctx.cause = f"deadline\x1f{deadline.key}\x1f{deadline.name}\x1f{deadline.due_at!r}"
+            if deadline.payload_version >= len(decoders):  # newer than this code: the reason
+                self.registry.reader(deadline.type, deadline.payload_version)("", None)
+            message = decoders[deadline.payload_version](deadline.payload, None)
+            batch.handle(deadline.key, message, self.current[deadline.type])
+        batch.write()
