@@ -7,6 +7,7 @@ node."""
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,11 @@ from shapes_tables import newer_sales, sales_count
 from sqlalchemy import select
 
 from messaging import Database, MessageStore
+from messaging._settings import ConflictRetrySettings
 from messaging.distribution._ownership import Ownership
+from messaging.store._retry import retry_transient
+
+CONFLICTS = ConflictRetrySettings(max_retries=20, max_delay=0.5)
 
 pytestmark = [pytest.mark.galera, pytest.mark.mysql, pytest.mark.multiprocess]
 
@@ -60,9 +65,19 @@ def test_a_newer_payload_written_through_one_node_is_left_by_an_older_instance_o
             what="the newer instance to take a share",
         )
         for round_ in range(4):  # both producers at once, through their own nodes
-            with newer_producer.transaction() as conn:
-                MessageStore(newer_producer).append_encoded(conn, newer_sales(4, first=4 * round_))
-            write_generations(old_producer, first=2 + round_)
+
+            def newer(first: int = 4 * round_) -> None:
+                with newer_producer.transaction() as conn:
+                    MessageStore(newer_producer).append_encoded(conn, newer_sales(4, first=first))
+
+            # a certification conflict between the two nodes' appends (1213) rolled back:
+            # retried, as an application appending through several nodes does
+            retry_transient(newer, CONFLICTS, what="the newer producer's append")
+            retry_transient(
+                partial(write_generations, old_producer, first=2 + round_),
+                CONFLICTS,
+                what="the older producer's append",
+            )
         wait_until(lambda: sales_count(nodes[1]) == 8 + 16 + 16, timeout=90, what="every sale")
         assert NEWER in logs["old-on-node0"].read_text()
         assert stop_instance(old) == 0
