@@ -17,6 +17,8 @@ import attrs
 from sqlalchemy.engine import make_url
 
 _PORT = re.compile(r"--port[= ](\d+)")
+Mark = tuple[dict[int, float], float]
+"""A server's CPU seconds at a moment: by thread, and whole."""
 
 
 def load_average() -> float:
@@ -76,6 +78,17 @@ class Server:
             for pid in self.pids
             for task in Path(f"/proc/{pid}/task").iterdir()
         }
+
+    def mark(self) -> Mark:
+        """Where the server's CPU seconds stand now, by thread and whole."""
+        return self.threads(), cpu_seconds(self.pids)
+
+    def since(self, mark: Mark) -> tuple[float, float]:
+        """CPU seconds since ``mark``: of the threads serving this database, of the whole."""
+        threads, whole = mark
+        now = self.threads()
+        ours = sum(now[t] - threads.get(t, 0.0) for t in self.serving() if t in now)
+        return ours, cpu_seconds(self.pids) - whole
 
     def serving(self) -> list[int]:
         """The threads serving a connection to the URL's database now."""
@@ -138,16 +151,14 @@ def measured(server: Server, own: Callable[[], float] = time.process_time) -> It
     e.g. ``lambda: cpu_seconds(pids)``) and the ``server``'s CPU seconds, its whole and
     those of its threads serving this database."""
     costs = Costs(load_before=load_average())
-    threads, whole = server.threads(), cpu_seconds(server.pids)
+    mark = server.mark()
     started, own_before = time.perf_counter(), own()
     try:
         yield costs
     finally:
         costs.wall = time.perf_counter() - started
         costs.own = own() - own_before
-        now = server.threads()
-        costs.server = sum(now[t] - threads.get(t, 0.0) for t in server.serving() if t in now)
-        costs.server_whole = cpu_seconds(server.pids) - whole
+        costs.server, costs.server_whole = server.since(mark)
         costs.load_after = load_average()
 
 
@@ -158,20 +169,19 @@ def spread(values: Sequence[float]) -> str:
     return f"{median:,.3g} (runs {min(values):,.3g}-{max(values):,.3g}, ±{half:.0f} %)"
 
 
-def cpu_ratio(
-    label: str, ours: Sequence[Costs], theirs: Sequence[Costs], count: int, unit: str
-) -> str:
-    """A line of CPU seconds per ``unit`` of the framework's runs and the baseline's (each
-    run's process time plus the server's), their ratio and spread, and the load."""
+def cpu_ratio(label: str, ours: Sequence[Costs], theirs: Sequence[Costs], unit: str) -> str:
+    """A line of the CPU µs per ``unit`` (each run's process time plus its server threads')
+    of the framework's runs and of a baseline's (``label``) run beside them, the ratio
+    baseline/framework of each pair (comparable to a throughput ratio), and the load."""
 
     def per(costs: Costs) -> float:
-        return (costs.own + costs.server) / count * 1e6
+        return (costs.own + costs.server) / costs.count * 1e6
 
     mine, base = [per(c) for c in ours], [per(c) for c in theirs]
-    ratios = [a / b for a, b in zip(mine, base, strict=True)]
+    pairs = [b / a for a, b in zip(mine, base, strict=True)]
     loads = [c.load_before for c in (*ours, *theirs)] + [c.load_after for c in (*ours, *theirs)]
     return (
-        f"  {label} CPU µs per {unit} (loop + server): framework {spread(mine)}, baseline "
-        f"{spread(base)}; ratio baseline/framework per pair {spread([1 / r for r in ratios])}; "
-        f"load average {min(loads):.2f}-{max(loads):.2f} on {os.cpu_count()} cores"
+        f"  CPU µs per {unit} (process + server threads): framework {spread(mine)}; {label} "
+        f"{spread(base)}\n  CPU ratio {label}/framework per pair: {spread(pairs)}; load "
+        f"average {min(loads):.2f}-{max(loads):.2f} on {os.cpu_count()} cores"
     )

@@ -31,10 +31,12 @@ import argparse
 import os
 import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -44,6 +46,7 @@ sys.path[:0] = [str(HERE.parent / "src"), str(HERE.parent / "tests" / "support")
 
 import attrs  # noqa: E402
 from clusters import wait_until  # noqa: E402
+from private_mariadb import PrivateMariaDB  # noqa: E402
 from sqlalchemy import event  # noqa: E402
 from sqlalchemy.engine import Engine  # noqa: E402
 
@@ -201,7 +204,7 @@ def append_calls(db: Database, count: int, first: int) -> float:
     messages = [
         NewMessage(
             topic=DESTINATION,
-            source=f"call-{n}",
+            source=f"call-{n}-{uuid.uuid4().hex}",  # random: CRC32 of "call-<n>" cycles
             type=type_name,
             payload=registry.encode(Call(n))[1],
         )
@@ -226,7 +229,7 @@ def waiting(setup: Setup) -> None:
     )
     first, base = 0, 0.0
     for size in args.sizes:
-        cluster = setup.cluster("10ms")
+        cluster = setup.cluster(None)  # the default intervals, as in production
         try:
             started(cluster, size)
             count = max(size * setup.lanes * WAITING_BATCH, int(size * per_instance * args.seconds))
@@ -243,11 +246,62 @@ def waiting(setup: Setup) -> None:
             raise BenchmarkFailure(f"{len(workers)} of {size} instances applied calls")
         rate = first_90(events, count, committed)
         base = base or rate / size
+        busy = sum(e["seconds"] for e in events)
+        lanes = size * setup.lanes * (max(e["t"] for e in events) - committed)
+        plain = plain_rate(size, setup.lanes, count, args.delay)
         print(
             f"  {size:>2} instance(s): {rate:>8,.0f} msg/s  ratio to linear "
-            f"{rate / (size * base):.2f} ({count} calls); {costs.describe()}",
+            f"{rate / (size * base):.2f}, to plain threads {rate / plain:.2f} ({count} calls; "
+            f"plain {plain:,.0f} msg/s); lanes busy {busy / lanes:.0%}, "
+            f"{busy / count * 1000:.1f} ms per call in a batch; {costs.describe()}",
             flush=True,
         )
+
+
+PLAIN = """
+import sys, threading, time
+calls, delay, lanes = int(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])
+print("ready", flush=True)
+sys.stdin.readline()
+def lane(n):
+    for _ in range(n):
+        time.sleep(delay)
+threads = [threading.Thread(target=lane, args=(calls // lanes + (k < calls % lanes),))
+           for k in range(lanes)]
+for t in threads: t.start()
+for t in threads: t.join()
+print(time.time(), flush=True)
+"""
+
+
+def plain_rate(size: int, lanes: int, count: int, delay: float) -> float:
+    """The machine's own ceiling for the same calls: ``size`` plain processes of ``lanes``
+    threads waiting ``delay`` per call, no framework, started together once all are up;
+    calls/s from the go to the last end."""
+    processes = [
+        subprocess.Popen(
+            [sys.executable, "-c", PLAIN, str(count // size), str(delay), str(lanes)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(size)
+    ]
+    try:
+        for process in processes:
+            assert process.stdout is not None and process.stdout.readline() == "ready\n"
+        go = time.time()
+        for process in processes:
+            assert process.stdin is not None
+            process.stdin.write("go\n")
+            process.stdin.flush()
+        ends = [float(p.communicate(timeout=600)[0]) for p in processes]
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    return size * (count // size) / (max(ends) - go)
 
 
 def applied(cluster: Cluster, since: float, count: int) -> list[dict[str, Any]]:
@@ -333,7 +387,9 @@ def idle_statements(
     pids = setup.pids(cluster)
     window = setup.args.window
     since = time.time()
-    with measured(Server(setup.db.url), lambda: cpu_seconds(pids)) as costs:
+    server = Server(setup.db.url)
+    connections = len(server.serving()) / size if server.pids else 0.0
+    with measured(server, lambda: cpu_seconds(pids)) as costs:
         before = statements(counts, pids)
         time.sleep(window)  # what is measured: the idle load over a stretch of time
         after = statements(counts, pids)
@@ -343,7 +399,8 @@ def idle_statements(
     print(
         f"many instances, {intervals} intervals: {size} idle instances: {per:.2f} "
         f"statements/s per instance (min {min(rates):.2f}, max {max(rates):.2f}; "
-        f"all {per * size:,.0f}/s); rebalance rounds {len(rounds)}, "
+        f"all {per * size:,.0f}/s; server connections per instance {connections:.1f}); "
+        f"rebalance rounds {len(rounds)}, "
         f"{_round_times(rounds)}; {costs.describe()}",
         flush=True,
     )
@@ -396,6 +453,10 @@ def run_backend(label: str, open_db: Any, tmp: Path, args: argparse.Namespace) -
             PARTS[part](Setup(db, tmp, args))
 
 
+def mysql_scratch(args: argparse.Namespace) -> Callable[[str], Any]:
+    return lambda _name: mysql_database(args.mysql_url)
+
+
 def _list(kind: Callable[[str], Any]) -> Callable[[str], list[Any]]:
     return lambda text: [kind(item) for item in text.split(",") if item]
 
@@ -405,6 +466,12 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     add = parser.add_argument
     add("--mysql-url", help="also on MySQL/MariaDB at this URL (a scratch database)")
     add("--no-sqlite", action="store_true", help="MySQL/MariaDB only")
+    add(
+        "--private-mariadb",
+        action="store_true",
+        help="instead of --mysql-url, a MariaDB server of this run's own (max-connections "
+        "4000: 64 instances need more connections than a default server allows)",
+    )
     add("--quick", action="store_true", help="small sizes: " + " ".join(QUICK))
     add("--parts", type=_list(str), default=list(PARTS), help="waiting,cpu,many")
     add("--sizes", type=_list(int), default=[1, 2, 4, 8, 16], help="waiting: instances")
@@ -435,8 +502,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             tmp = Path(tmp_dir)
             if not args.no_sqlite:
                 run_backend("sqlite", lambda name: sqlite_database(tmp, name), tmp, args)
-            if args.mysql_url:
-                run_backend("mysql", lambda _name: mysql_database(args.mysql_url), tmp, args)
+            if args.private_mariadb:
+                (tmp / "mariadb").mkdir()
+                private = PrivateMariaDB(tmp / "mariadb", args=["--max-connections=4000"])
+                private.start()
+                try:
+                    private.execute("CREATE DATABASE scale")
+                    args.mysql_url = private.url("scale")
+                    run_backend("mariadb (private)", mysql_scratch(args), tmp, args)
+                finally:
+                    private.stop()
+            elif args.mysql_url:
+                run_backend("mysql", mysql_scratch(args), tmp, args)
     except (BenchmarkFailure, AssertionError) as exc:
         print(f"BENCHMARK FAILED: {exc}", file=sys.stderr)
         return 1
