@@ -239,7 +239,9 @@ class Cluster:
         return killed
 
     def stop_all(self) -> None:
-        """SIGTERM every live instance at once, then wait for each (SIGKILL past 30 s)."""
+        """SIGTERM every live instance at once, then wait for each (SIGKILL past 30 s); an
+        instance that did not stop cleanly fails the benchmark, unless it is failing already
+        (in a ``finally``: its own error is the one to report)."""
         live = {n: p for n, p in self.processes.items() if p.poll() is None}
         for process in live.values():
             process.terminate()
@@ -253,7 +255,7 @@ class Cluster:
                 process.kill()
                 process.wait()
                 failed.append(f"{name} did not stop within 30 s of SIGTERM")
-        if failed:
+        if failed and sys.exc_info()[1] is None:
             raise BenchmarkFailure("; ".join(failed))
 
     def events(self, kind: str | None = None, since: float = 0.0) -> list[dict[str, Any]]:

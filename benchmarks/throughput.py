@@ -433,10 +433,10 @@ def measure(
             finally:
                 next(copies, None)
     rates = [[rate for rate, _costs in runs] for runs in results]
-    medians = [statistics.median(runs) for runs in rates]
+    medians = [statistics.median(each) for each in rates]
     print(f"{label}: {count} messages, batch {BATCH}, median of {RUNS} runs (results verified)")
-    for (name, _loop), runs, median in zip(loops, rates, medians, strict=True):
-        print(f"  {name + ':':<40} {median:>9,.0f} msg/s  runs {_fmt(runs)}")
+    for (name, _loop), each, median in zip(loops, rates, medians, strict=True):
+        print(f"  {name + ':':<40} {median:>9,.0f} msg/s  runs {_fmt(each)}")
     print(f"ratio framework/mirror loop: {medians[0] / medians[2]:.2f}")
     print(f"ratio framework/best hand-written: {medians[0] / medians[1]:.2f}", flush=True)
     pairs = [ours / theirs for ours, theirs in zip(rates[0], rates[1], strict=True)]
@@ -449,11 +449,11 @@ def _fmt(rates: Sequence[float]) -> str:
     return ", ".join(f"{r:,.0f}" for r in rates)
 
 
-def profile_framework(run: Callable[[], float]) -> None:
+def profile_framework(run: Callable[[], Run]) -> None:
     """One framework run under cProfile; the top 15 functions by own time, on stderr."""
     profiler = cProfile.Profile()
     profiler.enable()
-    rate = run()
+    rate, _costs = run()
     profiler.disable()
     out = io.StringIO()
     stats = pstats.Stats(profiler, stream=out)
