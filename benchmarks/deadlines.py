@@ -26,7 +26,10 @@ sagas' states in the same read, deletes the deadlines in one statement, writes t
 states from the version read in one statement (a multi-row upsert on MySQL), inserts
 the sent commands as one multi-row ``INSERT``, updates the partitions' rows guarded by
 epoch and checkpoint, and commits; every row count is checked. Framework and baseline
-runs alternate; the medians are printed with ``ratio framework/hand-written``. A saga
+runs alternate; the medians are printed with ``ratio framework/hand-written``, then
+each pair's ratio and its spread, and each run's CPU µs per deadline (the process's CPU
+time from the first round to the last delivery, plus the server threads serving it,
+:mod:`costs`) with their ratio and the load average. A saga
 is applied in one lane (in position order), like the baseline's single connection.
 
 **Lateness.** With an instance running, ``--lateness-deadlines`` (2,000) sagas are

@@ -19,7 +19,10 @@ Each run starts from a fresh copy of the seeded data (timed after a garbage coll
 so that no loop pays for the setup before it), and every run's read model and
 checkpoints are compared with a sequential ``ledger.replay`` of all messages; any
 difference fails the benchmark. Prints the median rate of each and, per backend,
-``ratio framework/best hand-written: X.XX`` (MySQL first when given, SQLite last); then
+``ratio framework/best hand-written: X.XX`` (MySQL first when given, SQLite last), the
+ratio of each interleaved pair and its spread, and each run's CPU µs per message (this
+process's CPU time plus the server threads serving it, :mod:`costs`) with their ratio,
+which a noisy machine moves far less than the rates; then
 ``cost per upcast message``: what decoding a payload stored a version earlier, through one
 upcaster, costs beyond a current one (the stream above is all current-version messages).
 ``--profile`` adds a cProfile summary of one framework run on stderr. ``--tenant T``
