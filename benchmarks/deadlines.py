@@ -26,7 +26,10 @@ sagas' states in the same read, deletes the deadlines in one statement, writes t
 states from the version read in one statement (a multi-row upsert on MySQL), inserts
 the sent commands as one multi-row ``INSERT``, updates the partitions' rows guarded by
 epoch and checkpoint, and commits; every row count is checked. Framework and baseline
-runs alternate; the medians are printed with ``ratio framework/hand-written``. A saga
+runs alternate; the medians are printed with ``ratio framework/hand-written``, then
+each pair's ratio and its spread, and each run's CPU µs per deadline (the process's CPU
+time from the first round to the last delivery, plus the server threads serving it,
+:mod:`costs`) with their ratio and the load average. A saga
 is applied in one lane (in position order), like the baseline's single connection.
 
 **Lateness.** With an instance running, ``--lateness-deadlines`` (2,000) sagas are
@@ -75,6 +78,7 @@ from sqlalchemy.engine import make_url
 
 import bench_mysql
 import messaging
+from costs import Costs, Mark, Server, cpu_ratio, load_average, measured, spread
 from messaging import Database, Instance, MessageStore, NewMessage, handler, hookimpl, message
 from messaging._config import settings_from_mapping
 from messaging._consumers import ConsumerSpec
@@ -155,7 +159,26 @@ class Probe:
 
     def __init__(self) -> None:
         self.changed = threading.Condition()
+        self.server = Server("sqlite://")
+        """The database server of the run (set before each), whose CPU is measured."""
         self.reset()
+
+    def costs(self, count: int) -> Costs:
+        """What the run cost from the first round to the last delivery (the server's until
+        now, the waiter having seen the last delivery)."""
+        if self.ready is None:
+            raise BenchmarkFailure("the instance never finished a rebalance round")
+        cpu, mark, load = self.ready
+        server, whole = self.server.since(mark)
+        return Costs(
+            own=self.last_cpu - cpu,
+            server=server,
+            server_whole=whole,
+            wall=self.last_delivery_at - (self.ready_at or 0.0),
+            load_before=load,
+            load_after=load_average(),
+            count=count,
+        )
 
     def reset(self) -> None:
         with self.changed:
@@ -164,12 +187,16 @@ class Probe:
             self.lateness: list[float] = []
             self.ready_at: float | None = None
             self.last_delivery_at = 0.0
+            self.ready: tuple[float, Mark, float] | None = None
+            """At the first round: this process's CPU time, the server's, the load."""
+            self.last_cpu = 0.0
 
     @hookimpl
     def projections_rebalanced(self, instance_id: str) -> None:
         with self.changed:
             if self.ready_at is None:
                 self.ready_at = time.perf_counter()
+                self.ready = (time.process_time(), self.server.mark(), load_average())
 
     @hookimpl
     def projections_batch_applied(self, consumer: str, count: int) -> None:
@@ -190,6 +217,7 @@ class Probe:
             self.delivered += count
             self.lateness.extend(lateness)
             self.last_delivery_at = now
+            self.last_cpu = time.process_time()
             self.changed.notify_all()
 
     def wait(self, done: Callable[[], bool], what: str) -> None:
@@ -285,6 +313,8 @@ def start_overdue_sagas(url: str, prefix: str, count: int, spec: ConsumerSpec, h
         )
 
 
+Run = tuple[float, Costs]
+"""Deadlines/s of one run, and what it cost."""
 Snapshot = tuple[list[dict[str, Any]], list[dict[str, Any]]]
 
 
@@ -365,22 +395,23 @@ def framework_run(
     count: int,
     spec: ConsumerSpec,
     hooks: Any,
-) -> float:
-    """Restore the overdue deadlines, start an instance; deadlines/s until all delivered."""
+) -> Run:
+    """Restore the overdue deadlines, start an instance; deadlines/s until all delivered,
+    and the costs from its first round to the last delivery."""
     db = Database(url, tenant=TENANT, table_prefix=prefix)
     try:
         restore(db, rows)
         PROBE.reset()
+        PROBE.server = Server(url)
         gc.collect()  # every run starts without the previous ones' garbage pending
         with running_instance(url, prefix, spec, hooks, 0.2):
             PROBE.wait(lambda: PROBE.delivered >= count, f"{count} deliveries")
-            ready_at, last_at, delivered = PROBE.ready_at, PROBE.last_delivery_at, PROBE.delivered
-        if ready_at is None:
-            raise BenchmarkFailure("the instance never finished a rebalance round")
+            costs = PROBE.costs(count)
+            delivered = PROBE.delivered
         verify(db, "framework", "t", count, delivered)
     finally:
         db.dispose()
-    return count / (last_at - ready_at)
+    return count / costs.wall, costs
 
 
 @attrs.define(kw_only=True)
@@ -579,14 +610,14 @@ class SqliteHandWritten(HandWritten):
         (last,) = cur.fetchone()
         return int(last) - count + 1
 
-    def run(self, path: str) -> tuple[int, float]:
+    def run(self, path: str) -> tuple[int, Costs]:
         con = sqlite3.connect(path, timeout=30.0, isolation_level=None)
         try:
             con.execute("PRAGMA journal_mode=WAL")
             con.execute("PRAGMA synchronous=NORMAL")
-            started = time.perf_counter()
-            delivered = self.loop(con.cursor())
-            return delivered, time.perf_counter() - started
+            with measured(Server("sqlite://")) as costs:
+                delivered = self.loop(con.cursor())
+            return delivered, costs
         finally:
             con.close()
 
@@ -624,31 +655,32 @@ class MysqlHandWritten(HandWritten):
         )
         return int(cur.lastrowid) - count + 1
 
-    def run(self, url: str) -> tuple[int, float]:
+    def run(self, url: str) -> tuple[int, Costs]:
         con = bench_mysql.connect(url)
         try:
             cur = con.cursor()
-            started = time.perf_counter()
-            delivered = self.loop(cur)
-            return delivered, time.perf_counter() - started
+            with measured(Server(url)) as costs:
+                delivered = self.loop(cur)
+            return delivered, costs
         finally:
             con.close()
 
 
-def hand_written_run(url: str, prefix: str, rows: Snapshot, count: int) -> float:
-    """Restore the overdue deadlines, run the hand-written loop; deadlines/s."""
+def hand_written_run(url: str, prefix: str, rows: Snapshot, count: int) -> Run:
+    """Restore the overdue deadlines, run the hand-written loop; deadlines/s, costs."""
     db = Database(url, tenant=TENANT, table_prefix=prefix)
     try:
         restore(db, rows)
         gc.collect()  # every run starts without the previous ones' garbage pending
         if db.is_sqlite:
-            delivered, elapsed = SqliteHandWritten(prefix).run(make_url(db.url).database or "")
+            delivered, costs = SqliteHandWritten(prefix).run(make_url(db.url).database or "")
         else:
-            delivered, elapsed = MysqlHandWritten(prefix).run(db.url)
+            delivered, costs = MysqlHandWritten(prefix).run(db.url)
         verify(db, "hand-written", "t", count, delivered)
     finally:
         db.dispose()
-    return count / elapsed
+    costs.count = count
+    return count / costs.wall, costs
 
 
 # -- driving ----------------------------------------------------------------------------
@@ -679,9 +711,9 @@ def measure(label: str, url: str, prefix: str, options: Options) -> None:
             raise BenchmarkFailure(f"setup stored {len(rows[1])} deadlines, not {count}")
     finally:
         db.dispose()
-    ours: list[float] = []
-    theirs: list[float] = []
-    for _ in range(options.runs):
+    ours: list[Run] = []
+    theirs: list[Run] = []
+    for _ in range(options.runs):  # interleaved: a passing load weighs on both alike
         ours.append(framework_run(url, prefix, rows, count, spec, hooks))
         theirs.append(hand_written_run(url, prefix, rows, count))
     lateness = [
@@ -693,11 +725,12 @@ def measure(label: str, url: str, prefix: str, options: Options) -> None:
 def report(
     label: str,
     options: Options,
-    ours: list[float],
-    theirs: list[float],
+    our_runs: list[Run],
+    their_runs: list[Run],
     lateness: list[Lateness],
 ) -> None:
     """The compact summary of one backend."""
+    ours, theirs = [r for r, _c in our_runs], [r for r, _c in their_runs]
     theirs_median = statistics.median(theirs)
     baseline = "sqlite3" if label == "sqlite" else "PyMySQL"
     print(
@@ -709,6 +742,13 @@ def report(
     what = f"hand-written {baseline} loop:"
     print(f"  {what:<28} {theirs_median:>8,.0f} deadlines/s  runs {_fmt(theirs)}")
     print(f"  ratio framework/hand-written: {statistics.median(ours) / theirs_median:.2f}")
+    pairs = [a / b for a, b in zip(ours, theirs, strict=True)]
+    print(f"  per run, framework/hand-written: {spread(pairs)}")
+    print(
+        cpu_ratio(
+            "hand-written", [c for _r, c in our_runs], [c for _r, c in their_runs], "deadline"
+        )
+    )
     pooled = [x for run in lateness for x in run.seconds]
     cuts = statistics.quantiles(pooled, n=100, method="inclusive")
     p50, p95, p99, worst = cuts[49], cuts[94], cuts[98], max(pooled)

@@ -87,6 +87,7 @@ from sqlalchemy import inspect, text  # noqa: E402
 from sqlalchemy.engine import make_url  # noqa: E402
 from sqlalchemy.exc import DBAPIError  # noqa: E402
 
+from costs import Costs, Server, cpu_seconds, measured  # noqa: E402
 from messaging import Database, MessageStore, NewMessage  # noqa: E402
 from messaging._config import settings_from_mapping  # noqa: E402
 from messaging._hookspecs import hookimpl  # noqa: E402
@@ -183,11 +184,20 @@ class Cluster:
         idle: str | None = "50ms",
         app: str = APP[0],
         extra: str = "",
+        consumer: str = CONSUMER,
+        probes: Sequence[str] = (),
+        timeout: float = 60.0,
     ) -> None:
         """``idle``: the sub-second test intervals with this idle-poll-interval; None: the
-        default settings. ``extra``: more of the configuration (YAML, top level)."""
+        default settings. ``extra``: more of the configuration (YAML, top level).
+        ``consumer``: the one whose events and owners are followed; ``probes``: more plugin
+        modules loaded into every instance; ``timeout``: seconds the cluster may take to
+        start and to balance (many processes on few cores take long)."""
+        self.timeout = timeout
         self.db = db
         self.app = app
+        self.consumer = consumer
+        self.probes = (APP[1], *probes)
         text_ = CONFIG.format(url=db.url, prefix=db.schema.prefix, batch=batch)
         if idle is not None:
             text_ += FAST.format(idle=idle)
@@ -210,7 +220,7 @@ class Cluster:
     def start(self) -> str:
         self._count += 1
         name = f"n{self._count}"
-        self.processes[name] = start_instance(self.config, name, self.app, APP[1])
+        self.processes[name] = start_instance(self.config, name, self.app, *self.probes)
         return name
 
     def stop(self, name: str) -> None:
@@ -229,13 +239,24 @@ class Cluster:
         return killed
 
     def stop_all(self) -> None:
-        for name, process in self.processes.items():
-            if process.poll() is None:
-                try:
-                    self.stop(name)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait()
+        """SIGTERM every live instance at once, then wait for each (SIGKILL past 30 s); an
+        instance that did not stop cleanly fails the benchmark, unless it is failing already
+        (in a ``finally``: its own error is the one to report)."""
+        live = {n: p for n, p in self.processes.items() if p.poll() is None}
+        for process in live.values():
+            process.terminate()
+        failed = []
+        for name, process in live.items():
+            self.gone.add(name)
+            try:
+                if process.wait(timeout=30) != 0:
+                    failed.append(f"{name} exited with {process.returncode} after SIGTERM")
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+                failed.append(f"{name} did not stop within 30 s of SIGTERM")
+        if failed and sys.exc_info()[1] is None:
+            raise BenchmarkFailure("; ".join(failed))
 
     def events(self, kind: str | None = None, since: float = 0.0) -> list[dict[str, Any]]:
         with open(self.events_path, encoding="utf-8") as stream:
@@ -245,13 +266,13 @@ class Cluster:
             for e in rows
             if (kind is None or e["event"] == kind)
             and e["t"] >= since
-            and e.get("consumer", CONSUMER) == CONSUMER
+            and e.get("consumer", self.consumer) == self.consumer
         ]
 
     def instance_id(self, name: str) -> str:
         found = wait_until(
             lambda: [e for e in self.events("started") if e["name"] == name],
-            timeout=60,
+            timeout=self.timeout,
             what=f"{name} to start",
         )
         return str(found[-1]["instance"])
@@ -260,7 +281,7 @@ class Cluster:
         """Partition → owner name, or None unless OWNED by a live instance."""
         self.check_alive()
         for entry in consumers_report(self.db, self.settings)["consumers"]:
-            if entry["name"] == CONSUMER:
+            if entry["name"] == self.consumer:
                 return {
                     p["partition"]: p["instance"] if p["state"] == OwnerState.OWNED else None
                     for p in entry["partitions"]
@@ -277,7 +298,7 @@ class Cluster:
             return current if owned and max(counts) - min(counts) <= 1 else None
 
         found: dict[int, str | None] = wait_until(
-            balanced, timeout=60, what=f"{list(names)} to share the partitions"
+            balanced, timeout=self.timeout, what=f"{list(names)} to share the partitions"
         )
         return found
 
@@ -488,6 +509,25 @@ def report_handovers(
 ) -> int:
     """Print each handover beside the reference's bound and the goal; return how many
     rows are over their goal."""
+    batch = max(times["batch"], default=0.0)
+    print(
+        f"handover, {label}: rebalance-interval {settings.rebalance_interval:g}s, "
+        f"stale-instance-timeout {settings.stale_instance_timeout:g}s, heartbeat-interval "
+        f"{settings.heartbeat_interval:g}s, idle-poll-interval {settings.idle_poll_interval:g}s, "
+        f"batch {settings.batch_size} (longest batch seen {batch:.3f}s); {rate:g} msg/s of "
+        f"traffic (read model verified)"
+    )
+    print("  join: the joiner's start (registered) -> its last claim; clean stop: the release")
+    print("  -> the last claim of those partitions; crash (freeze): the SIGKILL (SIGSTOP) -> the")
+    print("  last claim;")
+    print("  single-owner: the owner's release or SIGKILL -> the standby's first batch applied")
+    print("  after its last claim")
+    return print_handovers(settings, times)
+
+
+def print_handovers(settings: ConsumerSettings, times: dict[str, list[float]]) -> int:
+    """The table of :func:`report_handovers` (the kinds in ``times``, and ``batch``: the
+    batches' durations); how many rows are over their goal."""
     rebalance, stale = settings.rebalance_interval, settings.stale_instance_timeout
     batch = max(times["batch"], default=0.0)
     rows = {  # kind: (reference bound, what it is, goal, what it is)
@@ -498,21 +538,10 @@ def report_handovers(
     }
     rows["single-owner clean stop"] = rows["clean stop"]  # "within the same times"
     rows["single-owner crash"] = rows["crash"]
-    print(
-        f"handover, {label}: rebalance-interval {rebalance:g}s, stale-instance-timeout "
-        f"{stale:g}s, heartbeat-interval {settings.heartbeat_interval:g}s, idle-poll-interval "
-        f"{settings.idle_poll_interval:g}s, batch {settings.batch_size} (longest batch seen "
-        f"{batch:.3f}s); {rate:g} msg/s of traffic (read model verified)"
-    )
-    print("  join: the joiner's start (registered) -> its last claim; clean stop: the release")
-    print("  -> the last claim of those partitions; crash (freeze): the SIGKILL (SIGSTOP) -> the")
-    print("  last claim;")
-    print("  single-owner: the owner's release or SIGKILL -> the standby's first batch applied")
-    print("  after its last claim")
     print(f"  {'':<23} {'n':>2} {'median':>7} {'max':>7}   {'reference bound':<28} goal")
     over = 0
     for kind, (bound, why, goal, goal_why) in rows.items():
-        values = times[kind]
+        values = times.get(kind, [])
         if not values:
             continue
         median, worst = statistics.median(values), max(values)
@@ -546,62 +575,38 @@ def burst(count: int, prefix: str) -> list[NewMessage]:
 
 def measure_throughput(
     db: Database, tmp: Path, workers: int, count: int, runs: int
-) -> tuple[list[float], tuple[float, float]]:
+) -> tuple[list[float], Costs]:
     """Rates (msg/s) of ``workers`` idle processes applying ``runs`` bursts of ``count``
     messages, each appended in one transaction: timed from its commit until the probes
-    have reported every message applied. Also the cores the workers and a database server
-    on this host kept busy over the bursts (see :func:`_cpu_seconds`)."""
+    have reported every message applied. Also what the bursts cost: the workers' and a
+    database server's CPU seconds on this host, the load average (``costs``)."""
     cluster = Cluster(db, tmp, THROUGHPUT_BATCH, idle="10ms")
     store = MessageStore(db, registry)
     rates = []
-    busy = [0.0, 0.0]
+    total = Costs()
     try:
         names = [cluster.start() for _ in range(workers)]
         cluster.wait_balanced(names)  # declared, every partition claimed, nothing to apply
         pids = [cluster.processes[name].pid for name in names]
-        server = _server_pids(db)
-        wall = 0.0
+        server = Server(db.url)
         for run in range(runs):
             messages = burst(count, f"w{workers}r{run}")
             before = time.time()
             with db.transaction() as conn:
                 store.append_encoded(conn, messages)
             committed = time.time()
-            cpu = (_cpu_seconds(pids), _cpu_seconds(server))
-            events = _applied(cluster, before, len(messages))
+            with measured(server, lambda: cpu_seconds(pids)) as costs:
+                events = _applied(cluster, before, len(messages))
             if len({e["pid"] for e in events}) != workers:
                 raise BenchmarkFailure(f"not all of the {workers} workers applied messages")
+            costs.count = len(messages)
             done = max(e["t"] for e in events)
             rates.append(len(messages) / (done - committed))
-            busy[0] += _cpu_seconds(pids) - cpu[0]
-            busy[1] += _cpu_seconds(server) - cpu[1]
-            wall += time.time() - committed
+            total.add(costs)
     finally:
         cluster.stop_all()
     _verify(db, f"throughput with {workers} worker(s)")
-    return rates, (busy[0] / wall, busy[1] / wall)
-
-
-def _server_pids(db: Database) -> list[int]:
-    """The database server's processes on this host: mariadbd/mysqld for MySQL, none for
-    SQLite (it runs inside the workers)."""
-    if db.is_sqlite:
-        return []
-    found = subprocess.run(["pidof", "mariadbd", "mysqld"], capture_output=True, text=True)
-    return [int(pid) for pid in found.stdout.split()]
-
-
-def _cpu_seconds(pids: Sequence[int]) -> float:
-    """User + system CPU seconds of ``pids`` and their threads so far (``/proc``)."""
-    ticks = os.sysconf("SC_CLK_TCK")
-    total = 0
-    for pid in pids:
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        total += int(fields[11]) + int(fields[12])  # utime, stime
-    return total / ticks
+    return rates, total
 
 
 def _applied(cluster: Cluster, since: float, count: int) -> list[dict[str, Any]]:
@@ -623,12 +628,11 @@ def report_throughput(label: str, db: Database, tmp: Path, count: int, runs: int
     )
     medians = {}
     for workers in (1, 2):
-        rates, (workers_busy, server_busy) = measure_throughput(db, tmp, workers, count, runs)
+        rates, costs = measure_throughput(db, tmp, workers, count, runs)
         medians[workers] = statistics.median(rates)
         print(
             f"  {workers} worker{'s' if workers > 1 else ' '}: {medians[workers]:>9,.0f} msg/s  "
-            f"runs {', '.join(f'{r:,.0f}' for r in rates)}; cores busy: workers "
-            f"{workers_busy:.2f}, database server {server_busy:.2f} (of {os.cpu_count()})",
+            f"runs {', '.join(f'{r:,.0f}' for r in rates)}; {costs.describe()}",
             flush=True,
         )
     print(f"ratio 2 workers / 1 worker: {medians[2] / medians[1]:.2f}", flush=True)

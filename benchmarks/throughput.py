@@ -19,7 +19,10 @@ Each run starts from a fresh copy of the seeded data (timed after a garbage coll
 so that no loop pays for the setup before it), and every run's read model and
 checkpoints are compared with a sequential ``ledger.replay`` of all messages; any
 difference fails the benchmark. Prints the median rate of each and, per backend,
-``ratio framework/best hand-written: X.XX`` (MySQL first when given, SQLite last); then
+``ratio framework/best hand-written: X.XX`` (MySQL first when given, SQLite last), the
+ratio of each interleaved pair and its spread, and each run's CPU µs per message (this
+process's CPU time plus the server threads serving it, :mod:`costs`) with their ratio,
+which a noisy machine moves far less than the rates; then
 ``cost per upcast message``: what decoding a payload stored a version earlier, through one
 upcaster, costs beyond a current one (the stream above is all current-version messages).
 ``--profile`` adds a cProfile summary of one framework run on stderr. ``--tenant T``
@@ -55,6 +58,7 @@ from sqlalchemy import delete, inspect, select, text
 
 import bench_mysql
 import messaging
+from costs import Costs, Server, cpu_ratio, measured, spread
 from messaging import Database, MessageStore, NewMessage
 from messaging._consumers import ConsumerSpec
 from messaging._messages import registry
@@ -85,6 +89,8 @@ SIGNS = {
 }
 
 Model = dict[str, tuple[str, int, int]]
+Run = tuple[float, Costs]
+"""Messages/s of one run, and what it cost."""
 
 
 def balances_name() -> str:
@@ -190,7 +196,7 @@ def framework_state(db: Database) -> tuple[Model, list[int]]:
 # -- the framework ------------------------------------------------------------------------
 
 
-def framework_run(url: str, spec: ConsumerSpec, hooks: Any, *, table_prefix: str) -> float:
+def framework_run(url: str, spec: ConsumerSpec, hooks: Any, *, table_prefix: str) -> Run:
     """Declare, register, claim every partition, then time ``poll()`` until it returns 0."""
     db = Database(url, tenant=TENANT, table_prefix=table_prefix)
     try:
@@ -219,26 +225,27 @@ def framework_run(url: str, spec: ConsumerSpec, hooks: Any, *, table_prefix: str
         )
         worker.add_claims(claims)
         applied = 0
+        server = Server(url)
         gc.collect()  # every loop starts without its setup's garbage pending
-        started = time.perf_counter()
-        while True:
-            count = worker.poll()
-            if count == 0:
-                break
-            applied += count
-        elapsed = time.perf_counter() - started
-        return _rate(applied, elapsed, db, "framework")
+        with measured(server) as costs:
+            while True:
+                count = worker.poll()
+                if count == 0:
+                    break
+                applied += count
+        return _rate(applied, costs, db, "framework")
     finally:
         db.dispose()
 
 
-def _rate(applied: int, elapsed: float, db: Database, label: str) -> float:
+def _rate(applied: int, costs: Costs, db: Database, label: str) -> Run:
     expected, count, last = EXPECTED[db.url]
     if applied != count:
         raise BenchmarkFailure(f"{label}: applied {applied} messages, expected {count}")
     model, checkpoints = framework_state(db)
     verify(label, model, checkpoints, expected, last)
-    return applied / elapsed
+    costs.count = applied
+    return applied / costs.wall, costs
 
 
 EXPECTED: dict[str, tuple[Model, int, int]] = {}
@@ -325,7 +332,7 @@ def commit_guarded(cur: Any, sql: Sql, checkpoint: int, previous: int) -> None:
         raise BenchmarkFailure(f"guarded checkpoint matched {cur.rowcount} rows")
 
 
-def sqlite_loop(path: str, *, table_prefix: str, best: bool) -> float:
+def sqlite_loop(path: str, *, table_prefix: str, best: bool) -> Run:
     """A loop written with the ``sqlite3`` module (the best one, or the mirror); msg/s."""
     con = sqlite3.connect(path, timeout=30.0, isolation_level=None)
     try:
@@ -337,35 +344,34 @@ def sqlite_loop(path: str, *, table_prefix: str, best: bool) -> float:
         checkpoint = 0
         applied = 0
         gc.collect()  # every loop starts without its setup's garbage pending
-        started = time.perf_counter()
-        while True:
-            cur.execute("BEGIN IMMEDIATE")
-            rows = cur.execute(
-                sql.select_batch, (TENANT, ledger.TOPIC, checkpoint, BATCH)
-            ).fetchall()
-            if not rows:
+        with measured(Server(f"sqlite:///{path}")) as costs:
+            while True:
+                cur.execute("BEGIN IMMEDIATE")
+                rows = cur.execute(
+                    sql.select_batch, (TENANT, ledger.TOPIC, checkpoint, BATCH)
+                ).fetchall()
+                if not rows:
+                    cur.execute("COMMIT")
+                    break
+                previous, checkpoint = checkpoint, rows[-1][0]
+                if best:
+                    cur.executemany(sql.upsert, fold(rows))
+                    commit_guarded(cur, sql, checkpoint, previous)
+                else:
+                    apply_mirror(cur, sql, rows)
+                    cur.execute(sql.checkpoint, (checkpoint, TENANT, CONSUMER))
                 cur.execute("COMMIT")
-                break
-            previous, checkpoint = checkpoint, rows[-1][0]
-            if best:
-                cur.executemany(sql.upsert, fold(rows))
-                commit_guarded(cur, sql, checkpoint, previous)
-            else:
-                apply_mirror(cur, sql, rows)
-                cur.execute(sql.checkpoint, (checkpoint, TENANT, CONSUMER))
-            cur.execute("COMMIT")
-            applied += len(rows)
-        elapsed = time.perf_counter() - started
+                applied += len(rows)
     finally:
         con.close()
     db = Database(f"sqlite:///{path}", tenant=TENANT, table_prefix=table_prefix)
     try:
-        return _rate(applied, elapsed, db, f"sqlite3 {'best' if best else 'mirror'} loop")
+        return _rate(applied, costs, db, f"sqlite3 {'best' if best else 'mirror'} loop")
     finally:
         db.dispose()
 
 
-def mysql_loop(url: str, *, table_prefix: str, best: bool) -> float:
+def mysql_loop(url: str, *, table_prefix: str, best: bool) -> Run:
     """The same loops with raw PyMySQL at READ COMMITTED; msg/s."""
     con = bench_mysql.connect(url)
     try:
@@ -374,29 +380,29 @@ def mysql_loop(url: str, *, table_prefix: str, best: bool) -> float:
         checkpoint = 0
         applied = 0
         gc.collect()  # every loop starts without its setup's garbage pending
-        started = time.perf_counter()
-        while True:
-            con.begin()
-            cur.execute(sql.select_batch, (TENANT, ledger.TOPIC, checkpoint, BATCH))
-            rows = cur.fetchall()
-            if not rows:
+        server = Server(url)
+        with measured(server) as costs:
+            while True:
+                con.begin()
+                cur.execute(sql.select_batch, (TENANT, ledger.TOPIC, checkpoint, BATCH))
+                rows = cur.fetchall()
+                if not rows:
+                    con.commit()
+                    break
+                previous, checkpoint = checkpoint, rows[-1][0]
+                if best:
+                    cur.executemany(sql.upsert, fold(rows))  # one multi-row INSERT
+                    commit_guarded(cur, sql, checkpoint, previous)
+                else:
+                    apply_mirror(cur, sql, rows)
+                    cur.execute(sql.checkpoint, (checkpoint, TENANT, CONSUMER))
                 con.commit()
-                break
-            previous, checkpoint = checkpoint, rows[-1][0]
-            if best:
-                cur.executemany(sql.upsert, fold(rows))  # one multi-row INSERT
-                commit_guarded(cur, sql, checkpoint, previous)
-            else:
-                apply_mirror(cur, sql, rows)
-                cur.execute(sql.checkpoint, (checkpoint, TENANT, CONSUMER))
-            con.commit()
-            applied += len(rows)
-        elapsed = time.perf_counter() - started
+                applied += len(rows)
     finally:
         con.close()
     db = Database(url, tenant=TENANT, table_prefix=table_prefix)
     try:
-        return _rate(applied, elapsed, db, f"PyMySQL {'best' if best else 'mirror'} loop")
+        return _rate(applied, costs, db, f"PyMySQL {'best' if best else 'mirror'} loop")
     finally:
         db.dispose()
 
@@ -404,8 +410,9 @@ def mysql_loop(url: str, *, table_prefix: str, best: bool) -> float:
 # -- driving ----------------------------------------------------------------------------
 
 
-Loop = Callable[[str], float]
-"""Applies every message on the copy it is given; returns messages/s (verified)."""
+Loop = Callable[[str], Run]
+"""Applies every message on the copy it is given; returns messages/s (verified) and its
+costs (:mod:`costs`)."""
 
 
 def measure(
@@ -419,32 +426,37 @@ def measure(
     """Alternate ``RUNS`` runs of the framework and the two hand-written loops on fresh
     copies; print the medians and the framework's ratio to the best loop."""
     loops = [("framework (ConsumerWorker.poll)", framework), best, mirror]
-    rates: list[list[float]] = [[] for _ in loops]
-    for _ in range(RUNS):
-        for (_name, loop), runs in zip(loops, rates, strict=True):
+    results: list[list[Run]] = [[] for _ in loops]
+    for _ in range(RUNS):  # interleaved: a passing load weighs on every loop alike
+        for (_name, loop), runs in zip(loops, results, strict=True):
             copies = fresh()
             where = next(copies)
             try:
                 runs.append(loop(where))
             finally:
                 next(copies, None)
-    medians = [statistics.median(runs) for runs in rates]
+    rates = [[rate for rate, _costs in runs] for runs in results]
+    medians = [statistics.median(each) for each in rates]
     print(f"{label}: {count} messages, batch {BATCH}, median of {RUNS} runs (results verified)")
-    for (name, _loop), runs, median in zip(loops, rates, medians, strict=True):
-        print(f"  {name + ':':<40} {median:>9,.0f} msg/s  runs {_fmt(runs)}")
+    for (name, _loop), each, median in zip(loops, rates, medians, strict=True):
+        print(f"  {name + ':':<40} {median:>9,.0f} msg/s  runs {_fmt(each)}")
     print(f"ratio framework/mirror loop: {medians[0] / medians[2]:.2f}")
     print(f"ratio framework/best hand-written: {medians[0] / medians[1]:.2f}", flush=True)
+    pairs = [ours / theirs for ours, theirs in zip(rates[0], rates[1], strict=True)]
+    print(f"  per run, framework/best hand-written: {spread(pairs)}")
+    ours, theirs = ([c for _rate, c in runs] for runs in results[:2])
+    print(cpu_ratio("best hand-written", ours, theirs, "message"), flush=True)
 
 
 def _fmt(rates: Sequence[float]) -> str:
     return ", ".join(f"{r:,.0f}" for r in rates)
 
 
-def profile_framework(run: Callable[[], float]) -> None:
+def profile_framework(run: Callable[[], Run]) -> None:
     """One framework run under cProfile; the top 15 functions by own time, on stderr."""
     profiler = cProfile.Profile()
     profiler.enable()
-    rate = run()
+    rate, _costs = run()
     profiler.disable()
     out = io.StringIO()
     stats = pstats.Stats(profiler, stream=out)

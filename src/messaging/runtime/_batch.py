@@ -33,12 +33,22 @@ class Batch:
 
 
 def split_lanes(
-    claims: Mapping[int, Claim], rows: Sequence[StoredRow], partitions: int, lanes: int
+    claims: Mapping[int, Claim],
+    rows: Sequence[StoredRow],
+    partitions: int,
+    lanes: int,
+    most: int,
 ) -> list[Batch]:
     """``rows`` split by lane (partition ``p`` is in lane ``p % lanes``), each
     lane's batch committing its checkpoints at the read's last position. The partitions
     of lanes without messages go with the first lane that has some, so that the next
-    read starts after them too. No rows, no batches."""
+    read starts after them too. No rows, no batches.
+
+    Where several lanes have rows, each takes its first ``most`` at most (``batch-size``)
+    and then commits at the last of them (the rest are read again): a lane behind the
+    others, whose rows come first in the read, would otherwise take most of it, fall
+    further behind, and leave the others short batches and a wait for it. A lane alone
+    in the read takes all of it."""
     if not rows:
         return []
     by_lane: dict[int, list[StoredRow]] = {}
@@ -46,6 +56,8 @@ def split_lanes(
         by_lane.setdefault(row[PARTITION_HASH] % partitions % lanes, []).append(row)
     first = min(by_lane)
     through = rows[-1][POSITION]
+    if len(by_lane) == 1:
+        most = len(rows)
     return [
         Batch(
             {
@@ -53,8 +65,8 @@ def split_lanes(
                 for p, c in claims.items()
                 if p % lanes == lane or (lane == first and p % lanes not in by_lane)
             },
-            lane_rows,
-            through,
+            lane_rows[:most],
+            through if len(lane_rows) <= most else lane_rows[most - 1][POSITION],
         )
         for lane, lane_rows in sorted(by_lane.items())
     ]
