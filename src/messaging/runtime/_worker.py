@@ -99,8 +99,7 @@ class ConsumerWorker(Worker):
         self.left: dict[int, tuple[tuple[str, int], float]] = {}
         """Partitions left for a newer declaration: what each needs, and when (monotonic).
         A rebalance round that read the rows before that does not claim them back."""
-        self.deadlines = ApplyDeadlines(f"instance {instance_name}")
-        """Where the batches' deadlines are registered: the instance's watchdog's."""
+        self.deadlines = ApplyDeadlines(f"instance {instance_name}")  # the watchdog's
 
     # -- ownership, changed by the rebalance loop ----------------------------------------
 
@@ -249,10 +248,8 @@ class ConsumerWorker(Worker):
                 raise
             if not rows:
                 self.holdings.finish(claims)
-            parts = split_lanes(
-                claims, rows, self.spec.partitions, self.lanes, self.settings.batch_size
-            )
-            for batch in parts:
+            size = self.settings.batch_size
+            for batch in split_lanes(claims, rows, self.spec.partitions, self.lanes, size):
                 apply = partial(self._apply_limited, batch, started)
                 self._lanes.submit(apply, partial(self.holdings.finish, batch.claims))
             if not self._lanes.running():
