@@ -59,11 +59,11 @@ class Deadline:
         self.thread = threading.get_ident()
         self.expired = False
         """Set by the watchdog once it saw the deadline pass."""
-        self._clock = clock
+        self.clock = clock
 
     def passed(self) -> bool:
         """Whether the batch is past its deadline."""
-        return self.expired or self._clock() > self.at
+        return self.expired or self.clock() > self.at
 
     def error(self, position: int) -> ApplyTimedOut:
         """The failure of the message at ``position``, handled when the deadline passed."""

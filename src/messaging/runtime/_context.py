@@ -140,9 +140,9 @@ class HandlerContext(MessageContext):
         self._keys: KeysView[str] | None = None
         self._upserts: upserts.Folded | None = None
         self.immediate = immediate
+        """Send every write at once (used to find which message a failing batch broke on)."""
         self.deadline = NO_DEADLINE
         """When the batch must have been applied (``apply-timeout``), checked per message."""
-        """Send every write at once (used to find which message a failing batch broke on)."""
         self.position = 0
         """The position of the message being handled."""
         self._load_envelopes = load_envelopes

@@ -97,13 +97,15 @@ class Dispatcher:
         (a transient database error, or one refusing writes, as itself: the batch is
         retried)."""
         handlers, deadline = self.handlers, ctx.deadline
+        at, clock = deadline.at, deadline.clock
         row: StoredRow | None = None
         try:
             for row in rows:  # (with their partition hash or not: indexed, not unpacked)
                 position = ctx.position = row[0]
                 decoders, call = handlers[row[1]]
                 call(decoders[row[3]](row[2], position), ctx)  # by payload version
-                deadline.check(position)
+                if clock() > at or deadline.expired:  # deadline.passed(), inlined
+                    raise deadline.error(position)
         except Exception as exc:
             if row is None:
                 raise
