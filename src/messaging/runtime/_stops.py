@@ -65,17 +65,20 @@ def leave_partition(
 ) -> None:
     """Release ``claim``'s partition to an instance that can read what ``error`` names (at
     a message's position, or a saga's ``deadline``), recording what it needs; say why."""
+    where = f"position {error.position}" if deadline is None else deadline
     if leave(worker.db, worker.spec.name, claim, worker.instance_id, error, deadline):
         worker.left[claim.partition] = ((error.type_name, error.version), time.monotonic())
-        log.warning(
-            "consumer %s partition %d stops before %s and is left to another instance: it "
-            "%s (instance %s)",
-            worker.spec.name,
-            claim.partition,
-            f"position {error.position}" if deadline is None else deadline,
-            describe((error.type_name, error.version)),
-            worker.instance_name,
-        )
+        if (claim.partition, where) not in worker.said:  # left again after a re-claim
+            worker.said.add((claim.partition, where))
+            log.warning(
+                "consumer %s partition %d stops before %s and is left to another instance: "
+                "it %s (instance %s)",
+                worker.spec.name,
+                claim.partition,
+                where,
+                describe((error.type_name, error.version)),
+                worker.instance_name,
+            )
     worker.drop([claim.partition])
 
 

@@ -87,8 +87,7 @@ class ConsumerWorker(Worker):
         self.holdings = Holdings(spec.name)
         """The claims, the batches in flight, and the handovers waiting for them."""
         self._claims, self._lock = self.holdings.claims, self.holdings.lock
-        self._catching_up = False
-        self._stale = False  # an error of unknown outcome happened: re-read claims first
+        self._catching_up = self._stale = False  # _stale: an unknown outcome: re-read claims
         self._lanes = Lanes(self.lanes)
         self._stop = threading.Event()  # the apply loop's, once it runs
         self.gate: VersionGate | None = None  # a version being built: what the live one did
@@ -99,6 +98,7 @@ class ConsumerWorker(Worker):
         self.left: dict[int, tuple[tuple[str, int], float]] = {}
         """Partitions left for a newer declaration: what each needs, and when (monotonic).
         A rebalance round that read the rows before that does not claim them back."""
+        self.said: set[tuple[int, str]] = set()  # the leaves logged: (partition, where)
         self.deadlines = ApplyDeadlines(f"instance {instance_name}")  # the watchdog's
 
     # -- ownership, changed by the rebalance loop ----------------------------------------
