@@ -19,11 +19,12 @@ class Reader(threading.Thread):
     its own, as an application would, and counts answers that went back (fewer accounts
     or entries than an earlier answer: an empty, partly built or older read model)."""
 
-    def __init__(self, db: Database, every: float = 0.01) -> None:
+    def __init__(self, db: Database, every: float = 0.01, *, retry_aborts: bool = False) -> None:
         super().__init__(daemon=True)
         self.db = Database(db.url, table_prefix=db.schema.prefix)
         self.every = every
-        self.reads = self.went_back = 0
+        self.retry_aborts = retry_aborts  # Galera: a cutover's RENAME aborts a read (1213)
+        self.reads = self.went_back = self.aborted = 0
         self.slowest = 0.0  # seconds the slowest answer took
         self.errors: list[str] = []
         self.last = (0, 0)
@@ -38,6 +39,9 @@ class Reader(threading.Thread):
                     with self.db.read() as conn:
                         accounts, entries = conn.execute(query).one()
                 except Exception as exc:  # a missing table is a failure of the test
+                    if self.retry_aborts and _aborted(exc):
+                        self.aborted += 1
+                        continue
                     self.errors.append(f"{type(exc).__name__}: {exc}"[:200])
                     continue
                 self.slowest = max(self.slowest, time.monotonic() - asked)
@@ -52,6 +56,13 @@ class Reader(threading.Thread):
     def stop(self) -> None:
         self.halt.set()
         self.join(timeout=10)
+
+
+def _aborted(exc: BaseException) -> bool:
+    """Whether ``exc`` is a transaction aborted as a deadlock (1213): on Galera, a read
+    holding a table that a replicated ``RENAME TABLE`` renames."""
+    orig = getattr(exc, "orig", None)
+    return bool(orig is not None and orig.args and orig.args[0] == 1213)
 
 
 class Traffic(threading.Thread):
