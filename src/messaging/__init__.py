@@ -55,7 +55,14 @@ from messaging.store._retry import is_ambiguous
 from messaging.store._rows import NewMessage
 from messaging.store._store import MessageStore
 from messaging.store._tenancy import UntranslatableStatement
-from messaging.store._tokens import Appended, ConsistencyToken, InvalidToken, Sent
+from messaging.store._tokens import (
+    Appended,
+    ConsistencyToken,
+    InvalidToken,
+    Sent,
+    TokenNotKnown,
+    Written,
+)
 
 __all__ = [
     "AdminSettings",
@@ -95,6 +102,7 @@ __all__ = [
     "SchemaError",
     "Sent",
     "Settings",
+    "TokenNotKnown",
     "Unanswered",
     "UnknownConsumer",
     "UnknownPayloadVersion",
@@ -102,6 +110,7 @@ __all__ = [
     "VersionConflict",
     "WaitRefused",
     "WaitTimeout",
+    "Written",
     "collect_consumers",
     "connect",
     "create_plugin_manager",

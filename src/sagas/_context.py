@@ -17,6 +17,7 @@ from sqlalchemy.sql import Executable
 from messaging._errors import ProjectionsError
 from messaging._messages import Envelope
 from messaging.runtime._context import HandlerContext, MessageContext
+from messaging.store._tokens import Sent, Written
 
 
 class SagaContext(MessageContext):
@@ -76,7 +77,7 @@ class SagaContext(MessageContext):
         key: str | None = None,
         message_id: str | None = None,
         headers: Mapping[str, Any] | None = None,
-    ) -> str:
+    ) -> Sent:
         """Send a command to ``destination`` when the batch commits (see HandlerContext.send)."""
         return self._ctx.send(destination, message, key=key, message_id=message_id, headers=headers)
 
@@ -87,9 +88,10 @@ class SagaContext(MessageContext):
         message: object,
         *,
         headers: Mapping[str, Any] | None = None,
-    ) -> None:
-        """Append an event of ``source`` to ``topic`` when the batch commits."""
-        self._ctx.append(topic, source, message, headers=headers)
+    ) -> Written:
+        """Append an event of ``source`` to ``topic`` when the batch commits (see
+        HandlerContext.append)."""
+        return self._ctx.append(topic, source, message, headers=headers)
 
     def execute(self, statement: Executable, params: Mapping[str, Any] | None = None) -> None:
         """Write to the saga's own tables in the batch's transaction (buffered)."""

@@ -307,6 +307,46 @@ def test_route_consumers_and_sagas_answer_like_projections(db: Database) -> None
         instance.stop()
 
 
+def test_a_handler_keeps_the_token_of_what_it_appended_and_sent(db: Database) -> None:
+    """A route consumer appends an event and sends a job for a command, flushes, and
+    stores the token of both: waiting on the command's token, then on the stored one,
+    the read models show the event and the job. Asked before the flush, the token is not
+    known yet, and says why."""
+    import waits_app
+
+    manager = create_plugin_manager(
+        ["projections.examples.ledger", "waits_app"], load_entrypoints=False
+    )
+    instance = Instance(db, collect_consumers(manager), Settings(), manager.hook, name="rw")
+    instance.start()
+    store, receipts = MessageStore(db), waits_app.receipts
+    try:
+        for n in range(6):
+            account = f"cmd-{n % 4}"
+            before = entries(db, account)
+            with db.transaction() as conn:
+                sent = store.send(
+                    conn, "rw-deposits", waits_app.Deposit(f"r{n}", account, 3), key=account
+                )
+            wait_for(db, sent.token, "rw-deposits", timeout=20)
+            with db.read() as conn:
+                token, early = conn.execute(
+                    select(receipts.c.token, receipts.c.before_flush).where(
+                        receipts.c.request_id == f"r{n}"
+                    )
+                ).one()
+            assert "flushed" in early and "ctx.flush()" in early
+            wait_for(db, token, [CONSUMER, "rw-jobs"], timeout=20)
+            assert entries(db, account) == before + 1
+            with db.read() as conn:
+                done = conn.execute(
+                    select(waits_app.jobs.c.job_id).where(waits_app.jobs.c.job_id == f"after-r{n}")
+                ).all()
+            assert len(done) == 1
+    finally:
+        instance.stop()
+
+
 def test_an_in_memory_copy_is_waited_on_through_its_instance(db: Database) -> None:
     """`wait_for_copy` waits for this instance's own copy: after it, the copy's state shows
     the write; a paused copy behind the token is refused; the database-wide wait does not

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from messaging import ConsistencyToken, InvalidToken, wait_for
-from messaging.store._tokens import MAX_MARKS
+from messaging import ConsistencyToken, InvalidToken, Sent, TokenNotKnown, Written, wait_for
+from messaging.store._tokens import MAX_MARKS, NOT_SENT_AGAIN
 
 marks = st.lists(
     st.tuples(
@@ -140,3 +140,20 @@ def test_bad_wait_arguments_are_refused_before_anything_is_read(
             arguments.pop("consumer"),  # type: ignore[arg-type]
             **arguments,  # type: ignore[arg-type]
         )
+
+
+def test_a_handler_s_token_is_known_once_written_and_says_why_before() -> None:
+    """What ``ctx.append`` / ``ctx.send`` return carries no token until the batch's flush
+    records the position, and then the token of that one message; a message a replay did
+    not write again says so for ever."""
+    appended, sent = Written(), Sent("id-1", Written())
+    for pending in (appended, sent):
+        with pytest.raises(TokenNotKnown, match=r"ctx\.flush\(\)"):
+            _ = pending.token
+    appended.written("t", ("orders", 7, 42))
+    sent._written.written("t", ("jobs", 9, 43))
+    assert appended.token == ConsistencyToken("t", (("orders", 7, 42),))
+    assert (appended.token | sent.token).positions == {42: ("orders", 7), 43: ("jobs", 9)}
+    assert sent == "id-1"
+    with pytest.raises(TokenNotKnown, match="does not send or append again"):
+        _ = Written(why=NOT_SENT_AGAIN).token

@@ -31,7 +31,8 @@ from messaging.routing._outbox import Outbox
 from messaging.runtime import _upserts as upserts
 from messaging.runtime._apply_timeout import NO_DEADLINE
 from messaging.store import _fastpath
-from messaging.store._rows import NewMessage
+from messaging.store._rows import NewMessage, partition_hash
+from messaging.store._tokens import NOT_SENT_AGAIN, Sent, Written
 
 
 class MessageContext(Protocol):
@@ -77,9 +78,9 @@ class MessageContext(Protocol):
         key: str | None = None,
         message_id: str | None = None,
         headers: Mapping[str, Any] | None = None,
-    ) -> str:
+    ) -> Sent:
         """Send ``message`` to the route consumer of ``destination`` when the batch
-        commits; return its message id."""
+        commits; return its message id (with its token once written)."""
         ...
 
     def append(
@@ -89,8 +90,9 @@ class MessageContext(Protocol):
         message: object,
         *,
         headers: Mapping[str, Any] | None = None,
-    ) -> None:
-        """Append ``message`` of ``source`` to ``topic`` when the batch commits."""
+    ) -> Written:
+        """Append ``message`` of ``source`` to ``topic`` when the batch commits; return
+        what carries its token once written."""
         ...
 
 
@@ -110,6 +112,7 @@ class HandlerContext(MessageContext):
         "_sent",
         "_statement",
         "_upserts",
+        "_written",
         "cause",
         "deadline",
         "immediate",
@@ -132,6 +135,8 @@ class HandlerContext(MessageContext):
         self._quiet = quiet
         self._outgoing: list[NewMessage] = []
         self._sent: dict[str, int] = {}
+        self._written: list[Written] = []
+        """What :meth:`send` and :meth:`append` returned, one per message in ``_outgoing``."""
         self.cause: str | None = None
         """What the messages sent now are caused by, for their ids; None: the current position."""
         self._runs: list[tuple[Executable, list[Mapping[str, Any]]] | upserts.Writes] = []
@@ -228,7 +233,7 @@ class HandlerContext(MessageContext):
         key: str | None = None,
         message_id: str | None = None,
         headers: Mapping[str, Any] | None = None,
-    ) -> str:
+    ) -> Sent:
         """Send ``message`` to the route consumer of ``destination``; return its message id.
 
         Like every write of the batch, it is stored only if the batch commits (an
@@ -236,7 +241,8 @@ class HandlerContext(MessageContext):
         is derived from this consumer, the causing message and the send's order, so an
         idempotent receiver (``@route_consumer(..., idempotent=True)``) handles it once.
         ``key`` is the partition key (by default the message id: any partition);
-        ``headers`` are stored with the message (its ``message-id`` header wins).
+        ``headers`` are stored with the message (its ``message-id`` header wins). The id's
+        ``.token`` is known once the batch's writes are flushed (see :meth:`append`).
         """
         outbox = self._require_outbox()
         cause = self.cause if self.cause is not None else str(self.position)
@@ -244,13 +250,15 @@ class HandlerContext(MessageContext):
         if message_id is None:
             message_id = outbox.derived_id(cause, count)
         if self._quiet is not None and self._quiet(self.envelope):
-            return message_id
-        self._outgoing.append(
-            outbox.store.outgoing(
-                destination, message, key=key, message_id=message_id, headers=headers
-            )
+            return Sent(message_id, Written(why=NOT_SENT_AGAIN))
+        return Sent(
+            message_id,
+            self._outgo(
+                outbox.store.outgoing(
+                    destination, message, key=key, message_id=message_id, headers=headers
+                )
+            ),
         )
-        return message_id
 
     def append(
         self,
@@ -259,13 +267,25 @@ class HandlerContext(MessageContext):
         message: object,
         *,
         headers: Mapping[str, Any] | None = None,
-    ) -> None:
+    ) -> Written:
         """Append ``message`` of ``source`` to ``topic`` when the batch commits (an outbox),
-        with ``headers`` if given."""
+        with ``headers`` if given.
+
+        The result's ``.token`` (a :class:`~messaging.ConsistencyToken`) is known once the
+        batch's writes are flushed: after :meth:`flush` (a handler that stores the token
+        in its read model calls it first) or the batch's end; it is valid once the batch
+        commits. Asked earlier, or for a message a replay does not append again, it
+        raises :class:`~messaging.TokenNotKnown`."""
         outbox = self._require_outbox()
         if self._quiet is not None and self._quiet(self.envelope):
-            return
-        self._outgoing.append(outbox.event(topic, source, message, headers))
+            return Written(why=NOT_SENT_AGAIN)
+        return self._outgo(outbox.event(topic, source, message, headers))
+
+    def _outgo(self, message: NewMessage) -> Written:
+        written = Written()
+        self._written.append(written)
+        self._outgoing.append(message)
+        return written
 
     def _require_outbox(self) -> Outbox:
         if self._outbox is None or self._conn is None:
@@ -282,12 +302,21 @@ class HandlerContext(MessageContext):
 
     def flush(self) -> None:
         """Send the buffered writes in order, then append the messages sent (last, so that
-        the store's position lock is held only until the commit that follows)."""
+        the store's position lock is held only until the commit that follows).
+
+        Runs at the batch's end. A handler that needs the tokens of what it sent or
+        appended (to store them in its read model) calls it first; the tenant's position
+        lock is then held from there to the batch's commit, other appends waiting."""
         self._flush_writes()
         if self._outgoing:
             outgoing, self._outgoing = self._outgoing, []
+            written, self._written = self._written, []
             assert self._outbox is not None and self._conn is not None
-            self._outbox.store.append_encoded(self._conn, outgoing)
+            store = self._outbox.store
+            positions = store.append_encoded(self._conn, outgoing)
+            tenant = store.db.tenant
+            for message, position, holder in zip(outgoing, positions, written, strict=True):
+                holder.written(tenant, (message.topic, partition_hash(message.source), position))
 
     def _end_upserts(self) -> None:
         pending, self._upserts = self._upserts, None

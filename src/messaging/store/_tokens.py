@@ -29,7 +29,15 @@ import attrs
 
 from messaging._errors import ProjectionsError
 
-__all__ = ["MAX_MARKS", "Appended", "ConsistencyToken", "InvalidToken", "Sent"]
+__all__ = [
+    "MAX_MARKS",
+    "Appended",
+    "ConsistencyToken",
+    "InvalidToken",
+    "Sent",
+    "TokenNotKnown",
+    "Written",
+]
 
 PREFIX = "rw1"
 """The format's name and version, the token's first field."""
@@ -180,13 +188,63 @@ class Appended(list[int]):
         self.token = token
 
 
+class TokenNotKnown(ProjectionsError):
+    """The token of a message a handler sent or appended, asked for before it was written
+    (positions are given when the batch's buffered writes are flushed), or of one that
+    was not written (a replay does not send again what the live version sent)."""
+
+
+NOT_FLUSHED = (
+    "a handler's sends and appends get their positions when the batch's writes are "
+    "flushed: call ctx.flush() first, or read the token after the batch"
+)
+NOT_SENT_AGAIN = (
+    "not written: a version being built does not send or append again what the live "
+    "version sent for this message"
+)
+
+
+class Written:
+    """What a handler appended (``ctx.append``): :attr:`token` is the consistency token of
+    the message, known once the batch's writes are flushed (``ctx.flush()`` or the batch's
+    end; valid once the batch commits)."""
+
+    __slots__ = ("_mark", "_tenant", "_token", "_why")
+
+    def __init__(self, token: ConsistencyToken | None = None, why: str = NOT_FLUSHED) -> None:
+        self._token = token
+        self._why = why
+        self._tenant = ""
+        self._mark: Mark | None = None
+
+    @property
+    def token(self) -> ConsistencyToken:
+        """The message's token; :class:`TokenNotKnown` before it is written."""
+        if self._token is None:
+            if self._mark is None:
+                raise TokenNotKnown(self._why)
+            self._token = ConsistencyToken(self._tenant, (self._mark,))
+        return self._token
+
+    def written(self, tenant: str, mark: Mark) -> None:
+        """Record where the message was written (its token is made when asked for)."""
+        self._tenant, self._mark = tenant, mark
+
+
 class Sent(str):
     """The message id of a send (a string, as before), with :attr:`token`: the
-    consistency token of the message sent. Valid once the send's transaction commits."""
+    consistency token of the message sent. Valid once the send's transaction commits;
+    from a handler (``ctx.send``) known once the batch's writes are flushed, like
+    :class:`Written`."""
 
-    token: ConsistencyToken
+    _written: Written
 
-    def __new__(cls, message_id: str, token: ConsistencyToken) -> Sent:
+    def __new__(cls, message_id: str, token: ConsistencyToken | Written) -> Sent:
         sent = super().__new__(cls, message_id)
-        sent.token = token
+        sent._written = token if isinstance(token, Written) else Written(token)
         return sent
+
+    @property
+    def token(self) -> ConsistencyToken:
+        """The message's token; :class:`TokenNotKnown` before it is written."""
+        return self._written.token
