@@ -35,8 +35,10 @@ from messaging import (
     message,
 )
 from messaging._consumers import consumer_spec
+from messaging._errors import UnknownPayloadVersion
 from messaging._messages import registry
 from messaging.distribution._membership import InstanceInfo, Membership
+from messaging.distribution._needs import leave
 from messaging.distribution._ownership import Claim, Ownership
 from messaging.runtime._worker import ConsumerWorker
 from messaging.store._clock import ManualClock
@@ -154,6 +156,21 @@ def test_reclaim_by_the_owner_fences_out_its_old_epoch(db: Database, partitions:
     with pytest.raises(OwnershipLost), db.transaction() as conn:
         Ownership(db).commit_checkpoint(conn, CONSUMER, "a", {0: first}, 3)
     assert _rows(db)[0] == ("a", second.epoch, 0)
+
+
+def test_a_partition_left_for_a_newer_declaration_is_claimed_only_by_a_round_that_read_it(
+    db: Database, partitions: int
+) -> None:
+    """A round that read the rows before its own instance left a partition (for a newer
+    payload) does not claim it back: the claim names the records it read."""
+    (claim,) = _claim(db, "a", [1])
+    needed = UnknownPayloadVersion("test.fence.bumped", 2, position=5)
+    assert leave(db, CONSUMER, claim, "a", needed)
+    with db.transaction() as conn:
+        ownership, live = Ownership(db), Membership(db).live_ids(STALE)
+        assert ownership.claim(conn, CONSUMER, [1], "a", live) == []  # read before the leave
+        (again,) = ownership.claim(conn, CONSUMER, [1], "a", live, needs_read=[1])
+    assert again.epoch == claim.epoch + 1
 
 
 def test_halted_partition_is_neither_claimed_nor_checkpointed(

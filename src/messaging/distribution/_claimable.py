@@ -3,7 +3,9 @@ compare-and-set checks (:meth:`messaging.distribution._ownership.Ownership.claim
 
 from __future__ import annotations
 
-from sqlalchemy import or_, select
+from collections.abc import Collection
+
+from sqlalchemy import Table, and_, or_, select
 from sqlalchemy.sql.elements import ColumnElement
 
 from messaging._states import ConsumerState
@@ -46,3 +48,11 @@ def claim_held_back(db: Database, consumer: str, fingerprint: str | None) -> Col
         )
         held_back = or_(held_back, swapping)
     return held_back
+
+
+def left_since_read(partitions: Table, needs_read: Collection[int]) -> ColumnElement[bool]:
+    """True for a partition row that records what it needs (left for a newer declaration,
+    :mod:`messaging.distribution._needs`) unless it is one of ``needs_read``, those whose
+    record the claiming round read: a round planned from rows read before a leave does
+    not claim the partition back."""
+    return and_(partitions.c.needs.is_not(None), partitions.c.partition_no.not_in(needs_read))

@@ -39,7 +39,7 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from messaging._errors import CheckpointMoved, OwnershipLost
 from messaging._states import PartitionStatus
-from messaging.distribution._claimable import claim_held_back
+from messaging.distribution._claimable import claim_held_back, left_since_read
 from messaging.store import _fastpath
 from messaging.store._clock import cached_now, now_params
 from messaging.store._database import Database
@@ -154,13 +154,12 @@ class Ownership:
         instance_id: str,
         live_ids: Select[tuple[str]],
         fingerprint: str | None = None,
+        needs_read: Iterable[int] = (),
     ) -> list[Claim]:
         """Claim those of ``partitions`` that are unowned, owned by a non-live instance or already
-        by this one (re-claimed under a new epoch), unless an operator paused the consumer or
-        it is being rebuilt, or (``fingerprint`` given) it runs another declaration now (a
-        round planned before a new version took over must not claim it), or it is a version
-        whose swap began (fenced for the rename of its tables: a batch after it would find
-        them gone).
+        by this one (re-claimed under a new epoch), unless :func:`claim_held_back` (paused,
+        rebuilt, another declaration, a swap begun) or the partition was left for a newer
+        declaration since the round read its rows (``needs_read``: those it read a record of).
 
         A compare-and-set: the ``UPDATE`` matches only such rows and bumps their epoch.
         Returns the partitions claimed now, with their new epochs.
@@ -169,7 +168,9 @@ class Ownership:
         wanted = sorted(partitions)
         if not wanted:
             return []
-        held_back = claim_held_back(self.db, consumer, fingerprint)
+        held_back = or_(
+            claim_held_back(self.db, consumer, fingerprint), left_since_read(t, list(needs_read))
+        )
         conn.execute(
             update(t)
             .where(

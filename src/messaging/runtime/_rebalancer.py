@@ -186,11 +186,14 @@ class Rebalancer:
         declared = {u.unit: (u.fingerprint, u.state) for u in units}
         owners: dict[str, dict[int, str | None]] = {name: {} for name in inst.workers}
         halted: dict[str, set[int]] = {name: set() for name in inst.workers}
+        needs_read: dict[str, set[int]] = {name: set() for name in inst.workers}
         for row in rows:
             if row.consumer in owners:  # not one retired above
                 owners[row.consumer][row.partition] = row.owner
                 if row.status == PartitionStatus.HALTED:
                     halted[row.consumer].add(row.partition)
+                if row.needs is not None:
+                    needs_read[row.consumer].add(row.partition)
         needs = pending(rows)
         for name, worker in inst.workers.items():  # left after the rows were read
             worker.needed = frozenset(needs.get(name, {}))
@@ -230,7 +233,7 @@ class Rebalancer:
                 with inst.db.transaction() as conn:
                     fingerprint = inst.fingerprints[split_unit(name)[0]]
                     claims = inst.ownership.claim(
-                        conn, name, wanted, inst.id, live_ids, fingerprint
+                        conn, name, wanted, inst.id, live_ids, fingerprint, needs_read[name]
                     )
                 worker.add_claims(claims)
                 claimed += len(claims)
