@@ -21,15 +21,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import Connection, func, select
-
 from messaging._errors import ProjectionsError
 from messaging._settings import Settings, format_duration
 from messaging._states import ConsumerState, OwnerState, PartitionStatus, Severity, Verdict
 from messaging.distribution._membership import Membership
 from messaging.store._database import Database
 from messaging.store._refusals import refused_writes
-from projections._reports import consumers_report, pending
+from projections._reports import consumers_report
 
 UNOWNED_GRACE = 1.0
 """Seconds past stale-instance-timeout a partition may go without a live owner: the
@@ -60,9 +58,8 @@ def health_report(db: Database, settings: Settings, consumer: str | None = None)
     stale = settings.messaging.consumer.stale_instance_timeout
     limits = thresholds(settings)
     with db.read() as conn:
-        report = consumers_report(db, settings.messaging.consumer, conn)
+        report = consumers_report(db, settings.messaging.consumer, conn, ages=True)
         silent = {r.id: stale - r.expires_in for r in Membership(db).instances(conn, stale)}
-        ages = _ages(db, conn)
     refused = refused_writes(db)
     chosen = [c for c in report["consumers"] if consumer in (None, c["name"])]
     if consumer is not None and not chosen:
@@ -73,8 +70,7 @@ def health_report(db: Database, settings: Settings, consumer: str | None = None)
             continue  # a version a cutover replaced: applied by no one, on purpose
         partitions = []
         for p in entry["partitions"]:
-            # (a partition added between the two reads, as READ COMMITTED allows: just made)
-            idle, unowned = ages.get((entry["name"], p["partition"]), (0.0, 0.0))
+            idle, unowned = p["idle"], p["changed"]
             if p["state"] == OwnerState.ORPHANED and p["instance_id"] in silent:
                 unowned = silent[p["instance_id"]]  # since its owner's last heartbeat
             elif p["state"] == OwnerState.OWNED:
@@ -110,28 +106,6 @@ def health_report(db: Database, settings: Settings, consumer: str | None = None)
         "thresholds": limits,
         "consumers": consumers,
     }
-
-
-def _ages(db: Database, conn: Connection) -> dict[tuple[str, int], tuple[float, float]]:
-    """Per (consumer, partition): seconds since it last progressed (its row changed, or
-    its oldest message to apply was recorded, whichever is later; 0 with nothing to apply)
-    and since its row last changed (for an unowned one, since its release)."""
-    consumers, parts, messages = db.schema.consumers, db.schema.partitions, db.schema.messages
-    now = db.clock.now()
-    ages: dict[tuple[str, int], tuple[float, float]] = {}
-    rows = conn.execute(select(consumers).where(consumers.c.tenant == db.tenant)).mappings()
-    for consumer in rows.all():
-        oldest = func.min(messages.c.recorded_at)
-        query = (
-            select(parts.c.partition_no, now - parts.c.updated_at, now - oldest)
-            .select_from(parts.outerjoin(messages, pending(db, consumer)))
-            .where(parts.c.tenant == db.tenant, parts.c.consumer == consumer["name"])
-            .group_by(parts.c.partition_no, parts.c.updated_at)
-        )
-        for partition, changed, waiting in conn.execute(query):
-            idle = 0.0 if waiting is None else min(float(changed), float(waiting))
-            ages[(consumer["name"], int(partition))] = (max(idle, 0.0), max(float(changed), 0.0))
-    return ages
 
 
 def _verdict(

@@ -15,7 +15,7 @@ from contextlib import nullcontext
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, RowMapping, and_, func, select
+from sqlalchemy import Connection, Row, RowMapping, Select, and_, func, select
 from sqlalchemy.sql.elements import ColumnElement
 
 from messaging._settings import ConsumerSettings
@@ -45,13 +45,41 @@ def pending(db: Database, consumer: RowMapping) -> ColumnElement[bool]:
     )
 
 
+def _lag_query(db: Database, consumer: RowMapping, ages: bool) -> Select[Any]:
+    """Per partition of ``consumer``: its lag, and with ``ages`` the seconds since its row
+    changed and since its oldest message to apply was recorded (None: nothing to apply)."""
+    parts, messages = db.schema.partitions, db.schema.messages
+    columns: list[Any] = [parts.c.partition_no, func.count(messages.c.position).label("lag")]
+    if ages:
+        now = db.clock.now()
+        columns += [
+            (now - parts.c.updated_at).label("changed"),
+            (now - func.min(messages.c.recorded_at)).label("waiting"),
+        ]
+    return (
+        select(*columns)
+        .select_from(parts.outerjoin(messages, pending(db, consumer)))
+        .where(parts.c.tenant == db.tenant, parts.c.consumer == consumer["name"])
+        .group_by(parts.c.partition_no, *([parts.c.updated_at] if ages else []))
+    )
+
+
+def _ages(row: Row[Any]) -> tuple[float, float]:
+    """(idle, changed) of a row of :func:`_lag_query` with ages, in seconds, never negative."""
+    changed = max(float(row.changed), 0.0)
+    return (0.0 if row.waiting is None else max(min(changed, float(row.waiting)), 0.0), changed)
+
+
 def consumers_report(
-    db: Database, settings: ConsumerSettings, conn: Connection | None = None
+    db: Database, settings: ConsumerSettings, conn: Connection | None = None, *, ages: bool = False
 ) -> dict[str, Any]:
     """``{"consumers": [{"name", "kind", "distribution", "partitions": [...]}]}``, read in
-    ``conn``'s transaction if given, else in one of its own."""
+    ``conn``'s transaction if given, else in one of its own. With ``ages`` each partition
+    also has ``idle`` (seconds since it last progressed: its row changed, or its oldest
+    message to apply was recorded, whichever is later; 0 with nothing to apply) and
+    ``changed`` (seconds since its row last changed), read by the same query as its lag."""
     schema = db.schema
-    consumers, parts, messages = schema.consumers, schema.partitions, schema.messages
+    consumers, parts = schema.consumers, schema.partitions
     with nullcontext(conn) if conn is not None else db.read() as conn:
         instances = {
             row.id: row for row in Membership(db).instances(conn, settings.stale_instance_timeout)
@@ -82,14 +110,9 @@ def consumers_report(
             name, version = split_unit(consumer["name"])
             if version is not None and '"dropped"' in (consumer["cutover"] or ""):
                 continue  # a dropped version: its row only keeps its number taken
-            lag = (
-                select(parts.c.partition_no, func.count(messages.c.position).label("lag"))
-                .select_from(parts.outerjoin(messages, pending(db, consumer)))
-                .where(parts.c.tenant == db.tenant, parts.c.consumer == consumer["name"])
-                .group_by(parts.c.partition_no)
-            )
-            counts = conn.execute(lag).all()
+            counts = conn.execute(_lag_query(db, consumer, ages)).all()
             lags: dict[int, int] = {int(row.partition_no): int(row.lag) for row in counts}
+            aged = {int(row.partition_no): _ages(row) for row in counts} if ages else {}
             rows = conn.execute(
                 select(parts)
                 .where(parts.c.tenant == db.tenant, parts.c.consumer == consumer["name"])
@@ -114,6 +137,8 @@ def consumers_report(
                     "checkpoint": row["checkpoint"],
                     "lag": int(lags.get(row["partition_no"], 0)),
                 }
+                if ages:  # (a partition added between the two reads: just made)
+                    entry["idle"], entry["changed"] = aged.get(row["partition_no"], (0.0, 0.0))
                 needs = pending_need(row["needs"], row["checkpoint"])
                 if needs is not None:  # waits for an instance with a newer declaration
                     entry["waiting"] = describe(needs)
