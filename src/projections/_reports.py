@@ -11,6 +11,7 @@ under ``build`` while it runs, and a version a cutover replaced is ``retired``.
 from __future__ import annotations
 
 import json
+from collections.abc import Collection
 from contextlib import nullcontext
 from datetime import datetime
 from typing import Any
@@ -71,10 +72,16 @@ def _ages(row: Row[Any]) -> tuple[float, float]:
 
 
 def consumers_report(
-    db: Database, settings: ConsumerSettings, conn: Connection | None = None, *, ages: bool = False
+    db: Database,
+    settings: ConsumerSettings,
+    conn: Connection | None = None,
+    *,
+    ages: bool = False,
+    names: Collection[str] | None = None,
 ) -> dict[str, Any]:
     """``{"consumers": [{"name", "kind", "distribution", "partitions": [...]}]}``, read in
-    ``conn``'s transaction if given, else in one of its own. With ``ages`` each partition
+    ``conn``'s transaction if given, else in one of its own; of the consumers ``names``
+    only, if given. With ``ages`` each partition
     also has ``idle`` (seconds since it last progressed: its row changed, or its oldest
     message to apply was recorded, whichever is later; 0 with nothing to apply) and
     ``changed`` (seconds since its row last changed), read by the same query as its lag."""
@@ -86,7 +93,12 @@ def consumers_report(
         }
         declared = (
             conn.execute(
-                select(consumers).where(consumers.c.tenant == db.tenant).order_by(consumers.c.name)
+                select(consumers)
+                .where(
+                    consumers.c.tenant == db.tenant,
+                    *([] if names is None else [consumers.c.name.in_(list(names))]),
+                )
+                .order_by(consumers.c.name)
             )
             .mappings()
             .all()

@@ -60,7 +60,11 @@ def versions_report(db: Database, settings: ConsumerSettings, consumer: str) -> 
                 select(r.c.table_name).where(r.c.tenant == db.tenant, r.c.consumer == consumer)
             ).scalars()
         )
-    reported = {e["name"]: e for e in consumers_report(db, settings)["consumers"]}
+    building = [row.unit for row in rows if row.building]
+    reported = {
+        e["name"]: e
+        for e in (consumers_report(db, settings, names=building)["consumers"] if building else [])
+    }
     versions = []
     for row in (r for r in rows if not r.dropped):
         entry: dict[str, Any] = {
