@@ -36,6 +36,21 @@ class VersionGate:
         self._partitions = 1
         self._types: frozenset[str] = frozenset()
         self._stopped = False
+        self._asked: bool | None = None  # the live version's stop when a step was last due
+
+    def due(self, applied: int, batch_size: int) -> bool:
+        """Whether a poll of the version that applied ``applied`` messages should ask for the
+        next cutover step now: near its end (within a batch of the live version, or that
+        stopped), after progress or once the live version stopped. An idle poll with nothing
+        changed asks no more (a paused live version or a held swap would get a round per
+        poll): the rebalance rounds go on meanwhile."""
+        if not (self._stopped or applied < batch_size):
+            self._asked = None
+            return False
+        if applied or self._asked != self._stopped:
+            self._asked = self._stopped
+            return True
+        return False
 
     def read(self, conn: Connection) -> None:
         """Read the live version's checkpoints (final ones once it stopped), partition count

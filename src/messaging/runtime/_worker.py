@@ -195,9 +195,9 @@ class ConsumerWorker(Worker):
         (:attr:`cutover_due`), not at the next rebalance round: the live version is applied
         by no one from the stop to the swap."""
         applied = self._poll()
-        near = self.gate is not None and (self.gate.stopped or applied < self.settings.batch_size)
-        if near and self.cutover_due is not None:
-            self.cutover_due()  # within a batch of the live version, or it stopped
+        gate, due = self.gate, self.cutover_due
+        if gate is not None and due is not None and gate.due(applied, self.settings.batch_size):
+            due()  # within a batch of the live version, or it stopped
         return applied
 
     def _poll(self) -> int:
