@@ -8,7 +8,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from messaging import ConsistencyToken, InvalidToken, Sent, TokenNotKnown, Written, wait_for
-from messaging.store._tokens import MAX_MARKS, NOT_SENT_AGAIN
+from messaging.store._rows import NewMessage, partition_hash
+from messaging.store._tokens import MAX_MARKS, NOT_SENT_AGAIN, Outgoing
 
 marks = st.lists(
     st.tuples(
@@ -144,16 +145,24 @@ def test_bad_wait_arguments_are_refused_before_anything_is_read(
 
 def test_a_handler_s_token_is_known_once_written_and_says_why_before() -> None:
     """What ``ctx.append`` / ``ctx.send`` return carries no token until the batch's flush
-    records the position, and then the token of that one message; a message a replay did
+    records the positions, and then the token of that one message; a message a replay did
     not write again says so for ever."""
-    appended, sent = Written(), Sent("id-1", Written())
+    outgoing = Outgoing()
+    outgoing.messages += [
+        NewMessage(topic="orders", source="o-1", type="t", payload="{}"),
+        NewMessage(topic="jobs", source="j-1", type="t", payload="{}"),
+    ]
+    appended = Written(outgoing=outgoing, index=0)
+    sent = Sent("id-1", Written(outgoing=outgoing, index=1))
     for pending in (appended, sent):
         with pytest.raises(TokenNotKnown, match=r"ctx\.flush\(\)"):
             _ = pending.token
-    appended.written("t", ("orders", 7, 42))
-    sent._written.written("t", ("jobs", 9, 43))
-    assert appended.token == ConsistencyToken("t", (("orders", 7, 42),))
-    assert (appended.token | sent.token).positions == {42: ("orders", 7), 43: ("jobs", 9)}
+    outgoing.written("t", [42, 43])
+    assert appended.token == ConsistencyToken("t", (("orders", partition_hash("o-1"), 42),))
+    assert (appended.token | sent.token).positions == {
+        42: ("orders", partition_hash("o-1")),
+        43: ("jobs", partition_hash("j-1")),
+    }
     assert sent == "id-1"
     with pytest.raises(TokenNotKnown, match="does not send or append again"):
         _ = Written(why=NOT_SENT_AGAIN).token

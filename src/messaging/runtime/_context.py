@@ -31,8 +31,8 @@ from messaging.routing._outbox import Outbox
 from messaging.runtime import _upserts as upserts
 from messaging.runtime._apply_timeout import NO_DEADLINE
 from messaging.store import _fastpath
-from messaging.store._rows import NewMessage, partition_hash
-from messaging.store._tokens import NOT_SENT_AGAIN, Sent, Written
+from messaging.store._rows import NewMessage
+from messaging.store._tokens import NOT_SENT_AGAIN, Outgoing, Sent, Written
 
 
 class MessageContext(Protocol):
@@ -112,7 +112,6 @@ class HandlerContext(MessageContext):
         "_sent",
         "_statement",
         "_upserts",
-        "_written",
         "cause",
         "deadline",
         "immediate",
@@ -133,10 +132,9 @@ class HandlerContext(MessageContext):
         self._conn = conn
         self._outbox = outbox
         self._quiet = quiet
-        self._outgoing: list[NewMessage] = []
+        self._outgoing = Outgoing()
+        """What :meth:`send` and :meth:`append` buffered since the last :meth:`flush`."""
         self._sent: dict[str, int] = {}
-        self._written: list[Written] = []
-        """What :meth:`send` and :meth:`append` returned, one per message in ``_outgoing``."""
         self.cause: str | None = None
         """What the messages sent now are caused by, for their ids; None: the current position."""
         self._runs: list[tuple[Executable, list[Mapping[str, Any]]] | upserts.Writes] = []
@@ -282,10 +280,9 @@ class HandlerContext(MessageContext):
         return self._outgo(outbox.event(topic, source, message, headers))
 
     def _outgo(self, message: NewMessage) -> Written:
-        written = Written()
-        self._written.append(written)
-        self._outgoing.append(message)
-        return written
+        outgoing = self._outgoing
+        outgoing.messages.append(message)
+        return Written(outgoing, len(outgoing.messages) - 1)
 
     def _require_outbox(self) -> Outbox:
         if self._outbox is None or self._conn is None:
@@ -308,15 +305,12 @@ class HandlerContext(MessageContext):
         appended (to store them in its read model) calls it first; the tenant's position
         lock is then held from there to the batch's commit, other appends waiting."""
         self._flush_writes()
-        if self._outgoing:
-            outgoing, self._outgoing = self._outgoing, []
-            written, self._written = self._written, []
+        outgoing = self._outgoing
+        if outgoing.messages:
+            self._outgoing = Outgoing()
             assert self._outbox is not None and self._conn is not None
             store = self._outbox.store
-            positions = store.append_encoded(self._conn, outgoing)
-            tenant = store.db.tenant
-            for message, position, holder in zip(outgoing, positions, written, strict=True):
-                holder.written(tenant, (message.topic, partition_hash(message.source), position))
+            outgoing.written(store.db.tenant, store.append_encoded(self._conn, outgoing.messages))
 
     def _end_upserts(self) -> None:
         pending, self._upserts = self._upserts, None

@@ -28,12 +28,14 @@ from typing import Any
 import attrs
 
 from messaging._errors import ProjectionsError
+from messaging.store._rows import NewMessage, partition_hash
 
 __all__ = [
     "MAX_MARKS",
     "Appended",
     "ConsistencyToken",
     "InvalidToken",
+    "Outgoing",
     "Sent",
     "TokenNotKnown",
     "Written",
@@ -204,31 +206,54 @@ NOT_SENT_AGAIN = (
 )
 
 
+class Outgoing:
+    """The messages a handler context sends and appends until its next flush, and once
+    flushed their positions and tenant: what :class:`Written` tokens are made from."""
+
+    __slots__ = ("messages", "positions", "tenant")
+
+    def __init__(self) -> None:
+        self.messages: list[NewMessage] = []
+        self.positions: Sequence[int] | None = None
+        self.tenant = ""
+
+    def written(self, tenant: str, positions: Sequence[int]) -> None:
+        """Record that the messages were appended at ``positions`` for ``tenant``."""
+        self.tenant, self.positions = tenant, positions
+
+
 class Written:
     """What a handler appended (``ctx.append``): :attr:`token` is the consistency token of
     the message, known once the batch's writes are flushed (``ctx.flush()`` or the batch's
     end; valid once the batch commits)."""
 
-    __slots__ = ("_mark", "_tenant", "_token", "_why")
+    __slots__ = ("_index", "_outgoing", "_token", "_why")
 
-    def __init__(self, token: ConsistencyToken | None = None, why: str = NOT_FLUSHED) -> None:
-        self._token = token
+    def __init__(
+        self,
+        outgoing: Outgoing | None = None,
+        index: int = 0,
+        why: str = NOT_FLUSHED,
+        token: ConsistencyToken | None = None,
+    ) -> None:
+        """The ``index``-th message of ``outgoing`` (``why`` its token is not known while
+        it is not flushed), or a message written with ``token``."""
+        self._outgoing = outgoing
+        self._index = index
         self._why = why
-        self._tenant = ""
-        self._mark: Mark | None = None
+        self._token = token
 
     @property
     def token(self) -> ConsistencyToken:
         """The message's token; :class:`TokenNotKnown` before it is written."""
         if self._token is None:
-            if self._mark is None:
+            outgoing = self._outgoing
+            if outgoing is None or outgoing.positions is None:
                 raise TokenNotKnown(self._why)
-            self._token = ConsistencyToken(self._tenant, (self._mark,))
+            message = outgoing.messages[self._index]
+            mark = (message.topic, partition_hash(message.source), outgoing.positions[self._index])
+            self._token = ConsistencyToken(outgoing.tenant, (mark,))
         return self._token
-
-    def written(self, tenant: str, mark: Mark) -> None:
-        """Record where the message was written (its token is made when asked for)."""
-        self._tenant, self._mark = tenant, mark
 
 
 class Sent(str):
@@ -241,7 +266,7 @@ class Sent(str):
 
     def __new__(cls, message_id: str, token: ConsistencyToken | Written) -> Sent:
         sent = super().__new__(cls, message_id)
-        sent._written = token if isinstance(token, Written) else Written(token)
+        sent._written = token if isinstance(token, Written) else Written(token=token)
         return sent
 
     @property
