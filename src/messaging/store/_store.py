@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping, Sequence
+from functools import partial
 from operator import itemgetter
 from typing import Any
 
@@ -228,9 +229,9 @@ class MessageStore:
                 else versions.get(first_key, 0),
                 actual=None,
             ) from exc
+        marks = ((m.topic, partition_hash(m.source), first + i) for i, m in enumerate(messages))
         return Appended(
-            range(first, first + len(rows)),
-            ConsistencyToken.of(tenant, ((r[2], r[8], r[1]) for r in rows)),
+            range(first, first + len(rows)), partial(ConsistencyToken.of, tenant, marks)
         )
 
     # -- reading -----------------------------------------------------------------------
@@ -431,3 +432,9 @@ class MessageStore:
             select(p.c.last_position).where(p.c.tenant == self.db.tenant)
         ).scalar_one_or_none()
         return int(value or 0)
+
+
+def _token(tenant: str, first: int, messages: Sequence[NewMessage]) -> ConsistencyToken:
+    """The token of ``messages`` appended from position ``first`` on."""
+    marks = ((m.topic, partition_hash(m.source), first + i) for i, m in enumerate(messages))
+    return ConsistencyToken.of(tenant, marks)

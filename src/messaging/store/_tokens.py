@@ -22,7 +22,7 @@ import base64
 import binascii
 import json
 import zlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import attrs
@@ -183,11 +183,22 @@ class Appended(list[int]):
     """The positions of an append (a list, as before), with :attr:`token`: the
     consistency token of what it wrote. Valid once the append's transaction commits."""
 
-    token: ConsistencyToken
+    _token: ConsistencyToken | Callable[[], ConsistencyToken]
 
-    def __init__(self, positions: Sequence[int], token: ConsistencyToken) -> None:
+    def __init__(
+        self, positions: Sequence[int], token: ConsistencyToken | Callable[[], ConsistencyToken]
+    ) -> None:
+        """``token``, or what makes it when first asked for (most appends never are)."""
         super().__init__(positions)
-        self.token = token
+        self._token = token
+
+    @property
+    def token(self) -> ConsistencyToken:
+        """The token of the messages appended."""
+        token = self._token
+        if not isinstance(token, ConsistencyToken):
+            token = self._token = token()
+        return token
 
 
 class TokenNotKnown(ProjectionsError):
