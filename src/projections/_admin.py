@@ -77,6 +77,8 @@ from projections._reports import (
 from projections._version_commands import versions_report
 
 log = logging.getLogger("projections.admin")
+LONG_REQUESTS = "waits and progress streams"
+"""What takes the admin server's slots for long requests (at most half its threads)."""
 
 DATABASE_UNAVAILABLE = "the database is unavailable; see the server's log"
 NO_METRICS = (
@@ -229,12 +231,16 @@ def make_server(
                 return
             if segments[:2] == ["admin", "consumers"] and segments[3:] == ["wait"]:
                 name, sock = segments[2], self.connection
-                self._answer(
-                    path, lambda: wait_answer(db, consumer_settings, name, self.path, sock)
-                )
+                with self.long_request(LONG_REQUESTS) as admitted:
+                    if admitted:
+                        self._answer(
+                            path, lambda: wait_answer(db, consumer_settings, name, self.path, sock)
+                        )
                 return
             if segments[:2] == ["admin", "consumers"] and segments[3:] == ["progress"]:
-                serve_progress(self, db, consumer_settings, segments[2])
+                with self.long_request(LONG_REQUESTS) as admitted:
+                    if admitted:
+                        serve_progress(self, db, consumer_settings, segments[2])
                 return
             if segments[:2] == ["admin", "consumers"] and segments[3:] == ["health"]:
                 name = segments[2]

@@ -3,6 +3,9 @@ deadline for each request to arrive, and a limit on the size of a request's head
 
 - At most ``max_threads`` connections are served at once; up to ``max_waiting`` more
   wait for a thread; beyond that a connection is answered 503 and closed at once.
+- Long requests (a long poll, an event stream: :meth:`LimitedRequestHandler.long_request`)
+  take at most half of the threads; beyond that they are answered 503 with
+  ``Retry-After``, so health probes and other short requests always find a thread.
 - Each request (request line, headers and body) must arrive within ``request_timeout``
   seconds: of the connection's acceptance for its first request (time spent waiting for a
   thread counts), of the previous answer for the next ones. Otherwise it is closed.
@@ -22,6 +25,7 @@ import math
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, HTTPServer
@@ -121,6 +125,9 @@ class BoundedHTTPServer(HTTPServer):
         self.max_threads = max_threads
         self.max_waiting = max_waiting
         self._slots = threading.BoundedSemaphore(max_threads + max_waiting)
+        self.max_long = max(1, max_threads // 2)
+        self.long_slots = threading.BoundedSemaphore(self.max_long)
+        """Taken by each long request while it runs (see the module)."""
         self._accepted: dict[socket.socket, float] = {}
         self._lock = threading.Lock()
         # Before binding: a port in use makes the base class call server_close(), which
@@ -230,6 +237,23 @@ class LimitedRequestHandler(BaseHTTPRequestHandler):
     def end_headers(self) -> None:
         self.connection.settimeout(self.bounded_server.request_timeout)  # for a slow reader
         super().end_headers()
+
+    @contextlib.contextmanager
+    def long_request(self, what: str) -> Iterator[bool]:
+        """Hold one of the server's slots for long requests (``what``: a wait, a stream)
+        while the block runs; yield False, having answered 503 with ``Retry-After``, when
+        all are taken."""
+        slots = self.bounded_server.long_slots
+        if not slots.acquire(blocking=False):
+            limit = self.bounded_server.max_long
+            error = f"too many {what} open at once ({limit}); try again shortly"
+            self.send_json(503, {"error": error}, headers={"Retry-After": "1"})
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            slots.release()
 
     def send_json(self, status: int, data: Any, *, headers: dict[str, str] | None = None) -> None:
         """Answer ``data`` as JSON; an error status (400 and above) closes the connection."""

@@ -15,6 +15,7 @@ from urllib.parse import quote
 import attrs
 import pytest
 from admin_client import TOKEN, get_json, serve
+from clusters import wait_until
 from ledger_waits import CONSUMER, balance, deposit, ledger_instance
 
 from messaging import (
@@ -130,6 +131,51 @@ def test_a_client_that_disconnects_mid_wait_frees_its_thread(db: Database, base:
     started = time.monotonic()
     status, _ = get_json(_wait_url(base, token, "0"))
     assert status == 408 and time.monotonic() - started < 2
+
+
+def _open_wait(base: str, token: object) -> socket.socket:
+    """A long poll of 60 s left running on a connection of its own."""
+    host, port = base.removeprefix("http://").split(":")
+    client = socket.create_connection((host, int(port)))
+    client.sendall(
+        f"GET /admin/consumers/{CONSUMER}/wait?token={quote(str(token))}&timeout=60 HTTP/1.1\r\n"
+        f"Host: {host}:{port}\r\n\r\n".encode()
+    )
+    return client
+
+
+def test_long_polls_take_half_the_threads_at_most_so_probes_are_served(db: Database) -> None:
+    """With 4 handler threads, 2 long polls may run; a third is answered 503 with
+    Retry-After at once, while health probes are still served; once a poll ends, a wait
+    is admitted again."""
+    server = make_server(db, SETTINGS, "127.0.0.1", 0, max_threads=4)
+    base, thread = serve(server)
+    instance = ledger_instance(db)
+    instance.start(loops=False)
+    instance.stop()
+    token = deposit(db, "busy").token
+    polls = [_open_wait(base, token) for _ in range(2)]
+    try:
+        refused = wait_until(  # a check while both polls run: 503
+            lambda: (answer := get_json(_wait_url(base, token, "0")))[0] == 503 and answer,
+            timeout=10,
+            what="both polls running",
+        )
+        assert "too many waits and progress streams open at once (2)" in refused[1]["error"]
+        started = time.monotonic()
+        for _ in range(5):
+            assert get_json(f"{base}/admin/health/live")[0] == 200
+        assert time.monotonic() - started < 5
+        polls.pop().close()
+        assert wait_until(
+            lambda: get_json(_wait_url(base, token, "0"))[0] == 408, timeout=10, what="admitted"
+        )
+    finally:
+        for client in polls:
+            client.close()
+        server.shutdown()
+        server.server_close()
+        thread.join(10)
 
 
 # -- GET /admin/consumers/<name>/progress: server-sent events ---------------------------------
