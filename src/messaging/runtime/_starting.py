@@ -4,10 +4,11 @@ Every join (a registration, a declaration, a claim) updates the tenant's generat
 so instances started at once queue on it (on SQLite, on the write lock): 64 of them on a
 loaded machine waited out their lock-wait bound more often than ``conflict-retry``
 allows, and exited. A start step that meets a lock conflict therefore retries, with
-``conflict-retry``'s backoff, until :data:`START_PATIENCE` stale-instance-timeouts have
-passed since its first attempt, however many retries that takes, and says so once per
-start. Other transient errors (a lost connection) keep ``conflict-retry``'s count. A
-stop asked for meanwhile ends the wait at once.
+``conflict-retry``'s backoff, until :data:`START_PATIENCE` stale-instance-timeouts (at
+least :data:`MIN_START_PATIENCE` seconds) have passed since its first attempt, however
+many retries that takes, and says so once per start. Other transient errors (a lost
+connection) keep ``conflict-retry``'s count. A stop asked for meanwhile ends the wait at
+once.
 """
 
 from __future__ import annotations
@@ -29,8 +30,11 @@ T = TypeVar("T")
 
 START_PATIENCE = 4
 """Stale-instance-timeouts a start step retries lock conflicts for (2 minutes at the
-defaults): time for a crowd of joiners to pass the generation row one by one, and for a
-frozen holder's connection to be ended by the instance taking over from it."""
+defaults): time for a frozen holder's connection to be ended by the instance taking over
+from it, and for a crowd of joiners to pass the generation row one by one."""
+MIN_START_PATIENCE = 60.0
+"""Seconds a start step retries lock conflicts for at least, however short the timeouts:
+how long a crowd takes depends on the machine's load, not on them."""
 
 
 @attrs.define
@@ -49,7 +53,7 @@ class StartRetry:
     @property
     def patience(self) -> float:
         """Seconds a step retries lock conflicts for."""
-        return START_PATIENCE * self.settings.stale_instance_timeout
+        return max(START_PATIENCE * self.settings.stale_instance_timeout, MIN_START_PATIENCE)
 
     def __call__(self, action: Callable[[], T], what: str) -> T:
         """Run the step ``action`` (``what``, for the log) with its retries."""
