@@ -17,8 +17,16 @@ from functools import partial
 from pathlib import Path
 
 import pytest
-from clusters import lag, seed_ledger, start_instance, stop_instance, wait_until, write_config
-from sqlalchemy import make_url, select, update
+from clusters import (
+    lag,
+    registered,
+    seed_ledger,
+    start_instance,
+    stop_instance,
+    wait_until,
+    write_config,
+)
+from sqlalchemy import make_url, update
 
 from messaging import Database
 from messaging.distribution._pulse import bump_generation
@@ -65,12 +73,6 @@ def _waits(log: Path) -> list[str]:
     return [line for line in log.read_text().splitlines() if "waits for a lock" in line]
 
 
-def _registered(db: Database, name: str) -> bool:
-    i = db.schema.instances
-    with db.read() as conn:
-        return conn.execute(select(i.c.id).where(i.c.name == name)).first() is not None
-
-
 def test_a_start_that_meets_a_held_generation_row_waits_and_runs(
     db: Database, tmp_path: Path
 ) -> None:
@@ -81,8 +83,8 @@ def test_a_start_that_meets_a_held_generation_row_waits_and_runs(
         process = start_instance(config, "a", log=log)
         time.sleep(HELD)  # the row held as long as a slow peer's join would
         assert process.poll() is None, f"the start gave up:\n{log.read_text()}"
-        assert not _registered(db, "a")
-    wait_until(partial(_registered, db, "a"), timeout=30, what="a to register")
+        assert not registered(db, "a")
+    wait_until(partial(registered, db, "a"), timeout=30, what="a to register")
     wait_until(lambda: lag(db) == 0, timeout=30, what="a to apply the ledger")
     assert stop_instance(process) == 0
     assert len(_waits(log)) == 1, log.read_text()  # said once, however many retries
@@ -101,4 +103,4 @@ def test_a_stop_asked_for_while_the_start_waits_ends_it_cleanly(
         took = time.monotonic() - asked
     assert code == 0, log.read_text()
     assert took < STALE, took  # one lock wait (1 s) at most, not the start's patience
-    assert not _registered(db, "a")
+    assert not registered(db, "a")
