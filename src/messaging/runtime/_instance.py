@@ -137,7 +137,10 @@ class Instance:
             raise ProjectionsError("instance already started")
         self._started = True
         reported = partial(report_retry, self.hooks, self.id)
-        stopping = lambda: interrupted() or self.stop_requested.is_set()  # noqa: E731
+
+        def stopping() -> bool:
+            return interrupted() or self.stop_requested.is_set()
+
         step = StartRetry(self.name, self.consumer_settings, reported, stopping)
         try:
             self._start(loops, step)
