@@ -181,7 +181,7 @@ class Setup:
 def started(cluster: Cluster, count: int, wave: int | None = None) -> list[str]:
     """``count`` instances started and sharing every partition: all together, or ``wave``
     at a time, each wave registered before the next starts (as a rolling start would:
-    64 processes starting at once on 2 cores overrun their lock waits and retries)."""
+    64 processes starting at once on 2 cores queue for minutes on the generation row)."""
     names: list[str] = []
     while len(names) < count:
         batch = [cluster.start() for _ in range(min(wave or count, count - len(names)))]

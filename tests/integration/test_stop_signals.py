@@ -18,8 +18,7 @@ from functools import partial
 from pathlib import Path
 
 import pytest
-from clusters import seed_ledger, start_instance, wait_until, write_config
-from sqlalchemy import select
+from clusters import registered, seed_ledger, start_instance, wait_until, write_config
 
 from messaging import Database
 
@@ -37,12 +36,6 @@ def sqlite_db(tmp_path: Path) -> Iterator[Database]:
     database.dispose()
 
 
-def _registered(db: Database, name: str) -> bool:
-    i = db.schema.instances
-    with db.read() as conn:
-        return conn.execute(select(i.c.id).where(i.c.name == name)).first() is not None
-
-
 def test_sigterm_right_after_sigcont_stops_the_instance_every_time(
     sqlite_db: Database, tmp_path: Path
 ) -> None:
@@ -54,7 +47,7 @@ def test_sigterm_right_after_sigcont_stops_the_instance_every_time(
         name = f"s{n}"
         process = start_instance(config, name)
         try:
-            wait_until(partial(_registered, db, name), timeout=60, what=f"{name} to register")
+            wait_until(partial(registered, db, name), timeout=60, what=f"{name} to register")
             os.kill(process.pid, signal.SIGSTOP)
             time.sleep(0.05 * (n % 3))  # frozen for a moment (0 to 100 ms)
             os.kill(process.pid, signal.SIGCONT)
@@ -88,7 +81,7 @@ def test_a_sigterm_delivered_to_another_thread_stops_the_instance(
     config = write_config(tmp_path / "config.yaml", db)
     process = start_instance(config, "threads")
     try:
-        wait_until(lambda: _registered(db, "threads"), timeout=60, what="it to register")
+        wait_until(lambda: registered(db, "threads"), timeout=60, what="it to register")
         others = wait_until(
             lambda: [int(t) for t in os.listdir(f"/proc/{process.pid}/task")][1:],
             timeout=30,

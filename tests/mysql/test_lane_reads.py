@@ -1,17 +1,26 @@
 """Lanes share one read: a consumer applied in parallel lanes on MySQL reads each batch
 once, so its reads examine about as many rows as they return, and a lane whose
-partitions get no messages does not rescan the stream at every idle poll."""
+partitions get no messages does not rescan the stream at every idle poll.
+
+And a partition is not held behind another partition's backlog while a lane is free: the
+lanes of a read are made of whole partitions at each read, so two partitions with
+messages go to two lanes and are applied at the same time. Lanes used to be fixed as
+``p % lanes``: partitions 0 and 4 of a 4-lane consumer shared a lane, and 4's messages
+waited behind 0's backlog with three lanes idle (16 instances owning 8 of 128 partitions
+each left some lanes with none and others with three)."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import partial
 from typing import Any
 
 import attrs
 import pytest
 from clusters import wait_until
-from sqlalchemy import BigInteger, Column, MetaData, Table, event, func, insert, select
+from sqlalchemy import BigInteger, Column, MetaData, String, Table, event, func, insert, select
 
 from messaging import (
     Database,
@@ -33,12 +42,21 @@ pytestmark = pytest.mark.mysql
 
 PARTITIONS = 8
 LANES = 4
+BACKLOG = 30
 metadata = MetaData()
 applied = Table(
     "lane_applied",
     metadata,
     Column("position", BigInteger, primary_key=True, autoincrement=False),
 )
+split_applied = Table(
+    "lane_split_applied",
+    metadata,
+    Column("position", BigInteger, primary_key=True, autoincrement=False),
+    Column("source", String(20), nullable=False),
+)
+meeting = threading.Barrier(2)
+"""The first message of each of two partitions waits here for the other's."""
 
 
 @message("test.lanes.item")
@@ -52,6 +70,16 @@ class LaneItems:
     @handler
     def item(self, event: Item, ctx: HandlerContext) -> None:
         ctx.execute(insert(applied), {"position": ctx.envelope.position})
+
+
+@projection("lane-split", topics="split", partitions=PARTITIONS, tables=[split_applied])
+class LaneSplit:
+    @handler
+    def item(self, event: Item, ctx: HandlerContext) -> None:
+        if event.n == 0:
+            meeting.wait(timeout=30)  # broken (and the partition halted) unless concurrent
+        row = {"position": ctx.envelope.position, "source": ctx.envelope.source}
+        ctx.execute(insert(split_applied), row)
 
 
 class ReadCounter:
@@ -110,33 +138,32 @@ def counter(db: Database) -> Iterator[ReadCounter]:
     reads.close()
 
 
-@pytest.fixture
-def worker(db: Database, counter: ReadCounter) -> Iterator[ConsumerWorker]:
-    """The consumer's worker on a running instance, with four lanes, 20 ms idle polls."""
+@contextmanager
+def _running(db: Database, consumer: type, batch_size: int) -> Iterator[Instance]:
+    """A running instance of ``consumer`` with four lanes and 20 ms idle polls."""
 
     class Contribute:
         @hookimpl
         def projections_consumers(self) -> list[type]:
-            return [LaneItems]
+            return [consumer]
 
-    settings = settings_from_mapping(
-        {
-            "messaging": {
-                "consumer": {
-                    "batch-size": 25,
-                    "idle-poll-interval": "20ms",
-                    "executor": {"max-workers": LANES},
-                }
-            }
-        }
-    )
+    options = {"batch-size": batch_size, "idle-poll-interval": "20ms"}
+    lanes = {"executor": {"max-workers": LANES}}
+    settings = settings_from_mapping({"messaging": {"consumer": {**options, **lanes}}})
     manager = create_plugin_manager([], plugins=[Contribute()], load_entrypoints=False)
     instance = Instance(db, collect_consumers(manager), settings, manager.hook, name="lanes")
     instance.start()
     try:
-        yield instance.workers["lane-items"]
+        yield instance
     finally:
         instance.stop()
+
+
+@pytest.fixture
+def worker(db: Database, counter: ReadCounter) -> Iterator[ConsumerWorker]:
+    """The consumer's worker on a running instance, with four lanes, 20 ms idle polls."""
+    with _running(db, LaneItems, 25) as instance:
+        yield instance.workers["lane-items"]
 
 
 def _reads_at_least(counter: ReadCounter, reads: int) -> bool:
@@ -183,3 +210,34 @@ def test_lanes_share_one_read_and_idle_lanes_do_not_rescan(
     assert busy[1] == total
     assert busy[0] <= 1.1 * busy[1], f"reads examined {busy[0]} rows to return {busy[1]}"
     assert idle <= LANES, f"20 idle reads examined {idle} rows"
+
+
+def test_a_partition_is_not_held_behind_the_backlog_of_its_old_lane_mate(db: Database) -> None:
+    backlog, late = (  # partitions 0 and 4: one lane as p % 4
+        next(f"s{n}" for n in range(99) if partition_of(f"s{n}", PARTITIONS) == p) for p in (0, 4)
+    )
+    meeting.reset()
+    with _running(db, LaneSplit, 10):
+        store = MessageStore(db)
+        with db.transaction() as conn:  # 4 after 0's backlog, both in one read
+            for n in range(BACKLOG):
+                store.append(conn, "split", backlog, [Item(n)])
+            for n in range(5):
+                store.append(conn, "split", late, [Item(n)])
+
+        def rows() -> list[tuple[int, str]]:
+            order = split_applied.c.position
+            with db.read() as conn:
+                return [
+                    (r.position, r.source)
+                    for r in conn.execute(select(split_applied).order_by(order))
+                ]
+
+        done = wait_until(
+            lambda: meeting.broken or len(rows()) == BACKLOG + 5, timeout=60, what="the messages"
+        )
+        assert not meeting.broken, "the two partitions were not applied at the same time"
+        assert done
+        for source in (backlog, late):
+            positions = [p for p, s in rows() if s == source]
+            assert positions == sorted(positions)

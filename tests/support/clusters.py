@@ -135,6 +135,13 @@ def wait_until(condition: Callable[[], Any], *, timeout: float, what: str) -> An
         time.sleep(0.02)
 
 
+def registered(db: Database, name: str) -> bool:
+    """Whether an instance named ``name`` has its row."""
+    i = db.schema.instances
+    with db.read() as conn:
+        return conn.execute(select(i.c.id).where(i.c.name == name)).first() is not None
+
+
 def seed_ledger(db: Database, messages: int, seed: int = 1, prefix: str = "acct") -> int:
     """Append about ``messages`` ledger messages; return how many were appended."""
     store = MessageStore(db)

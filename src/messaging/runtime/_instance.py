@@ -36,12 +36,13 @@ from messaging.distribution._pulse import bump_generation
 from messaging.runtime._declarations import declare, tenant_fingerprint
 from messaging.runtime._heap import freeze_once
 from messaging.runtime._in_memory import InMemoryConsumer
-from messaging.runtime._lifecycle import lifecycle_event
+from messaging.runtime._lifecycle import lifecycle_event, partition_event
 from messaging.runtime._outage import Heartbeats, Outage, run_every
 from messaging.runtime._process import default_instance_name, process_exists
 from messaging.runtime._pulser import Pulser
 from messaging.runtime._rebalancer import Rebalancer
 from messaging.runtime._signals import POLL, StopSignals
+from messaging.runtime._starting import StartRetry
 from messaging.runtime._units import Units
 from messaging.runtime._watchdog import Watchdog, round_bound
 from messaging.runtime._worker import ConsumerWorker
@@ -125,17 +126,24 @@ class Instance:
 
     # -- start -------------------------------------------------------------------------
 
-    def start(self, *, loops: bool = True) -> None:
+    def start(self, *, loops: bool = True, interrupted: Callable[[], bool] = lambda: False) -> None:
         """Prepare the schema, register (the first heartbeat), declare the consumers, claim,
-        and start every loop. With ``loops=False`` no thread is started: the caller drives
-        :meth:`heartbeat`, :meth:`rebalance` and the workers' ``poll()`` itself (tests with
-        an injected clock do). A start that fails part-way stops what it had started (its
-        registration included) before the error goes on."""
+        and start every loop, each step retried as :class:`StartRetry` says (given up at
+        once when ``interrupted()``). With ``loops=False`` no thread is started: the caller
+        drives :meth:`heartbeat`, :meth:`rebalance` and the workers' ``poll()`` itself (tests
+        with an injected clock do). A start that fails part-way stops what it had started
+        (its registration included) before the error goes on."""
         if self._started:
             raise ProjectionsError("instance already started")
         self._started = True
+        reported = partial(report_retry, self.hooks, self.id)
+
+        def stopping() -> bool:
+            return interrupted() or self.stop_requested.is_set()
+
+        step = StartRetry(self.name, self.consumer_settings, reported, stopping)
         try:
-            self._start(loops)
+            self._start(loops, step)
         except BaseException:
             try:
                 self.stop()
@@ -143,12 +151,12 @@ class Instance:
                 log.exception("instance %s: could not undo its failed start", self.name)
             raise
 
-    def _start(self, loops: bool) -> None:
+    def _start(self, loops: bool, step: StartRetry) -> None:
         check_overrides(self.settings, self.specs)
         self.registry.check_upcasters()  # every stored version reaches a class, or one line
         # Another process may be creating a new SQLite file's schema (and WAL mode) at
         # this moment: that is a lock error like any other, and retried.
-        self.retry(self.db.prepare, "prepare the schema")
+        step(self.db.prepare, "prepare the schema")
         runs = {}
         for spec in self.specs:
             if spec.transactional:
@@ -162,8 +170,8 @@ class Instance:
         self.info = attrs.evolve(self.info, id=self.id, name=self.name, runs=runs)
         if loops:  # a liveness signal its peers watch (none for an instance driven by hand)
             hold = partial(self.membership.hold, self.id, self.consumer_settings.idle_poll_interval)
-            self.retry(hold, "hold the liveness signal")
-        self.retry(self._register, "register")
+            step(hold, "hold the liveness signal")
+        step(self._register, "register")
         self.registered = True
         for spec in self.specs:
             if not spec.transactional:
@@ -178,13 +186,13 @@ class Instance:
                 continue
             distribution = self.distributions[spec.name]
             declaring = partial(declare, self.db, spec, distribution, self.id, self.name)
-            if self.retry(declaring, f"declare {spec.name}").outcome == DeclarationOutcome.STALE:
+            if step(declaring, f"declare {spec.name}").outcome == DeclarationOutcome.STALE:
                 self.forget(spec.name)
                 del self.fingerprints[spec.name]
         for memory in self.in_memory.values():
             memory.outage = self.outage
         if self.in_memory:
-            self.retry(self.publish_in_memory, "publish the in-memory consumers")
+            step(self.publish_in_memory, "publish the in-memory consumers")
         log.info(
             "instance %s (%s) started with %s, in memory %s",
             self.name,
@@ -198,7 +206,7 @@ class Instance:
             consumers=[s.name for s in self.specs],
             tenant=self.db.tenant,
         )
-        self.retry(self.rebalance, "rebalance")  # starts the workers (messaging.runtime._units)
+        step(self.rebalance, "rebalance")  # starts the workers (messaging.runtime._units)
         if self.settings.messaging.gc_freeze:
             freeze_once()  # what is held now is held until the stop (messaging.runtime._heap)
             for worker in self.workers.values():
@@ -284,25 +292,6 @@ class Instance:
                 self.membership.update_runs(conn, self.id, runs)
 
         self.retry(update, "publish what it runs")
-
-    def partition_event(self, consumer: str, partition: int, epoch: int | None) -> None:
-        """A claim (with its epoch) or a release (``epoch`` None): log it, tell the plugins."""
-        lifecycle_event(
-            "claim" if epoch is not None else "release",
-            consumer=consumer,
-            partition=partition,
-            instance=self.name,
-            instance_id=self.id,
-            epoch=epoch,
-        )
-        if epoch is not None:
-            self.hooks.projections_partition_claimed(
-                consumer=consumer, partition=partition, epoch=epoch, instance_id=self.id
-            )
-        else:
-            self.hooks.projections_partition_released(
-                consumer=consumer, partition=partition, instance_id=self.id
-            )
 
     def rebalance(self) -> None:
         """One rebalance round now (see :meth:`Rebalancer.rebalance`)."""
@@ -428,14 +417,20 @@ class Instance:
         self.retry(leave, "release and deregister")
         self.units.close()
         for consumer, partition in released:
-            self.partition_event(consumer, partition, None)
+            partition_event(self, consumer, partition, None)
         log.info("instance %s stopped", self.name)
 
     def run(self) -> None:
         """Start, then run until SIGTERM/SIGINT (or :meth:`request_stop`), then stop gracefully."""
         with StopSignals() as signals:
             try:
-                self.start()
+                try:
+                    self.start(interrupted=lambda: signals.received is not None)
+                except Exception:
+                    if signals.received is None:
+                        raise
+                    log.info("instance %s: received %s while starting", self.name, signals.received)
+                    return
                 while not self.stop_requested.wait(POLL) and signals.received is None:
                     pass
                 if signals.received is not None:

@@ -41,6 +41,10 @@ class Lanes:
             )
         self._running.add(self._pool.submit(_then, batch, ended))
 
+    def free(self) -> int:
+        """How many more batches could start now."""
+        return self.count - len(self._running)
+
     def running(self) -> bool:
         """Whether a batch is being applied."""
         return bool(self._running)

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from messaging.runtime._instance import Instance
 
 log = logging.getLogger("messaging.runtime.lifecycle")
 
@@ -36,3 +39,25 @@ def lifecycle_event(
     present = {key: value for key, value in fields.items() if value is not None}
     line = " ".join([f"event={event}", *(f"{k}={_value(v)}" for k, v in present.items())])
     log.log(level, line, exc_info=exc_info, extra={"lifecycle": {"event": event, **present}})
+
+
+def partition_event(instance: Instance, consumer: str, partition: int, epoch: int | None) -> None:
+    """A claim by ``instance`` (with its epoch) or a release (``epoch`` None): log it, and
+    tell the plugins."""
+    lifecycle_event(
+        "claim" if epoch is not None else "release",
+        consumer=consumer,
+        partition=partition,
+        instance=instance.name,
+        instance_id=instance.id,
+        epoch=epoch,
+    )
+    hooks = instance.hooks
+    if epoch is not None:
+        hooks.projections_partition_claimed(
+            consumer=consumer, partition=partition, epoch=epoch, instance_id=instance.id
+        )
+    else:
+        hooks.projections_partition_released(
+            consumer=consumer, partition=partition, instance_id=instance.id
+        )

@@ -26,6 +26,7 @@ from messaging.distribution._pulse import bump_generation, read_generation
 from messaging.distribution._rebalance import plan
 from messaging.runtime._cutover import step
 from messaging.runtime._declarations import start_requested_rebuild
+from messaging.runtime._lifecycle import partition_event
 from messaging.runtime._versions import UnitRow, split_unit, unit_rows
 
 if TYPE_CHECKING:
@@ -238,7 +239,7 @@ class Rebalancer:
                 worker.add_claims(claims)
                 claimed += len(claims)
                 for claim in claims:
-                    inst.partition_event(name, claim.partition, claim.epoch)
+                    partition_event(inst, name, claim.partition, claim.epoch)
             unclaimed = target.target - set(worker.claims()) - worker.holdings.leaving()
             self._note_unclaimed(name, unclaimed, declared[name][1], halted[name])
         return Moved(claimed=claimed, released=released)
@@ -314,7 +315,7 @@ class Rebalancer:
 
         inst.retry(release, f"release {name}")
         for partition in partitions:
-            inst.partition_event(name, partition, None)
+            partition_event(inst, name, partition, None)
 
     def _next_round(self, members: Sequence[InstanceRow]) -> float:
         """How soon the next rebalance is worth running: at the regular interval, but right

@@ -81,7 +81,7 @@ class ConsumerWorker(Worker):
         self.whole = whole
         """Single-owner mode: apply only while holding every partition (global order)."""
         self.lanes = 1 if whole else max(1, min(lanes, spec.partitions))
-        """Parts of a batch applied at once: partition ``p`` belongs to lane ``p % lanes``."""
+        """Batches applied at once, each of whole partitions (:func:`split_lanes`)."""
         self._limiter = limiter if limiter is not None else nullcontext()
         self.ownership = Ownership(db)
         self.holdings = Holdings(spec.name)
@@ -230,26 +230,26 @@ class ConsumerWorker(Worker):
             self.holdings.finish(claims)
 
     def _poll_lanes(self) -> int:
-        """One read (``batch-size`` per lane) for the lanes no batch applies, their parts
-        applied in parallel; returns what the batches that ended applied. A busy lane does
-        not hold the others (:class:`Lanes`): the free lanes are read again meanwhile."""
+        """One read (``batch-size`` per free lane) of the partitions no batch applies, split
+        among the free lanes (:func:`split_lanes`) and applied in parallel; returns what the
+        batches that ended applied. A busy lane does not hold the others (:class:`Lanes`):
+        the free lanes are read again meanwhile."""
         idle = self.settings.idle_poll_interval
         while True:
             claims = self.holdings.take(self.held_claims())
+            free = min(self._lanes.free(), len(claims))
             started = time.perf_counter()
             rows: Sequence[StoredRow] = ()
             try:  # (the read's commit may fail after the rows came)
-                if claims:
-                    limit = self.settings.batch_size * len({p % self.lanes for p in claims})
+                if free:
                     with self.db.read() as conn:
-                        rows = self._fetch(conn, claims, limit)
+                        rows = self._fetch(conn, claims, self.settings.batch_size * free)
             except BaseException:
                 self.holdings.finish(claims)
                 raise
             if not rows:
                 self.holdings.finish(claims)
-            size = self.settings.batch_size
-            for batch in split_lanes(claims, rows, self.spec.partitions, self.lanes, size):
+            for batch in split_lanes(claims, rows, self.spec.partitions, free):
                 apply = partial(self._apply_limited, batch, started)
                 self._lanes.submit(apply, partial(self.holdings.finish, batch.claims))
             if not self._lanes.running():

@@ -315,22 +315,29 @@ class Database:
 
     def ensure_tenant(self) -> None:
         """Create this tenant's position counter and generation (see
-        :mod:`messaging.distribution._pulse`) if they do not exist yet."""
+        :mod:`messaging.distribution._pulse`) if they do not exist yet (looked for first
+        without a write transaction: a crowd of instances starting takes no lock here)."""
         counters = (
             (self.schema.positions, "last_position"),
             (self.schema.generations, "generation"),
         )
+
+        def missing(conn: Connection) -> list[tuple[Table, str]]:
+            mine = [
+                (t, c, select(t.c.tenant).where(t.c.tenant == self.tenant)) for t, c in counters
+            ]
+            return [(t, c) for t, c, row in mine if conn.execute(row).first() is None]
+
+        with self.read() as conn:
+            if not missing(conn):
+                return
         with self.transaction() as conn:
-            for table, column in counters:
-                exists = conn.execute(
-                    select(table.c.tenant).where(table.c.tenant == self.tenant)
-                ).first()
-                if exists is None:
-                    try:
-                        with conn.begin_nested():
-                            conn.execute(insert(table).values(tenant=self.tenant, **{column: 0}))
-                    except IntegrityError:
-                        pass  # another process created it first
+            for table, column in missing(conn):
+                try:
+                    with conn.begin_nested():
+                        conn.execute(insert(table).values(tenant=self.tenant, **{column: 0}))
+                except IntegrityError:
+                    pass  # another process created it first
 
     def for_version(self, version: int) -> Database:
         """Another engine on this database, tenant and clock whose statements naming a

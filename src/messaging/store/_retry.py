@@ -242,12 +242,11 @@ def is_unreachable(exc: BaseException) -> bool:
     return isinstance(exc, InterfaceError) or any(f in text for f in _SQLITE_UNREACHABLE)
 
 
-def backoff_delays(settings: ConflictRetrySettings) -> list[float]:
-    """The waits before each retry: doubling from 10 ms, capped at ``max-delay``, with jitter."""
-    return [
-        min(settings.max_delay, _FIRST_DELAY * 2**attempt) * random.uniform(0.5, 1.0)
-        for attempt in range(settings.max_retries)
-    ]
+def backoff_delay(settings: ConflictRetrySettings, attempt: int) -> float:
+    """The wait before retry ``attempt`` (from 0): doubling from 10 ms, capped at
+    ``max-delay``, with jitter."""
+    doubled: float = _FIRST_DELAY * 2 ** min(attempt, 32)
+    return min(settings.max_delay, doubled) * random.uniform(0.5, 1.0)
 
 
 class _Storm:
@@ -297,7 +296,7 @@ def retry_transient(
                 raise
             if give_up is not None and give_up(exc):
                 raise
-            delay = backoff_delays(settings)[attempt]
+            delay = backoff_delay(settings, attempt)
             attempt += 1
             if is_ambiguous(exc):
                 log.log(  # the driver's error alone: one line, no SQL or parameters

@@ -120,6 +120,9 @@ def create_sqlite_schema(db: Database) -> None:
     added since."""
     table = db.schema.migrations
     db.schema.extend()  # the tables of consumer kinds registered since it was built
+    with db.read() as conn:  # the common case, without the write lock (a crowd starting)
+        if _sqlite_schema_current(conn, db):
+            return
     with db.transaction() as conn:
         db.schema.metadata.create_all(conn)
         applied = set(conn.execute(select(table.c.version)).scalars())
@@ -133,6 +136,15 @@ def create_sqlite_schema(db: Database) -> None:
                     version=SCHEMA_VERSION, name="create_all", applied_at=db.clock.now()
                 )
             )
+
+
+def _sqlite_schema_current(conn: Connection, db: Database) -> bool:
+    """Whether every table is there and this version's schema recorded (none newer)."""
+    present = set(inspect(conn).get_table_names())
+    if any(table.name not in present for table in db.schema.metadata.sorted_tables):
+        return False
+    applied = set(conn.execute(select(db.schema.migrations.c.version)).scalars())
+    return max(applied, default=0) == SCHEMA_VERSION
 
 
 def _add_missing_columns_and_indexes(conn: Connection, db: Database) -> None:
