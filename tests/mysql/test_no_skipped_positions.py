@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 import threading
 import time
+from functools import partial
 
 import attrs
 import pytest
@@ -12,6 +13,7 @@ from clusters import wait_until
 from sqlalchemy import BigInteger, Column, MetaData, Table, insert, select
 
 from messaging import (
+    ConflictRetrySettings,
     Database,
     HandlerContext,
     Instance,
@@ -24,6 +26,7 @@ from messaging import (
 )
 from messaging._config import settings_from_mapping
 from messaging.distribution._ownership import Ownership
+from messaging.store._retry import lock_conflict, retry_transient
 from projections import projection
 
 pytestmark = pytest.mark.mysql
@@ -62,14 +65,24 @@ def _appender(
 ) -> None:
     store = MessageStore(db)
     rng = random.Random(writer)
+
+    def append(n: int) -> None:
+        with db.transaction() as conn:
+            store.append(conn, "ticks", f"writer-{writer}", [Tick(writer, n)])
+            if slow:
+                # Hold the transaction open after taking a position: the deliberate
+                # out-of-order commit the store must not let a reader skip past.
+                time.sleep(rng.uniform(0.005, 0.05))
+
     try:
-        for n in range(rounds):
-            with db.transaction() as conn:
-                store.append(conn, "ticks", f"writer-{writer}", [Tick(writer, n)])
-                if slow:
-                    # Hold the transaction open after taking a position: the deliberate
-                    # out-of-order commit the store must not let a reader skip past.
-                    time.sleep(rng.uniform(0.005, 0.05))
+        for n in range(rounds):  # a lock wait past its bound (a loaded server) is retried,
+            # as an application retries it; a lost connection is not (no duplicates here)
+            retry_transient(
+                partial(append, n),
+                ConflictRetrySettings(max_retries=20),
+                what="append",
+                give_up=lambda exc: lock_conflict(exc) is None,
+            )
     except BaseException as exc:  # reported by the test
         errors.append(exc)
 

@@ -4,6 +4,7 @@ sessions of an instance taken for stale, ended by its successor, are said once i
 from __future__ import annotations
 
 import logging
+import time
 
 import pymysql
 import pytest
@@ -50,7 +51,7 @@ def _messages(caplog: pytest.LogCaptureFixture) -> list[tuple[str, str]]:
 def _beaten(stale_instance_timeout: float) -> Heartbeats:
     """The heartbeats of instance ``x``, one of which went through."""
     heartbeats = Heartbeats("x", stale_instance_timeout)
-    heartbeats.beat()
+    heartbeats.beat(time.monotonic())
     return heartbeats
 
 
@@ -103,3 +104,13 @@ def test_an_outage_is_an_outage_when_the_heartbeat_is_fresh_or_no_session_was_lo
     with caplog.at_level(logging.INFO, logger="messaging.runtime.outage"):
         assert outage.failed(error)
     assert _messages(caplog) == [("WARNING", "instance x: database unreachable")]
+
+
+def test_a_gap_counts_from_when_the_last_heartbeat_was_sent_not_from_its_late_answer() -> None:
+    """The peers judge by the time the heartbeat's row records: a heartbeat whose answer
+    came 1.5 s after it was sent leaves an instance with a 1 s timeout already stale to
+    them, so a connection lost now is one of the sessions they ended (not an outage)."""
+    heartbeats = Heartbeats("x", 1.0)
+    heartbeats.beat(time.monotonic() - 1.5)
+    assert heartbeats.sessions_ended(LOST)
+    assert heartbeats.beaten_since(time.monotonic() - 0.5)  # its answer came just now

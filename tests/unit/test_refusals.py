@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import sqlite3
+import time
 
 import pymysql
 import pytest
@@ -86,7 +87,7 @@ def test_only_a_write_ends_a_refusal_of_writes() -> None:
     assert outage.failed(_mysql(1290, "running with the --read-only option"))
     outage.succeeded(wrote=False)
     still = outage.down
-    heartbeats.beat()
+    heartbeats.beat(time.monotonic())
     outage.succeeded(wrote=False)
     assert (still, outage.down) == (True, False)
     assert outage.failed(_mysql(1114, "The table is full"))

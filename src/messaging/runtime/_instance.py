@@ -305,6 +305,7 @@ class Instance:
         stale = self.consumer_settings.stale_instance_timeout
         with self.db.transaction() as conn:
             stopping = self.stop_requested.is_set()
+            sent = time.monotonic()  # no later than the time the row records
             beat = self.membership.heartbeat(conn, self.id, stale, stopping=stopping)
             if beat != "live":
                 log.warning("instance %s: its row was %s; live again", self.name, beat)
@@ -314,7 +315,7 @@ class Instance:
                 self._publish_in_memory(conn)
             if stopping or beat != "live":  # the others plan without (or with) this instance
                 bump_generation(self.db, conn)
-        self.heartbeats.beat()
+        self.heartbeats.beat(sent)
         self.hooks.projections_heartbeat(instance_id=self.id, seconds=time.perf_counter() - started)
         self.membership.remove_stale_when_due(stale)
 

@@ -49,7 +49,10 @@ class Heartbeats:
         self.name = name
         self.timeout = stale_instance_timeout
         self._last: float | None = None
-        """When the last heartbeat went through (None: none yet, or stopped)."""
+        """When the last heartbeat that went through was sent (None: none yet, or stopped):
+        no later than the time its row records, however late its answer came."""
+        self._done: float | None = None
+        """When the last heartbeat's answer came."""
         self._gap: tuple[float, float] | None = None
         """The last gap past the timeout that a heartbeat ended: its start and end."""
         self._told: float | None = None
@@ -64,23 +67,25 @@ class Heartbeats:
     def close(self) -> None:
         """Stop judging: the instance stops, and its heartbeats with it."""
         with self._lock:
-            self._last = self._gap = None
+            self._last = self._done = self._gap = None
         if self._engine is not None:
             event.remove(self._engine, "invalidate", self._invalidated)
             self._engine = None
 
-    def beat(self) -> None:
-        """Record a heartbeat that went through."""
+    def beat(self, sent: float) -> None:
+        """Record a heartbeat that went through, sent at ``sent`` (monotonic): the peers
+        judge staleness by the time its row records, so a gap is measured from when it was
+        sent, not from its answer (a slow answer would hide part of a gap they saw)."""
         with self._lock:
             now = time.monotonic()
             if self._last is not None and now - self._last > self.timeout:
                 self._gap = (self._last, now)
-            self._last = now
+            self._last, self._done = sent, now
 
     def beaten_since(self, moment: float) -> bool:
         """Whether a heartbeat (a write) went through after ``moment`` (monotonic)."""
-        last = self._last
-        return last is not None and last > moment
+        done = self._done
+        return done is not None and done > moment
 
     def sessions_ended(self, exc: BaseException) -> bool:
         """Whether ``exc``, a lost connection, comes from sessions ended by the instance

@@ -35,7 +35,14 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 log = logging.getLogger("messaging.store.retry")
 
-_MYSQL_LOCKS = {1205: "lock-wait-timeout", 1213: "deadlock"}
+_MYSQL_LOCKS = {
+    1205: "lock-wait-timeout",
+    1213: "deadlock",
+    # SAVEPOINT does not exist: the server rolled the whole transaction back while a
+    # savepoint was open (a deadlock, or Galera aborting it for a replicated write), and
+    # the rollback to the savepoint that followed found it gone; 1213 is behind it.
+    1305: "deadlock",
+}
 _MYSQL_LOST = {
     2006,  # server has gone away
     2013,  # lost connection during query
