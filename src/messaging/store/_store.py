@@ -46,7 +46,7 @@ from messaging.store._rows import (
     headers_json,
     partition_hash,
 )
-from messaging.store._tokens import Appended, ConsistencyToken, Sent
+from messaging.store._tokens import Appended, ConsistencyToken, Sent, token_of
 
 _QUERY_CACHE_SIZE = 64
 _type_of = itemgetter(TYPE)
@@ -229,10 +229,9 @@ class MessageStore:
                 else versions.get(first_key, 0),
                 actual=None,
             ) from exc
-        marks = ((m.topic, partition_hash(m.source), first + i) for i, m in enumerate(messages))
-        return Appended(
-            range(first, first + len(rows)), partial(ConsistencyToken.of, tenant, marks)
-        )
+        # the messages as appended (a caller may reuse its list), their token made if asked
+        made = partial(token_of, tenant, first, tuple(messages))
+        return Appended(range(first, first + len(rows)), made)
 
     # -- reading -----------------------------------------------------------------------
 
@@ -432,9 +431,3 @@ class MessageStore:
             select(p.c.last_position).where(p.c.tenant == self.db.tenant)
         ).scalar_one_or_none()
         return int(value or 0)
-
-
-def _token(tenant: str, first: int, messages: Sequence[NewMessage]) -> ConsistencyToken:
-    """The token of ``messages`` appended from position ``first`` on."""
-    marks = ((m.topic, partition_hash(m.source), first + i) for i, m in enumerate(messages))
-    return ConsistencyToken.of(tenant, marks)

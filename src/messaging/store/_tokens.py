@@ -217,6 +217,12 @@ NOT_SENT_AGAIN = (
 )
 
 
+def token_of(tenant: str, first: int, messages: Sequence[NewMessage]) -> ConsistencyToken:
+    """The token of ``messages`` appended from position ``first`` on."""
+    marks = ((m.topic, partition_hash(m.source), first + i) for i, m in enumerate(messages))
+    return ConsistencyToken.of(tenant, marks)
+
+
 class Outgoing:
     """The messages a handler context sends and appends until its next flush, and once
     flushed their positions and tenant: what :class:`Written` tokens are made from."""
@@ -261,9 +267,9 @@ class Written:
             outgoing = self._outgoing
             if outgoing is None or outgoing.positions is None:
                 raise TokenNotKnown(self._why)
-            message = outgoing.messages[self._index]
-            mark = (message.topic, partition_hash(message.source), outgoing.positions[self._index])
-            self._token = ConsistencyToken(outgoing.tenant, (mark,))
+            index = self._index
+            position = outgoing.positions[index]
+            self._token = token_of(outgoing.tenant, position, outgoing.messages[index : index + 1])
         return self._token
 
 
