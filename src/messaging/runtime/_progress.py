@@ -3,9 +3,11 @@
 A consumer has applied a token when, for each mark ``(topic, hash, position)`` of a topic
 it reads, the partition ``hash % partitions`` (every partition for a mark without hash)
 has no message of its topics and types after its committed checkpoint up to the
-position. A checkpoint at or past the position answers without a query; a partition
-without a checkpoint row counts from 0 (it has applied nothing); a message type the
-consumer does not handle is answered once nothing it handles is left before it.
+position, and holds none of them back (a parked source's, one an operator skipped:
+:mod:`messaging.runtime._held`). A checkpoint at or past the position answers without a
+query of the messages; a partition without a checkpoint row counts from 0 (it has
+applied nothing); a message type the consumer does not handle is answered once nothing
+it handles is left before it.
 
 Every position of the token must hold the token's message, committed: a position past the
 tenant's committed head is still being written (not applied yet); a position at or below
@@ -32,6 +34,7 @@ from messaging._errors import UnknownConsumer, WaitRefused
 from messaging._states import ConsumerState, PartitionStatus
 from messaging.distribution._membership import Membership
 from messaging.distribution._ownership import Ownership, PartitionRow
+from messaging.runtime._held import held as held_back
 from messaging.store._database import Database
 from messaging.store._tokens import ConsistencyToken, InvalidToken
 
@@ -55,7 +58,8 @@ class Behind:
     """The name of the instance that owns it (None: nobody)."""
     state: str
     """``running``, ``orphaned`` (its owner stopped beating), ``unowned``, the
-    consumer's state while a new version takes over, or :data:`UNCOMMITTED`."""
+    consumer's state while a new version takes over, :data:`UNCOMMITTED`, or the source
+    it holds back (``source 'S' retrying from position N``)."""
 
     def __str__(self) -> str:
         if self.partition is None:
@@ -113,22 +117,26 @@ def progress(
     behind = [Behind("", None, p, 0, None, None, UNCOMMITTED) for p in uncommitted]
     committed = [m for m in token.marks if m[2] not in uncommitted]
     parts = {(r.consumer, r.partition): r for r in Ownership(db).partitions(conn, consumers)}
+    held = held_back(db, conn, consumers, [m[2] for m in committed])
     names: dict[str, tuple[str, bool]] | None = None
     for consumer in rows:
         bounds: dict[int, int] = {}
-        for topic, h, position in committed:
-            if topic not in consumer.topics:
-                continue
+        marks = [m for m in committed if m[0] in consumer.topics]
+        for _topic, h, position in marks:
             for p in range(consumer.partitions) if h is None else [h % consumer.partitions]:
                 bounds[p] = max(position, bounds.get(p, 0))
+        holding = held.partitions(consumer.name, consumer.partitions, marks)
         for p, bound in sorted(bounds.items()):
             row = parts.get((consumer.name, p))
             checkpoint = 0 if row is None else int(row.checkpoint)
-            if checkpoint >= bound or not _pending(db, conn, consumer, p, checkpoint, bound):
+            if p not in holding and (
+                checkpoint >= bound or not _pending(db, conn, consumer, p, checkpoint, bound)
+            ):
                 continue
             _refuse_stopped(consumer, row, p)
             if names is None:
                 names = _owner_names(db, conn, stale_timeout)
+            owner, state = _owner(consumer, row, names)
             behind.append(
                 Behind(
                     consumer.name,
@@ -136,7 +144,8 @@ def progress(
                     bound,
                     checkpoint,
                     _lag(db, conn, consumer, p, checkpoint, bound) if detail else None,
-                    *_owner(consumer, row, names),
+                    owner,
+                    holding.get(p, state),
                 )
             )
     return Progress(tuple(behind))
