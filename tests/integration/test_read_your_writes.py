@@ -4,6 +4,7 @@ become applied is refused at once."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Iterator
@@ -29,6 +30,7 @@ from messaging import (
     wait_for_async,
     wait_for_copy,
 )
+from messaging.runtime import _waits
 from messaging.runtime._progress import UNCOMMITTED
 from messaging.store._rows import partition_of
 from projections._operations import pause, resume
@@ -79,8 +81,6 @@ def test_the_token_s_text_works_across_the_wire_and_combined(
 
 
 def test_wait_for_async_returns_once_applied(db: Database, running: Instance) -> None:
-    import asyncio
-
     appended = deposit(db, "async-1")
     progress = asyncio.run(wait_for_async(db, appended.token, CONSUMER, timeout=20))
     assert progress.applied and entries(db, "async-1") == 1
@@ -117,6 +117,31 @@ def test_a_consumer_that_never_ran_is_not_applied_even_without_checkpoint_rows(
     assert f"{CONSUMER} partition {partition} at checkpoint 0 behind position" in message
     assert "1 message(s) to apply, no owner (unowned)" in message
     assert raised.value.behind == list(progress.behind)
+
+
+def test_a_timeout_never_ends_before_its_deadline(
+    db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The final check starts before the deadline by how long recent ones took (at most
+    100 ms); one that ends early waits out the rest: however slow the process's recent
+    checks were, a timeout is never cut short, sync or async."""
+    instance = ledger_instance(db)
+    instance.start(loops=False)
+    instance.stop()
+    appended = deposit(db, "early")
+    monkeypatch.setattr(_waits, "_FINAL_TAKES", [5.0])  # the last checks took seconds
+    waits = (
+        lambda: wait_for(db, appended.token, CONSUMER, timeout=0.3),
+        lambda: asyncio.run(wait_for_async(db, appended.token, CONSUMER, timeout=0.3)),
+    )
+    for wait in waits:
+        started = time.monotonic()
+        with pytest.raises(WaitTimeout) as raised:
+            wait()
+        waited = time.monotonic() - started
+        assert 0.3 <= waited < 0.3 + 0.1, waited
+        assert 0.3 <= raised.value.waited <= waited
+        assert "behind position" in str(raised.value)
 
 
 def test_a_type_the_consumer_does_not_handle_is_applied_once_nothing_before_it_is_left(

@@ -34,10 +34,16 @@ __all__ = ["MAX_TIMEOUT", "wait_for", "wait_for_async", "wait_for_copy"]
 MAX_TIMEOUT = 3600.0
 """The longest timeout a wait takes, in seconds."""
 FIRST_PAUSE = 0.002
-_FINAL_TAKES = [0.01]
-"""Seconds the last check at a deadline took (a moving average): the shared watcher's wait
-ends that much before the deadline, so that the check ends near it."""
 """Seconds between the first checks; doubled after each, up to ``poll_interval``."""
+MAX_HEAD_START = 0.1
+"""Seconds before its deadline a wait's final check starts, at most."""
+_FINAL_TAKES = [0.01]
+"""Seconds the final checks of this process's waits took (a moving average): the shared
+watcher's wait ends that much before the deadline, so that the check ends near it."""
+
+
+def _record_take(seconds: float) -> None:
+    _FINAL_TAKES[0] = 0.8 * _FINAL_TAKES[0] + 0.2 * seconds
 
 
 def wait_for(
@@ -103,7 +109,7 @@ async def wait_for_async(
         watcher = watcher_for(db)
         watcher.add(watch)
         try:
-            left = waiter.deadline - _FINAL_TAKES[0] - time.monotonic()
+            left = waiter.deadline - waiter.head_start() - time.monotonic()
             await asyncio.wait({finished}, timeout=max(0.0, left))
         finally:
             watcher.remove(watch)
@@ -213,11 +219,11 @@ class Waiter:
         """Wait through the process's shared watcher of ``db``
         (:mod:`messaging.runtime._watcher`); None once ``cancelled()`` is true."""
         watch = self.watch()
-        if wait_watched(db, watch, self.deadline - _FINAL_TAKES[0], cancelled):
+        if wait_watched(db, watch, self.deadline - self.head_start(), cancelled):
             return self.outcome(watch)
         if cancelled is not None and cancelled():
             return None
-        return self.final(db)
+        return self.final(db, cancelled)
 
     def outcome(self, watch: Watch) -> Progress:
         """The progress of a finished ``watch``, or its error raised."""
@@ -226,17 +232,32 @@ class Waiter:
         assert watch.result is not None
         return watch.result
 
-    def final(self, db: Database) -> Progress:
-        """The check at the deadline: the progress if applied now, else :class:`WaitTimeout`
-        naming what is behind."""
+    def final(self, db: Database, cancelled: Callable[[], bool] | None = None) -> Progress:
+        """The check at the deadline, started :meth:`head_start` before it so that it ends
+        about at the deadline: the progress if applied, else :class:`WaitTimeout` naming
+        what is behind, raised at the deadline, never before it (a check that ended
+        early waits for the rest through the watcher: applied meanwhile still answers)."""
         started = time.monotonic()
-        self.deadline = min(self.deadline, started)
+        deadline, self.deadline = self.deadline, min(self.deadline, started)
         try:
             result = self.check(db)
-        finally:
-            _FINAL_TAKES[0] = 0.8 * _FINAL_TAKES[0] + 0.2 * (time.monotonic() - started)
+        except WaitTimeout as timeout:
+            _record_take(time.monotonic() - started)
+            if time.monotonic() < deadline:
+                watch = self.watch()
+                if wait_watched(db, watch, deadline, cancelled):
+                    return self.outcome(watch)
+            waited = time.monotonic() - self.started
+            raise WaitTimeout(waited, timeout.behind) from timeout.__cause__
+        _record_take(time.monotonic() - started)
         assert result is not None  # past the deadline, check answers or raises
         return result
+
+    @staticmethod
+    def head_start() -> float:
+        """How long before the deadline the final check starts: how long the recent ones
+        took (every wait of the process), at most :data:`MAX_HEAD_START`."""
+        return min(_FINAL_TAKES[0], MAX_HEAD_START)
 
     def read(self, db: Database, detail: bool) -> Progress:
         """One check of the database (``detail``: with lags and owners)."""
