@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 from clusters import wait_until
@@ -130,10 +130,10 @@ def test_a_timeout_never_ends_before_its_deadline(
     instance.stop()
     appended = deposit(db, "early")
     monkeypatch.setattr(_waits, "_FINAL_TAKES", [5.0])  # the last checks took seconds
-    waits = (
+    waits: list[Callable[[], object]] = [
         lambda: wait_for(db, appended.token, CONSUMER, timeout=0.3),
         lambda: asyncio.run(wait_for_async(db, appended.token, CONSUMER, timeout=0.3)),
-    )
+    ]
     for wait in waits:
         started = time.monotonic()
         with pytest.raises(WaitTimeout) as raised:
