@@ -14,6 +14,8 @@ from hypothesis import strategies as st
 from ranked_steps import SOURCES, Step, Steps, applied
 from sqlalchemy import Connection, select
 
+from messaging.runtime import _progress
+from messaging.runtime._held import Held
 from messaging.runtime._parking import Parking
 from projections.testing import (
     Append,
@@ -59,6 +61,12 @@ class StepsMachine(ParkingSteps, ClusterMachine):
         return found
 
 
+class WaitingStepsMachine(StepsMachine):
+    """The same, with the read-your-writes step: a wait is refused for a parked source."""
+
+    read_your_writes = True
+
+
 def test_poisoned_sources_park_and_apply_once_in_order_after_retry(
     run_machine: RunMachine, backend: str, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -83,5 +91,29 @@ def test_a_park_never_recorded_is_caught(
         machine.join()
         with pytest.raises(AssertionError, match="differs"):
             machine.settle()
+    finally:
+        machine.teardown()
+
+
+def test_waits_are_refused_for_parked_sources_and_answer_for_the_others(
+    run_machine: RunMachine, backend: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.CRITICAL, logger="messaging")
+    examples = 10 if backend == "sqlite" else 4
+    run_machine(WaitingStepsMachine, machine_settings(max_examples=examples, steps=30))
+
+
+def test_a_wait_answering_applied_for_a_parked_source_is_caught(
+    monkeypatch: pytest.MonkeyPatch, projections_database_url: str | None
+) -> None:
+    """Broken: waits do not look at parked sources (a checkpoint past a held message
+    answers "applied")."""
+    monkeypatch.setattr(_progress, "held_back", lambda *args: Held({}, {}))
+    machine = WaitingStepsMachine(projections_database_url)
+    try:
+        machine.append_poisoned(Append("steps", "s0", [Step("s0", 1)]))
+        machine.poll()  # s0 parks; the checkpoint passes its message
+        with pytest.raises(AssertionError, match="which is parked"):
+            machine.append_and_wait(Append("steps", "s0", [Step("s0", 2)]))
     finally:
         machine.teardown()

@@ -16,12 +16,14 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy import func, select
 
+from messaging._errors import WaitRefused
 from messaging.runtime._progress import Progress
 from messaging.runtime._waits import wait_for
 from messaging.store._tokens import ConsistencyToken
 from projections.testing.cluster import _CUTOVER_ROUNDS, SimulatedCluster
 from projections.testing.differences import ReadModelDiffers
 from projections.testing.events import Append
+from projections.testing.parking import parked_sources
 
 if TYPE_CHECKING:
     from projections.testing.machine import ClusterMachine
@@ -72,16 +74,39 @@ def written(cluster: SimulatedCluster) -> ConsistencyToken:
 
 
 def append_and_wait(machine: ClusterMachine, batch: Append) -> None:
-    """Append ``batch`` (its token from the append itself) and wait, with the token of every
-    earlier write, until every transactional consumer applied it: the read models must
-    then equal the expected state of every message appended (read your own writes)."""
+    """Append ``batch`` and wait on its token (from the append itself), then on the token of
+    every write, until every transactional consumer applied them: the read models must
+    then equal the expected state of every message appended (read your own writes).
+
+    With parked sources (:class:`~projections.testing.parking.ParkingSteps`), the wait on
+    ``batch`` must be refused exactly when its source is parked (a checkpoint past a held
+    message is not "applied"); the read models are compared once the parking steps have
+    retried every parked source."""
     cluster = machine.cluster
-    before = written(cluster)
+    names = [s.name for s in cluster.specs if s.transactional]
     token = cluster.append(batch.topic, batch.source, batch.messages).token
     machine.batches[batch.topic, batch.source] = batch
-    wait_in(
-        cluster, before | token if before.marks else token, each_round=machine._observe_ownership
-    )
+    try:
+        wait_in(cluster, token, each_round=machine._observe_ownership)
+    except WaitRefused as refused:
+        if batch.source not in {source for _, source in parked_sources(cluster, names)}:
+            raise AssertionError(
+                f"wait_for refused a write of source {batch.source!r}, which is not parked: "
+                f"{refused}"
+            ) from refused
+        cluster.note(f"wait_for: refused, source {batch.source!r} parked")
+        return
+    if batch.source in {source for _, source in parked_sources(cluster, names)}:
+        raise AssertionError(
+            f"wait_for answered applied for a write of source {batch.source!r}, which is "
+            "parked: its messages are held back"
+        )
+    try:
+        wait_in(cluster, written(cluster), each_round=machine._observe_ownership)
+    except AssertionError:
+        if parked_sources(cluster, names):
+            return  # a token naming no source waits while any source is parked
+        raise
     with cluster.db.read() as conn:
         actual = machine.actual(conn)
     expected = machine.expected([message for _, message in cluster.appended])
