@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 from clusters import wait_until
@@ -117,6 +117,32 @@ def test_a_consumer_that_never_ran_is_not_applied_even_without_checkpoint_rows(
     assert f"{CONSUMER} partition {partition} at checkpoint 0 behind position" in message
     assert "1 message(s) to apply, no owner (unowned)" in message
     assert raised.value.behind == list(progress.behind)
+
+
+def test_a_timeout_is_never_raised_before_it_even_when_the_last_check_starts_early(
+    db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The watcher hands a wait over to its last check what the last checks took before
+    the deadline, so that the check ends near it: when that check ends early, the timeout
+    is still raised no sooner than asked (sync and asyncio)."""
+    import asyncio
+
+    from messaging.runtime import _waits
+
+    instance = ledger_instance(db)
+    instance.start(loops=False)
+    instance.stop()
+    appended = deposit(db, "early")
+    monkeypatch.setattr(_waits, "_FINAL_TAKES", [0.15])  # as if the last checks took 150 ms
+    waits: list[Callable[[], object]] = [
+        lambda: wait_for(db, appended.token, CONSUMER, timeout=0.2),
+        lambda: asyncio.run(wait_for_async(db, appended.token, CONSUMER, timeout=0.2)),
+    ]
+    for wait in waits:
+        started = time.monotonic()
+        with pytest.raises(WaitTimeout, match="behind position"):
+            wait()
+        assert time.monotonic() - started >= 0.2
 
 
 def test_a_type_the_consumer_does_not_handle_is_applied_once_nothing_before_it_is_left(

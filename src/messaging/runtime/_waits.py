@@ -228,13 +228,20 @@ class Waiter:
 
     def final(self, db: Database) -> Progress:
         """The check at the deadline: the progress if applied now, else :class:`WaitTimeout`
-        naming what is behind."""
+        naming what is behind, raised no sooner than the deadline (the check may start
+        up to what the last ones took before it)."""
         started = time.monotonic()
-        self.deadline = min(self.deadline, started)
+        deadline, self.deadline = self.deadline, min(self.deadline, started)
+        timed_out: WaitTimeout | None = None
         try:
             result = self.check(db)
+        except WaitTimeout as exc:
+            timed_out = exc
         finally:
             _FINAL_TAKES[0] = 0.8 * _FINAL_TAKES[0] + 0.2 * (time.monotonic() - started)
+        if timed_out is not None:
+            time.sleep(max(0.0, deadline - time.monotonic()))  # never before the timeout
+            raise timed_out
         assert result is not None  # past the deadline, check answers or raises
         return result
 
