@@ -123,7 +123,7 @@ def test_a_timeout_never_ends_before_its_deadline(
     db: Database, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The final check starts before the deadline by how long recent ones took (at most
-    100 ms); one that ends early waits out the rest: however slow the process's recent
+    250 ms); one that ends early waits out the rest: however slow the process's recent
     checks were, a timeout is never cut short, sync or async."""
     instance = ledger_instance(db)
     instance.start(loops=False)

@@ -35,15 +35,16 @@ MAX_TIMEOUT = 3600.0
 """The longest timeout a wait takes, in seconds."""
 FIRST_PAUSE = 0.002
 """Seconds between the first checks; doubled after each, up to ``poll_interval``."""
-MAX_HEAD_START = 0.1
+MAX_HEAD_START = 0.25
 """Seconds before its deadline a wait's final check starts, at most."""
 _FINAL_TAKES = [0.01]
-"""Seconds the final checks of this process's waits took (a moving average): the shared
-watcher's wait ends that much before the deadline, so that the check ends near it."""
+"""Seconds the slowest recent final check of this process's waits took (each newer one
+weighs it down by 5 %): the shared watcher's wait ends half as much again before the
+deadline, so that the check ends before it even when the machine is loaded."""
 
 
 def _record_take(seconds: float) -> None:
-    _FINAL_TAKES[0] = 0.8 * _FINAL_TAKES[0] + 0.2 * seconds
+    _FINAL_TAKES[0] = max(seconds, 0.95 * _FINAL_TAKES[0])
 
 
 def wait_for(
@@ -234,7 +235,7 @@ class Waiter:
 
     def final(self, db: Database, cancelled: Callable[[], bool] | None = None) -> Progress:
         """The check at the deadline, started :meth:`head_start` before it so that it ends
-        about at the deadline: the progress if applied, else :class:`WaitTimeout` naming
+        by the deadline: the progress if applied, else :class:`WaitTimeout` naming
         what is behind, raised at the deadline, never before it (a check that ended
         early waits for the rest through the watcher: applied meanwhile still answers)."""
         started = time.monotonic()
@@ -255,9 +256,10 @@ class Waiter:
 
     @staticmethod
     def head_start() -> float:
-        """How long before the deadline the final check starts: how long the recent ones
-        took (every wait of the process), at most :data:`MAX_HEAD_START`."""
-        return min(_FINAL_TAKES[0], MAX_HEAD_START)
+        """How long before the deadline the final check starts: half as much again as the
+        slowest recent one took (every wait of the process), at most
+        :data:`MAX_HEAD_START`."""
+        return min(1.5 * _FINAL_TAKES[0], MAX_HEAD_START)
 
     def read(self, db: Database, detail: bool) -> Progress:
         """One check of the database (``detail``: with lags and owners)."""
