@@ -48,7 +48,11 @@ def test_a_wait_on_a_parked_sources_message_is_refused_until_a_retry_applies_it(
 
     assert _applied(db, other.token)
     for held in (poison, later):
-        with pytest.raises(WaitRefused, match=rf"holds back source '{a}', parked at position"):
+        with pytest.raises(
+            WaitRefused,
+            match=rf"holds back source '{a}', parked at position .*"
+            rf"\(projections retry {CONSUMER} --source {a}\)$",
+        ):
             wait_for(db, held.token, CONSUMER, timeout=5)
     with pytest.raises(WaitRefused, match="cannot handle poison-a2"):
         wait_for(db, (other.token | later.token), CONSUMER, timeout=5)
@@ -77,5 +81,9 @@ def test_a_wait_on_a_skipped_message_is_refused_and_the_rest_of_its_source_appli
     drain(worker)
     assert applied(db, table) == [(a, "a2")]
     assert _applied(db, later.token)
-    with pytest.raises(WaitRefused, match=r"skipped position \d+ \(op-jane skipped it\)"):
+    with pytest.raises(
+        WaitRefused,
+        match=r"skipped position \d+ \(op-jane skipped it\): .* an operator retries "
+        rf"it \(projections retry {CONSUMER} --source {a} --skipped\)$",
+    ):
         wait_for(db, poison.token, CONSUMER, timeout=5)

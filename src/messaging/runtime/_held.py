@@ -15,6 +15,7 @@ applied, so :func:`~messaging.runtime._progress.progress` asks here first.
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Sequence
 
 import attrs
@@ -25,6 +26,11 @@ from messaging.runtime._parking import PARKED, RETRYING_SKIPPED
 from messaging.store._database import Database
 from messaging.store._rows import partition_hash
 from messaging.store._tokens import Mark
+
+
+def _retry_command(consumer: str, source: str, *options: str) -> str:
+    """The operator's command that applies ``source``'s held messages, quoted for a shell."""
+    return shlex.join(["projections", "retry", consumer, "--source", source, *options])
 
 
 @attrs.frozen
@@ -66,7 +72,8 @@ class Held:
                     continue
                 raise WaitRefused(
                     f"{consumer} skipped position {position} ({who} skipped it): it is "
-                    "never applied unless an operator retries it (projections parked --retry)"
+                    "never applied unless an operator retries it "
+                    f"({_retry_command(consumer, source, '--skipped')})"
                 )
             for p in range(partitions) if h is None else [h % partitions]:
                 for parked in self.parked.get((consumer, p), ()):
@@ -77,7 +84,7 @@ class Held:
                             f"{consumer} partition {p} holds back source {parked.source!r}, "
                             f"parked at position {parked.position} ({parked.error}): its "
                             "messages apply only once an operator retries it "
-                            "(projections parked --retry)"
+                            f"({_retry_command(consumer, parked.source)})"
                         )
                     why = "retrying" if parked.state != PARKED else "parked"
                     held[p] = f"source {parked.source!r} {why} from position {parked.position}"
