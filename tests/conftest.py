@@ -9,8 +9,10 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+from cdp import Browser
 from silent_proxy import SilentProxy
 from sqlalchemy import MetaData, create_engine, text
 from sqlalchemy.engine import make_url
@@ -121,6 +123,16 @@ def silent(db: Database) -> Iterator[SilentProxy]:
     proxy = SilentProxy((url.host or "127.0.0.1", url.port or 3306))
     yield proxy
     proxy.close()
+
+
+@pytest.fixture
+def browser(tmp_path: Path) -> Iterator[Browser]:
+    """A headless Chromium of this test's own, driven over the DevTools protocol."""
+    browser = Browser(tmp_path / "profile")
+    try:
+        yield browser
+    finally:
+        browser.close()
 
 
 @pytest.fixture(autouse=True)

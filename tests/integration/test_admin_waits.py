@@ -12,37 +12,22 @@ import time
 from collections.abc import Iterator
 from urllib.parse import quote
 
-import attrs
 import pytest
-from admin_client import TOKEN, get_json, serve
+from admin_client import get_json, served_admin
 from clusters import wait_until
-from ledger_waits import CONSUMER, balance, deposit, ledger_instance
+from ledger_waits import CONSUMER, balance, deposit, ledger_instance, wait_url
 
-from messaging import (
-    AdminSettings,
-    Database,
-    Settings,
-)
+from messaging import Database
 from messaging.store._rows import partition_of
-from projections._admin import make_server
 from projections._operations import pause
-
-SETTINGS = attrs.evolve(Settings(), admin=AdminSettings(token=TOKEN))
-"""An admin token is configured: waits still need none."""
 
 
 @pytest.fixture
 def base(db: Database) -> Iterator[str]:
-    server = make_server(db, SETTINGS, "127.0.0.1", 0, max_threads=1)
-    url, thread = serve(server)
-    yield url
-    server.shutdown()
-    server.server_close()
-    thread.join(10)
-
-
-def _wait_url(base: str, token: object, timeout: str = "10", consumer: str = CONSUMER) -> str:
-    return f"{base}/admin/consumers/{consumer}/wait?token={quote(str(token))}&timeout={timeout}"
+    """An admin server with one handler thread (an admin token configured: waits still
+    need none)."""
+    with served_admin(db, max_threads=1) as (url, _):
+        yield url
 
 
 def test_a_wait_answers_200_once_the_read_model_shows_the_write(db: Database, base: str) -> None:
@@ -51,7 +36,7 @@ def test_a_wait_answers_200_once_the_read_model_shows_the_write(db: Database, ba
     try:
         for n in range(10):
             appended = deposit(db, f"web-{n}", 3)
-            status, body = get_json(_wait_url(base, appended.token))
+            status, body = get_json(wait_url(base, appended.token))
             assert (status, body) == (200, {"applied": True, "consumer": CONSUMER})
             assert balance(db, f"web-{n}") == 3
     finally:
@@ -65,7 +50,7 @@ def test_not_applied_in_time_is_408_naming_what_is_behind(db: Database, base: st
     appended = deposit(db, "late")
     for timeout in ("0", "0.2"):
         started = time.monotonic()
-        status, body = get_json(_wait_url(base, appended.token, timeout))
+        status, body = get_json(wait_url(base, appended.token, timeout))
         assert time.monotonic() - started < float(timeout) + 1
         assert status == 408 and body["error"].startswith("not applied after")
         assert body["behind"] == [
@@ -80,7 +65,7 @@ def test_not_applied_in_time_is_408_naming_what_is_behind(db: Database, base: st
             }
         ]
     pause(db, CONSUMER, who="test")
-    status, body = get_json(_wait_url(base, appended.token, "30"))
+    status, body = get_json(wait_url(base, appended.token, "30"))
     assert status == 409 and f"{CONSUMER} is paused" in body["error"]
 
 
@@ -107,7 +92,7 @@ def test_bad_input_is_400_naming_what_is_wrong(
 
 
 def test_an_unknown_consumer_is_404(db: Database, base: str) -> None:
-    status, body = get_json(_wait_url(base, deposit(db, "y").token, consumer="nope"))
+    status, body = get_json(wait_url(base, deposit(db, "y").token, consumer="nope"))
     assert status == 404 and "unknown consumer 'nope'" in body["error"]
 
 
@@ -129,7 +114,7 @@ def test_a_client_that_disconnects_mid_wait_frees_its_thread(db: Database, base:
         client.recv(1)
     client.close()
     started = time.monotonic()
-    status, _ = get_json(_wait_url(base, token, "0"))
+    status, _ = get_json(wait_url(base, token, "0"))
     assert status == 408 and time.monotonic() - started < 2
 
 
@@ -148,34 +133,30 @@ def test_long_polls_take_half_the_threads_at_most_so_probes_are_served(db: Datab
     """With 4 handler threads, 2 long polls may run; a third is answered 503 with
     Retry-After at once, while health probes are still served; once a poll ends, a wait
     is admitted again."""
-    server = make_server(db, SETTINGS, "127.0.0.1", 0, max_threads=4)
-    base, thread = serve(server)
     instance = ledger_instance(db)
     instance.start(loops=False)
     instance.stop()
     token = deposit(db, "busy").token
-    polls = [_open_wait(base, token) for _ in range(2)]
-    try:
-        refused = wait_until(  # a check while both polls run: 503
-            lambda: (answer := get_json(_wait_url(base, token, "0")))[0] == 503 and answer,
-            timeout=10,
-            what="both polls running",
-        )
-        assert "too many waits and progress streams open at once (2)" in refused[1]["error"]
-        started = time.monotonic()
-        for _ in range(5):
-            assert get_json(f"{base}/admin/health/live")[0] == 200
-        assert time.monotonic() - started < 5
-        polls.pop().close()
-        assert wait_until(
-            lambda: get_json(_wait_url(base, token, "0"))[0] == 408, timeout=10, what="admitted"
-        )
-    finally:
-        for client in polls:
-            client.close()
-        server.shutdown()
-        server.server_close()
-        thread.join(10)
+    with served_admin(db, max_threads=4) as (base, _):
+        polls = [_open_wait(base, token) for _ in range(2)]
+        try:
+            refused = wait_until(  # a check while both polls run: 503
+                lambda: (answer := get_json(wait_url(base, token, "0")))[0] == 503 and answer,
+                timeout=10,
+                what="both polls running",
+            )
+            assert "too many waits and progress streams open at once (2)" in refused[1]["error"]
+            started = time.monotonic()
+            for _ in range(5):
+                assert get_json(f"{base}/admin/health/live")[0] == 200
+            assert time.monotonic() - started < 5
+            polls.pop().close()
+            assert wait_until(
+                lambda: get_json(wait_url(base, token, "0"))[0] == 408, timeout=10, what="admitted"
+            )
+        finally:
+            for client in polls:
+                client.close()
 
 
 # -- GET /admin/consumers/<name>/progress: server-sent events ---------------------------------
@@ -236,5 +217,5 @@ def test_a_stream_whose_client_disconnects_frees_its_thread(db: Database, base: 
     response.close()
     connection.close()
     started = time.monotonic()
-    status, _ = get_json(_wait_url(base, deposit(db, "after").token, "0"))  # one thread only
+    status, _ = get_json(wait_url(base, deposit(db, "after").token, "0"))  # one thread only
     assert status == 408 and time.monotonic() - started < 3

@@ -4,30 +4,16 @@ token once, keeps it for the tab, sends it with JSON, and shows a refusal plainl
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 from admin_client import TOKEN
 from admin_target import TARGET, LiveAdmin
-from cdp import Browser
+from cdp import WAIT_FOR, Browser
 
 from projections._operations import audit_log
 
 pytestmark = pytest.mark.multiprocess
-
-WAIT_FOR = """
-const waitFor = async (check, ms = 15000) => {
-  const end = Date.now() + ms;
-  while (Date.now() < end) {
-    const value = check();
-    if (value) return value;
-    await new Promise((resolve) => setTimeout(resolve, 50));
-  }
-  throw new Error("timed out waiting for " + check);
-};
-"""
 
 
 def _click(browser: Browser, verb: str, *, answer: str | None, reason: str = "") -> dict[str, Any]:
@@ -49,15 +35,6 @@ def _click(browser: Browser, verb: str, *, answer: str | None, reason: str = "")
     }})()"""
     result: dict[str, Any] = browser.evaluate(script)
     return result
-
-
-@pytest.fixture
-def browser(tmp_path: Path) -> Iterator[Browser]:
-    browser = Browser(tmp_path / "profile")
-    try:
-        yield browser
-    finally:
-        browser.close()
 
 
 def _state(live: LiveAdmin) -> str:

@@ -18,11 +18,19 @@ from http.server import HTTPServer
 from pathlib import Path
 from typing import Any
 
+import attrs
+
+from messaging import AdminSettings, Database, Settings
+from projections._admin import make_server
+from projections._admin_http import BoundedHTTPServer
+
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 #: The admin token of the tests' servers.
 TOKEN = "test-admin-token-0123456789"
 #: The config lines that set it.
 TOKEN_CONFIG = f"admin:\n  token: {TOKEN}\n"
+#: Settings with it: commands need it; reads, waits and streams still need none.
+TOKEN_SETTINGS = attrs.evolve(Settings(), admin=AdminSettings(token=TOKEN))
 
 
 def get(url: str) -> tuple[int, str, bytes]:
@@ -62,6 +70,23 @@ def serve(server: HTTPServer) -> tuple[str, threading.Thread]:
     thread.start()
     host, port = server.server_address[:2]
     return f"http://{host!s}:{port}", thread
+
+
+@contextmanager
+def served_admin(
+    db: Database, *, max_threads: int, port: int = 0
+) -> Iterator[tuple[str, BoundedHTTPServer]]:
+    """An admin server of ``db`` (:data:`TOKEN_SETTINGS`) on ``127.0.0.1:port`` (0: a free
+    one), served in a thread: its base URL and the server. On exit it stops and closes,
+    cutting its open connections."""
+    server = make_server(db, TOKEN_SETTINGS, "127.0.0.1", port, max_threads=max_threads)
+    url, thread = serve(server)
+    try:
+        yield url, server
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(10)
 
 
 @contextmanager

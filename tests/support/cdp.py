@@ -14,6 +14,20 @@ from typing import Any
 
 from admin_client import CHROMIUM
 
+WAIT_FOR = """
+const waitFor = async (check, ms = 15000) => {
+  const end = Date.now() + ms;
+  while (Date.now() < end) {
+    const value = check();
+    if (value) return value;
+    await new Promise((resolve) => setTimeout(resolve, 50));
+  }
+  throw new Error("timed out waiting for " + check);
+};
+"""
+"""JavaScript: ``await waitFor(check, ms)``, the first truthy value of ``check()``, polled
+in the page every 50 ms (an error after ``ms``)."""
+
 
 class Browser:
     """A headless Chromium and one tab; :meth:`evaluate` runs JavaScript in the tab."""
@@ -50,6 +64,7 @@ class Browser:
         self._buffer = b""
         self._next_id = 0
         self._session: str | None = None
+        self._target: str | None = None
 
     def call(self, method: str, params: dict[str, Any] | None = None, timeout: float = 30) -> Any:
         """Send one command (to the tab once :meth:`open` attached it); return its result."""
@@ -82,6 +97,7 @@ class Browser:
         """Open ``url`` in a new tab and direct later commands to it."""
         target = self.call("Target.createTarget", {"url": url})["targetId"]
         attached = self.call("Target.attachToTarget", {"targetId": target, "flatten": True})
+        self._target = target
         self._session = attached["sessionId"]
         loaded = f"location.href === {json.dumps(url)} && document.readyState === 'complete'"
         deadline = time.monotonic() + 30
@@ -101,6 +117,22 @@ class Browser:
         )
         assert "exceptionDetails" not in result, result["exceptionDetails"]
         return result["result"].get("value")
+
+    def wait_for(self, check: str, timeout: float = 15) -> Any:
+        """The first truthy value of the JavaScript expression ``check``, evaluated in the
+        tab every 50 ms; fails after ``timeout`` seconds."""
+        ms = int(timeout * 1000)
+        return self.evaluate(
+            f"(async () => {{ {WAIT_FOR} return await waitFor(() => ({check}), {ms}); }})()",
+            timeout=timeout + 10,
+        )
+
+    def close_tab(self) -> None:
+        """Close the tab :meth:`open` opened, as a person closing it would."""
+        assert self._target is not None, "no tab is open"
+        self._session = None
+        self.call("Target.closeTarget", {"targetId": self._target})
+        self._target = None
 
     def close(self) -> None:
         """Stop Chromium."""

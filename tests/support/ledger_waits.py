@@ -1,7 +1,10 @@
 """What the read-your-own-writes tests share: the ledger's instance in this process, a
-deposit with its token, and an account's row as a new connection reads it."""
+deposit with its token, an account's row as a new connection reads it, and the admin's
+long poll for a token."""
 
 from __future__ import annotations
+
+from urllib.parse import quote
 
 from sqlalchemy import select
 
@@ -31,6 +34,11 @@ def deposit(db: Database, account: str, amount: int = 1) -> Appended:
         return MessageStore(db).append(
             conn, ledger.TOPIC, account, [ledger.Deposited(account, amount)]
         )
+
+
+def wait_url(base: str, token: object, timeout: str = "10", consumer: str = CONSUMER) -> str:
+    """The admin server's long poll (at ``base``) until ``consumer`` applied ``token``."""
+    return f"{base}/admin/consumers/{consumer}/wait?token={quote(str(token))}&timeout={timeout}"
 
 
 def _column(db: Database, account: str, column: str) -> int | None:
