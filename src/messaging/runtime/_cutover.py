@@ -43,6 +43,7 @@ from messaging._states import ConsumerState
 from messaging.distribution._ownership import Ownership
 from messaging.distribution._pulse import bump_generation
 from messaging.runtime._gate import VersionGate
+from messaging.runtime._halted_build import halted_partition, resume_live
 from messaging.runtime._lifecycle import lifecycle_event
 from messaging.runtime._parking import swap_parked
 from messaging.runtime._retired import drop_retired
@@ -91,17 +92,24 @@ def step(db: Database, spec: ConsumerSpec, unit: str, batch_size: int, keep: int
         if building is None or live is None or not building.building:
             return
         cutover = live.cutover
+        halted = None
+        if cutover is None or not cutover.get("swapping"):
+            halted = halted_partition(db, conn, building)
         if cutover is None:
             if live.state != ConsumerState.RUNNING:
                 return  # paused by an operator, or a rebuild request not taken yet
-            if behind(db, conn, building, spec, batch_size) >= batch_size:
+            if halted is not None or behind(db, conn, building, spec, batch_size) >= batch_size:
                 return
         elif cutover["version"] != building.version or (
-            not cutover.get("swapping") and behind(db, conn, building, spec, batch_size)
+            halted is None
+            and not cutover.get("swapping")
+            and behind(db, conn, building, spec, batch_size)
         ):
             return
     if cutover is None:
         _stop_live(db, live, building)
+    elif halted is not None:
+        resume_live(db, live, building, halted)
     else:
         _swap(db, spec, live, building, keep)
 

@@ -1,0 +1,68 @@
+"""A version being built that halts must not hold its live version stopped: no cutover
+starts while one of its partitions is halted, and one that started goes back (the live
+version applies again) until an operator resumes the version
+(:mod:`messaging.runtime._cutover`)."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from sqlalchemy import Connection, select, update
+
+from messaging._states import ConsumerState, PartitionStatus
+from messaging.distribution._ownership import Ownership, PartitionRow
+from messaging.distribution._pulse import bump_generation
+from messaging.runtime._lifecycle import lifecycle_event
+from messaging.runtime._versions import UnitRow
+from messaging.store._database import Database
+
+
+def halted_partition(db: Database, conn: Connection, building: UnitRow) -> PartitionRow | None:
+    """A halted partition of the version being built, if any: no cutover starts while
+    one is, and one that started goes back (:func:`resume_live`)."""
+    return next(
+        (
+            row
+            for row in Ownership(db).partitions(conn, [building.unit])
+            if row.status == PartitionStatus.HALTED
+        ),
+        None,
+    )
+
+
+def resume_live(db: Database, live: UnitRow, building: UnitRow, halted: PartitionRow) -> None:
+    """Step 1 undone: the version being built halted while the live version waits for it
+    (a message it fails on, say one the live version's operator skipped), so the live
+    version applies again (its partitions are claimed anew at the next rounds) instead
+    of staying stopped until an operator resumes the version. The cutover starts over
+    once the version is resumed and within a batch again."""
+    t = db.schema.consumers
+    with db.transaction() as conn:
+        row = conn.execute(
+            select(t.c.state, t.c.cutover)
+            .where(t.c.tenant == db.tenant, t.c.name == live.unit)
+            .with_for_update()
+        ).one_or_none()
+        if row is None or row.state != ConsumerState.CUTTING_OVER:
+            return
+        cutover = json.loads(row.cutover or "{}")
+        if cutover.get("version") != building.version or cutover.get("swapping"):
+            return  # another version's, or the swap began: it goes on
+        conn.execute(
+            update(t)
+            .where(t.c.tenant == db.tenant, t.c.name == live.unit)
+            .values(state=ConsumerState.RUNNING, cutover=None, updated_at=db.clock.now())
+        )
+        bump_generation(db, conn)
+    error = ((halted.error or "").splitlines() or [""])[0]
+    lifecycle_event(
+        "cutover-cancelled",
+        level=logging.WARNING,
+        consumer=live.name,
+        version=building.version,
+        partition=halted.partition,
+        position=halted.halted_position,
+        reason=f"version {building.version} halted ({error}): the live version applies "
+        f"again; resume {building.unit} to take it over",
+    )
