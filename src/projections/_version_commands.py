@@ -50,7 +50,8 @@ def versions_report(db: Database, settings: ConsumerSettings, consumer: str) -> 
     """``{"projection", "versions": [...]}``: each version of projection ``consumer``, live
     first: ``name``, ``version``, ``role`` (live, building, retired), ``state``,
     ``declaration`` (its fingerprint), ``tables``; a building one's ``build`` (applied,
-    total, rate per second since it started, ``eta_seconds``); a retired one's
+    total, rate per second since it started, ``eta_seconds``, its ``halted`` partitions);
+    a retired one's
     ``retired_by`` and ``retired_at``."""
     with db.read() as conn:
         _, rows = _projection(db, conn, consumer, lock=False)
@@ -77,7 +78,9 @@ def versions_report(db: Database, settings: ConsumerSettings, consumer: str) -> 
         }
         build = reported.get(row.unit, {}).get("build")
         if row.building and build is not None:
-            entry["build"] = build
+            partitions = reported[row.unit]["partitions"]
+            halted = [p["partition"] for p in partitions if p["status"] == "halted"]
+            entry["build"] = {**build, "halted": halted}
         if row.retired_by is not None:
             entry["retired_by"] = row.retired_by
             entry["retired_at"] = (row.cutover or {}).get("retired_at")
@@ -94,6 +97,12 @@ def format_versions(report: dict[str, Any]) -> str:
             b = v["build"]
             eta = "unknown" if b["eta_seconds"] is None else f"{b['eta_seconds']:.0f} s"
             detail = f"{b['applied']}/{b['total']} applied, {b['rate']}/s, about {eta} left"
+            if b.get("halted"):
+                halted = ", ".join(map(str, b["halted"]))
+                detail = (
+                    f"{b['applied']}/{b['total']} applied, halted (partitions {halted}): "
+                    f"projections resume {v['name']}"
+                )
         elif "retired_by" in v:
             ago = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(v["retired_at"] or 0))
             detail = f"replaced by version {v['retired_by']} at {ago} UTC; {detail}"

@@ -19,7 +19,9 @@ from sqlalchemy import Column, Integer, MetaData, String, Table, insert, select
 from messaging import HandlerContext, handler
 from messaging._states import ConsumerState
 from messaging.runtime import _cutover, _halted_build
+from messaging.store._rows import partition_of
 from projections import _operations, projection
+from projections._version_commands import format_versions, versions_report
 from projections.testing.plugin import MakeCluster
 
 NAME = "halting-items"
@@ -79,6 +81,12 @@ def test_a_halted_build_leaves_the_live_version_applying_until_it_is_resumed(
     with caplog.at_level(logging.WARNING, logger="messaging"):
         cluster.settle()
     assert _state(cluster) == ConsumerState.RUNNING  # the live version was never stopped
+    report = versions_report(cluster.db, cluster.settings.messaging.consumer, NAME)
+    [build] = [v["build"] for v in report["versions"] if "build" in v]
+    assert build["halted"] == [partition_of("s1", 2)]
+    assert f"halted (partitions {build['halted'][0]}): projections resume {NAME}@2" in (
+        format_versions(report)
+    )
     cluster.append("items", "s2", [Item("b1")])
     cluster.settle()
     assert _names(cluster) == {"a1", "a2", "b1"}  # and goes on applying
