@@ -8,6 +8,7 @@ import asyncio
 import threading
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 from clusters import wait_until
@@ -20,6 +21,7 @@ from messaging import (
     Instance,
     InvalidToken,
     MessageStore,
+    Progress,
     Settings,
     UnknownConsumer,
     WaitRefused,
@@ -30,7 +32,7 @@ from messaging import (
     wait_for_async,
     wait_for_copy,
 )
-from messaging.runtime import _waits
+from messaging.runtime import _progress, _waits
 from messaging.runtime._progress import UNCOMMITTED
 from messaging.store._rows import partition_of
 from projections._operations import pause, resume
@@ -142,6 +144,37 @@ def test_a_timeout_never_ends_before_its_deadline(
         assert 0.3 <= waited < 0.3 + 0.1, waited
         assert 0.3 <= raised.value.waited <= waited
         assert "behind position" in str(raised.value)
+
+
+def test_a_final_check_that_does_not_end_in_time_does_not_hold_the_timeout(
+    db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The database is too slow for the final check (it is held here until the test
+    ends): the timeout is raised 25 ms past the deadline all the same, naming what the
+    watcher's last check found behind."""
+    instance = ledger_instance(db)
+    instance.start(loops=False)
+    instance.stop()
+    appended = deposit(db, "slow")
+    release = threading.Event()
+    checked = _progress.progress
+
+    def slow(*args: Any, **kwargs: Any) -> Progress:
+        release.wait(30)
+        return checked(*args, **kwargs)
+
+    monkeypatch.setattr(_waits, "progress", slow)
+    try:
+        started = time.monotonic()
+        with pytest.raises(WaitTimeout) as raised:
+            wait_for(db, appended.token, CONSUMER, timeout=0.3)
+        waited = time.monotonic() - started
+    finally:
+        release.set()
+    assert 0.3 <= waited < 0.3 + 0.1, waited
+    assert f"{CONSUMER} partition {partition_of('slow', 8)} at checkpoint 0 behind position" in (
+        str(raised.value)
+    )
 
 
 def test_a_type_the_consumer_does_not_handle_is_applied_once_nothing_before_it_is_left(

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import threading
 import time
 from collections.abc import Callable, Sequence
 
@@ -37,6 +38,8 @@ FIRST_PAUSE = 0.002
 """Seconds between the first checks; doubled after each, up to ``poll_interval``."""
 MAX_HEAD_START = 0.25
 """Seconds before its deadline a wait's final check starts, at most."""
+FINAL_GRACE = 0.025
+"""Seconds past its deadline a wait waits for its final check before it raises without."""
 _FINAL_TAKES = [0.01]
 """Seconds the slowest recent final check of this process's waits took (each newer one
 weighs it down by 5 %): the shared watcher's wait ends half as much again before the
@@ -116,6 +119,7 @@ async def wait_for_async(
             watcher.remove(watch)
         if watch.done.is_set():
             return waiter.outcome(watch)
+        waiter.last = watch.last
         return await asyncio.to_thread(waiter.final, db)
     finally:
         if owned:
@@ -181,6 +185,8 @@ class Waiter:
         self.started = time.monotonic()
         self.deadline = self.started + self.timeout
         self._pause = FIRST_PAUSE
+        self.last: Progress | None = None
+        """What the watcher's last check found (not applied), if it made one."""
 
     def check(self, db: Database) -> Progress | None:
         """The progress when the wait is over (applied, or ``fail_fast``); None to check
@@ -220,7 +226,9 @@ class Waiter:
         """Wait through the process's shared watcher of ``db``
         (:mod:`messaging.runtime._watcher`); None once ``cancelled()`` is true."""
         watch = self.watch()
-        if wait_watched(db, watch, self.deadline - self.head_start(), cancelled):
+        finished = wait_watched(db, watch, self.deadline - self.head_start(), cancelled)
+        self.last = watch.last
+        if finished:
             return self.outcome(watch)
         if cancelled is not None and cancelled():
             return None
@@ -235,24 +243,51 @@ class Waiter:
 
     def final(self, db: Database, cancelled: Callable[[], bool] | None = None) -> Progress:
         """The check at the deadline, started :meth:`head_start` before it so that it ends
-        by the deadline: the progress if applied, else :class:`WaitTimeout` naming
-        what is behind, raised at the deadline, never before it (a check that ended
-        early waits for the rest through the watcher: applied meanwhile still answers)."""
+        by the deadline: the progress if applied, else :class:`WaitTimeout` naming what
+        is behind, raised at the deadline, never before it (a check that ended early waits
+        for the rest through the watcher: applied meanwhile still answers). A check that
+        has not ended :data:`FINAL_GRACE` after the deadline (a loaded machine or
+        database) is left to end on its own: the timeout names what the last check of the
+        watcher found behind."""
         started = time.monotonic()
         deadline, self.deadline = self.deadline, min(self.deadline, started)
-        try:
-            result = self.check(db)
-        except WaitTimeout as timeout:
-            _record_take(time.monotonic() - started)
+        ended = threading.Event()
+        outcome: list[Progress | BaseException] = []
+
+        def check() -> None:
+            try:
+                outcome.append(self.check(db))  # type: ignore[arg-type]  # past the deadline: answers or raises
+            except BaseException as exc:
+                outcome.append(exc)
+            finally:
+                _record_take(time.monotonic() - started)
+                ended.set()
+
+        threading.Thread(target=check, name="wait-final-check", daemon=True).start()
+        if not ended.wait(max(0.0, deadline + FINAL_GRACE - time.monotonic())):
+            raise WaitTimeout(time.monotonic() - self.started, self._last_behind())
+        result = outcome[0]
+        if isinstance(result, WaitTimeout):
             if time.monotonic() < deadline:
                 watch = self.watch()
                 if wait_watched(db, watch, deadline, cancelled):
                     return self.outcome(watch)
             waited = time.monotonic() - self.started
-            raise WaitTimeout(waited, timeout.behind) from timeout.__cause__
-        _record_take(time.monotonic() - started)
-        assert result is not None  # past the deadline, check answers or raises
+            raise WaitTimeout(waited, result.behind) from result.__cause__
+        if isinstance(result, BaseException):
+            raise result
         return result
+
+    def _last_behind(self) -> Sequence[object]:
+        """What the watcher's last check of this wait found behind (without lags), or the
+        token's positions when it made none."""
+        if self.last is not None and self.last.behind:
+            return self.last.behind
+        positions = ", ".join(map(str, sorted(self.token.positions)))
+        return [
+            f"position(s) {positions} not known to be applied: the check of what is behind "
+            f"did not end within {FINAL_GRACE * 1000:.0f} ms of the deadline"
+        ]
 
     @staticmethod
     def head_start() -> float:

@@ -51,6 +51,8 @@ class Watch:
     error: BaseException | None = None
     seen: object = None
     """What the round's statement returned for its consumers at its last full check."""
+    last: Progress | None = None
+    """What its last full check found."""
 
     def finish(self, result: Progress | None, error: BaseException | None = None) -> None:
         self.result, self.error = result, error
@@ -187,6 +189,7 @@ class Watcher:
                 raise
             watch.finish(None, exc)
             return
+        watch.last = found
         if found.applied:
             watch.finish(found)
 
