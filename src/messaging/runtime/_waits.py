@@ -285,8 +285,9 @@ class Waiter:
             return self.last.behind
         positions = ", ".join(map(str, sorted(self.token.positions)))
         return [
-            f"position(s) {positions} not known to be applied: the check of what is behind "
-            f"did not end within {FINAL_GRACE * 1000:.0f} ms of the deadline"
+            f"the database did not answer in time (the check of what is behind did not end "
+            f"within {FINAL_GRACE * 1000:.0f} ms of the deadline): position(s) {positions} "
+            "not known to be applied"
         ]
 
     @staticmethod
