@@ -67,12 +67,21 @@ class WaitingStepsMachine(StepsMachine):
     read_your_writes = True
 
 
+@pytest.mark.parametrize(
+    ("machine", "examples"),
+    [(StepsMachine, {"sqlite": 20, "mysql": 8}), (WaitingStepsMachine, {"sqlite": 10, "mysql": 4})],
+    ids=["steps", "with-waits"],
+)
 def test_poisoned_sources_park_and_apply_once_in_order_after_retry(
-    run_machine: RunMachine, backend: str, caplog: pytest.LogCaptureFixture
+    run_machine: RunMachine,
+    backend: str,
+    caplog: pytest.LogCaptureFixture,
+    machine: type[StepsMachine],
+    examples: dict[str, int],
 ) -> None:
+    """With waits: one on a parked source's write is refused, any other answers applied."""
     caplog.set_level(logging.CRITICAL, logger="messaging")
-    examples = 20 if backend == "sqlite" else 8
-    run_machine(StepsMachine, machine_settings(max_examples=examples, steps=30))
+    run_machine(machine, machine_settings(max_examples=examples[backend], steps=30))
 
 
 def test_a_park_never_recorded_is_caught(
@@ -93,14 +102,6 @@ def test_a_park_never_recorded_is_caught(
             machine.settle()
     finally:
         machine.teardown()
-
-
-def test_waits_are_refused_for_parked_sources_and_answer_for_the_others(
-    run_machine: RunMachine, backend: str, caplog: pytest.LogCaptureFixture
-) -> None:
-    caplog.set_level(logging.CRITICAL, logger="messaging")
-    examples = 10 if backend == "sqlite" else 4
-    run_machine(WaitingStepsMachine, machine_settings(max_examples=examples, steps=30))
 
 
 def test_a_wait_answering_applied_for_a_parked_source_is_caught(
