@@ -74,12 +74,14 @@ def _env(name: str, default: int) -> int:
 @attrs.frozen
 class Plan:
     """How big a run is: ``appenders`` threads of ``rounds`` waits each, a disruption every
-    ``disrupt_every`` applied waits (0: none), the bound on a timeout's overshoot."""
+    ``disrupt_every`` applied waits (0: none), the bound on a timeout's overshoot (the
+    suite's default allows for a CI machine running other tests beside the instances: a
+    thread there once waited 280 ms for a core; the acceptance runs ask 50)."""
 
     appenders: int = 4
     rounds: int = 150
     disrupt_every: int = 100
-    overshoot_ms: int = 250
+    overshoot_ms: int = 500
 
     @classmethod
     def from_env(cls) -> Plan:
