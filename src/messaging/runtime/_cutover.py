@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import attrs
 from sqlalchemy import Connection, delete, func, inspect, select, update
@@ -40,7 +40,7 @@ from sqlalchemy.exc import OperationalError, ProgrammingError
 
 from messaging._consumers import ConsumerSpec
 from messaging._states import ConsumerState
-from messaging.distribution._ownership import Ownership
+from messaging.distribution._ownership import Ownership, PartitionRow
 from messaging.distribution._pulse import bump_generation
 from messaging.runtime._gate import VersionGate
 from messaging.runtime._halted_build import halted_partition, resume_live
@@ -63,12 +63,20 @@ RACED = {1146, 1050}
 rename finds when another instance of the version renamed the tables first."""
 
 
-def behind(db: Database, conn: Connection, unit: UnitRow, spec: ConsumerSpec, limit: int) -> int:
-    """How many messages the live version applied that version ``unit`` has not (counted
-    among the next ``limit`` after its checkpoints; ``limit`` means at least that many)."""
+def behind(
+    db: Database,
+    conn: Connection,
+    unit: UnitRow,
+    spec: ConsumerSpec,
+    limit: int,
+    partitions: Sequence[PartitionRow],
+) -> int:
+    """How many messages the live version applied that version ``unit`` (whose partition
+    rows are ``partitions``) has not (counted among the next ``limit`` after its
+    checkpoints; ``limit`` means at least that many)."""
     gate = VersionGate(db, unit.name)
     gate.read(conn)
-    checkpoints = {r.partition: r.checkpoint for r in Ownership(db).partitions(conn, [unit.unit])}
+    checkpoints = {r.partition: r.checkpoint for r in partitions}
     rows = MessageStore(db).read_batch(
         conn,
         spec.topics,
@@ -92,18 +100,22 @@ def step(db: Database, spec: ConsumerSpec, unit: str, batch_size: int, keep: int
         if building is None or live is None or not building.building:
             return
         cutover = live.cutover
+        partitions = Ownership(db).partitions(conn, [building.unit])
         halted = None
         if cutover is None or not cutover.get("swapping"):
-            halted = halted_partition(db, conn, building)
+            halted = halted_partition(partitions)
         if cutover is None:
             if live.state != ConsumerState.RUNNING:
                 return  # paused by an operator, or a rebuild request not taken yet
-            if halted is not None or behind(db, conn, building, spec, batch_size) >= batch_size:
+            if (
+                halted is not None
+                or behind(db, conn, building, spec, batch_size, partitions) >= batch_size
+            ):
                 return
         elif cutover["version"] != building.version or (
             halted is None
             and not cutover.get("swapping")
-            and behind(db, conn, building, spec, batch_size)
+            and behind(db, conn, building, spec, batch_size, partitions)
         ):
             return
     if cutover is None:

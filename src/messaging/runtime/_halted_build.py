@@ -7,28 +7,22 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Sequence
 
-from sqlalchemy import Connection, select, update
+from sqlalchemy import select, update
 
 from messaging._states import ConsumerState, PartitionStatus
-from messaging.distribution._ownership import Ownership, PartitionRow
+from messaging.distribution._ownership import PartitionRow
 from messaging.distribution._pulse import bump_generation
 from messaging.runtime._lifecycle import lifecycle_event
 from messaging.runtime._versions import UnitRow
 from messaging.store._database import Database
 
 
-def halted_partition(db: Database, conn: Connection, building: UnitRow) -> PartitionRow | None:
-    """A halted partition of the version being built, if any: no cutover starts while
-    one is, and one that started goes back (:func:`resume_live`)."""
-    return next(
-        (
-            row
-            for row in Ownership(db).partitions(conn, [building.unit])
-            if row.status == PartitionStatus.HALTED
-        ),
-        None,
-    )
+def halted_partition(partitions: Sequence[PartitionRow]) -> PartitionRow | None:
+    """A halted one of the partitions of the version being built, if any: no cutover
+    starts while one is, and one that started goes back (:func:`resume_live`)."""
+    return next((row for row in partitions if row.status == PartitionStatus.HALTED), None)
 
 
 def resume_live(db: Database, live: UnitRow, building: UnitRow, halted: PartitionRow) -> None:
