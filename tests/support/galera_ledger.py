@@ -39,6 +39,7 @@ def cluster_database(cluster: GaleraCluster, prefix: str = "g_") -> Iterator[str
         migrate(db)
         db.prepare()
         db.dispose()
+        _applied_everywhere(cluster, name, db.schema.positions.name)
         yield name
     finally:
         db.dispose()
@@ -53,6 +54,21 @@ def instance_config(path: Path, url: str, **options: Any) -> Path:
         return write_config(path, db, **options)
     finally:
         db.dispose()
+
+
+def _applied_everywhere(cluster: GaleraCluster, name: str, table: str) -> None:
+    """Wait until every live node has applied the database's set-up (a causal read on
+    each): a test writing through another node than the one that prepared it would
+    otherwise find the tenant's position counter missing there for a moment."""
+    for node in range(cluster.size):
+        if cluster.running(node):
+            conn = pymysql.connect(host="127.0.0.1", port=cluster.sql_ports[node], user="root")
+            try:
+                with conn.cursor() as cursor:
+                    cursor.execute("SET SESSION wsrep_sync_wait = 1")
+                    cursor.execute(f"SELECT COUNT(*) FROM `{name}`.`{table}`")
+            finally:
+                conn.close()
 
 
 def _execute(cluster: GaleraCluster, sql: str) -> None:
