@@ -46,6 +46,7 @@ from messaging.store._rows import (
     headers_json,
     partition_hash,
 )
+from messaging.store._schema import AS_GIVEN
 from messaging.store._tokens import Appended, ConsistencyToken, Sent, token_of
 
 _QUERY_CACHE_SIZE = 64
@@ -86,7 +87,9 @@ class MessageStore:
         self._handled: dict[tuple[tuple[str, ...], tuple[str, ...]], frozenset[str] | None] = {}
         """Per (topics, types) of :meth:`read_batch`: the types, while reads without the
         types filter found no other; None once one did (the filter runs in SQL since)."""
-        self._insert = insert(m)
+        # The time bound as it is (a float read from the database's clock; a Float's
+        # conversion would keep SQLite's rows from going to the driver as built below)
+        self._insert = insert(m).values(recorded_at=bindparam("recorded_at", type_=AS_GIVEN))
         self._reserver = Reserver(db)
         self._topic_index = f"{db.schema.prefix}ix_messages_topic"
 
