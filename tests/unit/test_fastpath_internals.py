@@ -101,3 +101,19 @@ def test_a_cached_plan_keeps_its_statement_alive_so_its_id_is_never_reused() -> 
     del statement
     gc.collect()
     assert alive() is not None  # held by its plan: no other statement can take its id
+
+
+def test_plans_go_with_their_engine() -> None:
+    """A disposed engine's plans do not keep its statements (and their tables) alive."""
+    table = _table()
+    engine = create_engine("sqlite://")
+    statement = insert(table).values(id=bindparam("key"), name=bindparam("label"))
+    with engine.begin() as conn:
+        table.create(conn)
+        _fastpath.execute(conn, statement, [{"key": 1, "label": "a"}], direct=True)
+        assert _fastpath._lookup(conn, statement, {"key": 2, "label": "b"}, False)[0] is None
+    alive, gone = weakref.ref(statement), weakref.ref(table)
+    engine.dispose()
+    del engine, conn, statement, table
+    gc.collect()
+    assert alive() is None and gone() is None

@@ -95,7 +95,7 @@ def execute(
             return _send(conn, plan.sql, rows if many else rows[0], many)
     result = conn.execute(statement, params if many else params[0])
     if key is not None:
-        _learn(key, statement, result.context, params)
+        _learn(conn, key, statement, result.context, params)
     return result.rowcount
 
 
@@ -111,7 +111,7 @@ def execute_rows(
     handed to the driver as they are when its plan sends exactly those values in that
     order (no constants, no conversions), else as the mappings they stand for."""
     many = len(rows) > 1
-    entry = _PLANS.get((id(statement), conn.dialect, frozenset(names), many))
+    entry = _plans(conn.dialect).get((id(statement), frozenset(names), many))
     if direct and entry is not None and entry[0] is statement:
         plan = entry[1]
         if plan is not None and plan.order == names:
@@ -133,7 +133,7 @@ def fetch(
             return _query(conn, plan.sql, rows[0])
     result = conn.execute(statement, params)
     if key is not None:
-        _learn(key, statement, result.context, [params], query=True)  # before fetching rows
+        _learn(conn, key, statement, result.context, [params], query=True)  # before fetching rows
     return result.all()
 
 
@@ -172,14 +172,27 @@ class _Plan:
         return rows
 
 
-_PlanKey = tuple[int, Any, frozenset[str], bool]
-_PLANS: dict[_PlanKey, tuple[Executable, _Plan | None]] = {}
-"""Plans by (statement id, dialect, parameter names, many). Each entry holds its statement
-strongly, so that statement cannot be collected and its id cannot be reused by another
-while the entry exists; a lookup also checks the entry's statement ``is`` the one asked
-about. SQLAlchemy's private attributes read below are pinned by the dependency on one
-minor version and checked by tests/unit/test_fastpath_internals.py."""
+_PlanKey = tuple[int, frozenset[str], bool]
+_Plans = dict[_PlanKey, tuple[Executable, "_Plan | None"]]
+_PLANS_ATTRIBUTE = "_projections_fastpath_plans"
 _MAX_PLANS = 512
+
+
+def _plans(dialect: Any) -> _Plans:
+    """The plans of one engine's dialect, by (statement id, parameter names, many).
+
+    Kept on the dialect, so that they go with their engine: plans that outlived it would
+    hold its statements, and through them its tables (a disposed ``Database`` kept
+    alive). Each entry holds its statement strongly, so that statement cannot be
+    collected and its id cannot be reused by another while the entry exists; a lookup
+    also checks the entry's statement ``is`` the one asked about. SQLAlchemy's private
+    attributes read below are pinned by the dependency on one minor version and checked
+    by tests/unit/test_fastpath_internals.py."""
+    plans: _Plans | None = dialect.__dict__.get(_PLANS_ATTRIBUTE)
+    if plans is None:
+        plans = {}
+        setattr(dialect, _PLANS_ATTRIBUTE, plans)
+    return plans
 
 
 def _lookup(
@@ -187,14 +200,15 @@ def _lookup(
 ) -> tuple[_PlanKey | None, _Plan | None]:
     """The plan of ``statement`` for these names, or the key to learn one under (if not
     tried yet)."""
-    key = (id(statement), conn.dialect, frozenset(first), many)
-    entry = _PLANS.get(key)
+    key = (id(statement), frozenset(first), many)
+    entry = _plans(conn.dialect).get(key)
     if entry is None or entry[0] is not statement:
         return key, None
     return None, entry[1]
 
 
 def _learn(
+    conn: Connection,
     key: _PlanKey,
     statement: Executable,
     context: Any,
@@ -209,9 +223,10 @@ def _learn(
             plan = None
     except Exception:  # only ever a missed shortcut: the statement has already run
         plan = None
-    if len(_PLANS) >= _MAX_PLANS:
-        _PLANS.clear()
-    _PLANS[key] = (statement, plan)
+    plans = _plans(conn.dialect)
+    if len(plans) >= _MAX_PLANS:
+        plans.clear()
+    plans[key] = (statement, plan)
 
 
 def _plain_results(statement: Executable, context: Any) -> bool:
