@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import attrs
 
 
-@attrs.define(kw_only=True)
-class SagaRow:
-    """One saga instance as read at the start of a batch (``version`` None: not stored)."""
+class SagaRow(NamedTuple):
+    """One saga instance as read at the start of a batch (``version`` None: not stored).
+    Named tuples, as :class:`Deadline`: a batch reads hundreds, each made in one call."""
 
     key: str
     version: int | None
@@ -17,8 +19,7 @@ class SagaRow:
     """The version of the stored state's shape (see ``@saga(state_version=)``)."""
 
 
-@attrs.define(frozen=True, kw_only=True)
-class Deadline:
+class Deadline(NamedTuple):
     """A deadline of one saga instance: ``message`` is delivered to it at ``due_at``."""
 
     key: str

@@ -45,6 +45,7 @@ from sagas._statements import update_statement
 
 _KEY_CHUNK = 500
 _KEY_NAME_DUE = attrgetter("key", "name", "due_at")
+_DUE_AT = attrgetter("due_at")
 
 
 class SagaStore:
@@ -127,13 +128,7 @@ class SagaStore:
             for key, version, state, ended, state_version in _fastpath.fetch(
                 conn, self._listing("load", len(chunk)), params, direct=direct
             ):
-                found[key] = SagaRow(
-                    key=key,
-                    version=version,
-                    state=state,
-                    ended=bool(ended),
-                    state_version=state_version,
-                )
+                found[key] = SagaRow(key, version, state, bool(ended), state_version)
         return found
 
     def save(
@@ -358,25 +353,9 @@ class SagaStore:
                 if k is None:  # the clock's row
                     clock = float(due)
                     continue
-                read[p].append(
-                    Deadline(
-                        key=k,
-                        name=n,
-                        partition=p,
-                        due_at=float(due),
-                        type=t,
-                        payload=payload,
-                        payload_version=shape,
-                    )
-                )
+                read[p].append(Deadline(k, n, p, float(due), t, payload, shape))
                 if k not in sagas:  # no stored row: version None, like a new instance's
-                    sagas[k] = SagaRow(
-                        key=k,
-                        version=version,
-                        state=state,
-                        ended=bool(ended),
-                        state_version=state_version or 1,
-                    )
+                    sagas[k] = SagaRow(k, version, state, bool(ended), state_version or 1)
             if any(read.values()):
                 now = now or clock
             found.update(read)
@@ -386,7 +365,7 @@ class SagaStore:
                 break
             more = -(-left // len(full))
             quotas = {p: quotas[p] + more for p in full}
-        every = sorted((d for rows in found.values() for d in rows), key=lambda d: d.due_at)
+        every = sorted((d for rows in found.values() for d in rows), key=_DUE_AT)
         # a prefix in due order: still each partition's earliest
         return Due(deadlines=every[:limit], now=now, sagas=sagas)
 
