@@ -1,4 +1,5 @@
-"""Instance rows: old stale rows are removed, judged by the database clock; nothing breaks."""
+"""Instance rows: old stale rows are removed, judged by the database clock; nothing breaks;
+one reader sees every change between its reads."""
 
 from __future__ import annotations
 
@@ -197,3 +198,38 @@ def test_an_instance_whose_row_was_removed_registers_again_and_loses_to_the_new_
         newcomer.stop()
         sleeper.stop()
         backdated.dispose()
+
+
+def test_one_membership_reads_what_changed_since_its_last_read(db: Database) -> None:
+    """Its statement is built once and its rows' JSON parsed once per text: a member's
+    runs and sessions changed between two reads, and a manual clock moved, are seen."""
+    clocked = _backdated(db, 0.0)
+    membership = Membership(clocked)
+    try:
+        member = _register(clocked, "member")
+        with clocked.read() as conn:
+            (before,) = membership.instances(conn, STALE_TIMEOUT)
+        assert before.runs == {} and before.live
+        runs = {CONSUMER: {"distribution": "partitioned", "fingerprint": "f"}}
+        t = clocked.schema.instances
+        with clocked.transaction() as conn:
+            membership.update_runs(conn, member, runs)
+            sessions = '[["db:3306", 1700000000, 7]]'
+            conn.execute(t.update().where(t.c.id == member).values(sessions=sessions))
+        assert isinstance(clocked.clock, ManualClock)
+        clocked.clock.advance(STALE_TIMEOUT - 1.0)
+        with clocked.read() as conn:
+            (after,) = membership.instances(conn, STALE_TIMEOUT)
+        assert after.runs == runs
+        assert [(s.server, s.boot, s.id) for s in after.sessions] == [("db:3306", 1700000000, 7)]
+        assert after.live and after.expires_in == pytest.approx(before.expires_in - 29.0, abs=1e-3)
+        clocked.clock.advance(2.0)
+        with clocked.read() as conn:
+            (stale,) = membership.instances(conn, STALE_TIMEOUT)
+        assert not stale.live and stale.runs == runs and stale.sessions == after.sessions
+        with clocked.transaction() as conn:
+            membership.update_runs(conn, member, {})
+        with clocked.read() as conn:
+            assert [r.runs for r in membership.instances(conn, STALE_TIMEOUT)] == [{}]
+    finally:
+        clocked.dispose()

@@ -10,6 +10,7 @@ without a clean stop are deleted once they are far older than that (see
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
@@ -17,9 +18,24 @@ from collections.abc import Mapping
 from typing import Any
 
 import attrs
-from sqlalchemy import Connection, Select, case, delete, insert, select, update
+from sqlalchemy import (
+    Connection,
+    Float,
+    Select,
+    Table,
+    bindparam,
+    case,
+    delete,
+    insert,
+    select,
+    type_coerce,
+    update,
+)
 from sqlalchemy.exc import DBAPIError
+from sqlalchemy.types import NullType
 
+from messaging.store import _fastpath
+from messaging.store._clock import Clock, cached_now, now_params
 from messaging.store._database import Database
 from messaging.store._liveness import STALE, Signal, gone_reason, signal_for
 from messaging.store._retry import is_unreachable
@@ -88,6 +104,10 @@ class Membership:
         self._next_purge = 0.0  # time.monotonic() of the next due purge
         self.signal = Signal()
         """This instance's liveness signal, once :meth:`hold` took it."""
+        self._runs: dict[str, Mapping[str, Mapping[str, Any]]] = {}
+        """Each ``runs`` text :meth:`instances` read lately, parsed (shared: never mutated)."""
+        self._sessions: dict[str | None, tuple[Session, ...]] = {}
+        """Each ``sessions`` text :meth:`instances` read lately, parsed."""
 
     def hold(self, instance_id: str, interval: float) -> None:
         """Take this instance's liveness signal (before registering); its MySQL lock
@@ -249,41 +269,66 @@ class Membership:
 
     def instances(self, conn: Connection, stale_timeout: float) -> list[InstanceRow]:
         """Every registered instance with its liveness, ordered by name then id."""
-        t = self.table
-        now = self.db.clock.now()
-        live = case((t.c.heartbeat_at >= now - stale_timeout, True), else_=False)
-        rows = conn.execute(
-            select(
-                t.c.id,
-                t.c.name,
-                t.c.host,
-                t.c.pid,
-                t.c.started_at,
-                t.c.heartbeat_at,
-                t.c.stopping,
-                live.label("live"),
-                t.c.runs,
-                (t.c.heartbeat_at + stale_timeout - now).label("expires_in"),
-                t.c.sessions,
-                t.c.liveness,
-            )
-            .where(t.c.tenant == self.db.tenant)
-            .order_by(t.c.name, t.c.id)
+        params = {"t": self.db.tenant, "timeout": stale_timeout, **now_params(self.db.clock)}
+        rows = _fastpath.fetch(
+            conn,
+            _instances_query(self.table, self.db.clock),
+            params,
+            direct=_fastpath.sends_directly(conn),
         )
-        return [
-            InstanceRow(
-                id=r.id,
-                name=r.name,
-                host=r.host,
-                pid=r.pid,
-                started_at=float(r.started_at),
-                heartbeat_at=float(r.heartbeat_at),
-                stopping=bool(r.stopping),
-                live=bool(r.live),
-                runs=json.loads(r.runs),
-                expires_in=float(r.expires_in),
-                sessions=parse_sessions(r.sessions),
-                liveness=r.liveness,
+        runs_of, sessions_of = self._runs, self._sessions
+        if len(runs_of) + len(sessions_of) > 4 * len(rows):  # texts no row holds any more
+            runs_of.clear()
+            sessions_of.clear()
+        found = []
+        for r in rows:
+            runs = runs_of.get(r[8])
+            if runs is None:
+                runs = runs_of[r[8]] = json.loads(r[8])
+            sessions = sessions_of.get(r[10])
+            if sessions is None:
+                sessions = sessions_of[r[10]] = parse_sessions(r[10])
+            found.append(
+                InstanceRow(
+                    id=r[0],
+                    name=r[1],
+                    host=r[2],
+                    pid=r[3],
+                    started_at=float(r[4]),
+                    heartbeat_at=float(r[5]),
+                    stopping=bool(r[6]),
+                    live=bool(r[7]),
+                    runs=runs,
+                    expires_in=float(r[9]),
+                    sessions=sessions,
+                    liveness=r[11],
+                )
             )
-            for r in rows
-        ]
+        return found
+
+
+@functools.lru_cache(maxsize=64)
+def _instances_query(t: Table, clock: Clock) -> Select[Any]:
+    """The query of :meth:`Membership.instances` on the table ``t`` by ``clock``, built once:
+    the tenant (``t``), the stale timeout (``timeout``) and a manual clock's now are its
+    parameters; its values come as the driver gives them (converted there)."""
+    now = cached_now(clock)
+    timeout = bindparam("timeout", type_=Float)
+    live = case((t.c.heartbeat_at >= now - timeout, True), else_=False)
+    return (
+        select(
+            t.c.id,
+            t.c.name,
+            t.c.host,
+            t.c.pid,
+            *(type_coerce(c, NullType()) for c in (t.c.started_at, t.c.heartbeat_at)),
+            type_coerce(t.c.stopping, NullType()),
+            type_coerce(live, NullType()),
+            t.c.runs,
+            type_coerce(t.c.heartbeat_at + timeout - now, NullType()),
+            t.c.sessions,
+            t.c.liveness,
+        )
+        .where(t.c.tenant == bindparam("t"))
+        .order_by(t.c.name, t.c.id)
+    )

@@ -16,6 +16,7 @@ matches no row when applied again, and rolls back (:class:`CheckpointMoved`).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -24,6 +25,7 @@ from sqlalchemy import (
     BigInteger,
     Connection,
     Select,
+    Table,
     Update,
     bindparam,
     case,
@@ -56,9 +58,10 @@ class Claim:
     checkpoint: int
 
 
-@attrs.define(frozen=True, kw_only=True)
+@attrs.define
 class PartitionRow:
-    """One row of ``consumer_partitions``, for reports."""
+    """One row of ``consumer_partitions``, for reports (not frozen: made by the hundred each
+    rebalance round, and a frozen class's are several times slower to make)."""
 
     consumer: str
     partition: int
@@ -71,6 +74,23 @@ class PartitionRow:
     error: str | None
     needs: str | None = None
     """What a newer payload needs to be read, as JSON (``messaging.runtime._newer``)."""
+
+
+_LISTED = (
+    *("consumer", "partition_no", "owner", "epoch", "checkpoint"),
+    *("status", "halted_position", "halted_type", "error", "needs"),
+)
+"""The columns of :meth:`Ownership.partitions`, in the order of :class:`PartitionRow`'s fields."""
+
+
+@functools.lru_cache(maxsize=64)
+def _listing(t: Table, count: int) -> Select[Any]:
+    """The query of :meth:`Ownership.partitions` on the table ``t``, built once: the tenant
+    is its parameter ``t``, the ``count`` consumers ``c0``... (0: every consumer)."""
+    query = select(*(t.c[name] for name in _LISTED)).where(t.c.tenant == bindparam("t"))
+    if count:
+        query = query.where(t.c.consumer.in_([bindparam(f"c{i}") for i in range(count)]))
+    return query.order_by(t.c.consumer, t.c.partition_no)
 
 
 NOT_HALTED: dict[str, None] = {
@@ -416,34 +436,11 @@ class Ownership:
         self, conn: Connection, consumers: Sequence[str] | None = None
     ) -> list[PartitionRow]:
         """Every partition row of the tenant (or of ``consumers``), ordered."""
-        t = self.table
-        query = select(
-            t.c.consumer,
-            t.c.partition_no,
-            t.c.owner,
-            t.c.epoch,
-            t.c.checkpoint,
-            t.c.status,
-            t.c.halted_position,
-            t.c.halted_type,
-            t.c.error,
-            t.c.needs,
-        ).where(t.c.tenant == self.db.tenant)
-        if consumers is not None:
-            query = query.where(t.c.consumer.in_(consumers))
-        rows = conn.execute(query.order_by(t.c.consumer, t.c.partition_no))
-        return [
-            PartitionRow(
-                consumer=r[0],
-                partition=r[1],
-                owner=r[2],
-                epoch=r[3],
-                checkpoint=r[4],
-                status=r[5],
-                halted_position=r[6],
-                halted_type=r[7],
-                error=r[8],
-                needs=r[9],
-            )
-            for r in rows
-        ]
+        if consumers is not None and not consumers:
+            return []  # of no consumer
+        names = [] if consumers is None else _fastpath.padded(consumers)
+        query = _listing(self.table, len(names))
+        params = dict(zip(_fastpath.numbered(("c",), len(names)), names, strict=True))
+        params["t"] = self.db.tenant
+        rows = _fastpath.fetch(conn, query, params, direct=_fastpath.sends_directly(conn))
+        return [PartitionRow(*r) for r in rows]

@@ -20,10 +20,11 @@ is still higher at the next reading.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 
 import attrs
-from sqlalchemy import Connection, bindparam, func, insert, select, update
+from sqlalchemy import Connection, Select, Table, bindparam, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from messaging.store import _fastpath
@@ -45,11 +46,6 @@ class Pulse:
         if earlier is None:
             return frozenset(self.heads)
         return frozenset(t for t, head in self.heads.items() if earlier.heads.get(t) != head)
-
-
-def _generation(db: Database):  # type: ignore[no-untyped-def]  # a scalar subquery
-    g = db.schema.generations
-    return select(g.c.generation).where(g.c.tenant == db.tenant).scalar_subquery()
 
 
 class PulseReader:
@@ -84,7 +80,17 @@ class PulseReader:
 
 def read_generation(db: Database, conn: Connection) -> int:
     """The tenant's generation alone (what a rebalance round reads before its rows)."""
-    return int(conn.execute(select(func.coalesce(_generation(db), 0))).scalar_one())
+    query = _generation_query(db.schema.generations)
+    rows = _fastpath.fetch(conn, query, {"t": db.tenant}, direct=_fastpath.sends_directly(conn))
+    return int(rows[0][0])
+
+
+@functools.lru_cache(maxsize=64)
+def _generation_query(g: Table) -> Select[tuple[int]]:
+    """The query of :func:`read_generation` on the counters ``g``, built once (the tenant is
+    its parameter ``t``)."""
+    generation = select(g.c.generation).where(g.c.tenant == bindparam("t")).scalar_subquery()
+    return select(func.coalesce(generation, 0))
 
 
 def bump_generation(db: Database, conn: Connection) -> None:

@@ -215,7 +215,6 @@ class Rebalancer:
             reads,
         )
         self._say_needs(needs, live, reads)
-        live_ids = inst.membership.live_ids(inst.consumer_settings.stale_instance_timeout)
         for name, target in plans.items():
             worker = inst.workers[name]
             lost = [p for p in worker.claims() if owners[name].get(p) != inst.id]
@@ -231,6 +230,7 @@ class Rebalancer:
             wanted = sorted(target.target - set(worker.claims()) - worker.holdings.leaving())
             if wanted:
                 self._end_sessions({owners[name].get(p) for p in wanted})
+                live_ids = inst.membership.live_ids(inst.consumer_settings.stale_instance_timeout)
                 with inst.db.transaction() as conn:
                     fingerprint = inst.fingerprints[split_unit(name)[0]]
                     claims = inst.ownership.claim(

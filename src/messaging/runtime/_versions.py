@@ -15,13 +15,25 @@ the version it replaced stays as ``name@L`` (state ``retired``) with its tables.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 import attrs
-from sqlalchemy import Connection, Table, insert, inspect, or_, select, update
+from sqlalchemy import (
+    Connection,
+    Select,
+    Table,
+    bindparam,
+    insert,
+    inspect,
+    literal,
+    or_,
+    select,
+    update,
+)
 from sqlalchemy.exc import OperationalError, ProgrammingError
 
 from messaging._consumers import ConsumerSpec
@@ -29,6 +41,7 @@ from messaging._settings import Distribution
 from messaging._states import ConsumerState
 from messaging.distribution._ownership import Ownership
 from messaging.runtime._lifecycle import lifecycle_event
+from messaging.store import _fastpath
 from messaging.store._database import Database
 from messaging.store._ddl import drop_tables_if_exist
 from messaging.store._tenancy import ReadModels
@@ -110,44 +123,49 @@ def unit_rows(db: Database, conn: Connection, names: Iterable[str]) -> list[Unit
     names = sorted(set(names))
     if not names:
         return []
-    t = db.schema.consumers
-    rows = conn.execute(
-        select(
-            t.c.name,
-            t.c.fingerprint,
-            t.c.state,
-            t.c.partitions,
-            t.c.topics,
-            t.c.types,
-            t.c.version,
-            t.c.cutover,
-        ).where(
-            t.c.tenant == db.tenant,
-            or_(
-                t.c.name.in_(names),
-                *(t.c.name.startswith(f"{n}{MARK}", autoescape=True) for n in names),
-            ),
-        )
-    )
+    query = _units_query(db.schema.consumers, tuple(names))
+    rows = _fastpath.fetch(conn, query, {"t": db.tenant}, direct=_fastpath.sends_directly(conn))
     found = []
-    for r in rows:
-        name, version = split_unit(r.name)
+    for unit, fingerprint, state, partitions, topics, types, live_version, cutover in rows:
+        name, version = split_unit(unit)
         if name not in names:
             continue
         found.append(
             UnitRow(
-                unit=r.name,
+                unit=unit,
                 name=name,
-                version=version if version is not None else int(r.version or 1),
-                fingerprint=r.fingerprint,
-                state=r.state,
-                partitions=int(r.partitions),
-                topics=tuple(json.loads(r.topics)),
-                types=tuple(json.loads(r.types)),
-                cutover=json.loads(r.cutover) if r.cutover else None,
+                version=version if version is not None else int(live_version or 1),
+                fingerprint=fingerprint,
+                state=state,
+                partitions=int(partitions),
+                topics=tuple(json.loads(topics)),
+                types=tuple(json.loads(types)),
+                cutover=json.loads(cutover) if cutover else None,
             )
         )
     return sorted(found, key=lambda u: (u.name, not u.live, u.version))
+
+
+@functools.lru_cache(maxsize=64)
+def _units_query(t: Table, names: tuple[str, ...]) -> Select[Any]:
+    """The query of :func:`unit_rows` for ``names`` on the table ``t``, built once (the tenant
+    is its parameter ``t``)."""
+    return select(
+        t.c.name,
+        t.c.fingerprint,
+        t.c.state,
+        t.c.partitions,
+        t.c.topics,
+        t.c.types,
+        t.c.version,
+        t.c.cutover,
+    ).where(
+        t.c.tenant == bindparam("t"),
+        or_(
+            t.c.name.in_([literal(n) for n in names]),  # plain binds: no expanding IN
+            *(t.c.name.startswith(f"{n}{MARK}", autoescape=True) for n in names),
+        ),
+    )
 
 
 def cutting_over(db: Database, conn: Connection, names: Iterable[str]) -> set[str]:

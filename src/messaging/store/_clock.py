@@ -27,6 +27,10 @@ class Clock(Protocol):
         """An SQL expression evaluating to the current time in seconds."""
         ...
 
+    def __hash__(self) -> int:
+        """By identity, as objects are: statements built once are kept per clock."""
+        ...
+
 
 class DatabaseClock:
     """The database server's clock: one clock for every host sharing the database."""

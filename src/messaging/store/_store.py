@@ -61,6 +61,8 @@ class MessageStore:
         self.registry = registry
         self._messages = db.schema.messages
         self._positions = db.schema.positions
+        p = self._positions
+        self._head = select(p.c.last_position).where(p.c.tenant == bindparam("t"))
         m = self._messages
         self._full_columns: tuple[Any, ...] = (
             m.c.position,
@@ -429,8 +431,6 @@ class MessageStore:
 
     def head(self, conn: Connection) -> int:
         """The highest position committed for this tenant (0 when empty)."""
-        p = self._positions
-        value = conn.execute(
-            select(p.c.last_position).where(p.c.tenant == self.db.tenant)
-        ).scalar_one_or_none()
-        return int(value or 0)
+        params = {"t": self.db.tenant}
+        rows = _fastpath.fetch(conn, self._head, params, direct=_fastpath.sends_directly(conn))
+        return int(rows[0][0] or 0) if rows else 0
