@@ -16,10 +16,10 @@ for the sizes; ``--quick`` for a small run of every part).
   message.
 - **many**: ``--few``, then ``--many`` idle instances of the route consumer, at each of
   ``--intervals`` (``short``: sub-second test intervals; ``defaults``): statements per
-  second per instance over ``--window`` seconds (each instance counts its own, through an
-  engine event of its probe), the rebalance rounds' time (``projections_rebalanced``), and
-  at ``--many`` one join and one clean stop, timed as in ``handover.py`` and held to the
-  bounds used there for 3 instances.
+  second per instance over ``--window`` seconds (each instance counts its own at the
+  driver, so that counting leaves the fast path on), the rebalance rounds' time
+  (``projections_rebalanced``), and at ``--many`` one join and one clean stop, timed as
+  in ``handover.py`` and held to the bounds used there for 3 instances.
 
 Every figure is printed with the load average before and after it and the cores that the
 instances and the database server on this host kept busy (``costs.py``).
@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import sqlite3
 import statistics
 import subprocess
 import sys
@@ -49,7 +50,7 @@ import attrs  # noqa: E402
 from clusters import wait_until  # noqa: E402
 from private_mariadb import PrivateMariaDB  # noqa: E402
 from sqlalchemy import event  # noqa: E402
-from sqlalchemy.engine import Engine  # noqa: E402
+from sqlalchemy.pool import Pool  # noqa: E402
 
 import messaging  # noqa: E402
 from costs import Server, cpu_seconds, measured  # noqa: E402
@@ -96,18 +97,36 @@ class RemoteCalls:
 
 
 class _Statements:
-    """Counts the statements (and commits, rollbacks) of every engine in this process and
-    writes the count to ``<COUNTS_ENV>/<pid>`` every 200 ms."""
+    """Counts the statements (commits and rollbacks among them) that every connection of
+    this process sends, at the driver, and writes the count to ``<COUNTS_ENV>/<pid>`` every
+    200 ms. Counted below SQLAlchemy (sqlite3's trace callback; PyMySQL's ``query``, commit
+    and rollback), so that counting leaves the statements' fast path on: an execute event
+    would send every statement through SQLAlchemy and make each instance costlier to run."""
 
     count = 0
     lock = threading.Lock()
 
     @classmethod
     def start(cls, directory: str) -> None:
-        for name in ("before_cursor_execute", "commit", "rollback"):
-            event.listen(Engine, name, cls._add)
+        event.listen(Pool, "connect", cls._watch)
         target = Path(directory) / str(os.getpid())
         threading.Thread(target=cls._write, args=(target,), daemon=True).start()
+
+    @classmethod
+    def _watch(cls, dbapi_connection: Any, _record: Any) -> None:
+        if isinstance(dbapi_connection, sqlite3.Connection):
+            dbapi_connection.set_trace_callback(cls._add)
+            return
+        for name in ("query", "commit", "rollback"):
+            setattr(dbapi_connection, name, cls._counted(getattr(dbapi_connection, name)))
+
+    @classmethod
+    def _counted(cls, method: Callable[..., Any]) -> Callable[..., Any]:
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            cls._add()
+            return method(*args, **kwargs)
+
+        return counted
 
     @classmethod
     def _add(cls, *_: Any) -> None:
@@ -123,11 +142,9 @@ class _Statements:
             time.sleep(0.2)
 
 
-@hookimpl
-def projections_instance_started(instance_id: str, name: str) -> None:
-    directory = os.environ.get(COUNTS_ENV)
-    if directory:
-        _Statements.start(directory)
+if os.environ.get(COUNTS_ENV) and __name__ != "__main__":
+    # an instance process loading this app: count from its first connection on
+    _Statements.start(os.environ[COUNTS_ENV])
 
 
 @hookimpl

@@ -10,7 +10,6 @@ without a clean stop are deleted once they are far older than that (see
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import time
@@ -35,6 +34,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.types import NullType
 
 from messaging.store import _fastpath
+from messaging.store._built import per_table
 from messaging.store._clock import Clock, cached_now, now_params
 from messaging.store._database import Database
 from messaging.store._liveness import STALE, Signal, gone_reason, signal_for
@@ -307,7 +307,7 @@ class Membership:
         return found
 
 
-@functools.lru_cache(maxsize=64)
+@per_table
 def _instances_query(t: Table, clock: Clock) -> Select[Any]:
     """The query of :meth:`Membership.instances` on the table ``t`` by ``clock``, built once:
     the tenant (``t``), the stale timeout (``timeout``) and a manual clock's now are its

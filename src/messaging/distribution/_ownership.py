@@ -16,7 +16,6 @@ matches no row when applied again, and rolls back (:class:`CheckpointMoved`).
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -43,6 +42,7 @@ from messaging._errors import CheckpointMoved, OwnershipLost
 from messaging._states import PartitionStatus
 from messaging.distribution._claimable import claim_held_back, left_since_read
 from messaging.store import _fastpath
+from messaging.store._built import per_table
 from messaging.store._clock import cached_now, now_params
 from messaging.store._database import Database
 
@@ -83,7 +83,7 @@ _LISTED = (
 """The columns of :meth:`Ownership.partitions`, in the order of :class:`PartitionRow`'s fields."""
 
 
-@functools.lru_cache(maxsize=64)
+@per_table
 def _listing(t: Table, count: int) -> Select[Any]:
     """The query of :meth:`Ownership.partitions` on the table ``t``, built once: the tenant
     is its parameter ``t``, the ``count`` consumers ``c0``... (0: every consumer)."""

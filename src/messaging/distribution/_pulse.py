@@ -20,7 +20,6 @@ is still higher at the next reading.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Mapping, Sequence
 
 import attrs
@@ -28,6 +27,7 @@ from sqlalchemy import Connection, Select, Table, bindparam, func, insert, selec
 from sqlalchemy.exc import IntegrityError
 
 from messaging.store import _fastpath
+from messaging.store._built import per_table
 from messaging.store._database import Database
 
 __all__ = ["Pulse", "PulseReader", "bump_generation", "read_generation"]
@@ -85,7 +85,7 @@ def read_generation(db: Database, conn: Connection) -> int:
     return int(rows[0][0])
 
 
-@functools.lru_cache(maxsize=64)
+@per_table
 def _generation_query(g: Table) -> Select[tuple[int]]:
     """The query of :func:`read_generation` on the counters ``g``, built once (the tenant is
     its parameter ``t``)."""

@@ -15,7 +15,6 @@ the version it replaced stays as ``name@L`` (state ``retired``) with its tables.
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 from collections.abc import Iterable, Sequence
@@ -42,6 +41,7 @@ from messaging._states import ConsumerState
 from messaging.distribution._ownership import Ownership
 from messaging.runtime._lifecycle import lifecycle_event
 from messaging.store import _fastpath
+from messaging.store._built import per_table
 from messaging.store._database import Database
 from messaging.store._ddl import drop_tables_if_exist
 from messaging.store._tenancy import ReadModels
@@ -146,7 +146,7 @@ def unit_rows(db: Database, conn: Connection, names: Iterable[str]) -> list[Unit
     return sorted(found, key=lambda u: (u.name, not u.live, u.version))
 
 
-@functools.lru_cache(maxsize=64)
+@per_table
 def _units_query(t: Table, names: tuple[str, ...]) -> Select[Any]:
     """The query of :func:`unit_rows` for ``names`` on the table ``t``, built once (the tenant
     is its parameter ``t``)."""
