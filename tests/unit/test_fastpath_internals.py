@@ -12,7 +12,9 @@ from typing import Any
 
 import sqlalchemy
 from sqlalchemy import Column, Integer, MetaData, String, Table, bindparam, create_engine, insert
+from sqlalchemy.engine import Engine
 from sqlalchemy.engine.interfaces import ExecuteStyle
+from sqlalchemy.sql import Executable
 
 from messaging.store import _fastpath
 
@@ -49,6 +51,16 @@ def _table() -> Table:
     )
 
 
+def _items() -> tuple[Table, Engine, Executable]:
+    """A table, an in-memory engine, and an insert of one row into that table."""
+    table = _table()
+    return (
+        table,
+        create_engine("sqlite://"),
+        insert(table).values(id=bindparam("key"), name=bindparam("label")),
+    )
+
+
 def test_sqlalchemy_is_the_minor_version_pinned_in_pyproject() -> None:
     """The pin names one minor version, the one installed (and tested here)."""
     project = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
@@ -58,9 +70,7 @@ def test_sqlalchemy_is_the_minor_version_pinned_in_pyproject() -> None:
 
 
 def test_the_private_attributes_read_by_the_fast_path_exist() -> None:
-    table = _table()
-    engine = create_engine("sqlite://")
-    statement = insert(table).values(id=bindparam("key"), name=bindparam("label"))
+    table, engine, statement = _items()
     with engine.begin() as conn:
         table.create(conn)
         result = conn.execute(statement, [{"key": 1, "label": "a"}, {"key": 2, "label": "b"}])
@@ -76,9 +86,7 @@ def test_the_private_attributes_read_by_the_fast_path_exist() -> None:
 
 
 def test_a_plain_statement_is_learned_and_then_sent_directly() -> None:
-    table = _table()
-    engine = create_engine("sqlite://")
-    statement = insert(table).values(id=bindparam("key"), name=bindparam("label"))
+    table, engine, statement = _items()
     with engine.begin() as conn:
         table.create(conn)
         assert _fastpath.sends_directly(conn)
@@ -91,9 +99,7 @@ def test_a_plain_statement_is_learned_and_then_sent_directly() -> None:
 
 
 def test_a_cached_plan_keeps_its_statement_alive_so_its_id_is_never_reused() -> None:
-    table = _table()
-    engine = create_engine("sqlite://")
-    statement = insert(table).values(id=bindparam("key"), name=bindparam("label"))
+    table, engine, statement = _items()
     alive = weakref.ref(statement)
     with engine.begin() as conn:
         table.create(conn)
@@ -105,9 +111,7 @@ def test_a_cached_plan_keeps_its_statement_alive_so_its_id_is_never_reused() -> 
 
 def test_plans_go_with_their_engine() -> None:
     """A disposed engine's plans do not keep its statements (and their tables) alive."""
-    table = _table()
-    engine = create_engine("sqlite://")
-    statement = insert(table).values(id=bindparam("key"), name=bindparam("label"))
+    table, engine, statement = _items()
     with engine.begin() as conn:
         table.create(conn)
         _fastpath.execute(conn, statement, [{"key": 1, "label": "a"}], direct=True)
