@@ -128,3 +128,58 @@ def test_a_cutover_begun_before_its_version_halted_goes_back(
     cluster.append("items", "s2", [Item("b1")])
     cluster.settle()
     assert _names(cluster) == {"a1", "a2", "b1"}
+
+
+@pytest.mark.parametrize("committed", [True, False], ids=["ack-lost", "rolled-back"])
+def test_a_cutover_undone_whose_outcome_is_lost_is_undone_once(
+    make_cluster: MakeCluster, monkeypatch: pytest.MonkeyPatch, committed: bool
+) -> None:
+    """The transaction letting the live version apply again loses its outcome (committed,
+    or rolled back with the connection); the round is retried as the loop does: the live
+    version applies again, once, and the version takes over once resumed."""
+    cluster = make_cluster([HaltingItems], instances=1)
+    [name] = cluster.running
+    cluster.append("items", "s1", [Item("a1"), Item("poison"), Item("a2")])
+    cluster.settle()
+    _operations.resume(cluster.db, NAME, who="op", skip_poison=True)
+    cluster.settle()
+    seen = [False]
+    halted_partition = _halted_build.halted_partition
+
+    def unseen_once(*args: object) -> object:  # the round stopping the live misses the halt
+        if not seen[0]:
+            seen[0] = True
+            return None
+        return halted_partition(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(_cutover, "halted_partition", unseen_once)
+    cluster.rebuild()
+    for _ in range(5):  # version 2 starts, then the live version stops for the cutover
+        cluster.tick()
+        if _state(cluster) == ConsumerState.CUTTING_OVER:
+            break
+    assert _state(cluster) == ConsumerState.CUTTING_OVER
+    cluster.poll_all()  # version 2 halts on the skipped message
+    undone: list[bool] = []
+    resume_live = _halted_build.resume_live
+
+    def counted(*args: object) -> None:
+        undone.append(True)
+        resume_live(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(_cutover, "resume_live", counted)
+    cluster.lose_in_round(name, 1, committed=committed)  # the undo's outcome is lost
+    assert undone == ([True] if committed else [True, True])  # retried: done, or again
+    assert _state(cluster) == ConsumerState.RUNNING
+    cluster.append("items", "s2", [Item("b1")])
+    cluster.settle()
+    assert _names(cluster) == {"a1", "a2", "b1"}
+
+    FAILS_ON.clear()
+    _operations.resume(cluster.db, f"{NAME}@2", who="op")
+    cluster.settle()
+    cluster.settle()
+    assert _names(cluster) == {"a1", "poison", "a2", "b1"}
+    assert _state(cluster) == ConsumerState.RUNNING
+    report = versions_report(cluster.db, cluster.settings.messaging.consumer, NAME)
+    assert [v["version"] for v in report["versions"] if v.get("state") == "running"] == [2]
