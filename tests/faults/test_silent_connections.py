@@ -123,7 +123,9 @@ def test_a_silently_dead_network_is_left_and_rejoined_with_nothing_lost(
     assert rejoined <= STALE + 5
     for name, result in tallies.items():
         assert result.exact and result.applied == rounds * len(SOURCES), (name, result)
-    assert 0 < len(lines) <= 12, lines
+    # a few lines per stale spell (gone, taken for stale, live again, each consumer's
+    # lost batch); a loaded machine can add a second spell after the rejoin
+    assert 0 < len(lines) <= 20, lines
     assert not any("Traceback" in line for line in lines), lines
 
 

@@ -48,22 +48,26 @@ def test_not_applied_in_time_is_408_naming_what_is_behind(db: Database, base: st
     instance.start(loops=False)
     instance.stop()
     appended = deposit(db, "late")
-    for timeout in ("0", "0.2"):
+    expected = {
+        "consumer": CONSUMER,
+        "partition": partition_of("late", 8),
+        "position": appended[0],
+        "checkpoint": 0,
+        "owner": None,
+        "state": "unowned",
+    }
+    for timeout in ("0", "0.2", "1"):
         started = time.monotonic()
         status, body = get_json(wait_url(base, appended.token, timeout))
         assert time.monotonic() - started < float(timeout) + 1
         assert status == 408 and body["error"].startswith("not applied after")
-        assert body["behind"] == [
-            {
-                "consumer": CONSUMER,
-                "partition": partition_of("late", 8),
-                "position": appended[0],
-                "checkpoint": 0,
-                "lag": 1,
-                "owner": None,
-                "state": "unowned",
-            }
-        ]
+        [behind] = body["behind"]
+        if isinstance(behind, str) and timeout != "1":
+            # the last check did not end within 25 ms of the deadline (a loaded machine)
+            # and the watcher had not checked yet: the timeout still names the position
+            assert f"position(s) {appended[0]} not known to be applied" in behind
+            continue
+        assert {key: behind.get(key) for key in expected} == expected
     pause(db, CONSUMER, who="test")
     status, body = get_json(wait_url(base, appended.token, "30"))
     assert status == 409 and f"{CONSUMER} is paused" in body["error"]
