@@ -22,6 +22,7 @@ from messaging.runtime import _cutover, _halted_build
 from messaging.store._rows import partition_of
 from projections import _operations, projection
 from projections._version_commands import format_versions, versions_report
+from projections.testing.cluster import SimulatedCluster
 from projections.testing.plugin import MakeCluster
 
 NAME = "halting-items"
@@ -66,6 +67,30 @@ def _fails_on_poison() -> object:
     FAILS_ON.clear()
 
 
+def _rebuilt_past_a_skip_whose_halt_goes_unseen(
+    make_cluster: MakeCluster, monkeypatch: pytest.MonkeyPatch
+) -> SimulatedCluster:
+    """One instance; the live version halted on ``poison`` and an operator skipped it; a
+    rebuild is requested, whose first cutover round misses the halt of version 2."""
+    cluster = make_cluster([HaltingItems], instances=1)
+    cluster.append("items", "s1", [Item("a1"), Item("poison"), Item("a2")])
+    cluster.settle()
+    _operations.resume(cluster.db, NAME, who="op", skip_poison=True)
+    cluster.settle()
+    seen = [False]
+    halted_partition = _halted_build.halted_partition
+
+    def unseen_once(*args: object) -> object:  # the first round misses the halt
+        if not seen[0]:
+            seen[0] = True
+            return None
+        return halted_partition(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(_cutover, "halted_partition", unseen_once)
+    cluster.rebuild()
+    return cluster
+
+
 def test_a_halted_build_leaves_the_live_version_applying_until_it_is_resumed(
     make_cluster: MakeCluster, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -104,22 +129,7 @@ def test_a_cutover_begun_before_its_version_halted_goes_back(
 ) -> None:
     """The version halts after the live version stopped for it (a halt the round before
     had not seen): the next round lets the live version apply again, and says so."""
-    cluster = make_cluster([HaltingItems], instances=1)
-    cluster.append("items", "s1", [Item("a1"), Item("poison"), Item("a2")])
-    cluster.settle()
-    _operations.resume(cluster.db, NAME, who="op", skip_poison=True)
-    cluster.settle()
-    seen = [False]
-    halted_partition = _halted_build.halted_partition
-
-    def unseen_once(*args: object) -> object:  # the first round misses the halt
-        if not seen[0]:
-            seen[0] = True
-            return None
-        return halted_partition(*args)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(_cutover, "halted_partition", unseen_once)
-    cluster.rebuild()
+    cluster = _rebuilt_past_a_skip_whose_halt_goes_unseen(make_cluster, monkeypatch)
     with caplog.at_level(logging.WARNING, logger="messaging"):
         cluster.settle()
     assert "event=cutover-cancelled" in caplog.text
@@ -137,23 +147,8 @@ def test_a_cutover_undone_whose_outcome_is_lost_is_undone_once(
     """The transaction letting the live version apply again loses its outcome (committed,
     or rolled back with the connection); the round is retried as the loop does: the live
     version applies again, once, and the version takes over once resumed."""
-    cluster = make_cluster([HaltingItems], instances=1)
+    cluster = _rebuilt_past_a_skip_whose_halt_goes_unseen(make_cluster, monkeypatch)
     [name] = cluster.running
-    cluster.append("items", "s1", [Item("a1"), Item("poison"), Item("a2")])
-    cluster.settle()
-    _operations.resume(cluster.db, NAME, who="op", skip_poison=True)
-    cluster.settle()
-    seen = [False]
-    halted_partition = _halted_build.halted_partition
-
-    def unseen_once(*args: object) -> object:  # the round stopping the live misses the halt
-        if not seen[0]:
-            seen[0] = True
-            return None
-        return halted_partition(*args)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(_cutover, "halted_partition", unseen_once)
-    cluster.rebuild()
     for _ in range(5):  # version 2 starts, then the live version stops for the cutover
         cluster.tick()
         if _state(cluster) == ConsumerState.CUTTING_OVER:
