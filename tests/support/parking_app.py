@@ -11,11 +11,12 @@ from clusters import consumer_worker
 from poison_item import Item
 from sqlalchemy import BigInteger, Column, MetaData, String, Table, insert, select, update
 
-from messaging import Database, HandlerContext, MessageStore, handler
+from messaging import ConflictRetrySettings, Database, HandlerContext, MessageStore, handler
 from messaging.distribution._membership import InstanceInfo, Membership
-from messaging.distribution._ownership import Ownership
+from messaging.distribution._ownership import Claim, Ownership
 from messaging.runtime._parking import Parking
 from messaging.runtime._worker import ConsumerWorker
+from messaging.store._retry import for_command, retry_transient
 from messaging.store._rows import partition_of
 from projections import projection
 
@@ -153,11 +154,17 @@ def partition(db: Database, partition: int) -> tuple[str, int]:
 
 
 def reclaim(db: Database, worker: ConsumerWorker) -> None:
-    """What an operator's command does to the partitions (a new epoch), then the claim."""
+    """What an operator's command does to the partitions (a new epoch), then the claim,
+    retried as a coordinator's is (on Galera a write replicated from another node, such as
+    an operator's retry, aborts it with 1213)."""
     name = worker.spec.name
-    with db.transaction() as conn:
-        t = db.schema.partitions
-        conn.execute(update(t).where(t.c.consumer == name).values(owner=None))
-        claims = Ownership(db).claim(conn, name, [0, 1], ME, Membership(db).live_ids(30))
+
+    def attempt() -> list[Claim]:
+        with db.transaction() as conn:
+            t = db.schema.partitions
+            conn.execute(update(t).where(t.c.consumer == name).values(owner=None))
+            return Ownership(db).claim(conn, name, [0, 1], ME, Membership(db).live_ids(30))
+
+    claims = retry_transient(attempt, for_command(ConflictRetrySettings()), what="reclaim")
     worker.drop([0, 1])
     worker.add_claims(claims)
