@@ -28,6 +28,8 @@ class SagaContext(MessageContext):
     of the instance all commit with the checkpoint, or not at all.
     """
 
+    __slots__ = ("_ctx", "cancelled", "ended", "key", "now", "scheduled", "state")
+
     def __init__(self, ctx: HandlerContext, key: str, state: Any, now: float) -> None:
         self._ctx = ctx
         self.key = key

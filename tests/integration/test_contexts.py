@@ -11,7 +11,15 @@ import attrs
 import pytest
 from clusters import manual_clock_database
 
-from messaging import Database, MessageContext, MessageStore, handler, message, route_consumer
+from messaging import (
+    Database,
+    MessageContext,
+    MessageStore,
+    handler,
+    message,
+    route_consumer,
+    upcaster,
+)
 from messaging._config import settings_from_mapping
 from projections.testing import SimulatedCluster
 from sagas import SagaContext, saga, start
@@ -25,10 +33,17 @@ class Job:
     job_id: str
 
 
-@message("test-ctx.done")
+@message("test-ctx.done", version=2)
 @attrs.define(frozen=True)
 class Done:
+    """At payload version 2: what a handler sends or appends is stored at that version."""
+
     job_id: str
+
+
+@upcaster("test-ctx.done", 1)
+def _done_v1(payload: dict[str, Any]) -> dict[str, Any]:
+    return payload
 
 
 def announce(ctx: MessageContext, job_id: str, by: str) -> None:
@@ -65,9 +80,11 @@ def cluster(database_url: str, table_prefix: str) -> SimulatedCluster:
 
 
 def _stored(db: Database, topic: str) -> list[tuple[str, str, dict[str, Any]]]:
-    """(source, job id, headers) of every message in ``topic``."""
+    """(source, job id, headers) of every message in ``topic``, each stored at payload
+    version 2 (``Done``'s)."""
     with db.read() as conn:
         rows = MessageStore(db).read(conn, [topic], limit=100)
+    assert [row.payload_version for row in rows] == [2] * len(rows)
     return [
         (
             row.source,

@@ -13,7 +13,7 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-from messaging.store._rows import NewMessage
+from messaging.store._rows import NewMessage, registered_message
 from messaging.store._store import MessageStore
 
 _ID_NAMESPACE = uuid.UUID("6f0c8a52-3a8e-4d5e-9a57-5b7d6c1e2f90")
@@ -45,7 +45,8 @@ class Outbox:
         self, topic: str, source: str, message: object, headers: Mapping[str, Any] | None = None
     ) -> NewMessage:
         """``message`` as the next event of ``source`` in ``topic``."""
-        type_name, payload = self.store.registry.encode(message)
-        return NewMessage(
-            topic=topic, source=source, type=type_name, payload=payload, headers=headers
+        registry = self.store.registry
+        type_name, payload = registry.encode(message)
+        return registered_message(
+            topic, source, type_name, payload, headers, registry.version_of(type_name)
         )

@@ -44,7 +44,9 @@ from messaging.store._rows import (
     StoredRow,
     check_id,
     headers_json,
+    is_plain_id,
     partition_hash,
+    registered_message,
 )
 from messaging.store._schema import AS_GIVEN
 from messaging.store._tokens import Appended, ConsistencyToken, Sent, token_of
@@ -116,16 +118,12 @@ class MessageStore:
         raises :class:`VersionConflict` and the caller's transaction should roll back.
         """
         encoded = []
+        registry = self.registry
         for message in messages:
-            type_name, payload = self.registry.encode(message)
+            type_name, payload = registry.encode(message)
             encoded.append(
-                NewMessage(
-                    topic=topic,
-                    source=source,
-                    type=type_name,
-                    payload=payload,
-                    headers=headers,
-                    payload_version=self.registry.version_of(type_name),
+                registered_message(
+                    topic, source, type_name, payload, headers, registry.version_of(type_name)
                 )
             )
         return self.append_encoded(
@@ -167,15 +165,19 @@ class MessageStore:
     ) -> NewMessage:
         """``message`` encoded for ``destination``: its source is the partition key; its
         headers are ``headers`` and ``message-id`` (which wins over one in ``headers``)."""
-        check_id("message id", message_id)
-        type_name, payload = self.registry.encode(message)
-        return NewMessage(
-            topic=destination,
-            source=key if key is not None else message_id,
-            type=type_name,
-            payload=payload,
-            headers={**(headers or {}), MESSAGE_ID_HEADER: message_id},
-            payload_version=self.registry.version_of(type_name),
+        if not is_plain_id(message_id):
+            check_id("message id", message_id)
+        registry = self.registry
+        type_name, payload = registry.encode(message)
+        return registered_message(
+            destination,
+            key if key is not None else message_id,
+            type_name,
+            payload,
+            {**headers, MESSAGE_ID_HEADER: message_id}
+            if headers
+            else {MESSAGE_ID_HEADER: message_id},
+            registry.version_of(type_name),
         )
 
     def append_encoded(
