@@ -9,6 +9,7 @@ due ones are found through the ``(tenant, saga, partition, due_at)`` index.
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Iterable, Mapping, Sequence
 from itertools import chain
 from operator import attrgetter
@@ -70,9 +71,9 @@ class SagaStore:
         self._insert_sagas = insert(t)
         self._insert_deadlines = insert(self._deadlines)
         self._update, self._updated_per_row = update_statement(db, self._of_saga(t))
-        # Rows per statement that lists them: on SQLite at most 750 parameters, within any
-        # version's limit; on MySQL a whole batch (default 500) in one round trip.
-        self._chunk = 250 if db.is_sqlite else 2_000
+        # Rows per statement that lists them (4 parameters a row): a whole batch (default
+        # 500) in one statement, but on a SQLite older than 3.32 (at most 999 parameters).
+        self._chunk = 250 if db.is_sqlite and sqlite3.sqlite_version_info < (3, 32) else 2_000
         self._due_statements: dict[tuple[int, bool], CompoundSelect | Select[Any]] = {}
         self._listings: dict[tuple[str, int], Executable] = {}
 
