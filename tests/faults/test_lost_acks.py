@@ -538,6 +538,22 @@ def test_heartbeat_and_declaration_whose_acks_are_lost_change_nothing_more(
     instance.stop()
 
 
+def test_preparing_outlasts_more_lost_acks_in_a_row_than_a_loops_retries(
+    db: Database, proxied: Database, proxy: AckProxy
+) -> None:
+    """An instance's start prepares the database within a one-shot command's retries, not
+    a loop's five: under randomly lost acknowledgements of every commit (8 % in
+    tests/faults/test_random_acks.py) six lost in a row made a starting instance exit."""
+    lost = 8  # more than ConflictRetrySettings().max_retries + 1 attempts
+    tenant = Database(proxied.url, tenant="persistent", table_prefix=db.schema.prefix)
+    try:
+        proxy.arm(lost)
+        tenant.prepare()
+        assert proxy.dropped == lost
+    finally:
+        tenant.dispose()
+
+
 def test_housekeeping_whose_acks_are_lost_changes_nothing_more(
     db: Database, proxied: Database, proxy: AckProxy
 ) -> None:

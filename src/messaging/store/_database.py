@@ -302,7 +302,7 @@ class Database:
         :class:`~messaging._errors.Unanswered` when the database does not answer)."""
         from messaging._settings import ConflictRetrySettings
         from messaging.store._migrations import check_schema, create_sqlite_schema
-        from messaging.store._retry import retry_command
+        from messaging.store._retry import for_command, retry_command
 
         def attempt() -> None:
             if self.is_sqlite:
@@ -311,7 +311,7 @@ class Database:
                 check_schema(self)
             self.ensure_tenant()
 
-        retry_command(attempt, self, ConflictRetrySettings(), what="prepare")
+        retry_command(attempt, self, for_command(ConflictRetrySettings()), what="prepare")
 
     def ensure_tenant(self) -> None:
         """Create this tenant's position counter and generation (see
