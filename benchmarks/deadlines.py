@@ -55,6 +55,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import multiprocessing
 import os
 import sqlite3
 import statistics
@@ -826,15 +827,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         spread=args.spread,
         idle=args.idle_poll_interval,
     )
+    # Each backend in a process of its own: what one leaves in the heap (engines,
+    # statements, rows) would weigh on the other's garbage collections.
+    spawn = multiprocessing.get_context("spawn")
+    parts: list[tuple[Callable[..., None], tuple[Any, ...]]] = [(run_sqlite, (options,))]
+    if args.mysql_url:
+        parts.insert(0, (run_mysql, (args.mysql_url, options)))
+    failed = False
+    for index, (part, part_args) in enumerate(parts):
+        if index:
+            print(flush=True)
+        process = spawn.Process(target=_benchmark, args=(part, *part_args))
+        process.start()
+        process.join()
+        failed = failed or process.exitcode != 0
+    return 1 if failed else 0
+
+
+def _benchmark(part: Callable[..., None], *args: Any) -> None:
+    """Run one backend's part; exit 1 with the reason if the benchmark failed."""
     try:
-        if args.mysql_url:
-            run_mysql(args.mysql_url, options)
-            print()
-        run_sqlite(options)
+        part(*args)
     except BenchmarkFailure as exc:
         print(f"BENCHMARK FAILED: {exc}", file=sys.stderr)
-        return 1
-    return 0
+        sys.exit(1)
 
 
 if __name__ == "__main__":
