@@ -133,21 +133,19 @@ class SagaDispatcher(Dispatcher):
         batch = SagaBatch(self, ctx, due.now)
         batch.rows.update(due.sagas)
         self.store.take(ctx.connection, deadlines)
-        for deadline in deadlines:
-            earlier = batch.instances.get(deadline.key)
-            if earlier is not None and (
-                deadline.name in earlier.cancelled or deadline.name in earlier.scheduled
-            ):
+        instances, handlers, current = batch.instances, self.handlers, self.current
+        for key, name, _partition, due_at, type_name, payload, version in deadlines:
+            earlier = instances.get(key)
+            if earlier is not None and (name in earlier.cancelled or name in earlier.scheduled):
                 continue  # cancelled or moved by a deadline delivered just before it
-            decoders = self.handlers.get(deadline.type, (None, None))[0]
+            decoders = handlers.get(type_name, (None, None))[0]
             if decoders is None:
                 raise ProjectionsError(
-                    f"saga {self.spec.name!r} has no handler for deadline {deadline.name!r} "
-                    f"of type {deadline.type!r}"
+                    f"saga {self.spec.name!r} has no handler for deadline {name!r} "
+                    f"of type {type_name!r}"
                 )
-            ctx.cause = f"deadline\x1f{deadline.key}\x1f{deadline.name}\x1f{deadline.due_at!r}"
-            if deadline.payload_version >= len(decoders):  # newer than this code: the reason
-                self.registry.reader(deadline.type, deadline.payload_version)("", None)
-            message = decoders[deadline.payload_version](deadline.payload, None)
-            batch.handle(deadline.key, message, self.current[deadline.type])
+            ctx.cause = f"deadline\x1f{key}\x1f{name}\x1f{due_at!r}"
+            if version >= len(decoders):  # newer than this code: the reason
+                self.registry.reader(type_name, version)("", None)
+            batch.handle(key, decoders[version](payload, None), current[type_name])
         batch.write()
