@@ -5,7 +5,16 @@ membership or ownership bumps in its own transaction: a join or a leave, a relea
 stopping flag, an operator's pause, resume or rebuild, a rebuild handing partitions
 out. A counter cannot come back to an earlier value, so two equal readings mean that
 nothing of the kind committed in between (counts of rows could change and change
-back). And the **head** of every topic the instance's consumers read: the highest
+back). It counts two kinds of change in one ``BIGINT``: a partition released by a live
+instance handing it to the instance its peers planned it for adds :data:`RELEASE`
+(2³²), any other change :data:`CHANGE` (1, as every change did before releases were
+told apart, so that instances of both versions read each other right). A release
+changes no instance's plan, it only lets the instance waiting for that partition claim
+it: when only releases moved the counter (:func:`only_releases`), an instance that
+waits for no partition of a live peer has nothing to do, and 64 instances do not all
+run a round for each release of a join. (Four billion other changes carry into the
+upper half, which still reads as a change.)
+And the **head** of every topic the instance's consumers read: the highest
 position stored in it, from the messages' ``(tenant, topic, position)`` index, which
 costs one index seek per topic and no write on the append path (appends take the
 tenant's position row anyway; positions commit in order, so a head never skips a
@@ -30,7 +39,21 @@ from messaging.store import _fastpath
 from messaging.store._built import per_table
 from messaging.store._database import Database
 
-__all__ = ["Pulse", "PulseReader", "bump_generation", "read_generation"]
+__all__ = [
+    "CHANGE",
+    "RELEASE",
+    "Pulse",
+    "PulseReader",
+    "bump_generation",
+    "only_releases",
+    "read_generation",
+]
+
+CHANGE = 1
+"""What a change of membership or ownership adds to the generation (its lower 32 bits
+count them), but a release."""
+RELEASE = 1 << 32
+"""What a release adds (the upper bits count releases)."""
 
 
 @attrs.frozen
@@ -93,17 +116,24 @@ def _generation_query(g: Table) -> Select[tuple[int]]:
     return select(func.coalesce(generation, 0))
 
 
-def bump_generation(db: Database, conn: Connection) -> None:
-    """Count one change of membership or ownership, in ``conn``'s transaction. Call it as
-    the transaction's last write: the counter's row lock is then held only until the
-    commit, and no transaction holding it waits for another."""
+def bump_generation(db: Database, conn: Connection, *, release: bool = False) -> None:
+    """Count one change of membership or ownership (``release``: a live instance's release
+    of partitions its peers plan elsewhere, nothing else), in ``conn``'s transaction. Call
+    it as the transaction's last write: the counter's row lock is then held only until
+    the commit, and no transaction holding it waits for another."""
     g = db.schema.generations
+    step = RELEASE if release else CHANGE
     bumped = conn.execute(
-        update(g).where(g.c.tenant == db.tenant).values(generation=g.c.generation + 1)
+        update(g).where(g.c.tenant == db.tenant).values(generation=g.c.generation + step)
     )
     if bumped.rowcount == 0:  # a database prepared before the counter existed
         try:
             with conn.begin_nested():
-                conn.execute(insert(g).values(tenant=db.tenant, generation=1))
+                conn.execute(insert(g).values(tenant=db.tenant, generation=step))
         except IntegrityError:
-            bump_generation(db, conn)  # another transaction created it first
+            bump_generation(db, conn, release=release)  # another transaction created it first
+
+
+def only_releases(earlier: int | None, now: int) -> bool:
+    """Whether nothing but releases moved the generation from ``earlier`` to ``now``."""
+    return earlier is not None and earlier % RELEASE == now % RELEASE

@@ -4,8 +4,10 @@ consumers (see :mod:`messaging.distribution._pulse`).
 Each beat reads the tenant's generation and the heads of the topics the instance's
 consumers read. A worker is woken when a head of one of its topics moved since the
 previous beat; a rebalance round is asked for when the generation is not the one the
-last round read. A commit that appended on this host wakes the loop at once
-(:mod:`messaging.store._wakeup`), so it need not wait for its next beat.
+last round read, unless only releases moved it and this instance waits for no partition
+of a live peer (a release concerns only the instance that waits for it). A commit that
+appended on this host wakes the loop at once (:mod:`messaging.store._wakeup`), so it
+need not wait for its next beat.
 
 Why nothing is missed: positions commit in order, so a message committed after a
 worker's poll began has a position above every head read before that poll; the first
@@ -26,7 +28,7 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
-from messaging.distribution._pulse import Pulse, PulseReader, bump_generation
+from messaging.distribution._pulse import Pulse, PulseReader, bump_generation, only_releases
 from messaging.runtime._outage import Failing
 from messaging.store._liveness import GONE
 from messaging.store._wakeup import ANY_TOPIC, Listener
@@ -78,7 +80,11 @@ class Pulser:
             for worker in [*inst.workers.values(), *inst.in_memory.values()]:
                 if moved.intersection(worker.spec.topics):
                     worker.wake()
-        return self.watch() or pulse.generation != inst.rebalancer.generation
+        rebalancer = inst.rebalancer
+        moved_on = pulse.generation != rebalancer.generation and (
+            rebalancer.awaiting() or not only_releases(rebalancer.generation, pulse.generation)
+        )
+        return self.watch() or moved_on
 
     def watch(self) -> bool:
         """Declare gone the live peers whose liveness signal this instance sees let go;

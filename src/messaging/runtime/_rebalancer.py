@@ -311,7 +311,7 @@ class Rebalancer:
         def release() -> None:
             with inst.db.transaction() as conn:
                 inst.ownership.release(conn, name, inst.id, partitions)
-                bump_generation(inst.db, conn)
+                bump_generation(inst.db, conn, release=True)  # for the one awaiting them
 
         inst.retry(release, f"release {name}")
         for partition in partitions:
@@ -330,6 +330,12 @@ class Rebalancer:
             soonest = interval / 4
         expiring = [m.expires_in + _EXPIRY_MARGIN for m in peers if not m.stopping]
         return max(0.0, min([soonest, *expiring]))
+
+    def awaiting(self) -> bool:
+        """Whether the last round left partitions assigned here in a live peer's hands (a
+        release is then worth a round; see :func:`~messaging.distribution._pulse.only_releases`).
+        """
+        return any(self._awaited.values())
 
     def request_round(self) -> None:
         """Run a round now (the pulse saw the generation move), or wake the loop to stop."""
