@@ -29,7 +29,7 @@ def _bump(db: Database, *, release: bool) -> None:
 def _generation(db: Database) -> int:
     g = db.schema.generations
     with db.read() as conn:
-        return int(conn.execute(select(g.c.generation).where(g.c.tenant == db.tenant)).scalar())
+        return int(conn.execute(select(g.c.generation).where(g.c.tenant == db.tenant)).scalar_one())
 
 
 def test_releases_and_other_changes_count_apart() -> None:
