@@ -142,11 +142,14 @@ def test_a_cutover_begun_before_its_version_halted_goes_back(
 
 @pytest.mark.parametrize("committed", [True, False], ids=["ack-lost", "rolled-back"])
 def test_a_cutover_undone_whose_outcome_is_lost_is_undone_once(
-    make_cluster: MakeCluster, monkeypatch: pytest.MonkeyPatch, committed: bool
+    make_cluster: MakeCluster,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    committed: bool,
 ) -> None:
     """The transaction letting the live version apply again loses its outcome (committed,
     or rolled back with the connection); the round is retried as the loop does: the live
-    version applies again, once, and the version takes over once resumed."""
+    version applies again, once, says so once, and the version takes over once resumed."""
     cluster = _rebuilt_past_a_skip_whose_halt_goes_unseen(make_cluster, monkeypatch)
     [name] = cluster.running
     for _ in range(5):  # version 2 starts, then the live version stops for the cutover
@@ -163,8 +166,10 @@ def test_a_cutover_undone_whose_outcome_is_lost_is_undone_once(
         resume_live(*args)  # type: ignore[arg-type]
 
     monkeypatch.setattr(_cutover, "resume_live", counted)
-    cluster.lose_in_round(name, 1, committed=committed)  # the undo's outcome is lost
+    with caplog.at_level(logging.WARNING, logger="messaging"):
+        cluster.lose_in_round(name, 1, committed=committed)  # the undo's outcome is lost
     assert undone == ([True] if committed else [True, True])  # retried: done, or again
+    assert caplog.text.count("event=cutover-cancelled") == 1
     assert _state(cluster) == ConsumerState.RUNNING
     cluster.append("items", "s2", [Item("b1")])
     cluster.settle()

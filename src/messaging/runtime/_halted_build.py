@@ -17,6 +17,7 @@ from messaging.distribution._pulse import bump_generation
 from messaging.runtime._lifecycle import lifecycle_event
 from messaging.runtime._versions import UnitRow
 from messaging.store._database import Database
+from messaging.store._retry import is_ambiguous
 
 
 def halted_partition(partitions: Sequence[PartitionRow]) -> PartitionRow | None:
@@ -30,7 +31,20 @@ def resume_live(db: Database, live: UnitRow, building: UnitRow, halted: Partitio
     (a message it fails on, say one the live version's operator skipped), so the live
     version applies again (its partitions are claimed anew at the next rounds) instead
     of staying stopped until an operator resumes the version. The cutover starts over
-    once the version is resumed and within a batch again."""
+    once the version is resumed and within a batch again. Said once in the log, also when
+    the commit's acknowledgement is lost (the retried round finds nothing left to undo)."""
+    try:
+        undone = _undo(db, live, building)
+    except Exception as exc:
+        if is_ambiguous(exc) and _undone_already(db, live):
+            _say_cancelled(live, building, halted)  # it committed; the error goes on
+        raise
+    if undone:
+        _say_cancelled(live, building, halted)
+
+
+def _undo(db: Database, live: UnitRow, building: UnitRow) -> bool:
+    """Let the live version apply again, if it still waits for ``building``'s cutover."""
     t = db.schema.consumers
     with db.transaction() as conn:
         row = conn.execute(
@@ -39,16 +53,34 @@ def resume_live(db: Database, live: UnitRow, building: UnitRow, halted: Partitio
             .with_for_update()
         ).one_or_none()
         if row is None or row.state != ConsumerState.CUTTING_OVER:
-            return
+            return False
         cutover = json.loads(row.cutover or "{}")
         if cutover.get("version") != building.version or cutover.get("swapping"):
-            return  # another version's, or the swap began: it goes on
+            return False  # another version's, or the swap began: it goes on
         conn.execute(
             update(t)
             .where(t.c.tenant == db.tenant, t.c.name == live.unit)
             .values(state=ConsumerState.RUNNING, cutover=None, updated_at=db.clock.now())
         )
         bump_generation(db, conn)
+    return True
+
+
+def _undone_already(db: Database, live: UnitRow) -> bool:
+    """Whether the live version applies again with no cutover (an undo whose outcome was
+    lost went through); False when that cannot be read now."""
+    t = db.schema.consumers
+    try:
+        with db.read() as conn:
+            row = conn.execute(
+                select(t.c.state, t.c.cutover).where(t.c.tenant == db.tenant, t.c.name == live.unit)
+            ).one_or_none()
+    except Exception:
+        return False
+    return row is not None and row.state == ConsumerState.RUNNING and row.cutover is None
+
+
+def _say_cancelled(live: UnitRow, building: UnitRow, halted: PartitionRow) -> None:
     error = ((halted.error or "").splitlines() or [""])[0]
     lifecycle_event(
         "cutover-cancelled",
