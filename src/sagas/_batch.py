@@ -70,7 +70,7 @@ class SagaBatch:
             )
         self.instances[key] = instance
         state = dispatcher.dump_state(dispatcher.converter.unstructure(instance.state))
-        self.encoded[key] = (state, self._deadlines(instance) if instance.scheduled else [])
+        self.encoded[key] = (state, self._deadlines(instance))
 
     def _deadlines(self, instance: SagaContext) -> list[Deadline]:
         """The deadlines ``instance`` has scheduled, encoded (a bad one fails here, at the

@@ -46,7 +46,6 @@ from sagas._statements import update_statement
 
 _KEY_CHUNK = 500
 _KEY_NAME_DUE = attrgetter("key", "name", "due_at")
-_new_tuple = tuple.__new__
 _DUE_AT = attrgetter("due_at")
 
 
@@ -355,11 +354,9 @@ class SagaStore:
                 if k is None:  # the clock's row
                     clock = float(due)
                     continue
-                # tuple.__new__: the named tuples' own constructors cost a Python call each
-                read[p].append(_new_tuple(Deadline, (k, n, p, float(due), t, payload, shape)))
+                read[p].append(Deadline(k, n, p, float(due), t, payload, shape))
                 if k not in sagas:  # no stored row: version None, like a new instance's
-                    row = (k, version, state, bool(ended), state_version or 1)
-                    sagas[k] = _new_tuple(SagaRow, row)
+                    sagas[k] = SagaRow(k, version, state, bool(ended), state_version or 1)
             if any(read.values()):
                 now = now or clock
             found.update(read)

@@ -18,7 +18,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
-from operator import attrgetter
 from typing import Any, TypeVar
 
 import attrs
@@ -41,9 +40,6 @@ from messaging.store._retry import is_transient
 from messaging.store._rows import StoredRow
 from sagas._dispatch import SagaDispatcher
 from sagas._rows import Deadline
-
-_NAMED = attrgetter("key", "name", "due_at")
-_PARTITION = attrgetter("partition")
 
 T = TypeVar("T")
 
@@ -166,7 +162,7 @@ class SagaWorker(ConsumerWorker):
                 consumer=self.spec.name,
                 instance_id=self.instance_id,
                 count=len(delivered),
-                deadlines=list(map(_NAMED, delivered)),
+                deadlines=[(d.key, d.name, d.due_at) for d in delivered],
                 lateness=[max(0.0, now - d.due_at) for d in delivered],
             )
         return len(delivered)
@@ -196,7 +192,7 @@ class SagaWorker(ConsumerWorker):
             ctx = HandlerContext(conn, _no_envelopes, outbox=self.outbox)
             dispatcher.deliver(due, ctx)
             ctx.flush()
-            fenced = {p: claims[p] for p in set(map(_PARTITION, due.deadlines))}
+            fenced = {d.partition: claims[d.partition] for d in due.deadlines}
             self.ownership.commit_checkpoint(conn, self.spec.name, self.instance_id, fenced, 0)
             if self.needed.intersection(fenced):  # a deadline's record: delivered now
                 clear_deadline(self.db, conn, self.spec.name, self.instance_id, fenced)

@@ -242,14 +242,9 @@ class HandlerContext(MessageContext):
         ``headers`` are stored with the message (its ``message-id`` header wins). The id's
         ``.token`` is known once the batch's writes are flushed (see :meth:`append`).
         """
-        outbox = self._outbox if self._conn is not None else None
-        if outbox is None:
-            outbox = self._require_outbox()
-        cause = self.cause
-        if cause is None:
-            cause = str(self.position)
-        sent = self._sent
-        count = sent[cause] = sent.get(cause, 0) + 1
+        outbox = self._require_outbox()
+        cause = self.cause if self.cause is not None else str(self.position)
+        count = self._sent[cause] = self._sent.get(cause, 0) + 1
         if message_id is None:
             message_id = outbox.derived_id(cause, count)
         if self._quiet is not None and self._quiet(self.envelope):

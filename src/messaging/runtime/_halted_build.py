@@ -9,7 +9,7 @@ import json
 import logging
 from collections.abc import Sequence
 
-from sqlalchemy import select, update
+from sqlalchemy import Select, select, update
 
 from messaging._states import ConsumerState, PartitionStatus
 from messaging.distribution._ownership import PartitionRow
@@ -47,11 +47,7 @@ def _undo(db: Database, live: UnitRow, building: UnitRow) -> bool:
     """Let the live version apply again, if it still waits for ``building``'s cutover."""
     t = db.schema.consumers
     with db.transaction() as conn:
-        row = conn.execute(
-            select(t.c.state, t.c.cutover)
-            .where(t.c.tenant == db.tenant, t.c.name == live.unit)
-            .with_for_update()
-        ).one_or_none()
+        row = conn.execute(_state_and_cutover(db, live).with_for_update()).one_or_none()
         if row is None or row.state != ConsumerState.CUTTING_OVER:
             return False
         cutover = json.loads(row.cutover or "{}")
@@ -69,15 +65,18 @@ def _undo(db: Database, live: UnitRow, building: UnitRow) -> bool:
 def _undone_already(db: Database, live: UnitRow) -> bool:
     """Whether the live version applies again with no cutover (an undo whose outcome was
     lost went through); False when that cannot be read now."""
-    t = db.schema.consumers
     try:
         with db.read() as conn:
-            row = conn.execute(
-                select(t.c.state, t.c.cutover).where(t.c.tenant == db.tenant, t.c.name == live.unit)
-            ).one_or_none()
+            row = conn.execute(_state_and_cutover(db, live)).one_or_none()
     except Exception:
         return False
     return row is not None and row.state == ConsumerState.RUNNING and row.cutover is None
+
+
+def _state_and_cutover(db: Database, live: UnitRow) -> Select[tuple[str, str | None]]:
+    """The live version's state and cutover record."""
+    t = db.schema.consumers
+    return select(t.c.state, t.c.cutover).where(t.c.tenant == db.tenant, t.c.name == live.unit)
 
 
 def _say_cancelled(live: UnitRow, building: UnitRow, halted: PartitionRow) -> None:

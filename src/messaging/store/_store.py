@@ -174,9 +174,7 @@ class MessageStore:
             key if key is not None else message_id,
             type_name,
             payload,
-            {**headers, MESSAGE_ID_HEADER: message_id}
-            if headers
-            else {MESSAGE_ID_HEADER: message_id},
+            {**(headers or {}), MESSAGE_ID_HEADER: message_id},
             registry.version_of(type_name),
         )
 
