@@ -25,8 +25,10 @@ class SagaBatch:
         self.ctx = ctx
         self.rows: dict[str, SagaRow] = {}
         self.instances: dict[str, SagaContext] = {}
-        self.encoded: dict[str, tuple[str, list[Deadline]]] = {}
-        """Per instance handled: its state and deadlines, encoded after its last message."""
+        self.states: dict[str, str] = {}
+        """Per instance handled: its state, encoded after its last message."""
+        self.deadlines: dict[str, list[Deadline]] = {}
+        """Per instance with deadlines scheduled: those, encoded after its last message."""
         self._now = now
 
     @property
@@ -69,8 +71,11 @@ class SagaBatch:
                 f"{instance.state!r}, not a {dispatcher.options.state.__qualname__}"
             )
         self.instances[key] = instance
-        state = dispatcher.dump_state(dispatcher.converter.unstructure(instance.state))
-        self.encoded[key] = (state, self._deadlines(instance))
+        self.states[key] = dispatcher.dump_state(dispatcher.converter.unstructure(instance.state))
+        if instance.scheduled:
+            self.deadlines[key] = self._deadlines(instance)
+        else:  # none scheduled, or all cancelled again
+            self.deadlines.pop(key, None)
 
     def _deadlines(self, instance: SagaContext) -> list[Deadline]:
         """The deadlines ``instance`` has scheduled, encoded (a bad one fails here, at the
@@ -102,21 +107,19 @@ class SagaBatch:
         """Store every changed instance with its deadlines (ConcurrentUpdate if one moved
         on): one statement per kind of change, whatever the number of instances."""
         store, conn, now = self.dispatcher.store, self.ctx.connection, self.now
-        rows, encoded = self.rows, self.encoded
-        changes: list[tuple[SagaRow, str, bool]] = []
         ended: list[str] = []
         cancelled: list[tuple[str, str]] = []
         scheduled: list[Deadline] = []
         for key, instance in self.instances.items():
-            state, deadlines = encoded[key]
-            changes.append((rows[key], state, instance.ended))
             if instance.ended:
                 ended.append(key)
                 continue
             if instance.cancelled:
                 cancelled.extend((key, name) for name in sorted(instance.cancelled))
-            scheduled.extend(deadlines)
-        store.save(conn, changes, now)
+            deadlines = self.deadlines.get(key)
+            if deadlines is not None:
+                scheduled.extend(deadlines)
+        store.save(conn, self.states, self.rows, set(ended), now)
         if ended or cancelled:
             store.unschedule(conn, ended, cancelled)
         store.schedule(conn, scheduled, now)

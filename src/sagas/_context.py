@@ -19,6 +19,10 @@ from messaging._messages import Envelope
 from messaging.runtime._context import HandlerContext, MessageContext
 from messaging.store._tokens import Sent, Written
 
+_NONE_CANCELLED: frozenset[str] = frozenset()
+"""What ``cancelled`` is until a deadline is cancelled: most instances never cancel one,
+and a batch holds hundreds of them (no set each for the garbage collector to walk)."""
+
 
 class SagaContext(MessageContext):
     """One saga instance as a handler sees it, inside the batch's transaction.
@@ -40,7 +44,8 @@ class SagaContext(MessageContext):
         self.ended = False
         self.scheduled: dict[str, tuple[float, object]] = {}
         """Deadlines scheduled here: name → (due time, message)."""
-        self.cancelled: set[str] = set()
+        self.cancelled: set[str] | frozenset[str] = _NONE_CANCELLED
+        """Names of the deadlines cancelled here."""
 
     def end(self) -> None:
         """End this instance: its deadlines are cancelled and later messages ignored."""
@@ -62,14 +67,21 @@ class SagaContext(MessageContext):
         name = name or type(message).__name__
         due = at if at is not None else self.now + float(after)  # type: ignore[arg-type]
         self.scheduled[name] = (due, message)
-        self.cancelled.discard(name)
+        if name in self.cancelled:
+            self._cancelled().discard(name)
         return name
 
     def cancel(self, name: str | type) -> None:
         """Cancel the deadline ``name`` (or named after a message class) if it is pending."""
         key = name.__name__ if isinstance(name, type) else name
         self.scheduled.pop(key, None)
-        self.cancelled.add(key)
+        self._cancelled().add(key)
+
+    def _cancelled(self) -> set[str]:
+        """``cancelled`` as a set of its own, to change."""
+        if not isinstance(self.cancelled, set):
+            self.cancelled = set()
+        return self.cancelled
 
     def send(
         self,

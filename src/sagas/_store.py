@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from itertools import chain
 from operator import attrgetter
 from typing import Any
@@ -65,17 +66,24 @@ class SagaStore:
         """The version states are written at (``@saga(state_version=)``)."""
         self._sagas = db.schema.sagas
         self._deadlines = db.schema.deadlines
-        # Statements run for many rows at once are built once and executed with a list of
-        # parameters: building a statement costs more than running it for one row.
-        t = self._sagas
-        self._insert_sagas = insert(t)
-        self._insert_deadlines = insert(self._deadlines)
-        self._update, self._updated_per_row = update_statement(db, self._of_saga(t))
         # Rows per statement that lists them (4 parameters a row): a whole batch (default
         # 500) in one statement, but on a SQLite older than 3.32 (at most 999 parameters).
         self._chunk = 250 if db.is_sqlite and sqlite3.sqlite_version_info < (3, 32) else 2_000
-        self._due_statements: dict[tuple[int, bool], CompoundSelect | Select[Any]] = {}
-        self._listings: dict[tuple[str, int], Executable] = {}
+        # Statements run for many rows at once are built once (per database and saga: every
+        # store of it shares them) and executed with a list of parameters: building a
+        # statement costs more than running it for one row.
+        built = db.statements.get((SagaStore, saga))
+        if built is None:
+            t = self._sagas
+            update, updated_per_row = update_statement(db, self._of_saga(t))
+            built = (insert(t), insert(self._deadlines), update, updated_per_row, {}, {})
+            db.statements[(SagaStore, saga)] = built
+        self._insert_sagas: Executable = built[0]
+        self._insert_deadlines: Executable = built[1]
+        self._update: Executable = built[2]
+        self._updated_per_row: int = built[3]
+        self._due_statements: dict[tuple[int, bool], CompoundSelect | Select[Any]] = built[4]
+        self._listings: dict[tuple[str, int], Executable] = built[5]
 
     def _of_saga(self, table: Any) -> list[ColumnElement[bool]]:
         return [table.c.tenant == self.db.tenant, table.c.saga == self.saga]
@@ -133,61 +141,66 @@ class SagaStore:
         return found
 
     def save(
-        self, conn: Connection, changes: Sequence[tuple[SagaRow, str, bool]], now: float
+        self,
+        conn: Connection,
+        states: Mapping[str, str],
+        rows: Mapping[str, SagaRow],
+        ended: AbstractSet[str],
+        now: float,
     ) -> None:
-        """Store each ``(row, state, ended)`` as changed at ``now``: the first version of a
-        new instance, or the next version of a stored one. ConcurrentUpdate if any was
-        started or moved on concurrently (the caller's transaction then rolls back whole,
-        so the statements are batched: one for the new instances, one for the stored)."""
-        new = [(row, state, ended) for row, state, ended in changes if row.version is None]
-        stored = [(row, state, ended) for row, state, ended in changes if row.version is not None]
-        tenant, saga = self.db.tenant, self.saga
+        """Store the saga instances ``states`` names (key → encoded state) as changed at
+        ``now``, ``ended`` those of its keys: the first version of a new instance, the next
+        of a stored one (``rows``: as read). ConcurrentUpdate if any was started or moved
+        on concurrently (the caller's transaction then rolls back whole, so the statements
+        are batched: one for the new instances, one for the stored)."""
+        tenant, saga, state_version = self.db.tenant, self.saga, self.state_version
+        # MySQL's upsert names the row's tenant and saga; SQLite's update has them built in
+        owner = {} if self.db.is_sqlite else {"b_tenant": tenant, "b_saga": saga}
+        new: list[dict[str, Any]] = []
+        stored: list[dict[str, Any]] = []
+        for key, state in states.items():
+            version = rows[key].version
+            if version is None:
+                new.append(
+                    {
+                        "tenant": tenant,
+                        "saga": saga,
+                        "saga_key": key,
+                        "version": 1,
+                        "state": state,
+                        "state_version": state_version,
+                        "ended": key in ended,
+                        "started_at": now,
+                        "updated_at": now,
+                    }
+                )
+            else:
+                stored.append(
+                    {
+                        "b_key": key,
+                        "b_next": version + 1,
+                        "b_state": state,
+                        "b_state_version": state_version,
+                        "b_ended": key in ended,
+                        "b_now": now,
+                        **owner,
+                    }
+                )
         if new:
             try:
-                self._send(
-                    conn,
-                    self._insert_sagas,
-                    [
-                        {
-                            "tenant": tenant,
-                            "saga": saga,
-                            "saga_key": row.key,
-                            "version": 1,
-                            "state": state,
-                            "state_version": self.state_version,
-                            "ended": ended,
-                            "started_at": now,
-                            "updated_at": now,
-                        }
-                        for row, state, ended in new
-                    ],
-                )
+                self._send(conn, self._insert_sagas, new)
             except IntegrityError as exc:
-                keys = ", ".join(row.key for row, _, _ in new[:5])
+                keys = ", ".join(p["saga_key"] for p in new[:5])
                 raise ConcurrentUpdate(
                     f"saga {saga}: one of {keys}{'...' if len(new) > 5 else ''} "
                     "was started concurrently"
                 ) from exc
         if not stored:
             return
-        params = [
-            {
-                "b_key": row.key,
-                "b_next": row.version + 1,  # type: ignore[operator]
-                "b_state": state,
-                "b_state_version": self.state_version,
-                "b_ended": ended,
-                "b_now": now,
-            }
-            for row, state, ended in stored
-        ]
-        if not self.db.is_sqlite:
-            for p in params:
-                p["b_tenant"], p["b_saga"] = tenant, saga
-        counted = self._send(conn, self._update, params)
+        counted = self._send(conn, self._update, stored)
         updated = counted // self._updated_per_row
         if counted != len(stored) * self._updated_per_row:
-            versions = ", ".join(f"{row.key} v{row.version}" for row, _, _ in stored[:5])
+            versions = ", ".join(f"{p['b_key']} v{p['b_next'] - 1}" for p in stored[:5])
             raise ConcurrentUpdate(
                 f"saga {saga}: {len(stored) - updated} of {len(stored)} instances changed "
                 f"concurrently (read {versions}{'...' if len(stored) > 5 else ''})"

@@ -522,14 +522,14 @@ def test_batched_takes_and_saves_still_detect_a_concurrent_change(
     with db.transaction() as conn:
         now = store.now(conn)
         store.unschedule(conn, ["k1"])
-        store.save(conn, [(rows["k2"], '{"reminded": 5}', False)], now)
+        store.save(conn, {"k2": '{"reminded": 5}'}, rows, set(), now)
     with pytest.raises(ConcurrentUpdate, match="1 of 3 deadlines"), db.transaction() as conn:
         store.take(conn, due)
     with pytest.raises(ConcurrentUpdate, match="1 of 3 instances"), db.transaction() as conn:
-        store.save(conn, [(rows[k], '{"reminded": 9}', False) for k in ("k0", "k1", "k2")], now)
+        store.save(conn, dict.fromkeys(("k0", "k1", "k2"), '{"reminded": 9}'), rows, set(), now)
     with pytest.raises(ConcurrentUpdate, match="started concurrently"), db.transaction() as conn:
-        new = [SagaRow(key=k, version=None, state=None, ended=False) for k in ("k9", "k0")]
-        store.save(conn, [(row, "{}", False) for row in new], now)
+        new = {k: SagaRow(key=k, version=None, state=None, ended=False) for k in ("k9", "k0")}
+        store.save(conn, dict.fromkeys(new, "{}"), new, set(), now)
     with db.read() as conn:
         assert store.pending(conn) == 2
         assert sorted(store.load(conn, ["k0", "k1", "k2", "k9"])) == ["k0", "k1", "k2"]

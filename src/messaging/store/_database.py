@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -210,6 +210,10 @@ class Database:
         watcher of waits in this process)."""
         self.sessions = None if self.is_sqlite else Sessions(self.engine)
         """This process's MySQL sessions (None on SQLite)."""
+        self.statements: dict[Hashable, Any] = {}
+        """Statements built once for this database and shared by the stores of every
+        instance on it, keyed by their builder: an instance started again in the process
+        builds (and the driver fast path learns) none of them again."""
         self.lock_wait: float | None = None
         """Seconds a lock wait lasts at most, once :meth:`bound_lock_waits` set it."""
         if self._answers.seconds is not None:

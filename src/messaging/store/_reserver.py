@@ -38,7 +38,10 @@ class Reserver:
             .where(p.c.tenant == bindparam("t"))
             .values(last_position=p.c.last_position + bindparam("n", type_=BigInteger()))
         )
-        self._versions: dict[tuple[int, bool], Executable] = {}
+        # built once per database: every reserver of it shares them
+        self._versions: dict[tuple[int, bool], Executable] = db.statements.setdefault(
+            (Reserver, "versions"), {}
+        )
 
     def reserve(
         self, conn: Connection, count: int, keys: Iterable[tuple[str, str]]
