@@ -33,6 +33,8 @@ class MessageRegistry:
         self._decoders: dict[str, _Decoder] = {}
         self._versions: dict[str, int] = {}
         self._readers: dict[Key, Decode] = {}
+        self._unstructurers: dict[type, Callable[[Any], Any]] = {}
+        """Per registered class encoded since the last registration: its unstructure hook."""
         self.upcasters = UpcasterTable()
         """The upcasters and renames from older stored payloads (``messaging._upcasting``)."""
 
@@ -56,6 +58,7 @@ class MessageRegistry:
         self._by_name[name] = cls
         self._versions[name] = version
         self._readers.clear()
+        self._unstructurers.clear()
         self._decoders[name] = _Decoder(
             cls,
             name,
@@ -166,8 +169,12 @@ class MessageRegistry:
 
     def encode(self, message: object) -> tuple[str, str]:
         """Return ``(type name, JSON payload)`` for a registered message instance."""
-        name = self.type_name(type(message))
-        return name, _dumps(self._converter.unstructure(message))
+        cls = type(message)
+        unstructure = self._unstructurers.get(cls)
+        if unstructure is None:  # checked once per class: registered (else the reason)
+            self.type_name(cls)
+            unstructure = self._unstructurers[cls] = self._converter.get_unstructure_hook(cls)
+        return cls.__dict__[_TYPE_ATTRIBUTE], _dumps(unstructure(message))
 
     def decode(
         self,

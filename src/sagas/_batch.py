@@ -71,7 +71,7 @@ class SagaBatch:
                 f"{instance.state!r}, not a {dispatcher.options.state.__qualname__}"
             )
         self.instances[key] = instance
-        self.states[key] = dispatcher.dump_state(dispatcher.converter.unstructure(instance.state))
+        self.states[key] = dispatcher.encode_state(instance.state)
         if instance.scheduled:
             self.deadlines[key] = self._deadlines(instance)
         else:  # none scheduled, or all cancelled again

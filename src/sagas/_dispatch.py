@@ -48,9 +48,9 @@ class SagaDispatcher(Dispatcher):
         self.options = saga_options(spec.cls)
         self.store = SagaStore(db, spec.name, self.options.state_version)
         self.converter = cattrs.preconf.json.make_converter()
-        self.dump_state = make_dumps()
-        """``converter.dumps`` of an unstructured state, without its per-call set-up."""
         state_class = self.options.state
+        self._dumps = make_dumps()
+        self._unstructure_state = self.converter.get_unstructure_hook(state_class)
         self.load_state = quick_decoder(
             state_class, lambda payload, _position: self.converter.loads(payload, state_class)
         )
@@ -73,6 +73,13 @@ class SagaDispatcher(Dispatcher):
             raise RegistrationError(
                 f"saga {spec.name!r} has no @start handler: nothing can start an instance"
             )
+
+    def encode_state(self, state: Any) -> str:
+        """``state`` as stored: ``converter.dumps`` without its per-call set-up (a subclass
+        of the state class unstructured as its own class)."""
+        if type(state) is self.options.state:
+            return self._dumps(self._unstructure_state(state))
+        return self._dumps(self.converter.unstructure(state))
 
     def read_state(self, row: SagaRow) -> Any:
         """The state of a stored instance: upcast if stored at an older version; never
@@ -144,7 +151,8 @@ class SagaDispatcher(Dispatcher):
                     f"saga {self.spec.name!r} has no handler for deadline {name!r} "
                     f"of type {type_name!r}"
                 )
-            ctx.cause = f"deadline\x1f{key}\x1f{name}\x1f{due_at!r}"
+            # its due time exactly, as hex: no shortest-repr search (costly) per deadline
+            ctx.cause = f"deadline\x1f{key}\x1f{name}\x1f{due_at.hex()}"
             if version >= len(decoders):  # newer than this code: the reason
                 self.registry.reader(type_name, version)("", None)
             batch.handle(key, decoders[version](payload, None), current[type_name])

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sqlalchemy import Executable, bindparam, case, literal_column, update
+from sqlalchemy import Executable, Integer, bindparam, case, literal_column, update
 from sqlalchemy.dialects import mysql
 from sqlalchemy.sql.elements import ColumnElement
 
@@ -30,7 +30,7 @@ def update_statement(db: Database, of_saga: list[ColumnElement[bool]]) -> tuple[
             .values(
                 version=bindparam("b_next"),
                 state=bindparam("b_state"),
-                ended=bindparam("b_ended"),
+                ended=bindparam("b_ended", type_=Integer()),  # a bool as is: no conversion
                 updated_at=bindparam("b_now"),
                 state_version=bindparam("b_state_version"),
             )

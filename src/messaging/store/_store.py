@@ -174,7 +174,9 @@ class MessageStore:
             key if key is not None else message_id,
             type_name,
             payload,
-            {**(headers or {}), MESSAGE_ID_HEADER: message_id},
+            {**headers, MESSAGE_ID_HEADER: message_id}
+            if headers
+            else {MESSAGE_ID_HEADER: message_id},
             registry.version_of(type_name),
         )
 
