@@ -18,6 +18,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
+from operator import attrgetter
 from typing import Any, TypeVar
 
 import attrs
@@ -42,6 +43,7 @@ from sagas._dispatch import SagaDispatcher
 from sagas._rows import Deadline
 
 T = TypeVar("T")
+_KEY_NAME_DUE = attrgetter("key", "name", "due_at")
 
 
 def _no_envelopes() -> dict[int, Envelope]:
@@ -162,7 +164,7 @@ class SagaWorker(ConsumerWorker):
                 consumer=self.spec.name,
                 instance_id=self.instance_id,
                 count=len(delivered),
-                deadlines=[(d.key, d.name, d.due_at) for d in delivered],
+                deadlines=list(map(_KEY_NAME_DUE, delivered)),
                 lateness=[max(0.0, now - d.due_at) for d in delivered],
             )
         return len(delivered)

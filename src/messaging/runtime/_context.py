@@ -242,7 +242,9 @@ class HandlerContext(MessageContext):
         ``headers`` are stored with the message (its ``message-id`` header wins). The id's
         ``.token`` is known once the batch's writes are flushed (see :meth:`append`).
         """
-        outbox = self._require_outbox()
+        outbox = self._outbox
+        if outbox is None or self._conn is None:
+            outbox = self._require_outbox()  # the reason
         cause = self.cause if self.cause is not None else str(self.position)
         count = self._sent[cause] = self._sent.get(cause, 0) + 1
         if message_id is None:

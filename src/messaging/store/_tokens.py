@@ -282,7 +282,7 @@ class Sent(str):
     _written: Written
 
     def __new__(cls, message_id: str, token: ConsistencyToken | Written) -> Sent:
-        sent = super().__new__(cls, message_id)
+        sent = str.__new__(cls, message_id)
         sent._written = token if isinstance(token, Written) else Written(token=token)
         return sent
 
