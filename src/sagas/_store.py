@@ -42,8 +42,9 @@ from messaging._errors import ConcurrentUpdate
 from messaging.store import _fastpath
 from messaging.store._clock import cached_now, now_params
 from messaging.store._database import Database
+from messaging.store._schema import AS_GIVEN
 from sagas._rows import Deadline, Due, SagaRow
-from sagas._statements import update_statement
+from sagas._statements import SQLITE_ROW, update_statement
 
 _KEY_CHUNK = 500
 _KEY_NAME_DUE = attrgetter("key", "name", "due_at")
@@ -77,16 +78,18 @@ class SagaStore:
         # statement costs more than running it for one row.
         built = db.statements.get((SagaStore, saga))
         if built is None:
-            t = self._sagas
-            update, updated_per_row = update_statement(db, self._of_saga(t))
-            built = (insert(t), insert(self._deadlines), update, updated_per_row, {}, {})
+            update, update_row, updated_per_row = update_statement(db, saga)
+            built = (insert(self._sagas), insert(self._deadlines), update, update_row)
+            built += (updated_per_row, {}, {})
             db.statements[(SagaStore, saga)] = built
         self._insert_sagas: Executable = built[0]
         self._insert_deadlines: Executable = built[1]
         self._update: Executable = built[2]
-        self._updated_per_row: int = built[3]
-        self._due_statements: dict[tuple[int, bool], CompoundSelect | Select[Any]] = built[4]
-        self._listings: dict[tuple[str, int], Executable] = built[5]
+        self._update_row: tuple[str, ...] = built[3]
+        """The names of an updated row's values, in the order :meth:`save` gives them."""
+        self._updated_per_row: int = built[4]
+        self._due_statements: dict[tuple[int, bool], CompoundSelect | Select[Any]] = built[5]
+        self._listings: dict[tuple[str, int], Executable] = built[6]
 
     def _of_saga(self, table: Any) -> list[ColumnElement[bool]]:
         return [table.c.tenant == self.db.tenant, table.c.saga == self.saga]
@@ -118,7 +121,7 @@ class SagaStore:
                 ).where(*self._of_saga(t), t.c.saga_key.in_(keys))
             else:
                 rows = [
-                    tuple_(keys[i], bindparam(f"n{i}"), bindparam(f"d{i}", type_=d.c.due_at.type))
+                    tuple_(keys[i], bindparam(f"n{i}"), bindparam(f"d{i}", type_=AS_GIVEN))
                     for i in range(size)
                 ]
                 statement = delete(d).where(
@@ -157,10 +160,9 @@ class SagaStore:
         on concurrently (the caller's transaction then rolls back whole, so the statements
         are batched: one for the new instances, one for the stored)."""
         tenant, saga, state_version = self.db.tenant, self.saga, self.state_version
-        # MySQL's upsert names the row's tenant and saga; SQLite's update has them built in
-        owner = {} if self.db.is_sqlite else {"b_tenant": tenant, "b_saga": saga}
+        sqlite = self._update_row is SQLITE_ROW
         new: list[dict[str, Any]] = []
-        stored: list[dict[str, Any]] = []
+        stored: list[tuple[Any, ...]] = []  # each the values of self._update_row
         for key, state in states.items():
             version = rows[key].version
             if version is None:
@@ -177,18 +179,11 @@ class SagaStore:
                         "updated_at": now,
                     }
                 )
+            elif sqlite:
+                stored.append((version + 1, state, key in ended, now, state_version, key, version))
             else:
-                stored.append(
-                    {
-                        "b_key": key,
-                        "b_next": version + 1,
-                        "b_state": state,
-                        "b_state_version": state_version,
-                        "b_ended": key in ended,
-                        "b_now": now,
-                        **owner,
-                    }
-                )
+                row = (tenant, saga, key, version + 1, state, key in ended, now, now)
+                stored.append((*row, state_version))
         if new:
             try:
                 self._send(conn, self._insert_sagas, new)
@@ -200,10 +195,14 @@ class SagaStore:
                 ) from exc
         if not stored:
             return
-        counted = self._send(conn, self._update, stored)
+        direct = _fastpath.sends_directly(conn)
+        counted = _fastpath.execute_rows(
+            conn, self._update, self._update_row, stored, direct=direct
+        )
         updated = counted // self._updated_per_row
         if counted != len(stored) * self._updated_per_row:
-            versions = ", ".join(f"{p['b_key']} v{p['b_next'] - 1}" for p in stored[:5])
+            key_at, next_at = self._update_row.index("b_key"), self._update_row.index("b_next")
+            versions = ", ".join(f"{r[key_at]} v{r[next_at] - 1}" for r in stored[:5])
             raise ConcurrentUpdate(
                 f"saga {saga}: {len(stored) - updated} of {len(stored)} instances changed "
                 f"concurrently (read {versions}{'...' if len(stored) > 5 else ''})"

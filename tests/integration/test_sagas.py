@@ -26,6 +26,7 @@ from messaging import (
 from messaging._config import settings_from_mapping
 from messaging._errors import ConcurrentUpdate, RegistrationError
 from messaging.distribution._ownership import Ownership
+from messaging.store import _fastpath
 from messaging.store._rows import partition_of
 from projections.testing import SimulatedCluster
 from sagas import SagaContext, SagaStore, saga, start
@@ -534,6 +535,33 @@ def test_batched_takes_and_saves_still_detect_a_concurrent_change(
         assert store.pending(conn) == 2
         assert sorted(store.load(conn, ["k0", "k1", "k2", "k9"])) == ["k0", "k1", "k2"]
         assert store.load(conn, ["k0"])["k0"].version == 1
+
+
+def test_saved_states_reach_the_driver_as_the_tuples_they_are_built_as(
+    cluster: SimulatedCluster,
+) -> None:
+    """Once learnt, the update of stored states hands each row's tuple to the driver as it
+    is (the driver's order is the one the store builds rows in: no mapping per row), and
+    moves each instance on by one version."""
+    reminders = SimulatedCluster(cluster.db, [Reminders], SETTINGS)
+    reminders.join("a")
+    _append(reminders, *(OrderPlaced(f"k{i}", 1) for i in range(3)))
+    _drain(reminders)
+    db, store = reminders.db, SagaStore(reminders.db, "test-reminders")
+    keys = ["k0", "k1", "k2"]
+    for _ in range(2):
+        with db.transaction() as conn:
+            rows = store.load(conn, keys)
+            store.save(conn, dict.fromkeys(keys, '{"reminded": 7}'), rows, {"k1"}, store.now(conn))
+    plan = _fastpath._plans(db.engine.dialect)[
+        (id(store._update), frozenset(store._update_row), True)
+    ]
+    assert plan[1] is not None and plan[1].order == store._update_row
+    with db.read() as conn:
+        after = store.load(conn, keys)
+    assert [(after[k].version, after[k].state, after[k].ended) for k in keys] == [
+        (rows[k].version + 1, '{"reminded": 7}', k == "k1") for k in keys
+    ]
 
 
 def test_an_idle_saga_worker_wakes_when_its_next_deadline_falls_due(
