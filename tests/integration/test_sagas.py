@@ -553,15 +553,21 @@ def test_saved_states_reach_the_driver_as_the_tuples_they_are_built_as(
         with db.transaction() as conn:
             rows = store.load(conn, keys)
             store.save(conn, dict.fromkeys(keys, '{"reminded": 7}'), rows, {"k1"}, store.now(conn))
-    plan = _fastpath._plans(db.engine.dialect)[
-        (id(store._update), frozenset(store._update_row), True)
+    names = store._update_row
+    _statement, plan = _fastpath._plans(db.engine.dialect)[
+        (id(store._update), frozenset(names), True)
     ]
-    assert plan[1] is not None and plan[1].order == store._update_row
+    assert plan is not None and plan.order == names
     with db.read() as conn:
         after = store.load(conn, keys)
-    assert [(after[k].version, after[k].state, after[k].ended) for k in keys] == [
-        (rows[k].version + 1, '{"reminded": 7}', k == "k1") for k in keys
-    ]
+    for key in keys:
+        read = rows[key].version
+        assert read is not None
+        assert (after[key].version, after[key].state, after[key].ended) == (
+            read + 1,
+            '{"reminded": 7}',
+            key == "k1",
+        )
 
 
 def test_an_idle_saga_worker_wakes_when_its_next_deadline_falls_due(
