@@ -61,7 +61,8 @@ class SagaBatch:
             state: Any = None
             if row.state is not None:
                 state = dispatcher.read_state(row)
-            instance = SagaContext(self.ctx, key, state, self.now)
+            now = self._now if self._now is not None else self.now
+            instance = SagaContext(self.ctx, key, state, now)
         if instance.ended or (instance.state is None and type_name not in dispatcher.starters):
             return
         dispatcher.handlers[type_name][1](message, instance)  # type: ignore[arg-type]
@@ -74,8 +75,8 @@ class SagaBatch:
         self.states[key] = dispatcher.encode_state(instance.state)
         if instance.scheduled:
             self.deadlines[key] = self._deadlines(instance)
-        else:  # none scheduled, or all cancelled again
-            self.deadlines.pop(key, None)
+        elif key in self.deadlines:  # none scheduled now: all cancelled again
+            del self.deadlines[key]
 
     def _deadlines(self, instance: SagaContext) -> list[Deadline]:
         """The deadlines ``instance`` has scheduled, encoded (a bad one fails here, at the

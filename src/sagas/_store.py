@@ -382,7 +382,7 @@ class SagaStore:
                 break
             more = -(-left // len(full))
             quotas = {p: quotas[p] + more for p in full}
-        every = sorted((d for rows in found.values() for d in rows), key=_DUE_AT)
+        every = sorted(chain.from_iterable(found.values()), key=_DUE_AT)
         # a prefix in due order: still each partition's earliest
         return Due(deadlines=every[:limit], now=now, sagas=sagas)
 

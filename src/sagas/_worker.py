@@ -44,6 +44,7 @@ from sagas._rows import Deadline
 
 T = TypeVar("T")
 _KEY_NAME_DUE = attrgetter("key", "name", "due_at")
+_PARTITION = attrgetter("partition")
 
 
 def _no_envelopes() -> dict[int, Envelope]:
@@ -194,7 +195,7 @@ class SagaWorker(ConsumerWorker):
             ctx = HandlerContext(conn, _no_envelopes, outbox=self.outbox)
             dispatcher.deliver(due, ctx)
             ctx.flush()
-            fenced = {d.partition: claims[d.partition] for d in due.deadlines}
+            fenced = {p: claims[p] for p in set(map(_PARTITION, due.deadlines))}
             self.ownership.commit_checkpoint(conn, self.spec.name, self.instance_id, fenced, 0)
             if self.needed.intersection(fenced):  # a deadline's record: delivered now
                 clear_deadline(self.db, conn, self.spec.name, self.instance_id, fenced)
