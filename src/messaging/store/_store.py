@@ -167,6 +167,18 @@ class MessageStore:
         headers are ``headers`` and ``message-id`` (which wins over one in ``headers``)."""
         if not is_plain_id(message_id):
             check_id("message id", message_id)
+        return self.outgoing_as(destination, message, key, message_id, headers)
+
+    def outgoing_as(
+        self,
+        destination: str,
+        message: object,
+        key: str | None,
+        message_id: str,
+        headers: Mapping[str, Any] | None,
+    ) -> NewMessage:
+        """:meth:`outgoing` with a ``message_id`` already checked (or derived): a handler's
+        sends, thousands a batch."""
         registry = self.registry
         type_name, payload = registry.encode(message)
         return registered_message(
