@@ -19,6 +19,7 @@ from ledger_waits import CONSUMER, balance, deposit, ledger_instance, wait_url
 
 from messaging import Database
 from messaging.store._rows import partition_of
+from projections._admin_http import BoundedHTTPServer
 from projections._operations import pause
 
 
@@ -133,6 +134,12 @@ def _open_wait(base: str, token: object) -> socket.socket:
     return client
 
 
+def _slots_taken(server: BoundedHTTPServer) -> bool:
+    """Whether every slot for long requests is held (read, not tried: a try would hold
+    one for a moment, and a poll arriving then would be refused)."""
+    return server.long_slots._value == 0
+
+
 def test_long_polls_take_half_the_threads_at_most_so_probes_are_served(db: Database) -> None:
     """With 4 handler threads, 2 long polls may run; a third is answered 503 with
     Retry-After at once, while health probes are still served; once a poll ends, a wait
@@ -141,9 +148,11 @@ def test_long_polls_take_half_the_threads_at_most_so_probes_are_served(db: Datab
     instance.start(loops=False)
     instance.stop()
     token = deposit(db, "busy").token
-    with served_admin(db, max_threads=4) as (base, _):
+    with served_admin(db, max_threads=4) as (base, server):
         polls = [_open_wait(base, token) for _ in range(2)]
         try:
+            # both admitted before a check (itself a wait while it is handled) can take a slot
+            wait_until(lambda: _slots_taken(server), timeout=10, what="both polls admitted")
             refused = wait_until(  # a check while both polls run: 503
                 lambda: (answer := get_json(wait_url(base, token, "0")))[0] == 503 and answer,
                 timeout=10,
