@@ -61,8 +61,7 @@ class SagaBatch:
             state: Any = None
             if row.state is not None:
                 state = dispatcher.read_state(row)
-            now = self._now if self._now is not None else self.now
-            instance = SagaContext(self.ctx, key, state, now)
+            instance = SagaContext(self.ctx, key, state, self.now)
         if instance.ended or (instance.state is None and type_name not in dispatcher.starters):
             return
         dispatcher.handlers[type_name][1](message, instance)  # type: ignore[arg-type]

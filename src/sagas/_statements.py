@@ -64,7 +64,7 @@ def update_statement(db: Database, saga: str) -> tuple[Executable, tuple[str, ..
         version=bindparam("b_next"),
         state=bindparam("b_state"),
         ended=bindparam("b_ended", type_=Integer()),
-        started_at=bindparam("b_now"),
+        started_at=bindparam("b_now", type_=AS_GIVEN),
         updated_at=bindparam("b_now", type_=AS_GIVEN),
         state_version=bindparam("b_state_version"),
     )

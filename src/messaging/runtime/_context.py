@@ -31,7 +31,7 @@ from messaging.routing._outbox import Outbox
 from messaging.runtime import _upserts as upserts
 from messaging.runtime._apply_timeout import NO_DEADLINE
 from messaging.store import _fastpath
-from messaging.store._rows import NewMessage, check_id, is_plain_id
+from messaging.store._rows import NewMessage
 from messaging.store._tokens import NOT_SENT_AGAIN, Outgoing, Sent, Written
 
 
@@ -247,14 +247,17 @@ class HandlerContext(MessageContext):
             outbox = self._require_outbox()  # the reason
         cause = self.cause if self.cause is not None else str(self.position)
         count = self._sent[cause] = self._sent.get(cause, 0) + 1
-        derived = message_id is None
+        store, given = outbox.store, message_id
         if message_id is None:
             message_id = outbox.derived_id(cause, count)
         if self._quiet is not None and self._quiet(self.envelope):
             return Sent(message_id, Written(why=NOT_SENT_AGAIN))
-        if not derived and not is_plain_id(message_id):
-            check_id("message id", message_id)
-        outgoing = outbox.store.outgoing_as(destination, message, key, message_id, headers)
+        if given is None:  # derived: an id by construction, not checked again
+            outgoing = store.outgoing_as(destination, message, key, message_id, headers)
+        else:
+            outgoing = store.outgoing(
+                destination, message, key=key, message_id=message_id, headers=headers
+            )
         return Sent(message_id, self._outgo(outgoing))
 
     def append(
