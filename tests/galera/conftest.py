@@ -28,10 +28,13 @@ def galera(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GaleraCluster]:
 @pytest.fixture
 def galera_db(galera: GaleraCluster) -> Iterator[str]:
     """The name of a fresh, migrated database on the cluster; every node back in the
-    cluster before the test starts (a test may kill one)."""
+    cluster and synced before the test starts (a test may kill one, or end while one is
+    still rejoining)."""
     for node in range(galera.size):
         if not galera.running(node):
             galera.restart_node(node)
+    for node in range(galera.size):
+        galera.wait_rejoined(node)
     with cluster_database(galera) as name:
         yield name
 

@@ -175,8 +175,12 @@ class _KillRun:
     def __enter__(self) -> _KillRun:
         return self
 
-    def __exit__(self, *_exc: object) -> None:
+    def __exit__(self, failed: type[BaseException] | None, *_exc: object) -> None:
         self.stop()
+        if failed is not None:  # what the instances said (warnings), for the failure's report
+            for name in sorted(self.names):
+                print(f"--- {name}'s log, the last 40 lines:")
+                print("\n".join(self.log(name).splitlines()[-40:]))
 
     def both_own(self) -> bool:
         return _both_own(self.db, set(self.names))
@@ -210,6 +214,7 @@ class _KillRun:
         failed)."""
         if self.cut:
             self.galera.isolate(0, False)
+            self.galera.wait_rejoined(0)
         for process in self.instances:
             if process.poll() is None:
                 process.kill()
