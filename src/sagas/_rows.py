@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from operator import attrgetter
 from typing import NamedTuple
 
 import attrs
@@ -30,6 +31,10 @@ class Deadline(NamedTuple):
     payload: str
     payload_version: int = 1
     """The version of the payload's shape (its class's when it was scheduled)."""
+
+
+deadline_id = attrgetter("key", "name", "due_at")
+"""A deadline's ``(key, name, due_at)``: which one it is, as its delivery names it."""
 
 
 @attrs.define(frozen=True, kw_only=True)

@@ -43,11 +43,10 @@ from messaging.store import _fastpath
 from messaging.store._clock import cached_now, now_params
 from messaging.store._database import Database
 from messaging.store._schema import AS_GIVEN
-from sagas._rows import Deadline, Due, SagaRow
+from sagas._rows import Deadline, Due, SagaRow, deadline_id
 from sagas._statements import SQLITE_ROW, update_statement
 
 _KEY_CHUNK = 500
-_KEY_NAME_DUE = attrgetter("key", "name", "due_at")
 _DUE_AT = attrgetter("due_at")
 _new_tuple = tuple.__new__
 """``Deadline(*values)`` as ``_new_tuple(Deadline, values)``: a batch reads hundreds, made
@@ -427,7 +426,7 @@ class SagaStore:
         for start in range(0, len(deadlines), self._chunk):
             chunk = _fastpath.padded(deadlines[start : start + self._chunk])
             named = _fastpath.numbered(("k", "n", "d"), len(chunk))
-            params = dict(zip(named, chain.from_iterable(map(_KEY_NAME_DUE, chunk)), strict=True))
+            params = dict(zip(named, chain.from_iterable(map(deadline_id, chunk)), strict=True))
             statement = self._listing("take", len(chunk))
             deleted += _fastpath.execute(conn, statement, [params], direct=direct)
         if deleted != len(deadlines):

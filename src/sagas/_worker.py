@@ -40,10 +40,9 @@ from messaging.runtime._worker import ConsumerWorker
 from messaging.store._retry import is_transient
 from messaging.store._rows import StoredRow
 from sagas._dispatch import SagaDispatcher
-from sagas._rows import Deadline
+from sagas._rows import Deadline, deadline_id
 
 T = TypeVar("T")
-_KEY_NAME_DUE = attrgetter("key", "name", "due_at")
 _PARTITION = attrgetter("partition")
 
 
@@ -165,7 +164,7 @@ class SagaWorker(ConsumerWorker):
                 consumer=self.spec.name,
                 instance_id=self.instance_id,
                 count=len(delivered),
-                deadlines=list(map(_KEY_NAME_DUE, delivered)),
+                deadlines=list(map(deadline_id, delivered)),
                 lateness=[max(0.0, now - d.due_at) for d in delivered],
             )
         return len(delivered)
