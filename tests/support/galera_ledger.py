@@ -138,10 +138,14 @@ def checkpoints(db: Database, name: str) -> dict[tuple[int, int], int]:
     }
 
 
-def applying(db: Database, name: str) -> Callable[[], bool]:
+def applying(
+    db: Database, name: str, since: dict[tuple[int, int], int] | None = None
+) -> Callable[[], bool]:
     """A condition: ``name`` has checkpointed a partition since the previous call (under
-    the same claim: the same epoch)."""
-    seen: dict[tuple[int, int], int] = {}
+    the same claim: the same epoch), or for the first call since ``since`` (its
+    :func:`checkpoints` taken before a fault: an instance that caught up before the first
+    call has applied too)."""
+    seen: dict[tuple[int, int], int] = dict(since or {})
 
     def advanced() -> bool:
         now = checkpoints(db, name)
