@@ -229,24 +229,26 @@ def test_node_killed_under_traffic_moves_its_instance_and_loses_nothing(
     moves to a live node (one log line) and keeps its share within stale-instance-timeout
     (1 s) + a few seconds; the node restarts (recover, IST) and every node ends equal to
     the replay, every message stored once."""
-    run = _KillRun(galera, galera_db, tmp_path, stale="1s")
-    killed = time.monotonic()
-    galera.kill_node(0)
-    before = checkpoints(run.db, "on-node0")  # all it committed: it commits nothing dead
-    wait_until(lambda: run.moves("on-node0"), timeout=15, what="the move")
-    moved = time.monotonic() - killed
-    wait_until(applying(run.db, "on-node0", before), timeout=15, what="node 0's instance to apply")
-    resumed = time.monotonic() - killed
-    wait_until(run.both_own, timeout=15, what="both instances to own")
-    owning = time.monotonic() - killed
-    rejoined = run.finish() - killed
+    with _KillRun(galera, galera_db, tmp_path, stale="1s") as run:
+        killed = time.monotonic()
+        galera.kill_node(0)
+        before = checkpoints(run.db, "on-node0")  # all it committed: it commits nothing dead
+        wait_until(lambda: run.moves("on-node0"), timeout=15, what="the move")
+        moved = time.monotonic() - killed
+        wait_until(
+            applying(run.db, "on-node0", before), timeout=15, what="node 0's instance to apply"
+        )
+        resumed = time.monotonic() - killed
+        wait_until(run.both_own, timeout=15, what="both instances to own")
+        owning = time.monotonic() - killed
+        moves = run.moves("on-node0")  # before node 0 rejoins (its IST pauses commits too)
+        rejoined = run.finish() - killed
     print(
         f"\nnode 0 killed: its instance moved after {moved:.1f}s, checkpointed again after "
         f"{resumed:.1f}s, both instances own partitions after {owning:.1f}s, node 0 "
         f"rejoined after {rejoined:.1f}s"
     )
     assert resumed < 1 + 6  # stale-instance-timeout + Galera's eviction of the dead node
-    moves = run.moves("on-node0")
     # One move; or two when a statement on the first live node outlasted the answer bound
     # (2 s with this stale-instance-timeout of 1 s) while the cluster evicted node 0 (~3 s).
     assert 1 <= len(moves) <= 2, moves
@@ -264,41 +266,44 @@ def test_node_killed_with_stale_timeout_above_the_eviction_reshuffles_nothing(
     hands (no ``lost`` event, no session of a peer ended), only the instance on node 0
     moves (one line), and it applies again under the same claims."""
     settings = ConsumerSettings(stale_instance_timeout=8.0)
-    run = _KillRun(galera, galera_db, tmp_path, stale="8s")
-    claims = _claims(run.db, settings)
-    seen: set[str] = set()
-    reports: list[float] = []
-    watching = threading.Event()
+    with _KillRun(galera, galera_db, tmp_path, stale="8s") as run:
+        claims = _claims(run.db, settings)
+        seen: set[str] = set()
+        reports: list[float] = []
+        watching = threading.Event()
 
-    def watch() -> None:  # what `projections status` shows, every 50 ms
-        while not watching.is_set():
-            for entry in consumers_report(run.db, settings)["consumers"]:
-                seen.update(str(p["state"]) for p in entry["partitions"])
-            reports.append(time.monotonic())
-            watching.wait(0.05)
+        def watch() -> None:  # what `projections status` shows, every 50 ms
+            while not watching.is_set():
+                for entry in consumers_report(run.db, settings)["consumers"]:
+                    seen.update(str(p["state"]) for p in entry["partitions"])
+                reports.append(time.monotonic())
+                watching.wait(0.05)
 
-    watcher = threading.Thread(target=watch)
-    watcher.start()
-    try:
-        killed = time.monotonic()
-        galera.kill_node(0)
-        before = checkpoints(run.db, "on-node0")
-        wait_until(lambda: run.moves("on-node0"), timeout=15, what="the move")
-        wait_until(
-            applying(run.db, "on-node0", before), timeout=15, what="node 0's instance to apply"
-        )
-        resumed = time.monotonic() - killed
-    finally:
-        watching.set()
-        watcher.join()
-    after = _claims(run.db, settings)
-    run.finish()
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        try:
+            killed = time.monotonic()
+            galera.kill_node(0)
+            before = checkpoints(run.db, "on-node0")
+            wait_until(lambda: run.moves("on-node0"), timeout=15, what="the move")
+            wait_until(
+                applying(run.db, "on-node0", before),
+                timeout=15,
+                what="node 0's instance to apply",
+            )
+            resumed = time.monotonic() - killed
+        finally:
+            watching.set()
+            watcher.join()
+        after = _claims(run.db, settings)
+        moves = {name: run.moves(name) for name in ("on-node0", "on-node1")}  # before the IST
+        run.finish()
     print(f"\nstale-instance-timeout 8s: node 0's instance checkpointed again after {resumed:.1f}s")
     assert seen == {"OWNED"}, seen
     assert reports[-1] - killed >= resumed - 0.5  # the watcher saw the whole pause
     assert after == claims  # the same claims: nothing taken over
     assert resumed < 8
-    assert len(run.moves("on-node0")) == 1 and run.moves("on-node1") == []
+    assert len(moves["on-node0"]) == 1 and moves["on-node1"] == [], moves
     records = [line for line in run.log("on-node0").splitlines() if line.startswith("20")]
     assert len(records) <= 8, records  # quiet: a few lines, not one per failed attempt
     logs = run.log("on-node0") + run.log("on-node1")
