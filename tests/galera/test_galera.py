@@ -214,8 +214,7 @@ class _KillRun:
         """Stop the instances and the traffic, and end node 0's isolation (a test that
         failed)."""
         if self.cut:
-            self.galera.isolate(0, False)
-            self.galera.wait_rejoined(0)
+            self.galera.isolate(0, False)  # the next test's fixture waits for its rejoin
         for process in self.instances:
             if process.poll() is None:
                 process.kill()
