@@ -6,15 +6,26 @@ partition delivers it, inside a transaction that deletes the deadline row, appli
 saga's handler and commits under the partition's fence (owner and epoch): a crash
 before the commit leaves the deadline for the next owner, a zombie cannot commit, so
 every deadline is delivered exactly once. Deadlines due while no instance ran are due
-at the first poll after a claim. A deadline never overtakes a message of its partitions
-recorded before it fell due: behind a backlog, only the deadlines due by the time the
-last applied message was recorded are delivered. A deadline whose delivery fails halts
-its partition, as a poison message does; one (or a saga state) newer than this code
-leaves its partition to an instance that can read it (``messaging.distribution._needs``).
+at the first poll after a claim.
+
+A deadline never overtakes a message of its partition recorded before it fell due. A
+message is recorded when its position is assigned: at the database's time read under
+the tenant's position counter lock, which its transaction holds until it commits, so
+later positions never have earlier times. The delivery transaction reads the first
+message of the held partitions after their checkpoints (:meth:`MessageStore.first_after`)
+and delivers only deadlines due before that message was recorded; the topics are read
+again at once. What it reads is complete up to its time: on SQLite it holds the only
+write lock, so no append is in flight; on MySQL it begins after a locking read of the
+counter (:meth:`MessageStore.settled_time`) and delivers only deadlines due by then. The
+checkpoints it reads behind are fenced by its commit. A deadline whose delivery fails
+halts its partition, as a poison message does; one (or a saga state) newer than this
+code leaves its partition to an instance that can read it
+(``messaging.distribution._needs``).
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
@@ -70,6 +81,8 @@ class SagaWorker(ConsumerWorker):
         """Whether the saga's topics may hold messages not read yet (see :meth:`_poll_topics`)."""
         self._topic_read_by = 0.0
         """When (monotonic) the topics are read whatever the pulse says: a safety net."""
+        self._holding_back: int | None = None
+        """The position of the unapplied message that last held deadlines back, if any."""
 
     def wake(self) -> None:
         """The pulse saw a topic's head move, partitions came, or the instance stops: read
@@ -86,14 +99,9 @@ class SagaWorker(ConsumerWorker):
         return max(0.0, min(idle, self._wake_at - time.monotonic()))
 
     def poll(self) -> int:
-        """Apply one batch of messages, then deliver due deadlines of the same claims.
-
-        A deadline never overtakes a message recorded before it fell due: while the
-        messages are caught up every due deadline goes; behind a backlog, only those due
-        by the time the last applied message was recorded."""
-        applied = self._poll_topics()
-        backlog = applied >= self.settings.batch_size * self.lanes
-        return applied + self.deliver_due(behind_backlog=backlog)
+        """Apply one batch of messages, then deliver the due deadlines of the same claims
+        that no unapplied message recorded before them holds back (see the module)."""
+        return self._poll_topics() + self.deliver_due()
 
     def _poll_topics(self) -> int:
         """Apply one batch of messages, unless under a pulse nothing new can be there: the
@@ -118,36 +126,30 @@ class SagaWorker(ConsumerWorker):
             self._topic_news = True  # applied or not, read again next time
         return rows
 
-    def deliver_due(self, *, behind_backlog: bool = False) -> int:
-        """Deliver one batch of the deadlines of the held partitions due now (behind a
-        backlog: and by the time its last applied message was recorded); return how many.
-        A deadline whose delivery fails halts its partition, as a poison message does; the
-        others are delivered. Those of a parked instance wait until it is retried."""
+    def deliver_due(self) -> int:
+        """Deliver one batch of the deadlines of the held partitions due now, but those an
+        unapplied message recorded before them holds back (see the module); return how
+        many. A deadline whose delivery fails halts its partition, as a poison message
+        does; the others are delivered. Those of a parked instance wait until it is
+        retried."""
         self._wake_at = None
         claims = self.held_claims()
         if not claims:
             return 0
         dispatcher = self.dispatcher
         parked = () if self.parking is None else tuple(sorted(self.parking.held(claims)))
-        until = None
         more, self._more_due = self._more_due, False
-        if behind_backlog or not more:  # after a full batch, the delivery's own read tells
+        if not more:  # after a full batch, the delivery's own read tells
             with self.db.read() as conn:  # an idle poll never takes the write lock
-                if behind_backlog:
-                    applied_through = max(c.checkpoint for c in claims.values())
-                    until = self.store.recorded_at(conn, applied_through)
-                    if until is None:
-                        return 0
-                if not dispatcher.store.any_due(conn, sorted(claims), until, parked):
-                    if until is None:
-                        wait = dispatcher.store.next_due_in(
-                            conn, sorted(claims), self.settings.idle_poll_interval, parked
-                        )
-                        self._wake_at = None if wait is None else time.monotonic() + wait
+                if not dispatcher.store.any_due(conn, sorted(claims), None, parked):
+                    wait = dispatcher.store.next_due_in(
+                        conn, sorted(claims), self.settings.idle_poll_interval, parked
+                    )
+                    self._wake_at = None if wait is None else time.monotonic() + wait
                     return 0
         with self._limiter:
             try:
-                delivered, now = self._retried(lambda: self._deliver(claims, until, parked), claims)
+                delivered, now = self._retried(lambda: self._deliver(claims, parked), claims)
             except OwnershipLost as lost:
                 self._lose(lost.partitions)
                 return 0
@@ -157,7 +159,7 @@ class SagaWorker(ConsumerWorker):
             except Exception as exc:
                 if is_transient(exc):
                     raise
-                delivered, now = self._deliver_one_by_one(claims, until, parked)
+                delivered, now = self._deliver_one_by_one(claims, parked)
         self._more_due = len(delivered) >= self.settings.batch_size
         if delivered:
             self.hooks.projections_deadlines_delivered(
@@ -175,17 +177,16 @@ class SagaWorker(ConsumerWorker):
         return self._retry_commit(action, claims, f"deliver deadlines of {self.spec.name}")
 
     def _deliver(
-        self,
-        claims: dict[int, Claim],
-        until: float | None,
-        parked: Sequence[str],
-        only: Deadline | None = None,
+        self, claims: dict[int, Claim], parked: Sequence[str], only: Deadline | None = None
     ) -> tuple[list[Deadline], float]:
-        """In one fenced transaction: read the due deadlines but the ``parked`` instances'
-        (or just ``only``, if still due), deliver them, commit."""
+        """In one fenced transaction: read the due deadlines that no unapplied message holds
+        back (:meth:`_due_by`) but the ``parked`` instances' (or just ``only``, if still
+        among them), deliver them, commit."""
         dispatcher = self.dispatcher
         size = self.settings.batch_size
+        settled = None if self.db.is_sqlite else self._settled_time()
         with self.db.transaction(consumer=self.spec.name) as conn:
+            until = self._due_by(conn, claims, settled)
             due = dispatcher.store.due(conn, sorted(claims), size, until, parked)
             if only is not None:
                 due = attrs.evolve(due, deadlines=[d for d in due.deadlines if d == only])
@@ -200,16 +201,47 @@ class SagaWorker(ConsumerWorker):
                 clear_deadline(self.db, conn, self.spec.name, self.instance_id, fenced)
             return due.deadlines, due.now
 
+    def _settled_time(self) -> float:
+        """The database's time once no append is in flight (MySQL), in a short transaction
+        of its own: every message recorded before it is visible to the delivery after."""
+        with self.db.read() as conn:
+            return self.store.settled_time(conn)
+
+    def _due_by(
+        self, conn: Connection, claims: Mapping[int, Claim], settled: float | None
+    ) -> float | None:
+        """The latest due time a deadline may have to be delivered now: before the first
+        message of ``claims`` not applied yet was recorded, and by ``settled`` (the time
+        up to which every recorded message is visible); None: no bound but now. An
+        unapplied message found makes the next poll read the topics, at once the first
+        time it holds deadlines back."""
+        first = self.store.first_after(
+            conn,
+            self.spec.topics,
+            partitions={p: c.checkpoint for p, c in claims.items()},
+            partition_count=self.spec.partitions,
+            types=self.dispatcher.type_names,
+        )
+        if first is None:
+            self._holding_back = None
+            return settled
+        position, recorded = first
+        self._topic_news = True
+        if position != self._holding_back:  # not applied by the poll since: no hurry
+            self._holding_back = position
+            self._wake_at = time.monotonic()
+        before = math.nextafter(recorded, -math.inf)  # recorded at the due time: it goes first
+        return before if settled is None else min(settled, before)
+
     def _deliver_one_by_one(
-        self, claims: dict[int, Claim], until: float | None, parked: Sequence[str]
+        self, claims: dict[int, Claim], parked: Sequence[str]
     ) -> tuple[list[Deadline], float]:
-        """After a failed batch: each due deadline in a transaction of its own; the one that
-        fails halts its partition at the partition's checkpoint, with the reason."""
+        """After a failed batch: each due deadline in a transaction of its own (if still due
+        and not held back then); the one that fails halts its partition at the
+        partition's checkpoint, with the reason."""
         dispatcher = self.dispatcher
         with self.db.read() as conn:
-            due = dispatcher.store.due(
-                conn, sorted(claims), self.settings.batch_size, until, parked
-            )
+            due = dispatcher.store.due(conn, sorted(claims), self.settings.batch_size, None, parked)
         delivered: list[Deadline] = []
         now = 0.0
         for deadline in due.deadlines:
@@ -217,9 +249,7 @@ class SagaWorker(ConsumerWorker):
             if deadline.partition not in held:
                 continue  # its partition halted (or moved) meanwhile
             try:
-                done, now = self._retried(
-                    partial(self._deliver, held, until, parked, deadline), held
-                )
+                done, now = self._retried(partial(self._deliver, held, parked, deadline), held)
             except OwnershipLost as lost:
                 self._lose(lost.partitions)
                 continue

@@ -15,7 +15,7 @@ from hypothesis.stateful import invariant
 from messaging import handler, message
 from projections.testing import Append, ClusterMachine, machine_settings, messages_of
 from projections.testing.plugin import RunMachine
-from sagas import SagaContext, SagaStore, saga, start
+from sagas import SagaContext, SagaStore, SagaWorker, saga, start
 
 TIMERS = [f"timer-{n}" for n in range(4)]
 
@@ -119,6 +119,40 @@ def test_a_deadline_never_delivered_is_caught(monkeypatch: pytest.MonkeyPatch) -
         machine.tick(2)
         with pytest.raises(AssertionError, match="due but not delivered"):
             machine.settle()
+    finally:
+        machine.teardown()
+
+
+def _reply_races_the_deadline(machine: TimersMachine) -> None:
+    """A timer set for 1 s is set again (moved to 5 s) 0.5 s before it falls due; its
+    instance delivers due deadlines before reading the topics again."""
+    machine.append(Append("sim-timers", "timer-2", [TimerSet("timer-2", 1.0)]))
+    machine.poll()  # the saga starts and schedules its deadline a second from now
+    machine.cluster.clock.advance(0.5)
+    machine.reply_in_flight(Append("sim-timers", "timer-2", [TimerSet("timer-2", 5.0)]), 1, 0)
+    machine.reply_in_flight(Append("sim-timers", "timer-3", [TimerSet("timer-3", 5.0)]), 1, 1)
+
+
+def test_a_deadline_waits_for_a_message_recorded_before_it_fell_due() -> None:
+    machine = TimersMachine()
+    try:
+        _reply_races_the_deadline(machine)
+        machine.deadlines_never_overtake_earlier_messages()
+        assert machine.cluster.deliveries == []  # the timer moved: nothing due yet
+    finally:
+        machine.teardown()
+
+
+def test_a_deadline_that_ignores_an_arrived_message_is_caught(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Broken: a delivery does not look for messages recorded before the due time."""
+    monkeypatch.setattr(SagaWorker, "_due_by", lambda self, conn, claims, settled: settled)
+    machine = TimersMachine()
+    try:
+        _reply_races_the_deadline(machine)
+        with pytest.raises(AssertionError, match="overtook a message recorded before it"):
+            machine.deadlines_never_overtake_earlier_messages()
     finally:
         machine.teardown()
 

@@ -35,6 +35,7 @@ from messaging._errors import VersionConflict
 from messaging._messages import MESSAGE_ID_HEADER, Envelope, MessageRegistry
 from messaging._messages import registry as default_registry
 from messaging.store import _fastpath
+from messaging.store._clock import cached_now, now_params
 from messaging.store._database import Database
 from messaging.store._reserver import Reserver
 from messaging.store._rows import (
@@ -96,6 +97,12 @@ class MessageStore:
         self._insert = insert(m).values(recorded_at=bindparam("recorded_at", type_=AS_GIVEN))
         self._reserver = Reserver(db)
         self._topic_index = f"{db.schema.prefix}ix_messages_topic"
+        p = self._positions
+        self._settled = (
+            select(cached_now(db.clock))
+            .where(p.c.tenant == bindparam("t"))
+            .with_for_update(read=True)
+        )
 
     # -- appending ---------------------------------------------------------------------
 
@@ -435,13 +442,35 @@ class MessageStore:
         hint = f"FORCE INDEX ({self._topic_index if len(topics) == 1 else 'PRIMARY'})"
         return query.with_hint(m, hint, "mysql").with_hint(m, hint, "mariadb")
 
-    def recorded_at(self, conn: Connection, position: int) -> float | None:
-        """When the message at ``position`` was appended (database time), if it exists."""
+    def first_after(
+        self,
+        conn: Connection,
+        topics: Sequence[str],
+        *,
+        partitions: Mapping[int, int],
+        partition_count: int,
+        types: Sequence[str] | None = None,
+    ) -> tuple[int, float] | None:
+        """The position and recorded time of the first message of ``topics`` (of ``types``)
+        after the checkpoint of its partition in ``partitions``, if there is one: the
+        first message of those partitions a consumer has not applied. Times are taken
+        under the lock that orders positions, so every later message was recorded at
+        that time or after it."""
         m = self._messages
-        value = conn.execute(
-            select(m.c.recorded_at).where(m.c.tenant == self.db.tenant, m.c.position == position)
-        ).scalar_one_or_none()
-        return None if value is None else float(value)
+        columns = (m.c.position, m.c.recorded_at)
+        query = self._query(columns, topics, 0, partitions, partition_count, types, 1)
+        row = None if query is None else conn.execute(*query).first()
+        return None if row is None else (int(row[0]), float(row[1]))
+
+    def settled_time(self, conn: Connection) -> float:
+        """The database's time once no append of this tenant is in flight: a locking read
+        of the tenant's position counter waits for the append holding it, so every message
+        recorded before the time returned has committed, and a transaction begun after
+        this one ends sees it. Run it in a transaction of its own, ended at once: the
+        counter's shared lock, held until then, keeps appends waiting (MySQL; on SQLite a
+        write transaction holds the only write lock, so its own clock is such a time)."""
+        params = {"t": self.db.tenant, **now_params(self.db.clock)}
+        return float(conn.execute(self._settled, params).scalar_one())
 
     def head(self, conn: Connection) -> int:
         """The highest position committed for this tenant (0 when empty)."""

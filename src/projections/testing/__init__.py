@@ -20,6 +20,7 @@ from projections.testing.events import (
     Append,
     ClusterEvent,
     Crash,
+    DeliverDue,
     Join,
     LoseAck,
     Pause,
@@ -45,7 +46,7 @@ from projections.testing.payloads import (
     read_stored,
     shaped_like,
 )
-from projections.testing.records import Claimed, Commit, Delivery
+from projections.testing.records import Claimed, Commit, Delivery, Overtaken
 from projections.testing.runner import REPORT_SECONDS, report_within, run_cluster_machine
 from projections.testing.simulation import SIMULATION_CONFIG, simulation_settings
 from projections.testing.strategies import (
@@ -73,12 +74,14 @@ __all__ = [
     "ClusterMachine",
     "Commit",
     "Crash",
+    "DeliverDue",
     "Delivery",
     "Difference",
     "Golden",
     "Join",
     "LoseAck",
     "OutcomeLosingDatabase",
+    "Overtaken",
     "ParkingSteps",
     "Pause",
     "PauseAndWake",

@@ -45,8 +45,17 @@ from projections.testing.outcomes import (
     ProcessDied,
     UnknownOutcome,
 )
-from projections.testing.records import Claimed, Commit, Delivery, Recorder, version_of
+from projections.testing.records import (
+    Claimed,
+    Commit,
+    Delivery,
+    Overtaken,
+    Recorder,
+    version_of,
+)
 from projections.testing.simulation import simulation_settings
+from sagas import SagaWorker
+from sagas._kind import SAGA
 
 _OPERATOR = "projections.testing"
 """Who the simulated operator commands are recorded as, in the audit log."""
@@ -79,6 +88,8 @@ class SimulatedCluster:
         self.commits: list[Commit] = []
         self.deliveries: list[Delivery] = []
         """Saga deadlines delivered (committed), in order."""
+        self.overtaken: list[Overtaken] = []
+        """Deliveries made while a message recorded before their due time was unapplied."""
         self.moves = 0
         """Claims and releases so far."""
         self.claims: list[Claimed] = []
@@ -88,6 +99,8 @@ class SimulatedCluster:
         self.resent: list[tuple[str, object]] = []
         """(topic, message) of every message sent again under its id (see :meth:`resend`)."""
         self._destinations = {s.name for s in self.specs if s.kind is ROUTE_CONSUMER}
+        self.sagas = [s.name for s in self.specs if s.kind is SAGA]
+        """The sagas among the consumers."""
         self._sent: dict[int, tuple[NewMessage, object]] = {}
         """Position → what was sent there, for the messages sent to route consumers."""
         self.running: dict[str, Instance] = {}
@@ -357,6 +370,16 @@ class SimulatedCluster:
         applied = self._poll(self.running[name])
         self._record(f"poll({name!r})")
         return applied
+
+    def deliver_due(self, name: str) -> int:
+        """A running instance delivers its sagas' due deadlines before reading their topics
+        again, as when a message commits between its read of the topics and its delivery;
+        returns how many it delivered."""
+        self.clock.advance(POLL_TAKES)
+        workers = self.running[name].workers.values()
+        delivered = sum(w.deliver_due() for w in workers if isinstance(w, SagaWorker))
+        self._record(f"deliver_due({name!r})", f"delivered {delivered}")
+        return delivered
 
     def poll_all(self) -> int:
         """One batch of every consumer of every running instance."""

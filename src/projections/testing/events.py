@@ -124,6 +124,16 @@ class Pulse(_OnInstance):
 
 
 @attrs.define(frozen=True)
+class DeliverDue(_OnInstance):
+    """A running instance delivers its sagas' due deadlines before it reads their topics
+    again: a message that committed meanwhile (a reply in flight) must not be overtaken
+    by a deadline that fell due after it was recorded."""
+
+    def act(self, cluster: SimulatedCluster, name: str) -> None:
+        cluster.deliver_due(name)
+
+
+@attrs.define(frozen=True)
 class Tick:
     """``times`` rebalance intervals pass; running instances heartbeat and rebalance."""
 
@@ -156,7 +166,18 @@ class Append:
 
 
 ClusterEvent = (
-    Join | Stop | Crash | Pause | Wake | LoseAck | PauseAndWake | Pulse | Tick | Poll | Append
+    Join
+    | Stop
+    | Crash
+    | Pause
+    | Wake
+    | LoseAck
+    | PauseAndWake
+    | Pulse
+    | DeliverDue
+    | Tick
+    | Poll
+    | Append
 )
 """Any one event."""
 

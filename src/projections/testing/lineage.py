@@ -10,6 +10,8 @@ from collections import Counter
 from collections.abc import Iterable, MutableMapping, Sequence
 from typing import TYPE_CHECKING
 
+from sqlalchemy import func, select
+
 from messaging.runtime._versions import split_unit, unit_rows
 from messaging.store._database import Database
 from projections.testing.records import Commit
@@ -19,14 +21,22 @@ if TYPE_CHECKING:
 
 
 def handled(cluster: SimulatedCluster) -> Counter[str]:
-    """Per transactional consumer, how many of the messages appended (or sent again) to
-    ``cluster`` it handles."""
+    """Per transactional consumer, how many messages in the store it handles: those
+    appended (or sent again) to ``cluster`` and those its consumers' handlers sent, which
+    are stored once per committed batch (a batch rolled back sent nothing)."""
+    m = cluster.db.schema.messages
+    with cluster.db.read() as conn:
+        stored = conn.execute(
+            select(m.c.topic, m.c.type, func.count())
+            .where(m.c.tenant == cluster.db.tenant)
+            .group_by(m.c.topic, m.c.type)
+        ).all()
     counts: Counter[str] = Counter()
     for spec in cluster.specs:
         if spec.transactional:
+            types = set(spec.stored_type_names())
             counts[spec.name] = sum(
-                topic in spec.topics and type(message) in spec.handlers
-                for topic, message in [*cluster.appended, *cluster.resent]
+                n for topic, type_name, n in stored if topic in spec.topics and type_name in types
             )
     return counts
 

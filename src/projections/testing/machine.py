@@ -32,6 +32,7 @@ from projections.testing.differences import ReadModelDiffers
 from projections.testing.events import (
     Append,
     Crash,
+    DeliverDue,
     Join,
     LoseAck,
     Pause,
@@ -69,7 +70,8 @@ class ClusterMachine(RuleBasedStateMachine):
     checkpoints never decrease; no message committed twice, every message committed
     once and the read models equal to the expected state after settling; a single-owner
     consumer never owned by two running instances; every partition owned by a running
-    instance again within the handover bound; no saga deadline delivered twice, and none
+    instance again within the handover bound; no saga deadline delivered twice, none
+    delivered before a message of its partition recorded before it fell due, and none
     due but undelivered after settling.
     """
 
@@ -242,6 +244,16 @@ class ClusterMachine(RuleBasedStateMachine):
     def poll(self) -> None:
         Poll().apply(self.cluster)
 
+    @precondition(lambda self: self.cluster.running and self.cluster.sagas)
+    @rule(batch=_messages, times=ticks(), pick=picks())
+    def reply_in_flight(self, batch: Append, times: int, pick: int) -> None:
+        """A reply races a deadline: ``batch`` is appended, time passes (deadlines may fall
+        due after it was recorded), and a running instance delivers its due deadlines
+        before reading the topics again (:class:`DeliverDue`)."""
+        self.append(batch)
+        self.tick(times)
+        DeliverDue(pick).apply(self.cluster)
+
     @precondition(lambda self: self.cluster.running)
     @rule(pick=picks())
     def crash_during_commit(self, pick: int) -> None:
@@ -382,6 +394,13 @@ class ClusterMachine(RuleBasedStateMachine):
         delivered = Counter((d.consumer, d.key, d.name, d.due_at) for d in self.cluster.deliveries)
         twice = {deadline: n for deadline, n in delivered.items() if n > 1}
         assert not twice, f"saga deadlines delivered more than once: {twice}"
+
+    @invariant()
+    def deadlines_never_overtake_earlier_messages(self) -> None:
+        """No deadline delivered while a message of its partition recorded before it fell
+        due was unapplied (:func:`~projections.testing.records.overtaken`)."""
+        early = "; ".join(map(str, self.cluster.overtaken))
+        assert not early, f"a saga deadline overtook a message recorded before it: {early}"
 
     @invariant()
     def one_committer_per_partition_and_epoch(self) -> None:

@@ -4,6 +4,7 @@ scenario readable."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
@@ -11,12 +12,14 @@ import attrs
 from sqlalchemy import select
 
 from messaging import hookimpl
+from messaging.distribution._ownership import Ownership
 from messaging.runtime._versions import split_unit
+from messaging.store._rows import partition_of
 
 if TYPE_CHECKING:
     from projections.testing.cluster import SimulatedCluster
 
-__all__ = ["Claimed", "Commit", "Delivery", "Recorder", "version_of"]
+__all__ = ["Claimed", "Commit", "Delivery", "Overtaken", "Recorder", "overtaken", "version_of"]
 
 
 @attrs.define(frozen=True)
@@ -70,6 +73,60 @@ class Delivery:
     due_at: float
 
 
+@attrs.define(frozen=True)
+class Overtaken:
+    """A deadline delivered while a message of its partition recorded before it fell due
+    was still unapplied: the message's position and time."""
+
+    delivery: Delivery
+    position: int
+    recorded_at: float
+
+    def __str__(self) -> str:
+        d = self.delivery
+        return (
+            f"{d.instance} delivered {d.consumer} deadline {d.name!r} of {d.key!r} (due at "
+            f"{d.due_at:.3f}) before position {self.position}, recorded at "
+            f"{self.recorded_at:.3f}, was applied"
+        )
+
+
+def overtaken(cluster: SimulatedCluster, deliveries: Sequence[Delivery]) -> list[Overtaken]:
+    """The ``deliveries`` of one consumer (just committed) that a message overtook: the first
+    message of the deadline's partition not applied yet (after the partition's
+    checkpoint) was recorded before the deadline fell due. Two reads, however many."""
+    if not deliveries:
+        return []
+    spec = next(s for s in cluster.specs if s.name == deliveries[0].consumer)
+    partitions = {d: partition_of(d.key, spec.partitions) for d in deliveries}
+    with cluster.db.read() as conn:
+        rows = Ownership(cluster.db).partitions(conn, [spec.name])
+        checkpoints = {
+            r.partition: r.checkpoint for r in rows if r.partition in partitions.values()
+        }
+        unapplied = cluster.store.read(
+            conn,
+            spec.topics,
+            partitions=checkpoints,
+            partition_count=spec.partitions,
+            types=spec.stored_type_names(),
+            limit=_UNAPPLIED_READ,
+        )
+    first: dict[int, tuple[int, float]] = {}
+    for row in unapplied:  # position order: each partition's first
+        first.setdefault(row.partition_hash % spec.partitions, (row.position, row.recorded_at))
+    found = []
+    for delivery, partition in partitions.items():
+        position, recorded_at = first.get(partition, (0, math.inf))
+        if recorded_at < delivery.due_at:
+            found.append(Overtaken(delivery, position, recorded_at))
+    return found
+
+
+_UNAPPLIED_READ = 100_000
+"""Unapplied messages read at most per check: far more than a simulated cluster holds."""
+
+
 class Recorder:
     """Collects commits, and notes of what each step caused, from the framework's hooks."""
 
@@ -98,12 +155,16 @@ class Recorder:
         self, consumer: str, instance_id: str, deadlines: Sequence[tuple[str, str, float]]
     ) -> None:
         name = self.cluster.name_of(instance_id)
-        for key, deadline, due_at in deadlines:
-            self.cluster.deliveries.append(Delivery(name, consumer, key, deadline, due_at))
+        delivered = [Delivery(name, consumer, *deadline) for deadline in deadlines]
+        for delivery in delivered:
+            self.cluster.deliveries.append(delivery)
             self.cluster.note(
-                f"{name} delivered {consumer} deadline {deadline!r} of {key!r} "
-                f"(due t=+{due_at - self.cluster.started_at:.1f}s)"
+                f"{name} delivered {consumer} deadline {delivery.name!r} of {delivery.key!r} "
+                f"(due t=+{delivery.due_at - self.cluster.started_at:.1f}s)"
             )
+        for early in overtaken(self.cluster, delivered):
+            self.cluster.overtaken.append(early)
+            self.cluster.note(f"overtaken: {early}")
 
     @hookimpl
     def projections_partition_claimed(

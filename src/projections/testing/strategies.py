@@ -14,6 +14,7 @@ from projections.testing.events import (
     Append,
     ClusterEvent,
     Crash,
+    DeliverDue,
     Join,
     LoseAck,
     Pause,
@@ -93,8 +94,9 @@ def messages_of(
 
 
 def cluster_events(messages: SearchStrategy[Append]) -> SearchStrategy[ClusterEvent]:
-    """Any event: join, stop, crash, pause, wake, lose-ack, pause-and-wake, pulse, tick, poll,
-    or an append from ``messages`` (see :func:`messages_of`)."""
+    """Any event: join, stop, crash, pause, wake, lose-ack, pause-and-wake, pulse, a delivery
+    of due deadlines before a read, tick, poll, or an append from ``messages`` (see
+    :func:`messages_of`)."""
     return st.one_of(
         st.just(Join()),
         st.builds(Stop, picks()),
@@ -104,6 +106,7 @@ def cluster_events(messages: SearchStrategy[Append]) -> SearchStrategy[ClusterEv
         st.builds(LoseAck, picks(), st.booleans()),
         st.builds(PauseAndWake, picks(), pauses()),
         st.builds(Pulse, picks(), st.booleans()),
+        st.builds(DeliverDue, picks()),
         st.builds(Tick, ticks()),
         st.just(Poll()),
         messages,
