@@ -51,6 +51,9 @@ def group_problems(settings: Settings) -> list[str]:
                 problems.append(f"{key} ({limit}) is not supported: {no_limit[section]}")
             elif limit is not None and limit < 1:
                 problems.append(f"{key} ({limit}) must be 1 or more")
+            size = override.batch_size
+            if size is not None and size < 1:
+                problems.append(f"{section}.consumers.{name}.batch-size ({size}) must be 1 or more")
             kept = override.retired_versions
             if kept is not None and kept < 0:
                 problems.append(

@@ -126,6 +126,9 @@ class ConsumerOverride:
     :ivar retired_versions: Retired versions of this projection to keep (for a rollback).
     :ivar on_failure: What a failing message does to this consumer (``on-failure``).
     :ivar apply_timeout: Seconds one batch of this consumer may take (``apply-timeout``).
+    :ivar batch_size: Messages (or deadlines) this consumer fetches and commits at once
+        (``batch-size``), instead of ``messaging.consumer.batch-size``: a smaller batch
+        for a route consumer with slow side effects bounds what a crash repeats.
     """
 
     distribution: Distribution | None = None
@@ -133,6 +136,7 @@ class ConsumerOverride:
     retired_versions: int | None = None
     on_failure: OnFailure | None = None
     apply_timeout: float | None = None
+    batch_size: int | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -168,6 +172,14 @@ class ConsumerGroupSettings:
         if override is not None and override.apply_timeout is not None:
             return override.apply_timeout
         return self.apply_timeout
+
+    def consumer_settings_for(self, name: str, shared: ConsumerSettings) -> ConsumerSettings:
+        """The loop settings of consumer ``name``: ``shared`` (``messaging.consumer``) with
+        its own ``batch-size``, if it has one."""
+        override = self.consumers.get(name)
+        if override is None or override.batch_size is None:
+            return shared
+        return attrs.evolve(shared, batch_size=override.batch_size)
 
     def on_failure_for(self, name: str, default: OnFailure) -> OnFailure:
         """What a failure does to consumer ``name``: its override, else the group's

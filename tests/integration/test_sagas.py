@@ -312,6 +312,31 @@ def test_route_consumers_and_sagas_take_their_distribution_from_the_config(
     }
 
 
+def test_each_consumer_applies_batches_of_its_own_size(cluster: SimulatedCluster) -> None:
+    """`batch-size` under a route consumer's and a saga's own keys: their workers fetch and
+    commit batches of that size (the deadlines a saga delivers at once too)."""
+    sized = SimulatedCluster(
+        cluster.db,
+        [OrderSaga, Shipping],
+        settings_from_mapping(
+            {
+                "messaging": {"consumer": {"batch-size": 50}},
+                "routing": {"consumers": {"test-shipping": {"batch-size": 2}}},
+                "sagas": {"consumers": {"test-orders": {"batch-size": 3}}},
+            }
+        ),
+    )
+    workers = sized.join("a").workers
+    _append(sized, *(OrderPlaced(f"b{i}", 1) for i in range(7)))
+    assert [workers["test-orders"].poll() for _ in range(4)] == [3, 3, 1, 0]
+    sized.clock.advance(PAYMENT_TIMEOUT)
+    assert [workers["test-orders"].poll() for _ in range(4)] == [3, 3, 1, 0]  # deadlines
+    while workers["test-shipping"].poll():  # in lanes on MySQL: batches of 2 at once
+        pass
+    batches = [c.count for c in sized.commits if c.consumer == "test-shipping"]
+    assert sum(batches) == 7 and max(batches) == 2, batches
+
+
 def _declared_again(partitions: int) -> type:
     @saga(
         "test-orders",

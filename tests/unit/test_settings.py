@@ -521,6 +521,18 @@ def _with_override(group: str, limit: int) -> Settings:
             1,
             id="retired-versions-override",
         ),
+        pytest.param(
+            lambda: Settings(
+                consumer_groups={
+                    "routing": ConsumerGroupSettings(
+                        consumers={"x": ConsumerOverride(batch_size=0)}
+                    )
+                }
+            ),
+            "routing.consumers.x.batch-size (0) must be 1 or more",
+            1,
+            id="batch-size-override",
+        ),
         pytest.param(lambda: Settings(tenant=""), "tenant must not be empty", 1, id="tenant"),
         pytest.param(
             lambda: Settings(tenant="  "), "tenant must not be empty", 1, id="tenant-blank"
@@ -830,3 +842,16 @@ def test_retired_versions_are_read_per_projection_with_the_group_default() -> No
     group = settings.group("projections")
     assert (group.retired_versions_for("a"), group.retired_versions_for("b")) == (0, 2)
     assert settings_from_mapping({}).group("projections").retired_versions_for("a") == 1
+
+
+@pytest.mark.parametrize("section", ["projections", "routing", "sagas"])
+def test_every_kind_takes_a_batch_size_per_consumer(section: str) -> None:
+    settings = settings_from_mapping(
+        {
+            "messaging": {"consumer": {"batch-size": 200}},
+            section: {"consumers": {"slow": {"batch-size": 5}}},
+        }
+    )
+    shared, group = settings.messaging.consumer, settings.group(section)
+    assert group.consumer_settings_for("slow", shared) == attrs.evolve(shared, batch_size=5)
+    assert group.consumer_settings_for("other", shared) is shared

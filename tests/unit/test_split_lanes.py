@@ -52,3 +52,10 @@ def test_no_more_batches_than_lanes_or_partitions_with_rows() -> None:
     assert len(split_lanes(_claims(*range(6)), rows, PARTITIONS, 4)) == 4
     assert len(split_lanes(_claims(*range(6)), rows[:2], PARTITIONS, 4)) == 2
     assert split_lanes(_claims(0, 1), [], PARTITIONS, 4) == []
+
+
+def test_a_lane_applies_at_most_a_batch_and_commits_after_its_last_row() -> None:
+    rows = [_row(n, p) for n, p in enumerate([0, 0, 1, 0, 0], start=1)]
+    heavy, light = split_lanes(_claims(0, 1), rows, PARTITIONS, 2, size=2)
+    assert _positions(heavy.rows) == [1, 2] and heavy.through == 2  # 4 and 5 read again
+    assert _positions(light.rows) == [3] and light.through == 5

@@ -37,12 +37,16 @@ def split_lanes(
     rows: Sequence[StoredRow],
     partitions: int,
     lanes: int,
+    size: int | None = None,
 ) -> list[Batch]:
     """``rows`` split into at most ``lanes`` batches of whole partitions, as even in rows as
     can be (the partition with most rows first, into the batch with fewest so far), each
     in position order and committing its checkpoints at the read's last position. The
     partitions without rows go with the batch with fewest rows (the first to end), so that
-    the next read starts after them too. No rows, no batches.
+    the next read starts after them too. No rows, no batches. A batch of more than
+    ``size`` rows keeps its first ``size`` and commits its checkpoints after the last of
+    them (the rest are read again): a lane applies ``batch-size`` messages at most, so a
+    crash repeats at most that many effects per lane.
 
     Which lane applies a partition is decided at each read, not fixed: with a few
     partitions per instance (8 of 128 among 16 instances), ``p % lanes`` gave some lanes
@@ -67,8 +71,8 @@ def split_lanes(
     return [
         Batch(
             {p: c for p, c in claims.items() if lane_of.get(p, lightest) == lane},
-            lane_rows,
-            through,
+            lane_rows[:size],
+            through if size is None or len(lane_rows) <= size else lane_rows[size - 1][POSITION],
         )
         for lane, lane_rows in enumerate(by_lane)
     ]

@@ -179,7 +179,9 @@ class Instance:
                     db=self.db,
                     spec=spec,
                     instance_id=self.id,
-                    settings=self.consumer_settings,
+                    settings=self.group(spec).consumer_settings_for(
+                        spec.name, self.consumer_settings
+                    ),
                     hooks=self.hooks,
                     registry=self.registry,
                 )

@@ -182,8 +182,10 @@ class Rebalancer:
                 distribution = inst.distributions[unit.name]
                 start_requested_rebuild(inst.db, spec, fingerprint, distribution)
             elif unit.building:
-                keep = inst.group(spec).retired_versions_for(spec.name)
-                step(inst.db, spec, unit.unit, inst.consumer_settings.batch_size, keep)
+                group = inst.group(spec)
+                keep = group.retired_versions_for(spec.name)
+                size = group.consumer_settings_for(spec.name, inst.consumer_settings).batch_size
+                step(inst.db, spec, unit.unit, size, keep)
         declared = {u.unit: (u.fingerprint, u.state) for u in units}
         owners: dict[str, dict[int, str | None]] = {name: {} for name in inst.workers}
         halted: dict[str, set[int]] = {name: set() for name in inst.workers}

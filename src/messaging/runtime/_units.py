@@ -101,12 +101,13 @@ class Units:
             db.read_models.tables(spec.options.tables)  # its statements go to these now
             spec = attrs.evolve(spec, options=attrs.evolve(spec.options, name=unit))
         worker_class = spec.options.worker or spec.kind.worker or ConsumerWorker
+        group = inst.group(spec)
         worker = worker_class(
             db=db,
             spec=spec,
             instance_id=inst.id,
             instance_name=inst.name,
-            settings=inst.consumer_settings,
+            settings=group.consumer_settings_for(name, inst.consumer_settings),
             hooks=inst.hooks,
             registry=inst.registry,
             whole=inst.distributions[name] is Distribution.SINGLE_OWNER,
@@ -117,7 +118,6 @@ class Units:
             worker.gate = VersionGate(inst.db, name)
             worker.cutover_due = inst.rebalancer.request_round  # the live one waits for it
             worker.outbox = Outbox(worker.store, name)  # the ids the live version derives
-        group = inst.group(spec)
         worker.apply_timeout = group.apply_timeout_for(name)
         worker.deadlines = inst.watchdog.applies
         default = OnFailure.HALT_PARTITION

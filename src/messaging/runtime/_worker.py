@@ -249,7 +249,8 @@ class ConsumerWorker(Worker):
                 raise
             if not rows:
                 self.holdings.finish(claims)
-            for batch in split_lanes(claims, rows, self.spec.partitions, free):
+            size = self.settings.batch_size
+            for batch in split_lanes(claims, rows, self.spec.partitions, free, size):
                 apply = partial(self._apply_limited, batch, started)
                 self._lanes.submit(apply, partial(self.holdings.finish, batch.claims))
             if not self._lanes.running():
