@@ -14,7 +14,7 @@ from cattrs.cols import is_any_set, is_sequence
 from messaging._errors import RegistrationError
 
 
-def strict_converter() -> cattrs.Converter:
+def strict_converter() -> cattrs.preconf.json.JsonConverter:
     """A JSON converter that refuses wrong types instead of coercing them (no 1.5 -> 1,
     no "7" -> 7, no "abc" -> ["a", "b", "c"]): a payload that does not match its type must
     halt its partition, not be applied differently."""
@@ -58,9 +58,11 @@ def strict_converter() -> cattrs.Converter:
     return converter
 
 
-def describe(exc: BaseException) -> str:
+def describe(exc: BaseException, what: str = "payload") -> str:
+    """One line saying why ``what`` (a payload, a state) could not be structured: each
+    field's problem with its path."""
     if isinstance(exc, cattrs.BaseValidationError):
-        return "; ".join(cattrs.transform_error(exc, path="payload"))
+        return "; ".join(cattrs.transform_error(exc, path=what))
     return f"{type(exc).__name__}: {exc}"
 
 

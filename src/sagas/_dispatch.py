@@ -13,12 +13,12 @@ from collections.abc import Sequence
 from typing import Any
 
 import attrs
-import cattrs.preconf.json
 
 from messaging._consumers import ConsumerSpec
 from messaging._errors import ProjectionsError, RegistrationError
 from messaging._json import make_dumps
 from messaging._messages import MessageRegistry, quick_decoder
+from messaging._structure import strict_converter
 from messaging.runtime._context import HandlerContext
 from messaging.runtime._dispatch import Dispatcher, unreadable
 from messaging.runtime._poison import Poison
@@ -36,7 +36,7 @@ from messaging.store._rows import (
 from sagas._batch import SagaBatch
 from sagas._options import STATE_UPCASTERS, saga_options, starts_saga, state_key
 from sagas._rows import Due, SagaRow
-from sagas._states import state_readers
+from sagas._states import read_error, state_readers
 from sagas._store import SagaStore
 
 
@@ -47,7 +47,7 @@ class SagaDispatcher(Dispatcher):
         super().__init__(spec, registry, db)
         self.options = saga_options(spec.cls)
         self.store = SagaStore(db, spec.name, self.options.state_version)
-        self.converter = cattrs.preconf.json.make_converter()
+        self.converter = strict_converter()  # no field dropped, none coerced
         state_class = self.options.state
         self._dumps = make_dumps()
         self._unstructure_state = self.converter.get_unstructure_hook(state_class)
@@ -84,16 +84,24 @@ class SagaDispatcher(Dispatcher):
     def read_state(self, row: SagaRow) -> Any:
         """The state of a stored instance: upcast if stored at an older version; never
         decoded by guesswork if newer (UnknownPayloadVersion: its partition is left to an
-        instance that can read it)."""
+        instance that can read it); :class:`UnreadableState` if it does not fit the class."""
         assert row.state is not None
-        if row.state_version == self.options.state_version:
-            return self.load_state(row.state, None)
-        read = self.state_readers.get(row.state_version)
-        if read is None:  # a newer one (or none a chain leads from): the reason
-            key = (state_key(self.spec.name), row.state_version)
-            STATE_UPCASTERS.resolve(key, {key[0]: self.options.state_version})
-            raise AssertionError(key)  # pragma: no cover (it raised above)
-        return read(row.state, None)
+        try:
+            if row.state_version == self.options.state_version:
+                return self.load_state(row.state, None)
+            read = self.state_readers.get(row.state_version)
+            if read is None:  # a newer one (or none a chain leads from): the reason
+                key = (state_key(self.spec.name), row.state_version)
+                STATE_UPCASTERS.resolve(key, {key[0]: self.options.state_version})
+                raise AssertionError(key)  # pragma: no cover (it raised above)
+            return read(row.state, None)
+        except Exception as exc:
+            failure = read_error(
+                self.spec.name, row.key, row.state_version, self.options.state, exc
+            )
+            if failure is exc:
+                raise
+            raise failure from exc
 
     def key_of(self, message: object) -> str:
         """The saga instance a message belongs to."""

@@ -5,6 +5,13 @@ stored at an older version is taken through the :func:`~sagas.state_upcaster` ch
 its version to the current one, then structured as the state class. The chain is checked
 when the saga's dispatcher is built: a version below the current one that no upcaster
 reads is one line naming the saga.
+
+States are structured strictly, as messages are: a field the class lacks is refused,
+never dropped, and so is a field it needs that is missing. A stored state that the
+running code cannot read is :class:`UnreadableState`: one line naming the saga instance,
+the field and the fix (a state version and its upcaster); it halts (or parks) only the
+partition of that instance. A state stored at a newer version than the code's is never
+read (``UnknownPayloadVersion``): its partition is left to an instance that can.
 """
 
 from __future__ import annotations
@@ -13,10 +20,43 @@ from typing import Any
 
 import cattrs
 
-from messaging._errors import DecodeError, RegistrationError
+from messaging._errors import (
+    DecodeError,
+    ProjectionsError,
+    RegistrationError,
+    UnknownPayloadVersion,
+)
 from messaging._structure import describe
 from messaging._upcasting import Decode, Payload, upcasting_decoder
 from sagas._options import STATE_UPCASTERS, SagaOptions, state_key
+
+
+class UnreadableState(ProjectionsError):
+    """A saga instance's stored state does not fit the state class of the running code."""
+
+    __module__ = "sagas"
+
+    def __init__(self, saga: str, key: str, state_version: int, state: type, reason: str) -> None:
+        super().__init__(
+            f"saga {saga!r} instance {key!r}: its stored state (state version "
+            f"{state_version}) cannot be read as {state.__qualname__}: {reason}; if the state "
+            f"class changed, declare state_version={state_version + 1} and "
+            f"@state_upcaster({saga!r}, {state_version}) turning the stored states into the "
+            "new shape"
+        )
+
+
+def read_error(saga: str, key: str, state_version: int, state: type, error: Exception) -> Exception:
+    """``error``, raised reading the stored state of instance ``key``, as it is reported: an
+    :class:`UnreadableState` for a state that does not fit the class; as it is otherwise
+    (a newer state version, which leaves the partition; an error of the database)."""
+    if isinstance(error, UnknownPayloadVersion):
+        return error
+    if isinstance(error, DecodeError):
+        return UnreadableState(saga, key, state_version, state, error.reason)
+    if isinstance(error, (ValueError, TypeError, KeyError, cattrs.BaseValidationError)):
+        return UnreadableState(saga, key, state_version, state, describe(error, "state"))
+    return error
 
 
 def state_readers(
@@ -37,7 +77,7 @@ def state_readers(
         try:
             return converter.structure(data, options.state)
         except (ValueError, TypeError, KeyError, cattrs.BaseValidationError) as exc:
-            raise DecodeError(describe(exc), position=position, type_name=name) from exc
+            raise DecodeError(describe(exc, "state"), position=position, type_name=name) from exc
 
     readers = {}
     for version in range(1, now):

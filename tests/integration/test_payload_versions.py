@@ -465,3 +465,39 @@ def test_a_saga_deadline_stored_at_an_older_version_is_delivered_upcast(
             left = conn.execute(select(func.count()).select_from(db.schema.deadlines)).scalar()
     assert json.loads(state or "") == {"customer": "Ada Lovelace", "points": 11}
     assert left == 0
+
+
+@pytest.mark.parametrize(
+    ("stored", "named"),
+    [
+        ({"customer": "Ada Lovelace", "points": 1, "tier": "gold"}, "tier"),  # newer code's
+        ({"customer": "Ada Lovelace"}, "points"),  # a field added without a state version
+    ],
+    ids=["unknown-field", "missing-field"],
+)
+def test_a_stored_state_this_code_cannot_read_halts_its_partition_naming_the_field(
+    projections_database_url: str | None, stored: dict[str, Any], named: str
+) -> None:
+    """A state stored at the current state version that does not fit the state class (a
+    field it lacks, or one it does not know: never dropped) halts only its partition, with
+    one line naming the saga instance, the field and the fix."""
+    from messaging.store._rows import partition_of
+
+    with open_cluster([shapes_app.Loyalty], database_url=projections_database_url) as cluster:
+        db = cluster.db
+        _store_state(db, "o1", stored, 2)
+        write_generations(db)
+        cluster.join()
+        cluster.settle()  # ends with the poll that halted (it applied nothing)
+        cluster.settle()
+        with db.read() as conn:
+            parts = Ownership(db).partitions(conn, ["shop-loyalty"])
+            keys = set(conn.execute(select(db.schema.sagas.c.saga_key)).scalars())
+    (halted,) = [p for p in parts if p.status == "halted"]
+    assert halted.partition == partition_of("o1", 4)
+    error = halted.error or ""
+    assert "\n" not in error and named in error, error
+    assert "saga 'shop-loyalty' instance 'o1'" in error and "state_version=3" in error, error
+    assert "@state_upcaster('shop-loyalty', 2)" in error, error
+    others = {key for key in ("o2", "o3", "o4") if partition_of(key, 4) != halted.partition}
+    assert others and others <= keys  # the other partitions went on
