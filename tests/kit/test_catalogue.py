@@ -17,6 +17,7 @@ import attrs
 import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
+from hypothesis.stateful import invariant
 from sqlalchemy import (
     BigInteger,
     Column,
@@ -361,6 +362,178 @@ class RemindersMachine(ClusterMachine):
     )
 
 
+# -- a whole flow: a saga, the route consumers it sends to, an external effect ----------------
+
+FLOW = "cat-flow-orders"
+WAREHOUSE_DEST, NOTIFY_DEST = "cat-warehouse", "cat-notify"
+
+
+@message("catalogue.flow-placed")
+@attrs.define(frozen=True)
+class FlowPlaced:
+    order_id: str
+    customer: str
+
+
+@message("catalogue.reserve")
+@attrs.define(frozen=True)
+class Reserve:
+    order_id: str
+
+
+@message("catalogue.reserved")
+@attrs.define(frozen=True)
+class Reserved:
+    order_id: str
+
+
+@message("catalogue.expired")
+@attrs.define(frozen=True)
+class Expired:
+    order_id: str
+
+
+@message("catalogue.notify")
+@attrs.define(frozen=True)
+class Notify:
+    order_id: str
+    customer: str
+    shipped: bool
+
+
+@attrs.define
+class Fulfilment:
+    customer: str
+
+
+def _notify(ctx: SagaContext, shipped: bool, customer: str) -> None:
+    ctx.send(NOTIFY_DEST, Notify(ctx.key, customer, shipped), key=ctx.key)
+
+
+def _place(ctx: SagaContext, event: FlowPlaced) -> bool:
+    """Start the fulfilment of a new order: reserve its stock, expire in 3 s."""
+    if ctx.state is not None:
+        return False
+    ctx.state = Fulfilment(event.customer)
+    ctx.send(WAREHOUSE_DEST, Reserve(event.order_id), key=event.order_id)
+    ctx.schedule(Expired(event.order_id), after=3.0, name="expire")
+    return True
+
+
+@saga("cat-fulfilment", topics=FLOW, correlate_by="order_id", state=Fulfilment, partitions=4)
+class FulfilmentSaga:
+    """Correct: the reply ends the order (cancelling its deadline), or the deadline does."""
+
+    @start
+    def placed(self, event: FlowPlaced, ctx: SagaContext) -> None:
+        _place(ctx, event)
+
+    @handler
+    def reserved(self, event: Reserved, ctx: SagaContext) -> None:
+        _notify(ctx, True, ctx.state.customer)
+        ctx.end()
+
+    @handler
+    def expired(self, event: Expired, ctx: SagaContext) -> None:
+        _notify(ctx, False, ctx.state.customer)
+        ctx.end()
+
+
+@saga("cat-late-fulfilment", topics=FLOW, correlate_by="order_id", state=Fulfilment, partitions=4)
+class LateFulfilment(FulfilmentSaga):
+    """Broken: the reply ships the order but leaves the deadline, which cancels it later."""
+
+    @handler
+    def reserved(self, event: Reserved, ctx: SagaContext) -> None:
+        _notify(ctx, True, ctx.state.customer)
+
+
+@saga(
+    "cat-forgetful-fulfilment", topics=FLOW, correlate_by="order_id", state=Fulfilment, partitions=4
+)
+class ForgetfulFulfilment(FulfilmentSaga):
+    """Broken: keeps the customer to notify in the instance, not in the saga's state."""
+
+    def __init__(self) -> None:
+        self.customers: dict[str, str] = {}
+
+    @start
+    def placed(self, event: FlowPlaced, ctx: SagaContext) -> None:
+        if _place(ctx, event):
+            self.customers[event.order_id] = event.customer
+
+    @handler
+    def reserved(self, event: Reserved, ctx: SagaContext) -> None:
+        _notify(ctx, True, self.customers[ctx.key])
+        ctx.end()
+
+    @handler
+    def expired(self, event: Expired, ctx: SagaContext) -> None:
+        _notify(ctx, False, self.customers[ctx.key])
+        ctx.end()
+
+
+@route_consumer(WAREHOUSE_DEST, partitions=4, idempotent=True)
+class Warehouse:
+    """Reserves the stock and replies on the order's own partition (its id as source)."""
+
+    @handler
+    def reserve(self, command: Reserve, ctx: HandlerContext) -> None:
+        ctx.append(FLOW, command.order_id, Reserved(command.order_id))
+
+
+NOTIFIED: list[tuple[str, str, bool]] = []
+"""What an external HTTP endpoint received: (idempotency key, order, shipped), each request."""
+
+
+def _request(key: str, command: Notify) -> None:
+    NOTIFIED.append((key, command.order_id, command.shipped))
+
+
+@route_consumer(NOTIFY_DEST, partitions=4)
+class Notifier:
+    """Correct: POSTs each notification with its message id as the idempotency key (a
+    batch applied again repeats its requests, with the same keys)."""
+
+    @handler
+    def notify(self, command: Notify, ctx: HandlerContext) -> None:
+        _request(str(ctx.envelope.message_id), command)
+
+
+@route_consumer(NOTIFY_DEST, partitions=4)
+class RandomKeyNotifier:
+    """Broken: a fresh idempotency key per request, so a repeated request is a new one."""
+
+    @handler
+    def notify(self, command: Notify, ctx: HandlerContext) -> None:
+        _request(uuid.uuid4().hex, command)
+
+
+class FlowMachine(ClusterMachine):
+    """The flow as its team tests it: the endpoint must see at most one notification per
+    order, counted by distinct idempotency keys (raw requests repeat after a crash)."""
+
+    consumers: ClassVar[Sequence[type]] = (FulfilmentSaga, Warehouse, Notifier)
+    messages = messages_of(
+        FlowPlaced,
+        topic=FLOW,
+        source="order_id",
+        fields={"order_id": st.sampled_from(SKUS), "customer": st.sampled_from(["ada", "bob"])},
+    )
+
+    def __init__(self, database_url: str | None = None) -> None:
+        NOTIFIED.clear()
+        super().__init__(database_url)
+
+    @invariant()
+    def one_notification_per_order(self) -> None:
+        keys: dict[str, set[str]] = {}
+        for key, order, _ in NOTIFIED:
+            keys.setdefault(order, set()).add(key)
+        twice = {order: len(k) for order, k in keys.items() if len(k) > 1}
+        assert not twice, f"orders notified more than once (distinct keys): {twice}"
+
+
 # -- issue 17's user ---------------------------------------------------------------------------
 
 # Issue 17's user, as a test: a small inventory app written only from docs/testing.md (one
@@ -494,6 +667,24 @@ CATALOGUE = [
         "scenario 'deadlines across a takeover'",
     ),
     Entry(
+        "a deadline that ignores the reply that came first",
+        FlowMachine,
+        [LateFulfilment, Warehouse, Notifier],
+        "scenario 'handover'",
+    ),
+    Entry(
+        "a flow's saga keeping state in the instance",
+        FlowMachine,
+        [ForgetfulFulfilment, Warehouse, Notifier],
+        "scenario 'deadlines across a takeover'",
+    ),
+    Entry(
+        "a non-idempotent external effect",
+        FlowMachine,
+        [FulfilmentSaga, Warehouse, RandomKeyNotifier],
+        "scenario 'rolled-back batch'",
+    ),
+    Entry(
         "writes outside the transaction, after a commit of unknown outcome",
         ReportedMachine,
         [ReportedStock],
@@ -541,6 +732,7 @@ CORRECT: list[type[ClusterMachine]] = [
     EmailsMachine,
     RemindersMachine,
     InventoryMachine,
+    FlowMachine,
 ]
 
 

@@ -197,14 +197,26 @@ def _handover(run: Run) -> None:
 
 
 def _rolled_back(run: Run) -> None:
+    """Each hop of a flow rolled back once: the batch with the sample is applied, rolled
+    back and applied again; so is then the batch of each consumer that the messages its
+    handlers sent reach (a saga's command to a route consumer, its reply...)."""
     batch = run.samples.first
     _start(run)
     run.call("append", batch=batch)
-    run.call("roll_back")
-    run.settle(
-        f"the batch with {batch.source}'s message(s) was applied, rolled back (its fence "
-        "had moved on) and applied again"
+    rolled = (
+        f"the batch with {batch.source}'s message(s), and then the batch of each consumer "
+        "its effects reached, was applied, rolled back (its fence had moved on) and "
+        "applied again"
     )
+    for _ in range(_HOPS):
+        run.call("roll_back")
+        run.call("tick", times=run.rounds())  # the paused partitions claimed again
+        run.checked("poll_hop", rolled)  # what it sends is left for the next hop's roll-back
+    run.settle(rolled)
+
+
+_HOPS = 4
+"""Consumers along a flow whose batches the rolled-back scenario rolls back in turn."""
 
 
 def _zombie(run: Run) -> None:

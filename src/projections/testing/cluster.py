@@ -387,13 +387,21 @@ class SimulatedCluster:
         self._record("poll_all()")
         return applied
 
-    def _poll_all(self) -> int:
-        return sum(self._poll(instance) for instance in self.running.values())
+    def poll_hop(self) -> int:
+        """One batch of every consumer of every running instance, the consumers in reverse
+        order of declaration: what a handler sends in this poll is applied by the next one
+        (one hop of a flow per poll), never later in the same poll."""
+        applied = self._poll_all(hop=True)
+        self._record("poll_hop()")
+        return applied
 
-    def _poll(self, instance: Instance) -> int:
+    def _poll_all(self, *, hop: bool = False) -> int:
+        return sum(self._poll(instance, hop=hop) for instance in self.running.values())
+
+    def _poll(self, instance: Instance, *, hop: bool = False) -> int:
         self.clock.advance(POLL_TAKES)
         workers: list[ConsumerWorker] = list(instance.workers.values())
-        return sum(worker.poll() for worker in workers)
+        return sum(worker.poll() for worker in (reversed(workers) if hop else workers))
 
     def settle(self, each_round: Callable[[], None] = lambda: None) -> int:
         """Time passes with no failures: rounds go by (``each_round`` is called after each)

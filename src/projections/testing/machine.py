@@ -298,6 +298,11 @@ class ClusterMachine(RuleBasedStateMachine):
         positions = sorted(self.cluster.sent)
         self.cluster.resend([positions[pick % len(positions)]])
 
+    def poll_hop(self) -> None:
+        """One hop of every flow: what a batch sends is applied at the next poll
+        (:meth:`SimulatedCluster.poll_hop`)."""
+        self.cluster.poll_hop()
+
     def poll_last_first(self) -> None:
         """Each running instance applies one batch of each consumer, the last-named first
         (messages of different partitions then apply in another order than appended)."""
