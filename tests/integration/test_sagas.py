@@ -792,3 +792,15 @@ def test_a_deadline_never_overtakes_a_message_of_its_partition_recorded_before_i
     _drain(cluster)
     assert _commands(cluster.db) == [("ship", "o-in-time")]
     assert _saga_rows(cluster.db) == {"o-in-time": (10, True)}
+
+
+def test_an_instance_says_at_start_which_declared_consumers_it_does_not_run(
+    cluster: SimulatedCluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    cluster.join("a")  # declares the saga and the route consumer
+    caplog.set_level("INFO", logger="messaging.runtime.instance")
+    SimulatedCluster(cluster.db, [Shipping], SETTINGS).join("b")
+    said = [r.getMessage() for r in caplog.records if "does not run" in r.getMessage()]
+    assert said == [
+        "instance b does not run test-orders: declared in the database, not by its code"
+    ]

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterable
 from typing import Any
 
 import attrs
@@ -34,6 +35,7 @@ from messaging.distribution._pulse import bump_generation
 from messaging.runtime._lifecycle import lifecycle_event
 from messaging.runtime._versions import (
     create_tables,
+    split_unit,
     start_version,
     unit_rows,
 )
@@ -74,6 +76,16 @@ def tenant_fingerprint(
     """The declaration's fingerprint in ``db``'s tenant: over the DDL of the tenant's
     physical tables, so a tenant whose tables were renamed rebuilds into them once."""
     return spec.fingerprint(registry, tables=db.read_models.tables(spec.options.tables))
+
+
+def declared_elsewhere(db: Database, running: Iterable[str]) -> list[str]:
+    """The consumers declared in this tenant (by any code, now or before) that are not
+    among ``running``, sorted: what an instance says at start it does not run."""
+    c = db.schema.consumers
+    with db.read() as conn:
+        names = conn.execute(select(c.c.name).where(c.c.tenant == db.tenant)).scalars().all()
+    mine = set(running)
+    return sorted({n for n in names if split_unit(n)[1] is None and n not in mine})
 
 
 def declare(

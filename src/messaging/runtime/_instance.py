@@ -33,7 +33,7 @@ from messaging.distribution._membership import InstanceInfo, Membership
 from messaging.distribution._needs import published
 from messaging.distribution._ownership import Ownership
 from messaging.distribution._pulse import bump_generation
-from messaging.runtime._declarations import declare, tenant_fingerprint
+from messaging.runtime._declarations import declare, declared_elsewhere, tenant_fingerprint
 from messaging.runtime._heap import freeze_once
 from messaging.runtime._in_memory import InMemoryConsumer
 from messaging.runtime._lifecycle import lifecycle_event, partition_event
@@ -202,6 +202,13 @@ class Instance:
             sorted(runs),
             sorted(self.in_memory),
         )
+        others = step(partial(declared_elsewhere, self.db, runs), "read the declared consumers")
+        if others:
+            log.info(
+                "instance %s does not run %s: declared in the database, not by its code",
+                self.name,
+                ", ".join(others),
+            )
         self.hooks.projections_instance_started(
             instance_id=self.id,
             name=self.name,
