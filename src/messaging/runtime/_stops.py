@@ -54,6 +54,8 @@ def leave_at(worker: ConsumerWorker, poison: Poison, claims: Mapping[int, Claim]
     why once."""
     error = poison.error
     assert isinstance(error, UnknownPayloadVersion)
+    if error.position is None:  # a newer saga state read for the message: stop before it
+        error = UnknownPayloadVersion(error.type_name, error.version, position=poison.row[POSITION])
     leave_partition(worker, claims[partition_of(worker, poison)], error)
 
 
