@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from cdp import Browser
+from effort import register_profiles
 from silent_proxy import SilentProxy
 from sqlalchemy import MetaData, create_engine, text
 from sqlalchemy.engine import make_url
@@ -25,6 +26,9 @@ from projections.testing.database import drop_tables
 pytest_plugins = ["projections.testing.plugin", "pytester"]
 
 MYSQL_URL_ENV = "PROJECTIONS_TEST_MYSQL_URL"
+
+# PROJECTIONS_TEST_EFFORT: dev, ci (the default) or nightly (tests/support/effort.py)
+register_profiles()
 
 
 def mysql_url() -> str:

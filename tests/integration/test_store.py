@@ -8,6 +8,7 @@ from typing import Any
 
 import attrs
 import pytest
+from effort import examples
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -276,7 +277,7 @@ def test_partition_filter_property(db: Database) -> None:
     top = appended[-1][0]
 
     @settings(
-        max_examples=25,
+        max_examples=examples(25),
         deadline=None,
         suppress_health_check=[HealthCheck.function_scoped_fixture],
         database=None,

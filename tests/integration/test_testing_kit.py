@@ -9,6 +9,7 @@ from typing import Any
 
 import attrs
 import pytest
+from effort import examples
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import inspect, select
@@ -70,7 +71,7 @@ def test_a_crash_is_handed_over_within_the_bound(make_cluster: MakeCluster) -> N
 
 
 @settings(
-    max_examples=8,
+    max_examples=examples(8),
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
@@ -117,7 +118,7 @@ class Noted:
     text: str
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=examples(30), deadline=None)
 @given(
     batch=messages_of(
         ledger.Deposited, Noted, topic="t", source="account_id", fields={"text": st.just("x")}

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 from clusters import consumer_worker
+from effort import examples
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from poison_item import Item
@@ -126,7 +127,7 @@ def test_folded_upserts_equal_the_same_upserts_applied_one_by_one(
     batched, single = tables
 
     @settings(
-        max_examples=40 if db.is_sqlite else 25,
+        max_examples=examples(40 if db.is_sqlite else 25),
         deadline=None,
         suppress_health_check=[HealthCheck.function_scoped_fixture],
     )

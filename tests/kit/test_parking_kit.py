@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import ClassVar
 
 import pytest
+from effort import examples as scaled
 from hypothesis import strategies as st
 from ranked_steps import SOURCES, Step, Steps, applied
 from sqlalchemy import Connection, select
@@ -81,7 +82,7 @@ def test_poisoned_sources_park_and_apply_once_in_order_after_retry(
 ) -> None:
     """With waits: one on a parked source's write is refused, any other answers applied."""
     caplog.set_level(logging.CRITICAL, logger="messaging")
-    run_machine(machine, machine_settings(max_examples=examples[backend], steps=30))
+    run_machine(machine, machine_settings(max_examples=scaled(examples[backend]), steps=30))
 
 
 def test_a_park_never_recorded_is_caught(

@@ -10,6 +10,7 @@ import attrs
 import pytest
 import shapes_app
 from clusters import SUPPORT
+from effort import examples
 from hypothesis import given, settings
 
 from messaging import DecodeError
@@ -34,7 +35,7 @@ def test_a_golden_payload_that_differs_fails_naming_the_file(tmp_path: Path) -> 
         golden_payloads(tmp_path)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(old_payloads(GOLDEN))
 def test_every_old_payload_shaped_like_the_golden_ones_reads(
     stored: tuple[str, int, dict[str, Any]],
@@ -65,7 +66,7 @@ def test_the_strategy_finds_an_upcaster_that_is_not_total() -> None:
 
     registry.add_upcaster("named", 1, first_word, "named")
 
-    @settings(max_examples=200, deadline=None, database=None)
+    @settings(max_examples=examples(200), deadline=None, database=None)
     @given(old_payloads({("named", 1): OldNamed}))
     def reads(stored: tuple[str, int, dict[str, Any]]) -> None:
         read_stored(*stored, registry=registry)

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import ClassVar
 
 import pytest
+from effort import examples
 from hypothesis import Phase, settings
 from hypothesis import strategies as st
 from sqlalchemy import Connection, select
@@ -76,8 +77,8 @@ class WaitingLedgerMachine(ClusterMachine):
 def test_the_ledger_reads_its_own_writes_under_any_cluster_events(
     run_machine: RunMachine, backend: str
 ) -> None:
-    examples = 15 if backend == "sqlite" else 6  # a step on MySQL is three times slower
-    run_machine(WaitingLedgerMachine, machine_settings(max_examples=examples, steps=10))
+    search = examples(15 if backend == "sqlite" else 6)  # a step on MySQL: 3 times slower
+    run_machine(WaitingLedgerMachine, machine_settings(max_examples=search, steps=10))
 
 
 PENDING: dict[str, int] = {}

@@ -15,6 +15,7 @@ from itertools import combinations
 from typing import Any, NamedTuple, TypeVar
 
 import pytest
+from effort import examples
 from hypothesis import HealthCheck, event, find, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
@@ -299,7 +300,9 @@ class AssignorMachine(RuleBasedStateMachine):
 
 
 TestAssignorMachine = AssignorMachine.TestCase
-TestAssignorMachine.settings = settings(max_examples=100, stateful_step_count=30, deadline=None)
+TestAssignorMachine.settings = settings(
+    max_examples=examples(100), stateful_step_count=30, deadline=None
+)
 
 
 # --- deliberately broken assignors: the checks above must catch them ------------------------

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections import Counter
 from contextlib import suppress
 
+from effort import examples
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
@@ -138,7 +139,7 @@ class SettledParkingMachine(ParkingMachine):
 def test_parking_keeps_each_source_in_order_and_once() -> None:
     run = SettledParkingMachine.TestCase
     run.settings = settings(
-        max_examples=25,
+        max_examples=examples(25),
         stateful_step_count=25,
         deadline=None,
         suppress_health_check=[HealthCheck.too_slow],

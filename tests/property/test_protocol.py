@@ -14,6 +14,7 @@ from collections import Counter
 
 import attrs
 import pytest
+from effort import examples
 from hypothesis import strategies as st
 from hypothesis.stateful import invariant, precondition, rule
 from sqlalchemy import (
@@ -276,7 +277,7 @@ def test_broken_variants_are_caught(variant: str, monkeypatch: pytest.MonkeyPatc
         machine.teardown()
 
 
-ProtocolMachine.TestCase.settings = machine_settings(max_examples=30, steps=40)
+ProtocolMachine.TestCase.settings = machine_settings(max_examples=examples(30), steps=40)
 TestProtocol = ProtocolMachine.TestCase
 
 

@@ -12,6 +12,7 @@ from functools import partial
 import attrs
 import pytest
 from clusters import wait_until
+from effort import examples
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -100,7 +101,9 @@ steps = st.lists(
 
 
 @settings(
-    max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=examples(20),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(steps=steps)
 def test_one_good_beat_after_the_last_append_gets_everything_applied(

@@ -9,6 +9,7 @@ from collections import Counter
 
 import attrs
 import pytest
+from effort import examples
 from hypothesis import strategies as st
 from hypothesis.stateful import invariant
 
@@ -85,7 +86,8 @@ def test_saga_deadlines_are_delivered_once_under_any_cluster_events(
     """The search runs longer on SQLite; MySQL/MariaDB (three times slower a step) checks
     the same protocol on its backend with fewer runs."""
     run_machine(
-        TimersMachine, machine_settings(max_examples=15 if backend == "sqlite" else 5, steps=30)
+        TimersMachine,
+        machine_settings(max_examples=examples(15 if backend == "sqlite" else 5), steps=30),
     )
 
 

@@ -14,6 +14,7 @@ from collections.abc import Iterator, Sequence
 from typing import ClassVar
 
 import pytest
+from effort import examples
 from hypothesis import strategies as st
 from sqlalchemy import Connection, select
 
@@ -59,5 +60,5 @@ def test_the_version_protocol_holds_under_any_cluster_events(
 ) -> None:
     """A short search in the suite (a longer one, 150 runs of 40 steps, passed on SQLite
     when this was written: ``python -c`` with :func:`run_cluster_machine`)."""
-    examples = 8 if backend == "sqlite" else 3
-    run_machine(VersionsMachine, machine_settings(max_examples=examples, steps=30))
+    scaled = examples(8 if backend == "sqlite" else 3)
+    run_machine(VersionsMachine, machine_settings(max_examples=scaled, steps=30))
