@@ -45,8 +45,8 @@ def split_lanes(
     partitions without rows go with the batch with fewest rows (the first to end), so that
     the next read starts after them too. No rows, no batches. A batch of more than
     ``size`` rows keeps its first ``size`` and commits its checkpoints after the last of
-    them (the rest are read again): a lane applies ``batch-size`` messages at most, so a
-    crash repeats at most that many effects per lane.
+    them (the rest are read again): a route consumer's lane applies ``batch-size``
+    messages at most, so a crash repeats at most that many effects per lane.
 
     Which lane applies a partition is decided at each read, not fixed: with a few
     partitions per instance (8 of 128 among 16 instances), ``p % lanes`` gave some lanes

@@ -82,6 +82,10 @@ class ConsumerWorker(Worker):
         """Single-owner mode: apply only while holding every partition (global order)."""
         self.lanes = 1 if whole else max(1, min(lanes, spec.partitions))
         """Batches applied at once, each of whole partitions (:func:`split_lanes`)."""
+        self._lane_cap = None if spec.kind.rebuildable else settings.batch_size
+        """Most messages a lane applies at once: ``batch-size`` for a kind whose effects
+        reach beyond its tables (what a crash repeats); none for a projection, whose lane
+        applies its whole share of a read (no row read twice)."""
         self._limiter = limiter if limiter is not None else nullcontext()
         self.ownership = Ownership(db)
         self.holdings = Holdings(spec.name)
@@ -249,8 +253,7 @@ class ConsumerWorker(Worker):
                 raise
             if not rows:
                 self.holdings.finish(claims)
-            size = self.settings.batch_size
-            for batch in split_lanes(claims, rows, self.spec.partitions, free, size):
+            for batch in split_lanes(claims, rows, self.spec.partitions, free, self._lane_cap):
                 apply = partial(self._apply_limited, batch, started)
                 self._lanes.submit(apply, partial(self.holdings.finish, batch.claims))
             if not self._lanes.running():
