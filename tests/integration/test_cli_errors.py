@@ -83,6 +83,16 @@ def test_an_admin_port_in_use_is_one_line(tmp_path: Path, busy_port: int) -> Non
     assert not (tmp_path / "app.db").exists()  # refused before the database was made
 
 
+@pytest.mark.parametrize("url", ["mysql://root@127.0.0.1:3306/", "mysql://root@127.0.0.1:3306"])
+def test_a_mysql_url_without_a_database_says_so(tmp_path: Path, url: str) -> None:
+    """Not an assertion error from deep inside: the URL, and what to add."""
+    _one_line(
+        _in(tmp_path, "status", "--database", url),
+        f"invalid database URL {url!r}: it names no database (schema)",
+        "mysql://user@host:3306/app",
+    )
+
+
 @pytest.mark.parametrize(
     ("args", "expected"),
     [

@@ -99,6 +99,11 @@ def _normalize_url(url: str) -> str:
             )
         return url
     if backend in ("mysql", "mariadb"):
+        if not parsed.database:
+            raise ConfigError(
+                f"invalid database URL {parsed.render_as_string()!r}: it names no database "
+                "(schema); add one after the host, e.g. mysql://user@host:3306/app"
+            )
         driver = parsed.get_driver_name()
         if driver not in ("pymysql", "mysqldb") or "+" not in parsed.drivername:
             parsed = parsed.set(drivername=f"{backend}+pymysql")
