@@ -28,11 +28,12 @@ def _role(row: UnitRow) -> str:
 
 
 def _projection(
-    db: Database, conn: Connection, consumer: str, *, lock: bool = True
+    db: Database, conn: Connection, consumer: str, *, lock: bool = True, any_kind: bool = False
 ) -> tuple[str, list[UnitRow]]:
     """The live state (its row locked first, unless not ``lock``) and the version rows of
     projection ``consumer``, live first; OperationError for a version's name, an unknown
-    consumer or one of another kind."""
+    consumer or (unless ``any_kind``: a saga or route consumer has its declared version
+    alone) one of another kind."""
     name, version = split_unit(consumer)
     if version is not None:
         raise OperationError(f"{consumer!r} is version {version} of {name!r}: name {name!r}")
@@ -41,7 +42,7 @@ def _projection(
     if not any(r.live for r in rows):
         raise OperationError(f"unknown projection {consumer!r}")
     kind = _kind(db, conn, consumer)
-    if kind != PROJECTION.value:
+    if kind != PROJECTION.value and not any_kind:
         raise OperationError(f"consumer {consumer!r} is a {kind}: only projections have versions")
     return state, rows
 
@@ -52,9 +53,10 @@ def versions_report(db: Database, settings: ConsumerSettings, consumer: str) -> 
     ``declaration`` (its fingerprint), ``tables``; a building one's ``build`` (applied,
     total, rate per second since it started, ``eta_seconds``, its ``halted`` partitions);
     a retired one's
-    ``retired_by`` and ``retired_at``."""
+    ``retired_by`` and ``retired_at``. A consumer of a kind that is never rebuilt (a saga,
+    a route consumer) has one: the version its running code declares."""
     with db.read() as conn:
-        _, rows = _projection(db, conn, consumer, lock=False)
+        _, rows = _projection(db, conn, consumer, lock=False, any_kind=True)
         r = db.schema.read_models
         live_tables = sorted(
             conn.execute(

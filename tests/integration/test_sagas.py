@@ -365,6 +365,32 @@ def test_a_new_saga_declaration_goes_on_from_its_checkpoints(cluster: SimulatedC
     assert sorted(_commands(cluster.db)) == [("ship", "r1"), ("ship", "r2")]
 
 
+def test_status_shows_the_version_a_saga_is_declared_with(cluster: SimulatedCluster) -> None:
+    """A saga (never rebuilt) is reported at the version in its code: 1, then 2 once the
+    code declaring version=2 runs; and 2 still when that code starts again unchanged; so
+    does `projections versions`, with that one version."""
+    from projections._reports import consumers_report
+
+    def version() -> int:
+        report = consumers_report(cluster.db, SETTINGS.messaging.consumer, names=["test-orders"])
+        (entry,) = report["consumers"]
+        return int(entry["version"])
+
+    cluster.join("a")
+    assert version() == 1
+    cluster.stop("a")
+    again = SimulatedCluster(cluster.db, [_declared_again(4), Shipping], SETTINGS)
+    again.join("b")
+    assert version() == 2
+    again.stop("b")
+    again.join("c")
+    assert version() == 2
+    from projections._version_commands import versions_report
+
+    report = versions_report(cluster.db, SETTINGS.messaging.consumer, "test-orders")
+    assert [(v["version"], v["role"]) for v in report["versions"]] == [(2, "live")]
+
+
 def test_a_saga_cannot_change_its_partition_count(cluster: SimulatedCluster) -> None:
     cluster.join("a")
     cluster.stop("a")

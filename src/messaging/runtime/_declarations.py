@@ -160,6 +160,8 @@ def _record(
         "state": ConsumerState.RUNNING,
         "updated_at": db.clock.now(),
     }
+    if not spec.kind.rebuildable:  # never rebuilt: its version is the one in its code
+        values["version"] = spec.options.version
     current = select(
         table.c.fingerprint,
         table.c.previous_fingerprint,
@@ -195,7 +197,8 @@ def _record(
             ownership.ensure_partitions(conn, spec.name, spec.partitions)
             return outcome(DeclarationOutcome.CREATED)
     if row.fingerprint == fingerprint:
-        conn.execute(update(table).where(*where).values(distribution=distribution.value))
+        kept = {k: values[k] for k in ("distribution", "version") if k in values}
+        conn.execute(update(table).where(*where).values(**kept))
         ownership.ensure_partitions(conn, spec.name, spec.partitions)
         return outcome(DeclarationOutcome.UNCHANGED)
     if spec.kind.rebuildable:

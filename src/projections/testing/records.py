@@ -38,12 +38,14 @@ class Commit:
 def version_of(cluster: SimulatedCluster, consumer: str) -> int:
     """The version a commit of ``consumer`` (a live version, or ``name@N``) is made for:
     read right after the commit, before any cutover can happen (the simulated instances
-    commit and rebalance in turn); 1, without a read, for a kind that is never rebuilt."""
+    commit and rebalance in turn); the declared version, without a read, for a kind that
+    is never rebuilt (its row holds the version in its code)."""
     name, version = split_unit(consumer)
     if version is not None:
         return version
-    if not any(s.name == name and s.kind.rebuildable for s in cluster.specs):
-        return 1
+    spec = next(s for s in cluster.specs if s.name == name)
+    if not spec.kind.rebuildable:
+        return spec.options.version
     db, c = cluster.db, cluster.db.schema.consumers
     with db.read() as conn:
         live = conn.execute(
