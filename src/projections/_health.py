@@ -52,8 +52,9 @@ def thresholds(settings: Settings) -> dict[str, float]:
 
 
 def health_report(db: Database, settings: Settings, consumer: str | None = None) -> dict[str, Any]:
-    """``{"status", "database", "thresholds", "consumers": [{"name", "kind", "verdict", "severity",
-    "partitions": [{"partition", "verdict", "severity", "lag", "instance", "reason"}]}]}``
+    """``{"status", "database", "thresholds", "consumers": [{"name", "kind", "version",
+    "verdict", "severity", "partitions": [{"partition", "verdict", "severity", "lag",
+    "instance", "reason"}]}]}``
     for every consumer, or for ``consumer`` alone (:class:`UnknownConsumer` if none)."""
     stale = settings.messaging.consumer.stale_instance_timeout
     limits = thresholds(settings)
@@ -92,6 +93,7 @@ def health_report(db: Database, settings: Settings, consumer: str | None = None)
             {
                 "name": entry["name"],
                 "kind": entry["kind"],
+                "version": entry["version"],
                 "verdict": worst,
                 "severity": worst.severity,
                 "partitions": partitions,
@@ -159,7 +161,10 @@ def format_health(report: dict[str, Any]) -> str:
         f"{report['database']})"
     ]
     for consumer in report["consumers"]:
-        lines.append(f"{consumer['name']}  {consumer['verdict']}  ({consumer['severity']})")
+        lines.append(
+            f"{consumer['name']}  {consumer['verdict']}  ({consumer['severity']}; version "
+            f"{consumer['version']})"
+        )
         for p in consumer["partitions"]:
             if p["verdict"] != Verdict.CAUGHT_UP:
                 lines.append(f"  partition {p['partition']:>4}  {p['verdict']:<11} {p['reason']}")

@@ -273,7 +273,7 @@ def test_halted_partitions_and_the_exit_codes_of_projections_health(
     healthy = health_app.health_cli(config)
     assert healthy.returncode == 0, healthy.stderr
     assert healthy.stdout.startswith("healthy")
-    assert f"{CONSUMER}  caught-up  (healthy)" in healthy.stdout
+    assert f"{CONSUMER}  caught-up  (healthy; version 1)" in healthy.stdout
 
     freeze(process, db)
     health_app.append(db, 8, 8)

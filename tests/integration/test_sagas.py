@@ -368,7 +368,7 @@ def test_a_new_saga_declaration_goes_on_from_its_checkpoints(cluster: SimulatedC
 def test_status_shows_the_version_a_saga_is_declared_with(cluster: SimulatedCluster) -> None:
     """A saga (never rebuilt) is reported at the version in its code: 1, then 2 once the
     code declaring version=2 runs; and 2 still when that code starts again unchanged; so
-    does `projections versions`, with that one version."""
+    do `projections versions` (that one version) and `projections health`."""
     from projections._reports import consumers_report
 
     def version() -> int:
@@ -389,6 +389,11 @@ def test_status_shows_the_version_a_saga_is_declared_with(cluster: SimulatedClus
 
     report = versions_report(cluster.db, SETTINGS.messaging.consumer, "test-orders")
     assert [(v["version"], v["role"]) for v in report["versions"]] == [(2, "live")]
+    from projections._health import format_health, health_report
+
+    health = health_report(cluster.db, SETTINGS, "test-orders")
+    assert health["consumers"][0]["version"] == 2
+    assert "test-orders  caught-up  (healthy; version 2)" in format_health(health)
 
 
 def test_a_saga_cannot_change_its_partition_count(cluster: SimulatedCluster) -> None:
