@@ -201,6 +201,7 @@ class _Sampler:
                 thread.join(timeout=30)
 
 
+@pytest.mark.alone  # a 2 s stall bound on SQLite: met under load by a test beside it
 def test_a_pause_a_rebuild_and_clean_handovers_raise_no_alarm(db: Database, tmp_path: Path) -> None:
     """Under steady traffic, with the health read every 50 ms: a pause held for twice the
     stall timeout, a resume, a rebuild, a clean stop handing partitions over, a join
