@@ -55,7 +55,6 @@ from projections.testing.records import (
 )
 from projections.testing.simulation import simulation_settings
 from sagas import SagaWorker
-from sagas._kind import SAGA
 
 _OPERATOR = "projections.testing"
 """Who the simulated operator commands are recorded as, in the audit log."""
@@ -99,7 +98,7 @@ class SimulatedCluster:
         self.resent: list[tuple[str, object]] = []
         """(topic, message) of every message sent again under its id (see :meth:`resend`)."""
         self._destinations = {s.name for s in self.specs if s.kind is ROUTE_CONSUMER}
-        self.sagas = [s.name for s in self.specs if s.kind is SAGA]
+        self.sagas = [s.name for s in self.specs if _is_saga(s)]
         """The sagas among the consumers."""
         self._sent: dict[int, tuple[NewMessage, object]] = {}
         """Position → what was sent there, for the messages sent to route consumers."""
@@ -479,3 +478,9 @@ def open_cluster(
     tables = [table for spec in specs for table in spec.options.tables]
     with scratch_database(database_url or configured_database(), tables) as db:
         yield SimulatedCluster(db, consumers, settings or simulation_settings(), plugins=plugins)
+
+
+def _is_saga(spec: ConsumerSpec) -> bool:
+    """Whether ``spec`` is applied by a saga's worker (its kind's, through public names)."""
+    worker = spec.options.worker or spec.kind.worker
+    return isinstance(worker, type) and issubclass(worker, SagaWorker)
