@@ -39,10 +39,10 @@ from messaging import Database, HandlerContext, MessageStore, Settings, handler,
 from messaging._consumers import consumer_spec
 from messaging._messages import registry
 from messaging._plugins import create_plugin_manager
+from messaging.applying._worker import ConsumerWorker
 from messaging.distribution._membership import InstanceInfo, Membership
 from messaging.distribution._ownership import Ownership
-from messaging.runtime._parking import Parking
-from messaging.runtime._worker import ConsumerWorker
+from messaging.failures._parking import Parking
 from messaging.store._migrations import migrate
 from projections import projection
 

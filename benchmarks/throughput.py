@@ -63,12 +63,12 @@ from messaging import Database, MessageStore, NewMessage
 from messaging._consumers import ConsumerSpec
 from messaging._messages import registry
 from messaging._settings import ConsumerSettings, Distribution
+from messaging.applying._worker import ConsumerWorker
 from messaging.distribution._membership import InstanceInfo, Membership
 from messaging.distribution._ownership import Ownership
-from messaging.runtime._declarations import declare
-from messaging.runtime._worker import ConsumerWorker
 from messaging.store._migrations import migrate
 from messaging.store._tenancy import physical_name
+from messaging.versions._declarations import declare
 from projections.examples import ledger
 
 CONSUMER = "ledger-balances"

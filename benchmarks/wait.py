@@ -52,7 +52,7 @@ from messaging import (
     create_plugin_manager,
     wait_for,
 )
-from messaging.runtime._watcher import watcher_for
+from messaging.waits._watcher import watcher_for
 from projections.examples import ledger
 
 CONSUMER = "ledger-balances"

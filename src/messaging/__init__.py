@@ -45,11 +45,9 @@ from messaging._settings import (
     OnFailure,
     Settings,
 )
+from messaging.applying._context import HandlerContext, MessageContext
 from messaging.routing._consumer import route_consumer
-from messaging.runtime._context import HandlerContext, MessageContext
 from messaging.runtime._instance import Instance
-from messaging.runtime._progress import Behind, Progress
-from messaging.runtime._waits import wait_for, wait_for_async, wait_for_copy
 from messaging.store._database import Database
 from messaging.store._retry import is_ambiguous
 from messaging.store._rows import NewMessage
@@ -63,6 +61,8 @@ from messaging.store._tokens import (
     TokenNotKnown,
     Written,
 )
+from messaging.waits._progress import Behind, Progress
+from messaging.waits._waits import wait_for, wait_for_async, wait_for_copy
 
 __all__ = [
     "AdminSettings",

@@ -122,7 +122,7 @@ class UnknownConsumer(WaitRefused, ValueError):
 
 class WaitTimeout(ProjectionsError, TimeoutError):
     """A wait for a consistency token ran out of time; ``behind`` lists what is still
-    behind (:class:`~messaging.runtime._progress.Behind`: consumer, partition, checkpoint,
+    behind (:class:`~messaging.waits._progress.Behind`: consumer, partition, checkpoint,
     lag, owner, state)."""
 
     def __init__(self, waited: float, behind: Sequence[object]) -> None:

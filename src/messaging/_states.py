@@ -30,7 +30,7 @@ class ConsumerState(enum.StrEnum):
     """Left by an older release's rebuild in place; taken as a rebuild request."""
     REBUILD_REQUESTED = "rebuild-requested"
     """An operator asked for a rebuild; the first instance running the consumer starts a
-    new version of it (:mod:`messaging.runtime._versions`)."""
+    new version of it (:mod:`messaging.versions._versions`)."""
     CUTTING_OVER = "cutting-over"
     """The live version stopped applying: a new version is taking its place."""
     RETIRED = "retired"

@@ -24,8 +24,8 @@ from urllib.parse import parse_qs
 
 from messaging._errors import UnknownConsumer, WaitRefused, WaitTimeout
 from messaging._settings import ConsumerSettings
-from messaging.runtime._waits import Waiter
 from messaging.store._database import Database
+from messaging.waits._waits import Waiter
 
 DEFAULT_TIMEOUT = 10.0
 MAX_TIMEOUT = 60.0

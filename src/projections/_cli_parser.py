@@ -74,7 +74,7 @@ def _add_wait_timeout(parser: argparse.ArgumentParser) -> None:
 
 def _wait_timeout(text: str) -> float:
     """An argparse type: a wait's timeout, a duration up to an hour."""
-    from messaging.runtime._waits import check_timeout
+    from messaging.waits._waits import check_timeout
 
     seconds = _duration(text)
     try:

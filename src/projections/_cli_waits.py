@@ -17,9 +17,9 @@ from messaging._connection import database_for
 from messaging._errors import ProjectionsError
 from messaging._plugins import import_module
 from messaging._settings import Settings
-from messaging.runtime._waits import wait_for
 from messaging.store._database import Database
 from messaging.store._tokens import ConsistencyToken
+from messaging.waits._waits import wait_for
 from projections._cli_support import command_settings, existing_database
 
 EXIT_NOT_YET = 3

@@ -25,7 +25,7 @@ import attrs
 from messaging._settings import Distribution
 from messaging._states import ConsumerState, OwnerState, PartitionStatus
 from messaging.runtime._instance import Instance
-from messaging.runtime._versions import split_unit
+from messaging.versions._versions import split_unit
 
 SINGLE_OWNER_REASON = "single-owner: one elected instance applies it"
 NO_LIVE_MEMBER = "no member is live: no instance applies any consumer (start `projections run`)"

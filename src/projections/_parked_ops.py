@@ -5,7 +5,7 @@ that locks the consumer's row, checks the request (a clear error changes nothing
 audits who and why under a command id (a retry of an unacknowledged commit is not
 applied twice), and fences the partitions it touches (a new epoch, no owner): their
 owner's next commit fails, and whoever claims them next reads the parked set as the
-command left it (:mod:`messaging.runtime._parking`). The retry itself is applied by
+command left it (:mod:`messaging.failures._parking`). The retry itself is applied by
 that owner, in one fenced transaction per source.
 """
 
@@ -19,7 +19,7 @@ from sqlalchemy import Connection, delete, func, insert, select, update
 
 from messaging._errors import OperationError
 from messaging.distribution._pulse import bump_generation
-from messaging.runtime._parking import PARKED, RETRYING, RETRYING_SKIPPED
+from messaging.failures._parking import PARKED, RETRYING, RETRYING_SKIPPED
 from messaging.store._database import Database
 from projections._operations import _audit, _once, _state, check_reason
 

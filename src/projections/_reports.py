@@ -23,9 +23,9 @@ from messaging._settings import ConsumerSettings
 from messaging._states import ConsumerState, OwnerState
 from messaging.distribution._membership import Membership
 from messaging.distribution._needs import describe, pending_need
-from messaging.runtime._versions import seconds_now, split_unit
 from messaging.store._database import Database
 from messaging.store._liveness import STALE
+from messaging.versions._versions import seconds_now, split_unit
 
 LATE_HEARTBEATS = 2
 """A live instance is late when its last heartbeat is older than this many intervals."""

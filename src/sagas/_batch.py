@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from messaging._errors import ProjectionsError
-from messaging.runtime._context import HandlerContext
+from messaging.applying._context import HandlerContext
 from messaging.store._rows import check_id, is_plain_id, partition_of
 from sagas._context import SagaContext
 from sagas._rows import Deadline, SagaRow

@@ -1,6 +1,6 @@
 """What a saga handler receives: its instance's state, and ways to end, send and schedule.
 
-:class:`SagaContext` is a :class:`messaging.runtime._context.MessageContext` (the same
+:class:`SagaContext` is a :class:`messaging.applying._context.MessageContext` (the same
 ``envelope``, ``connection``, ``execute``, ``upsert``, ``send`` and ``append`` as any handler's
 context) extended with the saga's own: ``key``, ``state``, ``now``, ``end``, ``schedule``
 and ``cancel``.
@@ -16,7 +16,7 @@ from sqlalchemy.sql import Executable
 
 from messaging._errors import ProjectionsError
 from messaging._messages import Envelope
-from messaging.runtime._context import HandlerContext, MessageContext
+from messaging.applying._context import HandlerContext, MessageContext
 from messaging.store._tokens import Sent, Written
 
 _NONE_CANCELLED: frozenset[str] = frozenset()

@@ -19,9 +19,9 @@ from messaging._errors import ProjectionsError, RegistrationError
 from messaging._json import make_dumps
 from messaging._messages import MessageRegistry, quick_decoder
 from messaging._structure import strict_converter
-from messaging.runtime._context import HandlerContext
-from messaging.runtime._dispatch import Dispatcher, unreadable
-from messaging.runtime._poison import Poison
+from messaging.applying._context import HandlerContext
+from messaging.applying._dispatch import Dispatcher, unreadable
+from messaging.failures._poison import Poison
 from messaging.store._database import Database
 from messaging.store._retry import is_transient
 from messaging.store._rows import (

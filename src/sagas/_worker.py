@@ -42,12 +42,12 @@ from messaging._errors import (
     UnknownPayloadVersion,
 )
 from messaging._messages import Envelope
+from messaging.applying._context import HandlerContext
+from messaging.applying._worker import ConsumerWorker
 from messaging.distribution._needs import clear_deadline
 from messaging.distribution._ownership import Claim
-from messaging.runtime._context import HandlerContext
-from messaging.runtime._poison import Poison
-from messaging.runtime._stops import halt_at, leave_partition
-from messaging.runtime._worker import ConsumerWorker
+from messaging.failures._poison import Poison
+from messaging.failures._stops import halt_at, leave_partition
 from messaging.store._retry import is_transient
 from messaging.store._rows import StoredRow
 from sagas._dispatch import SagaDispatcher

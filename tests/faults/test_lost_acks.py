@@ -37,13 +37,13 @@ from messaging._consumers import consumer_spec
 from messaging._messages import registry
 from messaging._settings import ConflictRetrySettings, Distribution
 from messaging._states import DeclarationOutcome
+from messaging.applying._worker import ConsumerWorker
 from messaging.distribution._membership import InstanceInfo, Membership
 from messaging.distribution._ownership import Ownership
-from messaging.runtime._declarations import declare
-from messaging.runtime._versions import unit_rows
-from messaging.runtime._worker import ConsumerWorker
 from messaging.store._retry import retry_transient
 from messaging.store._rows import partition_of
+from messaging.versions._declarations import declare
+from messaging.versions._versions import unit_rows
 from projections import _operations as operations
 
 pytestmark = [pytest.mark.faults, pytest.mark.mysql]

@@ -21,7 +21,7 @@ from parking_app import (
 from sqlalchemy import Table
 
 from messaging import Database
-from messaging.runtime._worker import ConsumerWorker
+from messaging.applying._worker import ConsumerWorker
 from projections import _parked_ops as ops
 
 pytestmark = [pytest.mark.faults, pytest.mark.mysql]

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from sqlalchemy import text
 
 from messaging import Database
-from messaging.runtime._apply_timeout import ApplyDeadlines, Deadline
+from messaging.applying._apply_timeout import ApplyDeadlines, Deadline
 
 ENDLESS = {
     "sqlite": "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) "

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import select
 
-from messaging.runtime._versions import unit_rows
+from messaging.versions._versions import unit_rows
 from projections import _operations as operations
 from projections.examples import ledger
 from projections.testing import SimulatedCluster, open_cluster

@@ -19,10 +19,10 @@ from messaging._states import DeclarationOutcome
 from messaging.distribution._claimable import SWAPPING
 from messaging.distribution._membership import InstanceInfo, Membership
 from messaging.distribution._ownership import Ownership
-from messaging.runtime._cutover import step
-from messaging.runtime._declarations import declare, start_requested_rebuild
-from messaging.runtime._versions import create_version_tables, split_unit, unit_rows
 from messaging.store._ddl import drop_tables_if_exist
+from messaging.versions._cutover import step
+from messaging.versions._declarations import declare, start_requested_rebuild
+from messaging.versions._versions import create_version_tables, split_unit, unit_rows
 from projections import _operations as operations
 from projections import projection
 

@@ -37,10 +37,10 @@ from messaging import (
 from messaging._consumers import consumer_spec
 from messaging._errors import UnknownPayloadVersion
 from messaging._messages import registry
+from messaging.applying._worker import ConsumerWorker
 from messaging.distribution._membership import InstanceInfo, Membership
 from messaging.distribution._needs import leave
 from messaging.distribution._ownership import Claim, Ownership
-from messaging.runtime._worker import ConsumerWorker
 from messaging.store._clock import ManualClock
 from messaging.store._rows import partition_of
 from projections import projection

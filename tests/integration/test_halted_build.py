@@ -18,8 +18,8 @@ from sqlalchemy import Column, Integer, MetaData, String, Table, insert, select
 
 from messaging import HandlerContext, handler
 from messaging._states import ConsumerState
-from messaging.runtime import _cutover, _halted_build
 from messaging.store._rows import partition_of
+from messaging.versions import _cutover, _halted_build
 from projections import _operations, projection
 from projections._version_commands import format_versions, versions_report
 from projections.testing.cluster import SimulatedCluster

@@ -15,8 +15,8 @@ from sqlalchemy import MetaData
 from messaging import Database, MessageStore, NewMessage, Settings, create_plugin_manager, handler
 from messaging._consumers import consumer_spec
 from messaging._messages import registry
+from messaging.applying._in_memory import InMemoryConsumer, InMemoryOperationError
 from messaging.distribution._membership import InstanceInfo, Membership
-from messaging.runtime._in_memory import InMemoryConsumer, InMemoryOperationError
 from projections import in_memory_projection
 from projections._reports import consumers_report, format_consumers
 

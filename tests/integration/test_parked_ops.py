@@ -27,7 +27,7 @@ from sqlalchemy import Table, select
 
 from messaging import Database, OperationError
 from messaging._config import load_settings
-from messaging.runtime._worker import ConsumerWorker
+from messaging.applying._worker import ConsumerWorker
 from projections import _parked_ops as ops
 from projections._admin import make_server
 from projections._operations import audit_log, resume

@@ -10,8 +10,8 @@ from parking_app import BROKEN, ME, claimed, drain, parked, reclaim
 from sqlalchemy import select
 
 from messaging import Database, HandlerContext, MessageStore, handler, message, route_consumer
+from messaging.applying._worker import ConsumerWorker
 from messaging.routing._consumer import IdempotentWorker
-from messaging.runtime._worker import ConsumerWorker
 from messaging.store._rows import partition_of
 from projections import _parked_ops as ops
 

@@ -31,7 +31,7 @@ from sqlalchemy import Table, event, update
 
 from messaging import Database
 from messaging.distribution._ownership import Claim
-from messaging.runtime._parking import RETRYING
+from messaging.failures._parking import RETRYING
 from messaging.store._rows import PARTITION_HASH, SOURCE
 
 

@@ -20,7 +20,7 @@ from messaging._consumers import consumer_spec
 from messaging._settings import ConsumerSettings, Distribution
 from messaging.distribution._membership import InstanceInfo, Membership
 from messaging.distribution._ownership import Ownership
-from messaging.runtime._declarations import declare
+from messaging.versions._declarations import declare
 from projections._reports import consumers_report, format_consumers
 from projections.testing import open_cluster
 

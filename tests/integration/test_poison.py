@@ -11,9 +11,9 @@ from poison_item import Item
 from sqlalchemy import BigInteger, Column, MetaData, String, Table, insert, select
 
 from messaging import Database, HandlerContext, MessageStore, handler
+from messaging.applying._worker import ConsumerWorker
 from messaging.distribution._membership import InstanceInfo, Membership
 from messaging.distribution._ownership import Ownership
-from messaging.runtime._worker import ConsumerWorker
 from messaging.store._rows import partition_of
 from projections import projection
 

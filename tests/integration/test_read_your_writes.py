@@ -32,9 +32,9 @@ from messaging import (
     wait_for_async,
     wait_for_copy,
 )
-from messaging.runtime import _progress, _waits
-from messaging.runtime._progress import UNCOMMITTED
 from messaging.store._rows import partition_of
+from messaging.waits import _progress, _waits
+from messaging.waits._progress import UNCOMMITTED
 from projections._operations import pause, resume
 from projections.examples import ledger
 

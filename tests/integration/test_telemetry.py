@@ -35,7 +35,7 @@ from messaging import (
     message,
 )
 from messaging._config import settings_from_mapping
-from messaging.runtime._worker import ConsumerWorker
+from messaging.applying._worker import ConsumerWorker
 from messaging.store._clock import ManualClock
 from messaging.store._rows import partition_of
 from projections import projection

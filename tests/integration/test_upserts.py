@@ -26,9 +26,9 @@ from sqlalchemy import (
 )
 
 from messaging import Database, HandlerContext, MessageStore, ProjectionsError, handler
+from messaging.applying._worker import ConsumerWorker
 from messaging.distribution._membership import InstanceInfo, Membership
 from messaging.distribution._ownership import Ownership
-from messaging.runtime._worker import ConsumerWorker
 from projections import projection
 
 

@@ -10,7 +10,7 @@ from sqlalchemy import insert, update
 
 from messaging import Database
 from messaging._states import ConsumerState
-from messaging.runtime._gate import VersionGate
+from messaging.versions._gate import VersionGate
 
 BATCH = 100
 LIVE = "gate-balances"

@@ -22,7 +22,7 @@ from messaging import (
     Progress,
     wait_for,
 )
-from messaging.runtime._watcher import watcher_for
+from messaging.waits._watcher import watcher_for
 from projections.examples import ledger
 
 WAITERS = 200

@@ -16,8 +16,8 @@ from sqlalchemy import Connection, select
 
 from messaging import Database, is_ambiguous
 from messaging._consumers import collect_specs
+from messaging.applying._worker import ConsumerWorker
 from messaging.distribution._ownership import Claim, Ownership
-from messaging.runtime._worker import ConsumerWorker
 from messaging.store._rows import partition_of
 from projections.examples import ledger
 from projections.testing import (

@@ -15,9 +15,9 @@ from hypothesis import strategies as st
 from ranked_steps import SOURCES, Step, Steps, applied
 from sqlalchemy import Connection, select
 
-from messaging.runtime import _progress
-from messaging.runtime._held import Held
-from messaging.runtime._parking import Parking
+from messaging.failures._parking import Parking
+from messaging.waits import _progress
+from messaging.waits._held import Held
 from projections.testing import (
     Append,
     ClusterMachine,

@@ -17,7 +17,7 @@ from sqlalchemy import text
 
 from messaging import MessageStore, handler, message, route_consumer
 from messaging._config import settings_from_mapping
-from messaging.runtime._context import HandlerContext
+from messaging.applying._context import HandlerContext
 from projections.testing import SimulatedCluster
 from sagas import SagaContext, saga, start
 

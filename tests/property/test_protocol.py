@@ -204,7 +204,7 @@ def _round_robin(units, members, current, rotation=0):  # type: ignore[no-untype
 BROKEN = {
     "no fence": ("messaging.distribution._ownership.Ownership.commit_checkpoint", _unfenced_commit),
     "checkpoint outside the transaction": (
-        "messaging.runtime._worker.ConsumerWorker._commit",
+        "messaging.applying._worker.ConsumerWorker._commit",
         _checkpoint_outside_the_transaction,
     ),
     "non-sticky assignor": ("messaging.distribution._rebalance.assign", _round_robin),

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from messaging import HandlerContext, Instance, create_plugin_manager, handler, message
 from messaging._config import settings_from_mapping
 from messaging._consumers import collect_specs
-from messaging.runtime._polling import Worker
+from messaging.applying._polling import Worker
 from messaging.store._database import Database
 from messaging.store._store import MessageStore
 from messaging.store._wakeup import WakeUps

@@ -32,11 +32,11 @@ from messaging._consumers import collect_specs
 from messaging._messages import registry
 from messaging._states import PartitionStatus
 from messaging.distribution._ownership import Ownership
-from messaging.runtime._declarations import tenant_fingerprint
 from messaging.store._clock import ManualClock
 from messaging.store._fastpath import sends_directly
 from messaging.store._migrations import migrate
 from messaging.store._tenancy import physical_name
+from messaging.versions._declarations import tenant_fingerprint
 from projections import projection
 from projections._operations import audit_log, pause, rebuild, resume
 from projections.examples import ledger, transfers

@@ -242,7 +242,7 @@ def consumer_worker(
     settings and no plugins (``instance_name`` defaults to ``instance_id``)."""
     from messaging import Settings, create_plugin_manager
     from messaging._consumers import consumer_spec
-    from messaging.runtime._worker import ConsumerWorker
+    from messaging.applying._worker import ConsumerWorker
 
     return (worker_class or ConsumerWorker)(
         db=db,

@@ -12,10 +12,10 @@ from poison_item import Item
 from sqlalchemy import BigInteger, Column, MetaData, String, Table, insert, select, update
 
 from messaging import ConflictRetrySettings, Database, HandlerContext, MessageStore, handler
+from messaging.applying._worker import ConsumerWorker
 from messaging.distribution._membership import InstanceInfo, Membership
 from messaging.distribution._ownership import Claim, Ownership
-from messaging.runtime._parking import Parking
-from messaging.runtime._worker import ConsumerWorker
+from messaging.failures._parking import Parking
 from messaging.store._retry import for_command, retry_transient
 from messaging.store._rows import partition_of
 from projections import projection

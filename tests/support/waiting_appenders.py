@@ -47,9 +47,9 @@ from messaging import (
     WaitTimeout,
     wait_for,
 )
-from messaging.runtime._progress import UNCOMMITTED
 from messaging.store._retry import lock_conflict, retry_transient
 from messaging.store._tokens import Appended
+from messaging.waits._progress import UNCOMMITTED
 from projections.examples import ledger
 
 ROLLS_BACK = 0.125

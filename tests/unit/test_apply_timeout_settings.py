@@ -9,7 +9,7 @@ import pytest
 import projections  # noqa: F401  (registers the kinds and their sections)
 from messaging import ApplyTimedOut, ConfigError
 from messaging._config import settings_from_mapping
-from messaging.runtime._apply_timeout import NO_DEADLINE, Deadline
+from messaging.applying._apply_timeout import NO_DEADLINE, Deadline
 
 
 def test_the_consumer_wins_over_its_section_whose_default_is_five_minutes() -> None:

@@ -36,5 +36,5 @@ def test_a_graph_without_cycles_has_no_knots() -> None:
 
 def test_the_source_tree_is_read() -> None:
     graph = _script().import_graph()
-    assert "messaging.runtime._worker" in graph
-    assert "messaging.runtime._batch" in graph["messaging.runtime._worker"]
+    assert "messaging.applying._worker" in graph
+    assert "messaging.applying._batch" in graph["messaging.applying._worker"]

@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from messaging.runtime._lifecycle import lifecycle_event
+from messaging._lifecycle import lifecycle_event
 
 
 def test_an_event_is_one_key_value_line_with_the_fields_on_the_record(

@@ -10,7 +10,7 @@ import pymysql
 import pytest
 from sqlalchemy.exc import OperationalError
 
-from messaging.runtime._outage import Heartbeats, Outage
+from messaging.applying._outage import Heartbeats, Outage
 
 REFUSED = OperationalError("SELECT 1", {}, pymysql.err.OperationalError(2003, "refused"))
 LOST = OperationalError("SELECT 1", {}, pymysql.err.OperationalError(2013, "Lost connection"))

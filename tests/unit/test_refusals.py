@@ -13,7 +13,7 @@ import pytest
 from sqlalchemy import create_engine, make_url
 from sqlalchemy.exc import IntegrityError, OperationalError
 
-from messaging.runtime._outage import Heartbeats, Outage
+from messaging.applying._outage import Heartbeats, Outage
 from messaging.store._refusals import FAILING, FULL, READ_ONLY, refusal, refusal_words
 
 

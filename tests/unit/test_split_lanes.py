@@ -3,8 +3,8 @@ batch in position order and committing where the read is complete."""
 
 from __future__ import annotations
 
+from messaging.applying._batch import split_lanes
 from messaging.distribution._ownership import Claim
-from messaging.runtime._batch import split_lanes
 
 PARTITIONS = 8
 

@@ -13,7 +13,7 @@ from messaging.store._database import Database
 
 SWAPPING = '"swapping": true'
 """How a live version's ``cutover`` JSON says that the swap with a new version began
-(``json.dumps`` of ``{..., "swapping": True}``, :mod:`messaging.runtime._cutover`)."""
+(``json.dumps`` of ``{..., "swapping": True}``, :mod:`messaging.versions._cutover`)."""
 
 
 def claim_held_back(db: Database, consumer: str, fingerprint: str | None) -> ColumnElement[bool]:

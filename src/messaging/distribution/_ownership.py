@@ -73,7 +73,7 @@ class PartitionRow:
     halted_type: str | None
     error: str | None
     needs: str | None = None
-    """What a newer payload needs to be read, as JSON (``messaging.runtime._newer``)."""
+    """What a newer payload needs to be read, as JSON (``messaging.distribution._needs``)."""
 
 
 _LISTED = (

@@ -23,9 +23,9 @@ from sqlalchemy.exc import IntegrityError
 from messaging._consumers import DEFAULT_PARTITIONS, ConsumerOptions, mark_consumer
 from messaging._errors import ConcurrentUpdate
 from messaging._kinds import ConsumerKind, register_kind
-from messaging.runtime._context import HandlerContext
-from messaging.runtime._dispatch import Dispatcher
-from messaging.runtime._worker import ConsumerWorker
+from messaging.applying._context import HandlerContext
+from messaging.applying._dispatch import Dispatcher
+from messaging.applying._worker import ConsumerWorker
 from messaging.store._rows import POSITION, StoredRow
 
 C = TypeVar("C", bound=type)

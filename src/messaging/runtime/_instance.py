@@ -24,20 +24,20 @@ from sqlalchemy import Connection
 
 from messaging._consumers import ConsumerSpec
 from messaging._errors import ProjectionsError
+from messaging._lifecycle import lifecycle_event, partition_event
 from messaging._messages import MessageRegistry
 from messaging._messages import registry as default_registry
 from messaging._overrides import check_overrides
 from messaging._settings import ConsumerGroupSettings, Distribution, Settings
 from messaging._states import DeclarationOutcome
+from messaging.applying._in_memory import InMemoryConsumer
+from messaging.applying._outage import Heartbeats, Outage, run_every
+from messaging.applying._worker import ConsumerWorker
 from messaging.distribution._membership import InstanceInfo, Membership
 from messaging.distribution._needs import published
 from messaging.distribution._ownership import Ownership
 from messaging.distribution._pulse import bump_generation
-from messaging.runtime._declarations import declare, declared_elsewhere, tenant_fingerprint
 from messaging.runtime._heap import freeze_once
-from messaging.runtime._in_memory import InMemoryConsumer
-from messaging.runtime._lifecycle import lifecycle_event, partition_event
-from messaging.runtime._outage import Heartbeats, Outage, run_every
 from messaging.runtime._process import default_instance_name, process_exists
 from messaging.runtime._pulser import Pulser
 from messaging.runtime._rebalancer import Rebalancer
@@ -45,10 +45,10 @@ from messaging.runtime._signals import POLL, StopSignals
 from messaging.runtime._starting import StartRetry
 from messaging.runtime._units import Units
 from messaging.runtime._watchdog import Watchdog, round_bound
-from messaging.runtime._worker import ConsumerWorker
 from messaging.store._database import Database, answer_bound, lock_wait_bound
 from messaging.store._retry import report_retry, retry_transient
 from messaging.store._store import MessageStore
+from messaging.versions._declarations import declare, declared_elsewhere, tenant_fingerprint
 
 log = logging.getLogger("messaging.runtime.instance")
 
@@ -346,7 +346,7 @@ class Instance:
         (other instances' copies are untouched), log it, and publish the new state.
 
         Raises :class:`KeyError` for a name this instance does not run in memory and
-        :class:`~messaging.runtime._in_memory.InMemoryOperationError` for a command that does not
+        :class:`~messaging.applying._in_memory.InMemoryOperationError` for a command that does not
         fit the copy's state.
         """
         worker = self.in_memory[name]

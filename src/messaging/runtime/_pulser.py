@@ -28,8 +28,8 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
+from messaging.applying._outage import Failing
 from messaging.distribution._pulse import Pulse, PulseReader, bump_generation, only_releases
-from messaging.runtime._outage import Failing
 from messaging.store._liveness import GONE
 from messaging.store._wakeup import ANY_TOPIC, Listener
 

@@ -18,16 +18,16 @@ from typing import TYPE_CHECKING
 
 import attrs
 
+from messaging._lifecycle import partition_event
 from messaging._states import ConsumerState, PartitionStatus
 from messaging.distribution._membership import InstanceRow
 from messaging.distribution._needs import Need, can_read, describe, pending, readable, reads_of
 from messaging.distribution._ownership import PartitionRow
 from messaging.distribution._pulse import bump_generation, read_generation
 from messaging.distribution._rebalance import plan
-from messaging.runtime._cutover import step
-from messaging.runtime._declarations import start_requested_rebuild
-from messaging.runtime._lifecycle import partition_event
-from messaging.runtime._versions import UnitRow, split_unit, unit_rows
+from messaging.versions._cutover import step
+from messaging.versions._declarations import start_requested_rebuild
+from messaging.versions._versions import UnitRow, split_unit, unit_rows
 
 if TYPE_CHECKING:
     from messaging.runtime._instance import Instance

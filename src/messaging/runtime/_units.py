@@ -2,7 +2,7 @@
 
 For each transactional consumer it runs, an instance applies the live version when the
 database holds its declaration, and every version of it being built under its
-declaration (:mod:`messaging.runtime._versions`): a requested rebuild builds a version
+declaration (:mod:`messaging.versions._versions`): a requested rebuild builds a version
 on every instance running the projection; a changed declaration builds its version on
 the instances that run it, while the others keep the live one current. After a
 cutover, the instances whose declaration went live apply it under its own name, the
@@ -19,16 +19,16 @@ from typing import TYPE_CHECKING
 import attrs
 
 from messaging._consumers import ConsumerSpec
+from messaging._lifecycle import lifecycle_event
 from messaging._settings import Distribution, OnFailure
 from messaging._states import ConsumerState
+from messaging.applying._worker import ConsumerWorker
 from messaging.distribution._needs import published
+from messaging.failures._parking import Parking
 from messaging.routing._outbox import Outbox
-from messaging.runtime._gate import VersionGate
-from messaging.runtime._lifecycle import lifecycle_event
-from messaging.runtime._parking import Parking
-from messaging.runtime._versions import UnitRow, create_version_tables, split_unit
-from messaging.runtime._worker import ConsumerWorker
 from messaging.store._database import Database
+from messaging.versions._gate import VersionGate
+from messaging.versions._versions import UnitRow, create_version_tables, split_unit
 
 if TYPE_CHECKING:
     from messaging.runtime._instance import Instance

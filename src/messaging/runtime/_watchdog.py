@@ -20,7 +20,7 @@ once a second:
 
 Apply loops are not beaten: a batch runs the application's handlers, whose time is
 bounded by its consumer's ``apply-timeout`` instead: at each look, the batches past it
-have their running statement interrupted (:mod:`messaging.runtime._apply_timeout`).
+have their running statement interrupted (:mod:`messaging.applying._apply_timeout`).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from typing import Any
 import attrs
 
 from messaging._settings import ConsumerSettings
-from messaging.runtime._apply_timeout import ApplyDeadlines
+from messaging.applying._apply_timeout import ApplyDeadlines
 from messaging.store._database import Database, lock_wait_bound
 
 __all__ = ["EXIT_STUCK", "Watchdog", "round_bound"]

@@ -186,7 +186,7 @@ class Database:
         lock waits give up after half of that (1205), so that the server ends one first and
         it fails as a lock wait, not as a connection that stopped answering. ``version``:
         statements naming a declared read model go to that version's tables (built beside
-        the live ones, :mod:`messaging.runtime._versions`) instead of the live ones."""
+        the live ones, :mod:`messaging.versions._versions`) instead of the live ones."""
         self.url = _normalize_url(url)
         backend = parse_database_url(self.url).get_backend_name()
         self.is_sqlite = backend == "sqlite"
@@ -208,7 +208,7 @@ class Database:
         self.wakeups = WakeUps(self._identity(table_prefix))
         """Same-host wake-ups: a commit that appended wakes the instances here at once."""
         self.commit_wakeups = WakeUps(self._identity(table_prefix) + "|batches")
-        """Same-host wake-ups of the waits' watchers (:mod:`messaging.runtime._watcher`) in
+        """Same-host wake-ups of the waits' watchers (:mod:`messaging.waits._watcher`) in
         other processes: each batch of a consumer that commits here wakes them at once."""
         self.after_batch: list[Callable[[], object]] = []
         """Called after each batch of a consumer commits through this object (the shared

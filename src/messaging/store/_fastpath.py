@@ -10,7 +10,7 @@ parameters with a generated function and call the connection's DBAPI cursor dire
 the per-statement work of SQLAlchemy's execution machinery is skipped.
 :func:`execute_rows` takes each parameter set as a tuple of values of named parameters:
 when those are, in that order, what the plan sends, the tuples go to the driver as they
-are (the batched upserts of :mod:`messaging.runtime._upserts`).
+are (the batched upserts of :mod:`messaging.applying._upserts`).
 
 SQLAlchemy sends the statement again whenever skipping it could be noticed: outside a
 transaction, with execute or cursor-execute events listening, with SQL logging on, or

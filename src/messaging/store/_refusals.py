@@ -1,7 +1,7 @@
 """A database that refuses writes (a full disk, a failing one, a read-only file or server),
 told apart from other errors and put in words a user acts on; and whether it answers.
 
-Such a database is an outage like an unreachable one (:mod:`messaging.runtime._outage`):
+Such a database is an outage like an unreachable one (:mod:`messaging.applying._outage`):
 nothing a handler wrote is wrong, and retrying once space is freed or writes are allowed
 again goes on where it stopped. A batch that meets it is never taken for a poison message.
 """

@@ -212,7 +212,7 @@ class Schema:
             Index(f"{prefix}ix_parked_partition", "tenant", "consumer", "partition_no"),
         )
         """V12: a consumer's parked sources: its messages from ``position`` on are held back
-        (see :mod:`messaging.runtime._parking`)."""
+        (see :mod:`messaging.failures._parking`)."""
         self.skipped = Table(
             f"{prefix}skipped_messages",
             m,

@@ -52,7 +52,7 @@ class UntranslatableStatement(ProjectionsError):
 
 def physical_name(tenant: str, name: str, version: int | None = None) -> str:
     """The name a tenant's copy of the table or index ``name`` has in the database; that
-    of a version built beside the live one (:mod:`messaging.runtime._versions`) starts
+    of a version built beside the live one (:mod:`messaging.versions._versions`) starts
     with ``_v<version>__``, which no tenant's name can (tenants start with a letter or
     digit, declared names hold no separator)."""
     named = name if tenant == DEFAULT_TENANT else f"{tenant}{SEPARATOR}{name}"

@@ -4,7 +4,7 @@ A token names, for one tenant, marks ``(topic, partition hash, position)``: the 
 position appended to each (topic, partition hash). A consumer that reads the topic has
 applied a mark once the partition the hash falls into (``hash % partitions``) holds no
 message of its topics and types up to the position after its committed checkpoint
-(:mod:`messaging.runtime._progress`). Appends of one tenant commit in position order (a
+(:mod:`messaging.waits._progress`). Appends of one tenant commit in position order (a
 position is reserved under the tenant's counter row lock, held until the commit), so a
 checkpoint past a position has applied every message of its partition before it.
 

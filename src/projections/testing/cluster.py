@@ -28,13 +28,13 @@ from messaging import (
 )
 from messaging._consumers import ConsumerSpec, collect_specs
 from messaging._errors import OperationError
+from messaging.applying._worker import ConsumerWorker
 from messaging.distribution._ownership import Ownership
 from messaging.routing._consumer import ROUTE_CONSUMER
-from messaging.runtime._retired import NoRetiredVersion
-from messaging.runtime._versions import cutting_over, versions_changing
-from messaging.runtime._worker import ConsumerWorker
 from messaging.store._clock import ManualClock
 from messaging.store._rows import NewMessage
+from messaging.versions._retired import NoRetiredVersion
+from messaging.versions._versions import cutting_over, versions_changing
 from projections import _operations as operations
 from projections._kinds import PROJECTION
 from projections._version_commands import rollback

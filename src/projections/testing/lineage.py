@@ -1,7 +1,7 @@
 """Which commits are a projection's live version's, across rebuilds and rollbacks: each
 commit records the version it was made for (:class:`~projections.testing.records.Commit`),
 and a version's commits, while it was built (as ``NAME@N``) and while live (as ``NAME``),
-must hold every message once (:mod:`messaging.runtime._versions`). A rollback's version
+must hold every message once (:mod:`messaging.versions._versions`). A rollback's version
 goes on from its own earlier commits."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy import func, select
 
-from messaging.runtime._versions import split_unit, unit_rows
 from messaging.store._database import Database
+from messaging.versions._versions import split_unit, unit_rows
 from projections.testing.records import Commit
 
 if TYPE_CHECKING:

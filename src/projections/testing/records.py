@@ -13,8 +13,8 @@ from sqlalchemy import select
 
 from messaging import hookimpl
 from messaging.distribution._ownership import Ownership
-from messaging.runtime._versions import split_unit
 from messaging.store._rows import partition_of
+from messaging.versions._versions import split_unit
 
 if TYPE_CHECKING:
     from projections.testing.cluster import SimulatedCluster

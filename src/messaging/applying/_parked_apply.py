@@ -1,4 +1,4 @@
-"""How a worker parks sources and retries them (see :mod:`messaging.runtime._parking`).
+"""How a worker parks sources and retries them (see :mod:`messaging.failures._parking`).
 
 :func:`park_sources` turns a poison message into a parked source: the batch is applied
 again with that source's messages from the poison on held back and its parked row
@@ -19,20 +19,20 @@ import attrs
 from sqlalchemy import Connection, select
 
 from messaging._errors import CheckpointMoved, OwnershipLost
+from messaging._lifecycle import lifecycle_event
+from messaging.applying._batch import Batch
+from messaging.applying._context import HandlerContext
 from messaging.distribution._ownership import Claim
-from messaging.runtime._batch import Batch
-from messaging.runtime._context import HandlerContext
-from messaging.runtime._lifecycle import lifecycle_event
-from messaging.runtime._parking import RETRYING_SKIPPED, NewPark, ParkedSource, Parking
-from messaging.runtime._poison import Poison
-from messaging.runtime._stops import halt_at
+from messaging.failures._parking import RETRYING_SKIPPED, NewPark, ParkedSource, Parking
+from messaging.failures._poison import Poison
+from messaging.failures._stops import halt_at
 from messaging.store._refusals import refusal
 from messaging.store._retry import is_ambiguous, is_transient
 from messaging.store._rows import PARTITION_HASH, POSITION, SOURCE, StoredRow
 from messaging.store._store import MessageStore
 
 if TYPE_CHECKING:
-    from messaging.runtime._worker import ConsumerWorker
+    from messaging.applying._worker import ConsumerWorker
 
 
 def held_back(rows: Sequence[StoredRow], held: Mapping[str, int]) -> list[StoredRow]:

@@ -23,7 +23,7 @@ from collections.abc import Iterable, Sequence
 import attrs
 from sqlalchemy import Connection, delete, insert, select, update
 
-from messaging.runtime._failures import last_frames
+from messaging.failures._failures import last_frames
 from messaging.store._database import Database
 from messaging.store._rows import POSITION, SOURCE, TYPE, StoredRow
 

@@ -3,7 +3,7 @@ its reads, so a thousand waiters cost what one does while nothing moves.
 
 Each round reads, in one statement, the partition rows of every consumer waited on (with
 its state) and the tenant's committed head. A wait is checked in full
-(:func:`~messaging.runtime._progress.progress`, its own few statements) only the first
+(:func:`~messaging.waits._progress.progress`, its own few statements) only the first
 time and when what that statement returned for its consumers moved since its last
 check; waits that nothing moved for cost nothing more. Rounds run every
 ``poll_interval`` (the smallest of the waits') while there are waits, at once when one
@@ -27,10 +27,10 @@ from typing import Any
 import attrs
 from sqlalchemy import Connection, select
 
-from messaging.runtime._progress import Progress, progress
 from messaging.store._database import Database
 from messaging.store._retry import is_transient
 from messaging.store._wakeup import Listener
+from messaging.waits._progress import Progress, progress
 
 log = logging.getLogger("messaging.runtime.watcher")
 

@@ -8,8 +8,8 @@ from typing import Any
 from messaging._consumers import ConsumerSpec
 from messaging._errors import DecodeError
 from messaging._messages import MessageRegistry
-from messaging.runtime._context import HandlerContext
-from messaging.runtime._poison import Poison
+from messaging.applying._context import HandlerContext
+from messaging.failures._poison import Poison
 from messaging.store._database import Database
 from messaging.store._refusals import refusal
 from messaging.store._retry import is_transient

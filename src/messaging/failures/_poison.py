@@ -15,9 +15,9 @@ from collections.abc import Callable, Sequence
 import attrs
 import pluggy
 
+from messaging._lifecycle import lifecycle_event
 from messaging.distribution._ownership import Claim, Ownership
-from messaging.runtime._failures import last_frames
-from messaging.runtime._lifecycle import lifecycle_event
+from messaging.failures._failures import last_frames
 from messaging.store._database import Database
 from messaging.store._rows import POSITION, TYPE, StoredRow
 

@@ -23,21 +23,20 @@ from sqlalchemy import Connection
 
 from messaging._consumers import ConsumerSpec
 from messaging._errors import ApplyTimedOut, CheckpointMoved, OwnershipLost
+from messaging._lifecycle import lifecycle_event
 from messaging._messages import MessageRegistry
 from messaging._settings import ConsumerSettings
+from messaging.applying import _parked_apply as parked
+from messaging.applying._apply_timeout import ApplyDeadlines, batch_name
+from messaging.applying._batch import Batch, split_lanes
+from messaging.applying._context import HandlerContext
+from messaging.applying._holdings import Holdings
+from messaging.applying._lanes import Lanes
+from messaging.applying._polling import Worker
 from messaging.distribution._ownership import Claim, Ownership
-from messaging.runtime import _parked_apply as parked
-from messaging.runtime._apply_timeout import ApplyDeadlines, batch_name
-from messaging.runtime._batch import Batch, split_lanes
-from messaging.runtime._context import HandlerContext
-from messaging.runtime._gate import VersionGate
-from messaging.runtime._holdings import Holdings
-from messaging.runtime._lanes import Lanes
-from messaging.runtime._lifecycle import lifecycle_event
-from messaging.runtime._parking import Parking
-from messaging.runtime._poison import Poison
-from messaging.runtime._polling import Worker
-from messaging.runtime._stops import stop_at
+from messaging.failures._parking import Parking
+from messaging.failures._poison import Poison
+from messaging.failures._stops import stop_at
 from messaging.store._database import Database
 from messaging.store._refusals import refusal
 from messaging.store._retry import (
@@ -47,6 +46,7 @@ from messaging.store._retry import (
     retry_transient,
 )
 from messaging.store._rows import POSITION, StoredRow, partition_in
+from messaging.versions._gate import VersionGate
 
 log = logging.getLogger("messaging.runtime.worker")
 T = TypeVar("T")

@@ -4,7 +4,7 @@ A consumer has applied a token when, for each mark ``(topic, hash, position)`` o
 it reads, the partition ``hash % partitions`` (every partition for a mark without hash)
 has no message of its topics and types after its committed checkpoint up to the
 position, and holds none of them back (a parked source's, one an operator skipped:
-:mod:`messaging.runtime._held`). A checkpoint at or past the position answers without a
+:mod:`messaging.waits._held`). A checkpoint at or past the position answers without a
 query of the messages; a partition without a checkpoint row counts from 0 (it has
 applied nothing); a message type the consumer does not handle is answered once nothing
 it handles is left before it.
@@ -34,9 +34,9 @@ from messaging._errors import UnknownConsumer, WaitRefused
 from messaging._states import ConsumerState, PartitionStatus
 from messaging.distribution._membership import Membership
 from messaging.distribution._ownership import Ownership, PartitionRow
-from messaging.runtime._held import held as held_back
 from messaging.store._database import Database
 from messaging.store._tokens import ConsistencyToken, InvalidToken
+from messaging.waits._held import held as held_back
 
 UNCOMMITTED = "not committed yet"
 """The state of a mark whose append has not committed yet."""

@@ -11,14 +11,14 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 from messaging._errors import UnknownPayloadVersion
+from messaging.applying._batch import Batch
 from messaging.distribution._needs import describe, leave
 from messaging.distribution._ownership import Claim
-from messaging.runtime._batch import Batch
-from messaging.runtime._poison import Poison, halt_partition, isolate
+from messaging.failures._poison import Poison, halt_partition, isolate
 from messaging.store._rows import POSITION, StoredRow
 
 if TYPE_CHECKING:
-    from messaging.runtime._worker import ConsumerWorker
+    from messaging.applying._worker import ConsumerWorker
 
 log = logging.getLogger("messaging.runtime.worker")
 
@@ -34,7 +34,7 @@ def stop_at(
     park-source``), or commit what came before it, so that its partition's checkpoint stops
     right before it, and halt that partition there (or leave it). Returns how many
     messages were committed."""
-    from messaging.runtime._parked_apply import park_sources  # (it imports this module)
+    from messaging.applying._parked_apply import park_sources  # (it imports this module)
 
     done = park_sources(worker, batch, replay, poison, started)
     if done is not None:

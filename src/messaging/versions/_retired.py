@@ -19,13 +19,13 @@ from collections.abc import Sequence
 from sqlalchemy import Connection, delete, inspect, select, update
 
 from messaging._errors import OperationError
+from messaging._lifecycle import lifecycle_event
 from messaging._states import ConsumerState
 from messaging.distribution._ownership import Ownership
 from messaging.distribution._pulse import bump_generation
-from messaging.runtime._lifecycle import lifecycle_event
-from messaging.runtime._versions import UnitRow, seconds_now, unit_rows
 from messaging.store._database import Database
 from messaging.store._ddl import drop_tables_if_exist
+from messaging.versions._versions import UnitRow, seconds_now, unit_rows
 
 
 class NoRetiredVersion(OperationError):

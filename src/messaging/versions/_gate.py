@@ -9,7 +9,7 @@ partitioning) has passed it, and its sends and appends for such a message are dr
 A message the live version does not handle is dropped likewise while it is not past
 every live checkpoint (a new handler's effects for old messages are not sent).
 
-Once the live version stopped for the cutover (:mod:`messaging.runtime._cutover`), its
+Once the live version stopped for the cutover (:mod:`messaging.versions._cutover`), its
 checkpoints are final: a version applies past them, sending what the live version did
 not.
 """

@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 import attrs
 
 from messaging.distribution._ownership import Claim
-from messaging.runtime._parking import NewPark
+from messaging.failures._parking import NewPark
 from messaging.store._rows import PARTITION_HASH, POSITION, StoredRow
 
 

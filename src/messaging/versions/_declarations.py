@@ -3,8 +3,8 @@
 A consumer's fingerprint covers its version, topics, handled types, partition count
 and read-model schema. When an instance starts with a declaration of a projection the
 database has not seen, it starts a new version of the projection under that declaration
-(:mod:`messaging.runtime._versions`): built beside the live one, which goes on being
-applied and read until the new one takes its place (:mod:`messaging.runtime._cutover`).
+(:mod:`messaging.versions._versions`): built beside the live one, which goes on being
+applied and read until the new one takes its place (:mod:`messaging.versions._cutover`).
 An instance whose declaration is that of a version being built joins its build. An
 instance that starts with a declaration the projection has left behind (one a cutover
 retired) applies nothing and says which, unless an operator requested a rebuild: then
@@ -26,21 +26,21 @@ from sqlalchemy.exc import IntegrityError
 
 from messaging._consumers import ConsumerSpec
 from messaging._errors import RegistrationError
+from messaging._lifecycle import lifecycle_event
 from messaging._messages import MessageRegistry
 from messaging._messages import registry as default_registry
 from messaging._settings import Distribution
 from messaging._states import ConsumerState, DeclarationOutcome
 from messaging.distribution._ownership import Ownership
 from messaging.distribution._pulse import bump_generation
-from messaging.runtime._lifecycle import lifecycle_event
-from messaging.runtime._versions import (
+from messaging.store._database import Database
+from messaging.store._table_registry import register
+from messaging.versions._versions import (
     create_tables,
     split_unit,
     start_version,
     unit_rows,
 )
-from messaging.store._database import Database
-from messaging.store._table_registry import register
 
 log = logging.getLogger("messaging.runtime.declarations")
 

@@ -1,7 +1,7 @@
 """Read your own writes: wait until consumers have applied a consistency token.
 
 :func:`wait_for` (and :func:`wait_for_async`) checks the database
-(:func:`~messaging.runtime._progress.progress`) until every partition of the consumers
+(:func:`~messaging.waits._progress.progress`) until every partition of the consumers
 that the token's messages fall into has committed a checkpoint past them: a new
 connection then sees the read model's transaction. Between checks it waits from 2 ms,
 doubling up to ``poll_interval``; a transient database error (a lock conflict, a lost
@@ -22,13 +22,13 @@ from collections.abc import Callable, Sequence
 
 from messaging._errors import WaitTimeout
 from messaging._settings import Settings
-from messaging.runtime._in_memory import InMemoryConsumer
+from messaging.applying._in_memory import InMemoryConsumer
 from messaging.runtime._instance import Instance
-from messaging.runtime._progress import Progress, copy_progress, progress
-from messaging.runtime._watcher import Watch, wait_watched, watcher_for
 from messaging.store._database import Database
 from messaging.store._retry import is_transient
 from messaging.store._tokens import ConsistencyToken
+from messaging.waits._progress import Progress, copy_progress, progress
+from messaging.waits._watcher import Watch, wait_watched, watcher_for
 
 __all__ = ["MAX_TIMEOUT", "wait_for", "wait_for_async", "wait_for_copy"]
 
@@ -61,7 +61,7 @@ def wait_for(
 ) -> Progress:
     """Wait until ``consumer`` (a name or several) has applied ``token`` (an append's
     ``.token`` or its text) in ``target`` (a database, or settings naming one); return
-    the :class:`~messaging.runtime._progress.Progress`, applied.
+    the :class:`~messaging.waits._progress.Progress`, applied.
 
     ``fail_fast``: check once and return the progress even when not applied (its
     ``behind`` says what is left). Otherwise raise :class:`WaitTimeout` after ``timeout``
@@ -224,7 +224,7 @@ class Waiter:
 
     def watched(self, db: Database, cancelled: Callable[[], bool] | None = None) -> Progress | None:
         """Wait through the process's shared watcher of ``db``
-        (:mod:`messaging.runtime._watcher`); None once ``cancelled()`` is true."""
+        (:mod:`messaging.waits._watcher`); None once ``cancelled()`` is true."""
         watch = self.watch()
         finished = wait_watched(db, watch, self.deadline - self.head_start(), cancelled)
         self.last = watch.last

@@ -1,7 +1,7 @@
 """What of a consistency token a consumer holds back, though its checkpoints pass it: the
-messages of a parked source (``on-failure: park-source``, :mod:`messaging.runtime._parking`)
+messages of a parked source (``on-failure: park-source``, :mod:`messaging.failures._parking`)
 and the messages an operator skipped. A checkpoint past them does not mean they were
-applied, so :func:`~messaging.runtime._progress.progress` asks here first.
+applied, so :func:`~messaging.waits._progress.progress` asks here first.
 
 - A position an operator skipped is never applied unless retried: waiting is refused
   (behind while its source's skipped messages are being retried).
@@ -22,7 +22,7 @@ import attrs
 from sqlalchemy import Connection, select
 
 from messaging._errors import WaitRefused
-from messaging.runtime._parking import PARKED, RETRYING_SKIPPED
+from messaging.failures._parking import PARKED, RETRYING_SKIPPED
 from messaging.store._database import Database
 from messaging.store._rows import partition_hash
 from messaging.store._tokens import Mark

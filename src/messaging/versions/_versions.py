@@ -8,8 +8,8 @@ partitions from checkpoint 0, and tables named ``_vN__<table>``
 (:func:`~messaging.store._tenancy.physical_name`). Every instance that runs its
 declaration claims its partitions like any consumer's (same assignor, claims and fence),
 writes its tables through a sibling engine (:meth:`Database.for_version`) and sends
-nothing the live version sends (:mod:`messaging.runtime._gate`). Once it has caught up,
-it takes the live version's place in one commit (:mod:`messaging.runtime._cutover`);
+nothing the live version sends (:mod:`messaging.versions._gate`). Once it has caught up,
+it takes the live version's place in one commit (:mod:`messaging.versions._cutover`);
 the version it replaced stays as ``name@L`` (state ``retired``) with its tables.
 """
 
@@ -36,10 +36,10 @@ from sqlalchemy import (
 from sqlalchemy.exc import OperationalError, ProgrammingError
 
 from messaging._consumers import ConsumerSpec
+from messaging._lifecycle import lifecycle_event
 from messaging._settings import Distribution
 from messaging._states import ConsumerState
 from messaging.distribution._ownership import Ownership
-from messaging.runtime._lifecycle import lifecycle_event
 from messaging.store import _fastpath
 from messaging.store._built import per_table
 from messaging.store._database import Database

@@ -16,11 +16,11 @@ from typing import Any, ClassVar
 from messaging._errors import OperationError, UnknownPayloadVersion
 from messaging._messages import Envelope
 from messaging._states import CopyState
+from messaging.applying._context import HandlerContext
+from messaging.applying._polling import Worker
 from messaging.distribution._needs import describe
-from messaging.runtime._context import HandlerContext
-from messaging.runtime._failures import last_frames
-from messaging.runtime._poison import Poison
-from messaging.runtime._polling import Worker
+from messaging.failures._failures import last_frames
+from messaging.failures._poison import Poison
 from messaging.store._rows import POSITION, TYPE
 
 log = logging.getLogger("messaging.runtime.in_memory")

@@ -19,9 +19,9 @@ import pluggy
 from messaging._consumers import ConsumerSpec
 from messaging._messages import MessageRegistry
 from messaging._settings import ConsumerSettings
+from messaging.applying._dispatch import Dispatcher
+from messaging.applying._outage import Outage
 from messaging.routing._outbox import Outbox
-from messaging.runtime._dispatch import Dispatcher
-from messaging.runtime._outage import Outage
 from messaging.store._database import Database
 from messaging.store._retry import is_transient
 from messaging.store._store import MessageStore

@@ -1,7 +1,7 @@
 """A version being built that halts must not hold its live version stopped: no cutover
 starts while one of its partitions is halted, and one that started goes back (the live
 version applies again) until an operator resumes the version
-(:mod:`messaging.runtime._cutover`)."""
+(:mod:`messaging.versions._cutover`)."""
 
 from __future__ import annotations
 
@@ -11,13 +11,13 @@ from collections.abc import Sequence
 
 from sqlalchemy import Select, select, update
 
+from messaging._lifecycle import lifecycle_event
 from messaging._states import ConsumerState, PartitionStatus
 from messaging.distribution._ownership import PartitionRow
 from messaging.distribution._pulse import bump_generation
-from messaging.runtime._lifecycle import lifecycle_event
-from messaging.runtime._versions import UnitRow
 from messaging.store._database import Database
 from messaging.store._retry import is_ambiguous
+from messaging.versions._versions import UnitRow
 
 
 def halted_partition(partitions: Sequence[PartitionRow]) -> PartitionRow | None:

@@ -8,7 +8,7 @@ next round goes on from):
    (:func:`ready`): in one transaction the live partitions are fenced, the consumer is
    marked ``cutting-over`` (no claim is granted) and the live checkpoints, final now,
    are recorded in its ``cutover`` column. The new version applies past them
-   (:mod:`messaging.runtime._gate`).
+   (:mod:`messaging.versions._gate`).
 2. **Swap** once the new version includes everything the live one applied
    (:func:`caught_up`): the new version's partitions are fenced, the live tables are
    renamed to ``_vL__<table>`` and the new ones to the declared names, the partition
@@ -39,15 +39,11 @@ from sqlalchemy import Connection, delete, func, inspect, select, update
 from sqlalchemy.exc import OperationalError, ProgrammingError
 
 from messaging._consumers import ConsumerSpec
+from messaging._lifecycle import lifecycle_event
 from messaging._states import ConsumerState
 from messaging.distribution._ownership import Ownership, PartitionRow
 from messaging.distribution._pulse import bump_generation
-from messaging.runtime._gate import VersionGate
-from messaging.runtime._halted_build import halted_partition, resume_live
-from messaging.runtime._lifecycle import lifecycle_event
-from messaging.runtime._parking import swap_parked
-from messaging.runtime._retired import drop_retired
-from messaging.runtime._versions import UnitRow, seconds_now, unit_name, unit_rows
+from messaging.failures._parking import swap_parked
 from messaging.store._database import Database
 from messaging.store._ddl import bounded_lock_wait
 from messaging.store._retry import lock_conflict
@@ -55,6 +51,10 @@ from messaging.store._rows import POSITION
 from messaging.store._store import MessageStore
 from messaging.store._table_registry import register
 from messaging.store._tenancy import ReadModels
+from messaging.versions._gate import VersionGate
+from messaging.versions._halted_build import halted_partition, resume_live
+from messaging.versions._retired import drop_retired
+from messaging.versions._versions import UnitRow, seconds_now, unit_name, unit_rows
 
 log = logging.getLogger("messaging.runtime.cutover")
 
@@ -93,7 +93,7 @@ def behind(
 def step(db: Database, spec: ConsumerSpec, unit: str, batch_size: int, keep: int) -> None:
     """Take the next cutover step of version ``unit`` of ``spec``, if it is due; after a
     swap, drop the retired versions beyond the ``keep`` latest
-    (:func:`~messaging.runtime._retired.drop_retired`)."""
+    (:func:`~messaging.versions._retired.drop_retired`)."""
     with db.read() as conn:
         rows = {r.unit: r for r in unit_rows(db, conn, [spec.name])}
         building, live = rows.get(unit), rows.get(spec.name)

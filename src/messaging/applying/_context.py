@@ -8,7 +8,7 @@ its own writes.
 
 :meth:`HandlerContext.upsert` inserts or changes a row by its primary key; a batch's
 upserts of one row are folded into one and each table's go as one multi-row statement
-(:mod:`messaging.runtime._upserts`): the fast way to keep counters and totals.
+(:mod:`messaging.applying._upserts`): the fast way to keep counters and totals.
 
 Each run is sent by :func:`messaging.store._fastpath.execute`: through SQLAlchemy the first
 time, then, when SQLAlchemy showed it is plain SQL, straight to the driver.
@@ -27,9 +27,9 @@ from sqlalchemy.sql import Executable
 
 from messaging._errors import ProjectionsError
 from messaging._messages import Envelope
+from messaging.applying import _upserts as upserts
+from messaging.applying._apply_timeout import NO_DEADLINE
 from messaging.routing._outbox import Outbox
-from messaging.runtime import _upserts as upserts
-from messaging.runtime._apply_timeout import NO_DEADLINE
 from messaging.store import _fastpath
 from messaging.store._rows import NewMessage
 from messaging.store._tokens import NOT_SENT_AGAIN, Outgoing, Sent, Written
@@ -128,7 +128,7 @@ class HandlerContext(MessageContext):
         quiet: Callable[[Envelope], bool] | None = None,
     ) -> None:
         """``quiet``: whether the sends and appends of handling a message are dropped (a
-        version being built, for what the live version sent: :mod:`messaging.runtime._gate`)."""
+        version being built, for what the live version sent: :mod:`messaging.versions._gate`)."""
         self._conn = conn
         self._outbox = outbox
         self._quiet = quiet
