@@ -103,9 +103,8 @@ def _worker(db: Database, parking: bool) -> ConsumerWorker:
         settings=Settings().messaging.consumer,
         hooks=create_plugin_manager([], load_entrypoints=False).hook,
         registry=registry,
+        parking=Parking(db, "bench-parking", 100) if parking else None,
     )
-    if parking:
-        worker.parking = Parking(db, "bench-parking", 100)
     ownership = Ownership(db)
     with db.transaction() as conn:
         Membership(db).register(conn, InstanceInfo(id="bench", name="bench", host="h", pid=1))

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from messaging.runtime._instance import Instance
+import attrs
+import pluggy
 
 log = logging.getLogger("messaging.runtime.lifecycle")
 
@@ -41,23 +41,32 @@ def lifecycle_event(
     log.log(level, line, exc_info=exc_info, extra={"lifecycle": {"event": event, **present}})
 
 
-def partition_event(instance: Instance, consumer: str, partition: int, epoch: int | None) -> None:
-    """A claim by ``instance`` (with its epoch) or a release (``epoch`` None): log it, and
-    tell the plugins."""
+@attrs.frozen
+class Identity:
+    """Who acts, as events name it: an instance's unique id, its name (as log lines show
+    it), and the plugins it tells (their hooks)."""
+
+    id: str
+    name: str
+    hooks: pluggy.HookRelay = attrs.field(eq=False, repr=False)
+
+
+def partition_event(who: Identity, consumer: str, partition: int, epoch: int | None) -> None:
+    """A claim by ``who`` (with its epoch) or a release (``epoch`` None): log it, and tell
+    the plugins."""
     lifecycle_event(
         "claim" if epoch is not None else "release",
         consumer=consumer,
         partition=partition,
-        instance=instance.name,
-        instance_id=instance.id,
+        instance=who.name,
+        instance_id=who.id,
         epoch=epoch,
     )
-    hooks = instance.hooks
     if epoch is not None:
-        hooks.projections_partition_claimed(
-            consumer=consumer, partition=partition, epoch=epoch, instance_id=instance.id
+        who.hooks.projections_partition_claimed(
+            consumer=consumer, partition=partition, epoch=epoch, instance_id=who.id
         )
     else:
-        hooks.projections_partition_released(
-            consumer=consumer, partition=partition, instance_id=instance.id
+        who.hooks.projections_partition_released(
+            consumer=consumer, partition=partition, instance_id=who.id
         )

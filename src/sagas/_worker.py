@@ -36,8 +36,6 @@ import attrs
 from sqlalchemy import Connection
 
 from messaging._errors import (
-    CheckpointMoved,
-    OwnershipLost,
     ProjectionsError,
     UnknownPayloadVersion,
 )
@@ -47,7 +45,6 @@ from messaging.applying._worker import ConsumerWorker
 from messaging.distribution._needs import clear_deadline
 from messaging.distribution._ownership import Claim
 from messaging.failures._poison import Poison
-from messaging.failures._stops import halt_at, leave_partition
 from messaging.store._retry import is_transient
 from messaging.store._rows import StoredRow
 from sagas._dispatch import SagaDispatcher
@@ -149,17 +146,15 @@ class SagaWorker(ConsumerWorker):
                     return 0
         with self._limiter:
             try:
-                delivered, now = self._retried(lambda: self._deliver(claims, parked), claims)
-            except OwnershipLost as lost:
-                self._lose(lost.partitions)
-                return 0
-            except CheckpointMoved as moved:
-                self._moved(moved, claims)
-                return 0
+                deliver = partial(self._retried, partial(self._deliver, claims, parked), claims)
+                outcome = self.fence.guard(deliver, claims, None)  # None: the fence did not hold
             except Exception as exc:
                 if is_transient(exc):
                     raise
-                delivered, now = self._deliver_one_by_one(claims, parked)
+                outcome = self._deliver_one_by_one(claims, parked)
+            if outcome is None:
+                return 0
+            delivered, now = outcome
         self._more_due = len(delivered) >= self.settings.batch_size
         if delivered:
             self.hooks.projections_deadlines_delivered(
@@ -249,16 +244,13 @@ class SagaWorker(ConsumerWorker):
             if deadline.partition not in held:
                 continue  # its partition halted (or moved) meanwhile
             try:
-                done, now = self._retried(partial(self._deliver, held, parked, deadline), held)
-            except OwnershipLost as lost:
-                self._lose(lost.partitions)
-                continue
-            except CheckpointMoved as moved:
-                self._moved(moved, held)
-                continue
+                deliver = partial(
+                    self._retried, partial(self._deliver, held, parked, deadline), held
+                )
+                outcome = self.fence.guard(deliver, held, None)
             except UnknownPayloadVersion as newer:  # never decoded by guesswork: left
                 what = f"deadline {deadline.name!r} of saga instance {deadline.key!r}"
-                leave_partition(self, held[deadline.partition], newer, what)
+                self.stops.leave(held[deadline.partition], newer, what)
                 continue
             except Exception as exc:
                 if is_transient(exc):
@@ -268,7 +260,10 @@ class SagaWorker(ConsumerWorker):
                 )
                 claim = held[deadline.partition]
                 row = (claim.checkpoint, deadline.type, deadline.partition, deadline.payload)
-                halt_at(self, Poison(row, deadline.partition, failure), held)
+                self.stops.halt_at(Poison(row, deadline.partition, failure), held)
                 continue
+            if outcome is None:
+                continue  # the fence did not hold
+            done, now = outcome
             delivered.extend(done)
         return delivered, now

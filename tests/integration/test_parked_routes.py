@@ -32,7 +32,7 @@ class Jobs:
 
 
 def _worker(db: Database) -> ConsumerWorker:
-    worker = consumer_worker(db, Jobs, instance_id=ME, worker_class=IdempotentWorker)
+    worker = consumer_worker(db, Jobs, instance_id=ME, worker_class=IdempotentWorker, max_parked=10)
     return claimed(db, worker)
 
 

@@ -44,6 +44,8 @@ def test_a_saga_parks_an_instance_by_its_own_source_and_halts_on_another(db: Dat
 
 
 def create_worker(db: Database) -> SagaWorker:
-    worker: SagaWorker = consumer_worker(db, Keyed, instance_id=ME, worker_class=SagaWorker)
+    worker: SagaWorker = consumer_worker(
+        db, Keyed, instance_id=ME, worker_class=SagaWorker, max_parked=10
+    )
     claimed(db, worker)
     return worker

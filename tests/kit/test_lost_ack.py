@@ -16,6 +16,7 @@ from sqlalchemy import Connection, select
 
 from messaging import Database, is_ambiguous
 from messaging._consumers import collect_specs
+from messaging.applying._fence import Fence
 from messaging.applying._worker import ConsumerWorker
 from messaging.distribution._ownership import Claim, Ownership
 from messaging.store._rows import partition_of
@@ -199,7 +200,7 @@ def test_the_scenario_catches_a_framework_that_applies_a_lost_ack_batch_again(
 ) -> None:
     """Without the re-read before the retry and without the compare-and-set on the
     checkpoint, the batch whose acknowledgement was lost is applied a second time."""
-    monkeypatch.setattr(ConsumerWorker, "_reread", lambda self, claims, error: None)
+    monkeypatch.setattr(Fence, "_reread", lambda self, claims, error: None)
     monkeypatch.setattr(Ownership, "commit_checkpoint", _fenced_on_owner_and_epoch_only)
     with pytest.raises(BatteryFailure) as failure:
         run_battery(_ledger_machine(), projections_database_url)

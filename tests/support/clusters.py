@@ -237,20 +237,25 @@ def consumer_worker(
     instance_name: str | None = None,
     whole: bool = False,
     worker_class: type | None = None,
+    max_parked: int | None = None,
 ) -> Any:
     """A ConsumerWorker (or a ``worker_class``) of one decorated consumer class, with default
-    settings and no plugins (``instance_name`` defaults to ``instance_id``)."""
+    settings and no plugins (``instance_name`` defaults to ``instance_id``); ``max_parked``:
+    parking sources (``on-failure: park-source``), at most that many per partition."""
     from messaging import Settings, create_plugin_manager
     from messaging._consumers import consumer_spec
     from messaging.applying._worker import ConsumerWorker
+    from messaging.failures._parking import Parking
 
+    spec = consumer_spec(consumer)
     return (worker_class or ConsumerWorker)(
         db=db,
-        spec=consumer_spec(consumer),
+        spec=spec,
         instance_id=instance_id,
         instance_name=instance_name or instance_id,
         settings=Settings().messaging.consumer,
         hooks=create_plugin_manager([], load_entrypoints=False).hook,
         registry=registry,
         whole=whole,
+        parking=None if max_parked is None else Parking(db, spec.name, max_parked),
     )

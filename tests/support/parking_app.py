@@ -15,7 +15,6 @@ from messaging import ConflictRetrySettings, Database, HandlerContext, MessageSt
 from messaging.applying._worker import ConsumerWorker
 from messaging.distribution._membership import InstanceInfo, Membership
 from messaging.distribution._ownership import Claim, Ownership
-from messaging.failures._parking import Parking
 from messaging.store._retry import for_command, retry_transient
 from messaging.store._rows import partition_of
 from projections import projection
@@ -77,18 +76,16 @@ def parking_worker(
             row = {"position": ctx.envelope.position, "source": ctx.envelope.source}
             ctx.execute(insert(table), {**row, "name": event.name})
 
-    worker: ConsumerWorker = consumer_worker(via or db, Items, instance_id=ME, instance_name="me")
-    return claimed(db, worker, max_sources, first=first)
+    worker: ConsumerWorker = consumer_worker(
+        via or db, Items, instance_id=ME, instance_name="me", max_parked=max_sources
+    )
+    return claimed(db, worker, first=first)
 
 
-def claimed(
-    db: Database, worker: ConsumerWorker, max_sources: int | None = 10, *, first: bool = True
-) -> ConsumerWorker:
-    """``worker`` (of a consumer with 2 partitions) declared, holding both partitions, its
-    parking on unless ``max_sources`` is None (``first`` False: claiming them again)."""
+def claimed(db: Database, worker: ConsumerWorker, *, first: bool = True) -> ConsumerWorker:
+    """``worker`` (of a consumer with 2 partitions) declared, holding both partitions
+    (``first`` False: claiming them again)."""
     spec = worker.spec
-    if max_sources is not None:
-        worker.parking = Parking(worker.db, spec.name, max_sources)
     if not first:  # another worker of the same instance: claims again (a handover)
         reclaim(db, worker)
         return worker

@@ -49,6 +49,10 @@ class Worker:
         settings: ConsumerSettings,
         hooks: pluggy.HookRelay,
         registry: MessageRegistry,
+        sender: str | None = None,
+        outage: Outage | None = None,
+        pulsed: bool = False,
+        after_first_batch: Callable[[], object] | None = None,
     ) -> None:
         self.db = db
         self.spec = spec
@@ -56,15 +60,17 @@ class Worker:
         self.settings = settings
         self.hooks = hooks
         self.store = MessageStore(db, registry)
-        self.outbox = Outbox(self.store, spec.name)
+        self.outbox = Outbox(self.store, sender or spec.name)
+        """Builds what handlers send (ids derived from ``sender``: a version being built
+        sends as its live version would)."""
         self.dispatcher = self.dispatcher_class(spec, registry, db)
-        self.outage = Outage(f"consumer {spec.name}")
+        self.outage = outage or Outage(f"consumer {spec.name}")
         """Logs an unreachable database once; the instance shares one among its workers."""
-        self.after_first_batch: Callable[[], object] | None = None
+        self.after_first_batch = after_first_batch
         """Called once, after this worker's first poll that applied anything (the instance
         freezes the heap then: :mod:`messaging.runtime._heap`)."""
-        self.pulsed = False
-        """Set by the instance whose pulse wakes this worker: then an idle worker waits for
+        self.pulsed = pulsed
+        """Whether an instance's pulse wakes this worker: then an idle worker waits for
         :meth:`wake` instead of polling every ``idle-poll-interval``."""
         self.needed: frozenset[int] = frozenset()
         """The partitions whose rows record what a newer payload needs, as the last

@@ -17,33 +17,30 @@ from contextlib import AbstractContextManager, nullcontext
 from functools import partial
 from typing import Any, TypeVar
 
-import attrs
 import pluggy
 from sqlalchemy import Connection
 
 from messaging._consumers import ConsumerSpec
-from messaging._errors import ApplyTimedOut, CheckpointMoved, OwnershipLost
-from messaging._lifecycle import lifecycle_event
+from messaging._errors import ApplyTimedOut
+from messaging._lifecycle import Identity
 from messaging._messages import MessageRegistry
 from messaging._settings import ConsumerSettings
-from messaging.applying import _parked_apply as parked
 from messaging.applying._apply_timeout import ApplyDeadlines, batch_name
 from messaging.applying._batch import Batch, split_lanes
 from messaging.applying._context import HandlerContext
+from messaging.applying._fence import Fence
 from messaging.applying._holdings import Holdings
 from messaging.applying._lanes import Lanes
+from messaging.applying._parked_apply import ParkedApply, held_back
 from messaging.applying._polling import Worker
-from messaging.distribution._ownership import Claim, Ownership
+from messaging.distribution._ownership import Claim
 from messaging.failures._parking import Parking
-from messaging.failures._poison import Poison
-from messaging.failures._stops import stop_at
+from messaging.failures._poison import Poison, isolate
+from messaging.failures._stops import Stops
 from messaging.store._database import Database
 from messaging.store._refusals import refusal
 from messaging.store._retry import (
-    is_ambiguous,
     is_transient,
-    report_batch_retry,
-    retry_transient,
 )
 from messaging.store._rows import POSITION, StoredRow, partition_in
 from messaging.versions._gate import VersionGate
@@ -53,7 +50,12 @@ T = TypeVar("T")
 
 
 class ConsumerWorker(Worker):
-    """Applies one transactional consumer's owned partitions, batch by batch."""
+    """Applies one transactional consumer's owned partitions, batch by batch.
+
+    Whole when built: the instance's parts it shares (``limiter``, ``deadlines``,
+    ``outage``), the consumer's options (``whole``, ``lanes``, ``apply_timeout``,
+    ``parking``) and, for a version being built beside the live one, its ``gate`` and
+    ``cutover_due``."""
 
     def __init__(
         self,
@@ -68,6 +70,12 @@ class ConsumerWorker(Worker):
         whole: bool = False,
         lanes: int = 1,
         limiter: AbstractContextManager[Any] | None = None,
+        apply_timeout: float | None = None,
+        deadlines: ApplyDeadlines | None = None,
+        parking: Parking | None = None,
+        gate: VersionGate | None = None,
+        cutover_due: Callable[[], object] | None = None,
+        **loop: Any,
     ) -> None:
         super().__init__(
             db=db,
@@ -76,8 +84,10 @@ class ConsumerWorker(Worker):
             settings=settings,
             hooks=hooks,
             registry=registry,
+            **loop,
         )
         self.instance_name = instance_name  # as log lines show it (instance_id: unique)
+        self.who = Identity(instance_id, instance_name, hooks)
         self.whole = whole
         """Single-owner mode: apply only while holding every partition (global order)."""
         self.lanes = 1 if whole else max(1, min(lanes, spec.partitions))
@@ -87,47 +97,59 @@ class ConsumerWorker(Worker):
         reach beyond its tables (what a crash repeats); none for a projection, whose lane
         applies its whole share of a read (no row read twice)."""
         self._limiter = limiter if limiter is not None else nullcontext()
-        self.ownership = Ownership(db)
+        self.apply_timeout = apply_timeout  # apply-timeout: seconds a batch may take
+        self.deadlines = deadlines or ApplyDeadlines(f"instance {instance_name}")
+        """Where a batch's apply deadline is watched (the instance's watchdog's)."""
+        self.gate = gate  # a version being built: what the live one did
+        self.cutover_due = cutover_due
+        """Called after a poll of a version being built near its end (see :meth:`poll`)."""
         self.holdings = Holdings(spec.name)
         """The claims, the batches in flight, and the handovers waiting for them."""
-        self._claims, self._lock = self.holdings.claims, self.holdings.lock
-        self._catching_up = self._stale = False  # _stale: an unknown outcome: re-read claims
+        self.fence = Fence(db=db, spec=spec, who=self.who, holdings=self.holdings, parking=parking)
+        """The claims as the fenced commits answer (one path for a lost fence)."""
+        self.ownership = self.fence.ownership
+        self.stops = Stops(db=db, store=self.store, spec=spec, who=self.who, drop=self.drop)
+        """Halts and leaves partitions at a message (what each left one needs)."""
+        self.parked = (
+            None
+            if parking is None
+            else ParkedApply(
+                spec=spec,
+                store=self.store,
+                dispatcher=self.dispatcher,
+                who=self.who,
+                parking=parking,
+                fence=self.fence,
+                stops=self.stops,
+                commit=self._commit,
+                applied=self._applied,
+                contexts=self._context,
+            )
+        )
+        """On ``on-failure: park-source``: parks and retries sources."""
+        self._catching_up = False
         self._lanes = Lanes(self.lanes)
         self._stop = threading.Event()  # the apply loop's, once it runs
-        self.gate: VersionGate | None = None  # a version being built: what the live one did
-        self.cutover_due: Callable[[], object] | None = None
-        """Called after a poll of a version being built near its end (see :meth:`poll`)."""
-        self.parking: Parking | None = None  # on-failure: park-source: parked sources held
-        self.apply_timeout: float | None = None  # apply-timeout: seconds a batch may take
-        self.left: dict[int, tuple[tuple[str, int], float]] = {}
-        """Partitions left for a newer declaration: what each needs, and when (monotonic).
-        A rebalance round that read the rows before that does not claim them back."""
-        self.said: set[tuple[int, str]] = set()  # the leaves logged: (partition, where)
-        self.deadlines = ApplyDeadlines(f"instance {instance_name}")  # the watchdog's
+
+    @property
+    def parking(self) -> Parking | None:
+        """The parked sources held (``on-failure: park-source``), or None."""
+        return None if self.parked is None else self.parked.parking
 
     # -- ownership, changed by the rebalance loop ----------------------------------------
 
     def add_claims(self, claims: Sequence[Claim]) -> None:
         """Start applying these newly claimed partitions (their parked sources read first)."""
-        if self.parking is not None:
-            self.parking.reload([claim.partition for claim in claims])
-        with self._lock:
-            for claim in claims:
-                self._claims[claim.partition] = claim
+        self.fence.add(claims)
         self.wake()  # new partitions may have messages the pulse never announced here
 
     def drop(self, partitions: Sequence[int]) -> None:
         """Stop applying these partitions (released or lost)."""
-        with self._lock:
-            for partition in partitions:
-                self._claims.pop(partition, None)
-        if self.parking is not None:
-            self.parking.forget(partitions)
+        self.fence.drop(partitions)
 
     def claims(self) -> dict[int, Claim]:
         """A snapshot of the partitions applied here."""
-        with self._lock:
-            return dict(self._claims)
+        return self.fence.claims()
 
     # -- applying ------------------------------------------------------------------------
 
@@ -140,57 +162,18 @@ class ConsumerWorker(Worker):
             self._lanes.shutdown()
 
     def held_claims(self) -> dict[int, Claim]:
-        """The claims to apply now: none in single-owner mode until every partition is
-        held, since a single owner applies in global position order."""
-        if self._stale:
-            self._recheck()
+        """The claims to apply now (read again from the database after an error of unknown
+        outcome): none in single-owner mode until every partition is held, since a single
+        owner applies in global position order."""
+        self.fence.settle()
         claims = self.claims()
         if self.whole and len(claims) < self.spec.partitions:
             return {}
         return claims
 
-    def _recheck(self) -> None:
-        """After an error of unknown outcome: take every claim's epoch and checkpoint from
-        the database (our commit may have gone through unacknowledged); drop partitions no
-        longer held under the same epoch."""
-        claims = self.holdings.idle()  # a lane's batch in flight settles its own claims
-        with self.db.read() as conn:
-            held = self.ownership.owned(conn, self.spec.name, self.instance_id, claims)
-            if self.parking is not None:  # a park may have committed unacknowledged
-                self.parking.load(conn, held)
-        lost = [p for p, c in claims.items() if p not in held or held[p].epoch != c.epoch]
-        with self._lock:
-            for partition, claim in held.items():
-                current = self._claims.get(partition)
-                if current is not None and current.epoch == claim.epoch:
-                    self._claims[partition] = claim
-        self._stale = False
-        if lost:
-            self._lose(lost)
-
-    def _reread(self, claims: Mapping[int, Claim], _error: BaseException) -> None:
-        """Before retrying a commit of unknown outcome: raise :class:`CheckpointMoved` (or
-        :class:`OwnershipLost`) unless ``claims`` are still what the database holds. Every
-        claim is re-read before the next batch too."""
-        self._stale = True
-        with self.db.read() as conn:
-            self.ownership.verify(conn, self.spec.name, self.instance_id, claims)
-
     def _retry_commit(self, action: Callable[[], T], claims: Mapping[int, Claim], what: str) -> T:
-        """Run the commit ``action`` under ``conflict-retry``; after an error of unknown
-        outcome, re-read ``claims`` before retrying (:meth:`_reread`)."""
-        try:
-            return retry_transient(
-                action,
-                self.settings.conflict_retry,
-                what=what,
-                on_retry=partial(report_batch_retry, self.hooks, self.instance_id, what, claims),
-                reread=partial(self._reread, claims),
-            )
-        except Exception as exc:
-            if is_ambiguous(exc):
-                self._stale = True
-            raise
+        """Run the commit ``action`` under ``conflict-retry`` (:meth:`Fence.retried`)."""
+        return self.fence.retried(action, claims, what, self.settings.conflict_retry)
 
     def poll(self) -> int:
         """Fetch and apply one batch of the owned partitions; return how many messages were
@@ -213,8 +196,8 @@ class ConsumerWorker(Worker):
         transaction, so an idle poller never takes the write lock (several lanes:
         :meth:`_poll_lanes`). The instance applies ``executor.max-workers`` batches at most.
         """
-        if self.parking is not None and self.parking.retrying(self.claims()):
-            return parked.retry_held(self)
+        if self.parked is not None and self.parked.parking.retrying(self.claims()):
+            return self._retry_parked(self.parked)
         if self.lanes > 1:
             return self._poll_lanes()
         claims = self.holdings.take(self.held_claims())
@@ -262,48 +245,65 @@ class ConsumerWorker(Worker):
             if ended is not None or self._stop.is_set():
                 return ended or 0
 
+    def _retry_parked(self, parked: ParkedApply) -> int:
+        """Apply the held messages of the parked sources an operator asked to retry, of the
+        partitions no batch applies now; return how many were applied."""
+        claims = self.holdings.take(self.held_claims())
+        try:
+            return parked.retry(claims)
+        finally:
+            self.holdings.finish(claims)
+
     def _apply_limited(self, batch: Batch, started: float) -> int:
         with self._limiter:
             return self._apply(batch, started)
 
     def _apply(self, batch: Batch, started: float) -> int:
         """Apply ``batch`` and commit its fenced checkpoints (:meth:`Batch.checkpoint`). A
-        lost fence drops its partitions; a checkpoint found already moved (an earlier
-        commit went through unacknowledged) is taken from the database: either way
-        nothing is applied."""
-        try:
-            return self._apply_or_halt(batch, started)
-        except OwnershipLost as lost:
-            self._lose(lost.partitions)
-        except CheckpointMoved as moved:
-            self._moved(moved, batch.claims)
-        except Exception as exc:
-            if is_ambiguous(exc):  # a poison replay, a prefix or a halt of unknown outcome
-                self._stale = True
-            raise
-        return 0
+        fence that did not hold applies nothing (:meth:`Fence.guard`)."""
+        self._catching_up = False
+        return self.fence.guard(partial(self._apply_or_stop, batch, started), batch.claims, 0)
 
-    def _apply_or_halt(self, batch: Batch, started: float) -> int:
+    def _apply_or_stop(self, batch: Batch, started: float) -> int:
+        """Commit ``batch``; when a message of it fails, stop at that message
+        (:meth:`_stop_at`). Returns how many messages were committed."""
         claims = batch.claims
         try:
             rows = self._retry_commit(
-                lambda: self._commit(batch, immediate=False), claims, f"apply {self.spec.name}"
+                partial(self._commit, batch, False), claims, f"apply {self.spec.name}"
             )
-        except Poison as failed:
-            replay: Sequence[StoredRow] | None = failed.batch
-            known = failed if failed.exact and isinstance(failed.error, ApplyTimedOut) else None
+        except Poison as poison:
+            failed = poison
         else:
-            replay = None
-        if replay is not None:
+            failed = None
+        if failed is not None:  # (outside the handler: see _stop_at)
+            return self._stop_at(batch, failed, started)
+        if not rows:
+            return 0
+        self._applied(batch, rows, started)
+        self._catching_up = len(rows) >= self.settings.batch_size
+        return len(rows)
+
+    def _stop_at(self, batch: Batch, failed: Poison, started: float) -> int:
+        """After a message of ``batch`` failed: find it, then park its source (``on-failure:
+        park-source``), or commit what came before it and stop its partition right before
+        it (:meth:`Stops.stop_before`). Returns how many messages were committed."""
+        replay: Sequence[StoredRow] = failed.batch
+        try:
             # The buffered writes hide which message failed: replay it unbuffered to find
             # out (outside the handler above, so the handler's error, logged with the halt,
             # does not carry this first failure as its context). A timeout names its own.
-            try:
-                if known is not None:
-                    raise known
-                rows = self._commit(Batch(claims, replay), immediate=True)
-            except Poison as poison:
-                return stop_at(self, batch, replay, poison, started)
+            if failed.exact and isinstance(failed.error, ApplyTimedOut):
+                raise failed
+            rows = self._commit(Batch(batch.claims, replay), True)
+        except Poison as poison:
+            parked = None if self.parked is None else self.parked.park_sources
+            done = None if parked is None else parked(batch, replay, poison, started)
+            if done is not None:
+                return done
+            found = isolate(poison, partial(self._commit_prefix, batch.claims, started))
+            self.stops.stop_before(found.poison, batch.claims)
+            return found.committed
         if not rows:
             return 0
         self._applied(batch, rows, started)
@@ -315,13 +315,13 @@ class ConsumerWorker(Worker):
     ) -> None:
         """Commit ``rows``, the messages before a poison message (see :func:`isolate`)."""
         prefix = Batch(claims, rows)
-        self._commit(prefix, immediate=False)
+        self._commit(prefix, False)
         self._applied(prefix, rows, started)
 
     def _applied(self, batch: Batch, rows: Sequence[StoredRow], started: float) -> None:
         """After ``rows`` of ``batch`` committed: move the local checkpoints, tell the plugins."""
         claims = batch.claims
-        self._advance(claims, batch.checkpoint(rows))
+        self.fence.advance(claims, batch.checkpoint(rows))
         self.hooks.projections_batch_applied(
             consumer=self.spec.name,
             partitions=sorted(claims),
@@ -358,7 +358,19 @@ class ConsumerWorker(Worker):
         self.gate.read(conn)
         return self.gate.cap(rows)
 
-    def _commit(self, batch: Batch, *, immediate: bool) -> Sequence[StoredRow]:
+    def _context(
+        self, conn: Connection, rows: Sequence[StoredRow], immediate: bool
+    ) -> HandlerContext:
+        """The context the handlers of ``rows`` run in (``immediate``: unbuffered writes)."""
+        return HandlerContext(
+            conn,
+            lambda: self.store.envelopes(conn, [row[POSITION] for row in rows]),
+            immediate=immediate,
+            outbox=self.outbox,
+            quiet=None if self.gate is None else self.gate.quiet,
+        )
+
+    def _commit(self, batch: Batch, immediate: bool) -> Sequence[StoredRow]:
         """In one transaction: read the rows unless the batch has them, apply them, commit
         the fenced checkpoints (:meth:`Batch.checkpoint`). Returns the rows applied."""
         claims = batch.claims
@@ -366,22 +378,17 @@ class ConsumerWorker(Worker):
             rows = self._fetch(conn, claims) if batch.rows is None else batch.rows
             if not rows:
                 return rows
-            ctx = HandlerContext(
-                conn,
-                lambda: self.store.envelopes(conn, [row[POSITION] for row in rows]),
-                immediate=immediate,
-                outbox=self.outbox,
-                quiet=None if self.gate is None else self.gate.quiet,
-            )
-            held = None if self.parking is None else self.parking.held(claims, batch.parks)
-            if held:
-                rows = parked.with_sources(self, conn, rows)
+            ctx = self._context(conn, rows, immediate)
+            parked = self.parked
+            held = None if parked is None else parked.parking.held(claims, batch.parks)
+            if held and parked is not None:
+                rows = parked.with_sources(conn, rows)
             with self.deadlines.bound(
                 conn, self.apply_timeout, batch_name(self.spec.name, claims)
             ) as deadline:
                 ctx.deadline = deadline
                 try:
-                    todo = parked.held_back(rows, held) if held else rows
+                    todo = held_back(rows, held) if held else rows
                     self.dispatcher.apply(todo, ctx, self.spec.partitions)
                     try:
                         ctx.flush()
@@ -402,53 +409,3 @@ class ConsumerWorker(Worker):
                 conn, self.spec.name, self.instance_id, claims, batch.checkpoint(rows)
             )
             return rows
-
-    def _advance(self, applied: Mapping[int, Claim], position: int) -> None:
-        with self._lock:
-            for partition, claim in applied.items():
-                current = self._claims.get(partition)
-                if (
-                    current is not None
-                    and current.epoch == claim.epoch
-                    and current.checkpoint < position
-                ):
-                    self._claims[partition] = Claim(
-                        partition=partition, epoch=claim.epoch, checkpoint=position
-                    )
-
-    def _moved(self, moved: CheckpointMoved, claims: Mapping[int, Claim]) -> None:
-        """Take the checkpoints an unacknowledged earlier commit under ``claims`` wrote: go
-        on from there (unless the partition was claimed again meanwhile)."""
-        lifecycle_event(
-            "checkpoint-moved",
-            level=logging.WARNING,
-            consumer=self.spec.name,
-            checkpoints=moved.checkpoints,
-            instance=self.instance_name,
-            instance_id=self.instance_id,
-            reason="an earlier commit went through unacknowledged; the batch was rolled back",
-        )
-        with self._lock:
-            for partition, checkpoint in moved.checkpoints.items():
-                current = self._claims.get(partition)
-                if current is not None and current.epoch == claims[partition].epoch:
-                    self._claims[partition] = attrs.evolve(current, checkpoint=checkpoint)
-        if self.parking is not None:  # the earlier commit may have parked sources
-            self.parking.reload(moved.checkpoints)
-        self._catching_up = False
-
-    def _lose(self, partitions: Sequence[int]) -> None:
-        lifecycle_event(  # one line for the batch's partitions
-            "lost",
-            level=logging.WARNING,
-            consumer=self.spec.name,
-            partitions=",".join(map(str, sorted(partitions))),
-            instance=self.instance_name,
-            instance_id=self.instance_id,
-            reason="another instance owns it now; the batch was rolled back",
-        )
-        self.drop(partitions)
-        for partition in partitions:
-            self.hooks.projections_partition_released(
-                consumer=self.spec.name, partition=partition, instance_id=self.instance_id
-            )

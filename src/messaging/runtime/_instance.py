@@ -24,7 +24,7 @@ from sqlalchemy import Connection
 
 from messaging._consumers import ConsumerSpec
 from messaging._errors import ProjectionsError
-from messaging._lifecycle import lifecycle_event, partition_event
+from messaging._lifecycle import Identity, lifecycle_event, partition_event
 from messaging._messages import MessageRegistry
 from messaging._messages import registry as default_registry
 from messaging._overrides import check_overrides
@@ -76,6 +76,7 @@ class Instance:
         self.registry = registry
         self.id = uuid.uuid4().hex
         self.name = name or default_instance_name()
+        self.who = Identity(self.id, self.name, hooks)
         stale = self.consumer_settings.stale_instance_timeout
         db.bound_lock_waits(lock_wait_bound(stale))
         db.bound_answers(answer_bound(stale))
@@ -427,7 +428,7 @@ class Instance:
         self.retry(leave, "release and deregister")
         self.units.close()
         for consumer, partition in released:
-            partition_event(self, consumer, partition, None)
+            partition_event(self.who, consumer, partition, None)
         log.info("instance %s stopped", self.name)
 
     def run(self) -> None:

@@ -200,9 +200,9 @@ class Rebalancer:
         needs = pending(rows)
         for name, worker in inst.workers.items():  # left after the rows were read
             worker.needed = frozenset(needs.get(name, {}))
-            for partition, (need, left_at) in list(worker.left.items()):
+            for partition, (need, left_at) in list(worker.stops.left.items()):
                 if left_at < read_at:
-                    worker.left.pop(partition, None)  # the rows hold the record
+                    worker.stops.left.pop(partition, None)  # the rows hold the record
                 else:
                     needs.setdefault(name, {})[partition] = need
         reads = {name: readable(inst.registry, w.spec) for name, w in inst.workers.items()}
@@ -241,7 +241,7 @@ class Rebalancer:
                 worker.add_claims(claims)
                 claimed += len(claims)
                 for claim in claims:
-                    partition_event(inst, name, claim.partition, claim.epoch)
+                    partition_event(inst.who, name, claim.partition, claim.epoch)
             unclaimed = target.target - set(worker.claims()) - worker.holdings.leaving()
             self._note_unclaimed(name, unclaimed, declared[name][1], halted[name])
         return Moved(claimed=claimed, released=released)
@@ -317,7 +317,7 @@ class Rebalancer:
 
         inst.retry(release, f"release {name}")
         for partition in partitions:
-            partition_event(inst, name, partition, None)
+            partition_event(inst.who, name, partition, None)
 
     def _next_round(self, members: Sequence[InstanceRow]) -> float:
         """How soon the next rebalance is worth running: at the regular interval, but right

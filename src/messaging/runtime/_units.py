@@ -25,7 +25,6 @@ from messaging._states import ConsumerState
 from messaging.applying._worker import ConsumerWorker
 from messaging.distribution._needs import published
 from messaging.failures._parking import Parking
-from messaging.routing._outbox import Outbox
 from messaging.store._database import Database
 from messaging.versions._gate import VersionGate
 from messaging.versions._versions import UnitRow, create_version_tables, split_unit
@@ -102,6 +101,11 @@ class Units:
             spec = attrs.evolve(spec, options=attrs.evolve(spec.options, name=unit))
         worker_class = spec.options.worker or spec.kind.worker or ConsumerWorker
         group = inst.group(spec)
+        building = version is not None  # beside the live version, which it catches up
+        parking = None
+        default = OnFailure.HALT_PARTITION
+        if spec.kind.parks and group.on_failure_for(name, default) is OnFailure.PARK_SOURCE:
+            parking = Parking(db, spec.name, group.max_parked_sources)
         worker = worker_class(
             db=db,
             spec=spec,
@@ -113,20 +117,17 @@ class Units:
             whole=inst.distributions[name] is Distribution.SINGLE_OWNER,
             lanes=lanes,
             limiter=inst.limiter,
+            apply_timeout=group.apply_timeout_for(name),
+            deadlines=inst.watchdog.applies,
+            parking=parking,
+            outage=inst.outage,
+            pulsed=self.looping,
+            gate=VersionGate(inst.db, name) if building else None,
+            cutover_due=inst.rebalancer.request_round if building else None,  # live one waits
+            sender=name,  # a version being built sends as the live one would (the same ids)
         )
-        if version is not None:
-            worker.gate = VersionGate(inst.db, name)
-            worker.cutover_due = inst.rebalancer.request_round  # the live one waits for it
-            worker.outbox = Outbox(worker.store, name)  # the ids the live version derives
-        worker.apply_timeout = group.apply_timeout_for(name)
-        worker.deadlines = inst.watchdog.applies
-        default = OnFailure.HALT_PARTITION
-        if spec.kind.parks and group.on_failure_for(name, default) is OnFailure.PARK_SOURCE:
-            worker.parking = Parking(db, spec.name, group.max_parked_sources)
-        worker.outage = inst.outage
         inst.workers[unit] = worker
         if self.looping:
-            worker.pulsed = True
             inst.spawn(f"apply:{unit}", worker.run)
 
     def _stop(self, unit: str, live: UnitRow | None) -> None:
