@@ -268,14 +268,13 @@ class ConsumerWorker(Worker):
         """Commit ``batch``; when a message of it fails, stop at that message
         (:meth:`_stop_at`). Returns how many messages were committed."""
         claims = batch.claims
+        failed: Poison | None = None
         try:
             rows = self._retry_commit(
                 partial(self._commit, batch, False), claims, f"apply {self.spec.name}"
             )
         except Poison as poison:
             failed = poison
-        else:
-            failed = None
         if failed is not None:  # (outside the handler: see _stop_at)
             return self._stop_at(batch, failed, started)
         if not rows:
