@@ -191,7 +191,7 @@ class SagaWorker(ConsumerWorker):
             dispatcher.deliver(due, ctx)
             ctx.flush()
             fenced = {p: claims[p] for p in set(map(_PARTITION, due.deadlines))}
-            self.ownership.commit_checkpoint(conn, self.spec.name, self.instance_id, fenced, 0)
+            self.fence.commit(conn, fenced, 0)
             if self.needed.intersection(fenced):  # a deadline's record: delivered now
                 clear_deadline(self.db, conn, self.spec.name, self.instance_id, fenced)
             return due.deadlines, due.now

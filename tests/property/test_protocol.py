@@ -181,13 +181,7 @@ def _checkpoint_outside_the_transaction(self, batch, immediate):  # type: ignore
         self.dispatcher.apply(rows, ctx, self.spec.partitions)
         ctx.flush()
     with self.db.transaction() as conn:
-        self.ownership.commit_checkpoint(
-            conn,
-            self.spec.name,
-            self.instance_id,
-            batch.claims,
-            batch.checkpoint(rows),
-        )
+        self.fence.commit(conn, batch.claims, batch.checkpoint(rows))
     return rows
 
 

@@ -17,6 +17,7 @@ from functools import partial
 from typing import TypeVar
 
 import attrs
+from sqlalchemy import Connection
 
 from messaging._consumers import ConsumerSpec
 from messaging._errors import CheckpointMoved, OwnershipLost
@@ -90,7 +91,13 @@ class Fence:
                         partition=partition, epoch=claim.epoch, checkpoint=position
                     )
 
-    # -- what a fenced commit answers ----------------------------------------------------
+    # -- the fenced commit and what it answers -------------------------------------------
+
+    def commit(self, conn: Connection, claims: Mapping[int, Claim], position: int) -> None:
+        """In the batch's transaction ``conn``: move ``claims``' checkpoints to ``position``,
+        fenced by their owner, epoch and checkpoint (raises :class:`OwnershipLost` or
+        :class:`CheckpointMoved`, which roll the transaction back: see :meth:`guard`)."""
+        self.ownership.commit_checkpoint(conn, self._spec.name, self._who.id, claims, position)
 
     def guard(self, commit: Callable[[], T], claims: Mapping[int, Claim], otherwise: T) -> T:
         """Run ``commit`` (fenced by ``claims``); when its fence did not hold, act on it

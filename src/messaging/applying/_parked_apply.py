@@ -228,9 +228,7 @@ class ParkedApply:
                         parking.release(conn, source)
                     else:
                         parking.write(conn, [again])
-                    self._fence.ownership.commit_checkpoint(
-                        conn, spec.name, self._who.id, {claim.partition: claim}, claim.checkpoint
-                    )
+                    self._fence.commit(conn, {claim.partition: claim}, claim.checkpoint)
             except Poison as poison:
                 if again is not None:  # the messages before it failed as a whole: park there
                     raise

@@ -107,7 +107,6 @@ class ConsumerWorker(Worker):
         """The claims, the batches in flight, and the handovers waiting for them."""
         self.fence = Fence(db=db, spec=spec, who=self.who, holdings=self.holdings, parking=parking)
         """The claims as the fenced commits answer (one path for a lost fence)."""
-        self.ownership = self.fence.ownership
         self.stops = Stops(db=db, store=self.store, spec=spec, who=self.who, drop=self.drop)
         """Halts and leaves partitions at a message (what each left one needs)."""
         self.parked = (
@@ -404,7 +403,5 @@ class ConsumerWorker(Worker):
                     raise poison.within(rows) from poison.error
             if batch.parks and self.parking is not None:
                 self.parking.write(conn, batch.parks)
-            self.ownership.commit_checkpoint(
-                conn, self.spec.name, self.instance_id, claims, batch.checkpoint(rows)
-            )
+            self.fence.commit(conn, claims, batch.checkpoint(rows))
             return rows

@@ -164,7 +164,7 @@ class SimulatedCluster:
         instance = self.running.pop(name)
         for worker in instance.workers.values():
             if isinstance(worker, ConsumerWorker):
-                worker.ownership = DiesAtCommit(worker.ownership)
+                worker.fence.ownership = DiesAtCommit(worker.fence.ownership)
         with suppress(ProcessDied):
             self._poll(instance)
         self._record(f"crash_during_commit({name!r})")
