@@ -59,7 +59,7 @@ class Here:
             id=instance.id,
             name=instance.name,
             declared=frozenset(s.name for s in instance.specs if s.transactional),
-            runs=frozenset(instance.units.specs()),
+            runs=frozenset(instance.declared.running()),
             applies=frozenset(instance.workers),
             stopping=instance.stop_requested.is_set(),
             outage="; ".join(sorted(str(c) for c in causes)) or None,

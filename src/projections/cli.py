@@ -129,7 +129,7 @@ def _admin_alongside(
         raise
     if instance is not None:
         host, port = server.server_address[:2]
-        instance.admin_url = f"http://{host!s}:{port}"
+        instance.advertise_admin(f"http://{host!s}:{port}")
     thread = threading.Thread(target=server.serve_forever, name="admin", daemon=True)
     thread.start()
     try:

@@ -591,7 +591,7 @@ def test_housekeeping_whose_acks_are_lost_changes_nothing_more(
     instance = Instance(proxied, specs, Settings(), manager.hook, name="forgetting")
     instance.start(loops=False)
     proxy.arm(1, when=touches("UPDATE", "instances", "runs"))
-    instance.forget("fault-seq-single")
+    instance.presence.forget("fault-seq-single")
     assert proxy.dropped == 3
     with db.read() as conn:
         runs = conn.execute(select(instances.c.runs).where(instances.c.name == "forgetting"))

@@ -27,7 +27,8 @@ def test_a_failing_pulse_is_logged_once_without_traceback_then_its_recovery(
     error for two failed looks; once the schema exists, one INFO."""
     db = Database(f"sqlite:///{tmp_path}/pulse.db")
     try:
-        pulser = _instance(db).pulser
+        instance = _instance(db)
+        pulser = instance.pulser
         with caplog.at_level(logging.INFO):
             assert not pulser.look()
             assert not pulser.look()
@@ -40,7 +41,7 @@ def test_a_failing_pulse_is_logged_once_without_traceback_then_its_recovery(
             pulser.look()
             pulser.look()
         assert [r.getMessage() for r in caplog.records] == [
-            f"instance {pulser.instance.name}: reading the pulse works again"
+            f"instance {instance.name}: reading the pulse works again"
         ]
     finally:
         db.dispose()

@@ -25,6 +25,7 @@ from tally_cluster import TallyCluster
 from messaging import Database, Instance, Settings, collect_consumers, create_plugin_manager
 from messaging._settings import ConsumerSettings
 from messaging.distribution._membership import Membership
+from messaging.distribution._ownership import Ownership
 from projections._operations import pause
 from projections._reports import consumers_report
 
@@ -196,7 +197,7 @@ def test_a_share_that_waits_for_an_operator_is_not_awaited_from_live_instances(
     if held_back == "halted":
         claim = a.workers[tally_app.CONSUMER].claims()[0]
         with db.transaction() as conn:
-            assert a.ownership.halt(
+            assert Ownership(db).halt(
                 conn, tally_app.CONSUMER, claim, a.id, position=1, type_name="t", error="boom"
             )
     else:

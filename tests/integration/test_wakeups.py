@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from messaging import Database, MessageStore
+from messaging import Database, MessageStore, Settings, create_plugin_manager
+from messaging._lifecycle import Identity
 from messaging.runtime._pulser import Pulser
 from messaging.store._wakeup import _QUEUE_LENGTH, ANY_TOPIC, Listener, WakeUps
 from projections.examples.ledger import AccountOpened
@@ -83,7 +84,18 @@ def test_a_pulse_beats_for_wake_ups_about_its_topics_only() -> None:
     """An instance reading ``ledger`` beats when woken about it or about any topic, not
     when woken about topics none of its consumers read."""
     worker = SimpleNamespace(spec=SimpleNamespace(topics=("ledger",)))
-    pulser = Pulser(SimpleNamespace(name="i", workers={"c": worker}, in_memory={}))  # type: ignore[arg-type]
+    parts = SimpleNamespace()  # what _concerns does not touch
+    pulser = Pulser(
+        db=parts,  # type: ignore[arg-type]
+        who=Identity("i", "i", create_plugin_manager([], load_entrypoints=False).hook),
+        settings=Settings().messaging.consumer,
+        membership=parts,  # type: ignore[arg-type]
+        rebalancer=parts,  # type: ignore[arg-type]
+        units=SimpleNamespace(workers={"c": worker}),  # type: ignore[arg-type]
+        in_memory={},
+        watchdog=parts,  # type: ignore[arg-type]
+        outage=parts,  # type: ignore[arg-type]
+    )
     assert pulser._concerns(frozenset({"ledger", "audit"}))
     assert pulser._concerns(frozenset({ANY_TOPIC}))
     assert not pulser._concerns(frozenset({"audit"}))

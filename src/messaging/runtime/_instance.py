@@ -14,41 +14,39 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any, TypeVar
 
 import attrs
 import pluggy
-from sqlalchemy import Connection
 
 from messaging._consumers import ConsumerSpec
 from messaging._errors import ProjectionsError
-from messaging._lifecycle import Identity, lifecycle_event, partition_event
+from messaging._lifecycle import Identity, lifecycle_event
 from messaging._messages import MessageRegistry
 from messaging._messages import registry as default_registry
 from messaging._overrides import check_overrides
-from messaging._settings import ConsumerGroupSettings, Distribution, Settings
+from messaging._settings import Distribution, Settings
 from messaging._states import DeclarationOutcome
 from messaging.applying._in_memory import InMemoryConsumer
-from messaging.applying._outage import Heartbeats, Outage, run_every
+from messaging.applying._outage import Outage
 from messaging.applying._worker import ConsumerWorker
 from messaging.distribution._membership import InstanceInfo, Membership
-from messaging.distribution._needs import published
-from messaging.distribution._ownership import Ownership
-from messaging.distribution._pulse import bump_generation
+from messaging.runtime._declared import Declared
 from messaging.runtime._heap import freeze_once
-from messaging.runtime._process import default_instance_name, process_exists
+from messaging.runtime._presence import Presence, Retry
+from messaging.runtime._process import default_instance_name
 from messaging.runtime._pulser import Pulser
 from messaging.runtime._rebalancer import Rebalancer
 from messaging.runtime._signals import POLL, StopSignals
 from messaging.runtime._starting import StartRetry
+from messaging.runtime._threads import Threads
 from messaging.runtime._units import Units
-from messaging.runtime._watchdog import Watchdog, round_bound
+from messaging.runtime._watchdog import Watchdog
 from messaging.store._database import Database, answer_bound, lock_wait_bound
-from messaging.store._retry import report_retry, retry_transient
-from messaging.store._store import MessageStore
-from messaging.versions._declarations import declare, declared_elsewhere, tenant_fingerprint
+from messaging.store._retry import report_retry
+from messaging.versions._declarations import declare, declared_elsewhere
 
 log = logging.getLogger("messaging.runtime.instance")
 
@@ -56,7 +54,14 @@ T = TypeVar("T")
 
 
 class Instance:
-    """A running member of the cluster for one tenant."""
+    """A running member of the cluster for one tenant: it registers, declares its
+    consumers, and runs its loops (heartbeat, pulse, rebalance rounds, one apply loop per
+    consumer and per in-memory copy) until it stops.
+
+    Its parts, each built with what it needs: :class:`Declared` (what its code declares),
+    :class:`Presence` (its row: registration, heartbeats), :class:`Units` (the workers),
+    :class:`Rebalancer` (the rounds), :class:`Pulser` (the pulse), :class:`Watchdog` and
+    :class:`Threads`."""
 
     def __init__(
         self,
@@ -67,63 +72,121 @@ class Instance:
         *,
         name: str | None = None,
         registry: MessageRegistry = default_registry,
+        instance_id: str | None = None,
     ) -> None:
         self.db = db
-        self.specs = list(specs)
-        self.settings = settings
-        self.consumer_settings = settings.messaging.consumer
-        self.hooks = hooks
-        self.registry = registry
-        self.id = uuid.uuid4().hex
-        self.name = name or default_instance_name()
-        self.who = Identity(self.id, self.name, hooks)
-        stale = self.consumer_settings.stale_instance_timeout
+        name = name or default_instance_name()
+        self.who = Identity(instance_id or uuid.uuid4().hex, name, hooks)
+        """Its unique id (random unless given: the testing kit replays exact runs), its
+        name and the plugins it tells."""
+        self.declared = Declared(specs, settings, registry)
+        consumer = settings.messaging.consumer
+        stale = consumer.stale_instance_timeout
         db.bound_lock_waits(lock_wait_bound(stale))
         db.bound_answers(answer_bound(stale))
-        self.membership = Membership(db)
-        self.ownership = Ownership(db)
-        self.store = MessageStore(db, registry)
         self.stop_requested = threading.Event()
-        self._stop_workers = threading.Event()
-        self._stop_rebalance = threading.Event()
-        self._stop_heartbeat = threading.Event()
-        self._beat_soon = threading.Event()
-        """Set when a database session opens: the heartbeat records it at once."""
-        self.fingerprints: dict[str, str] = {}
-        self.info = InstanceInfo(
-            id=self.id, name=self.name, host=socket.gethostname(), pid=os.getpid()
-        )
-        self.registered = False
-        self.limiter = threading.BoundedSemaphore(self.consumer_settings.executor.max_workers)
-        """Bounds the batches applied at once across every consumer of the instance."""
-        self._threads: list[threading.Thread] = []
-        self.workers: dict[str, ConsumerWorker] = {}
+        self.threads = Threads()
         self.in_memory: dict[str, InMemoryConsumer] = {}
-        self._started = False
-        self.distributions: dict[str, Distribution] = {}
-        self.heartbeats = Heartbeats(self.name, stale, db.engine)
-        self.outage = Outage(f"instance {self.name}", self.heartbeats)
-        """The database as the workers and the rebalance loop see it: logged on its edges."""
-        self.heartbeat_outage = Outage(f"instance {self.name} heartbeat", self.heartbeats)
-        self.units = Units(self)
-        """Starts and stops the workers as the consumers' rows change."""
-        self.rebalancer = Rebalancer(self)
-        """Claims and releases this instance's share (the rebalance rounds)."""
-        self.pulser = Pulser(self)
-        """Tells the workers and the rounds when there is something to look at."""
-        self.admin_url: str | None = None
-        """Where this instance's admin endpoints answer, if it serves them (published)."""
-        self.watchdog = Watchdog(f"instance {self.name}", lambda: db.answer_timeout)
+        self.watchdog = Watchdog(f"instance {name}", lambda: db.answer_timeout)
         """Ends database waits past the answer bound; exits when a loop is stuck."""
-        self.loop_bound = partial(round_bound, self.consumer_settings, db=db)
-        """Seconds a round of a loop run every so many seconds may take (its watchdog bound)."""
+        membership = Membership(db)
+        retry = Retry(consumer, self.who)
+        info = InstanceInfo(id=self.who.id, name=name, host=socket.gethostname(), pid=os.getpid())
+        self.presence = Presence(
+            db=db,
+            membership=membership,
+            who=self.who,
+            info=info,
+            settings=consumer,
+            stopping=self.stop_requested,
+            in_memory=self.in_memory,
+            retry=retry,
+        )
+        round_due = threading.Event()
+        self.units = Units(
+            db=db,
+            who=self.who,
+            declared=self.declared,
+            publish_runs=self.presence.publish_runs,
+            retry=retry,
+            cutover_due=round_due.set,  # a version being built near its end: the next step
+            deadlines=self.watchdog.applies,
+            outage=self.presence.outage,
+        )
+        """Starts and stops the workers as the consumers' rows change."""
+        self.rebalancer = Rebalancer(
+            db=db,
+            who=self.who,
+            declared=self.declared,
+            membership=membership,
+            units=self.units,
+            retry=retry,
+            watchdog=self.watchdog,
+            outage=self.presence.outage,
+            requested=round_due,
+        )
+        """Claims and releases this instance's share (the rebalance rounds)."""
+        self.pulser = Pulser(
+            db=db,
+            who=self.who,
+            settings=consumer,
+            membership=membership,
+            rebalancer=self.rebalancer,
+            units=self.units,
+            in_memory=self.in_memory,
+            watchdog=self.watchdog,
+            outage=self.presence.outage,
+        )
+        """Tells the workers and the rounds when there is something to look at."""
+        self._started = False
 
-    def group(self, spec: ConsumerSpec) -> ConsumerGroupSettings:
-        return self.settings.group(spec.kind.settings_group)
+    # -- who it is, and what it runs (read by the admin, the CLI and the testing kit) ----
 
-    def distribution(self, spec: ConsumerSpec) -> Distribution:
-        """The configured distribution of a consumer."""
-        return self.group(spec).distribution_for(spec.name)
+    @property
+    def id(self) -> str:
+        """This instance's unique id (its row's key)."""
+        return self.who.id
+
+    @property
+    def name(self) -> str:
+        """This instance's name, as log lines and ``projections instances`` show it."""
+        return self.who.name
+
+    @property
+    def hooks(self) -> pluggy.HookRelay:
+        return self.who.hooks
+
+    @property
+    def specs(self) -> list[ConsumerSpec]:
+        """The consumers its code declares."""
+        return self.declared.specs
+
+    @property
+    def distributions(self) -> dict[str, Distribution]:
+        """Each transactional consumer's distribution (from the start on)."""
+        return self.declared.distributions
+
+    @property
+    def workers(self) -> dict[str, ConsumerWorker]:
+        """The workers applying here, by unit name (a consumer or a version being built)."""
+        return self.units.workers
+
+    @property
+    def outage(self) -> Outage:
+        """The database as the loops see it (unreachable, or refusing writes)."""
+        return self.presence.outage
+
+    @property
+    def heartbeat_outage(self) -> Outage:
+        return self.presence.heartbeat_outage
+
+    @property
+    def registered(self) -> bool:
+        return self.presence.registered
+
+    def advertise_admin(self, url: str) -> None:
+        """This instance's admin endpoints answer at ``url``: its row says so (next beat)."""
+        self.presence.admin_url = url
 
     # -- start -------------------------------------------------------------------------
 
@@ -142,7 +205,7 @@ class Instance:
         def stopping() -> bool:
             return interrupted() or self.stop_requested.is_set()
 
-        step = StartRetry(self.name, self.consumer_settings, reported, stopping)
+        step = StartRetry(self.name, self.declared.consumer_settings, reported, stopping)
         try:
             self._start(loops, step)
         except BaseException:
@@ -153,49 +216,19 @@ class Instance:
             raise
 
     def _start(self, loops: bool, step: StartRetry) -> None:
-        check_overrides(self.settings, self.specs)
-        self.registry.check_upcasters()  # every stored version reaches a class, or one line
+        declared, settings = self.declared, self.declared.settings
+        check_overrides(settings, declared.specs)
+        declared.registry.check_upcasters()  # every stored version reaches a class, or one line
         # Another process may be creating a new SQLite file's schema (and WAL mode) at
         # this moment: that is a lock error like any other, and retried.
         step(self.db.prepare, "prepare the schema")
-        runs = {}
-        for spec in self.specs:
-            if spec.transactional:
-                distribution = self.distributions[spec.name] = self.distribution(spec)
-                self.fingerprints[spec.name] = tenant_fingerprint(self.db, spec, self.registry)
-                runs[spec.name] = {
-                    "distribution": distribution.value,
-                    "fingerprint": self.fingerprints[spec.name],
-                    **published(self.registry, spec),  # (messaging.distribution._needs)
-                }
-        self.info = attrs.evolve(self.info, id=self.id, name=self.name, runs=runs)
+        runs = declared.fingerprint(self.db)
+        self.presence.info = attrs.evolve(self.presence.info, runs=runs)
         if loops:  # a liveness signal its peers watch (none for an instance driven by hand)
-            hold = partial(self.membership.hold, self.id, self.consumer_settings.idle_poll_interval)
-            step(hold, "hold the liveness signal")
-        step(self._register, "register")
-        self.registered = True
-        for spec in self.specs:
-            if not spec.transactional:
-                self.in_memory[spec.name] = InMemoryConsumer(
-                    db=self.db,
-                    spec=spec,
-                    instance_id=self.id,
-                    settings=self.group(spec).consumer_settings_for(
-                        spec.name, self.consumer_settings
-                    ),
-                    hooks=self.hooks,
-                    registry=self.registry,
-                )
-                continue
-            distribution = self.distributions[spec.name]
-            declaring = partial(declare, self.db, spec, distribution, self.id, self.name)
-            if step(declaring, f"declare {spec.name}").outcome == DeclarationOutcome.STALE:
-                self.forget(spec.name)
-                del self.fingerprints[spec.name]
-        for memory in self.in_memory.values():
-            memory.outage = self.outage
-        if self.in_memory:
-            step(self.publish_in_memory, "publish the in-memory consumers")
+            beat = declared.consumer_settings.idle_poll_interval
+            step(partial(self.presence.hold, beat), "hold the liveness signal")
+        step(self.presence.register, "register")
+        self._declare(step, loops)
         log.info(
             "instance %s (%s) started with %s, in memory %s",
             self.name,
@@ -213,132 +246,72 @@ class Instance:
         self.hooks.projections_instance_started(
             instance_id=self.id,
             name=self.name,
-            consumers=[s.name for s in self.specs],
+            consumers=[s.name for s in declared.specs],
             tenant=self.db.tenant,
         )
         step(self.rebalance, "rebalance")  # starts the workers (messaging.runtime._units)
-        if self.settings.messaging.gc_freeze:
+        if settings.messaging.gc_freeze:
             freeze_once()  # what is held now is held until the stop (messaging.runtime._heap)
-            for worker in self.workers.values():
-                worker.after_first_batch = partial(freeze_once, "applied")
         self.rebalancer.announce_wait()
-        if not loops:
-            return
-        self._spawn("watchdog", self.watchdog.run, self.stop_requested)
-        self._spawn("heartbeat", self._heartbeat_loop, self._stop_heartbeat)
-        for looped in [*self.workers.values(), *self.in_memory.values()]:
-            looped.pulsed = True
-        self.pulser.listen()
-        self._spawn("pulse", self.pulser.loop, self._stop_workers)
-        for name, worker in self.workers.items():
-            self.spawn(f"apply:{name}", worker.run)
-        self.units.looping = True  # from now on a worker started by a round gets a thread
-        self._spawn("rebalance", self.rebalancer.loop, self._stop_rebalance)  # (after them)
-        for name, memory in self.in_memory.items():
-            self._spawn(f"memory:{name}", memory.run, self._stop_workers)
+        if loops:
+            self._loop(settings.messaging.gc_freeze)
 
-    def _register(self) -> None:
-        """Insert this instance's row, refusing a name a live instance already has. A holder
-        of the name on this host whose process is gone (a restarted worker's predecessor,
-        killed with SIGKILL) is not waited for: its row is removed, live or stale."""
-        timeout = self.consumer_settings.stale_instance_timeout
-        with self.db.transaction() as conn:
-            for other in self.membership.instances(conn, timeout):
-                if other.id == self.id:
-                    return  # an earlier attempt committed unacknowledged: registered already
-                if other.name != self.name:
-                    continue
-                if other.host == self.info.host and not process_exists(other.pid):
-                    log.info(
-                        "instance %s: its previous holder (pid %d) is gone; taking over",
-                        self.name,
-                        other.pid,
-                    )
-                    self.membership.deregister(conn, other.id)
-                    continue
-                if not other.live:
-                    continue
-                raise ProjectionsError(
-                    f"instance name {self.name!r} is taken by a live instance "
-                    f"(pid {other.pid} on {other.host}); choose another with --instance-name"
+    def _declare(self, step: StartRetry, loops: bool) -> None:
+        """Declare each transactional consumer (forgetting those whose declaration the
+        database finds stale) and start the in-memory copies."""
+        declared = self.declared
+        for spec in declared.specs:
+            if not spec.transactional:
+                self.in_memory[spec.name] = InMemoryConsumer(
+                    db=self.db,
+                    spec=spec,
+                    instance_id=self.id,
+                    settings=declared.settings_of(spec),
+                    hooks=self.hooks,
+                    registry=declared.registry,
+                    outage=self.presence.outage,
+                    pulsed=loops,
                 )
-            self.membership.register(conn, self.info)
-            bump_generation(self.db, conn)
+                continue
+            distribution = declared.distributions[spec.name]
+            declaring = partial(declare, self.db, spec, distribution, self.id, self.name)
+            if step(declaring, f"declare {spec.name}").outcome == DeclarationOutcome.STALE:
+                self.presence.forget(spec.name)
+                declared.forget(spec.name)
+        if self.in_memory:
+            step(self.presence.publish_in_memory, "publish the in-memory consumers")
+
+    def _loop(self, gc_freeze: bool) -> None:
+        """Start the loops, each in a thread of its own: watchdog, heartbeat, pulse, the
+        apply loops, the rebalance rounds (after them), the in-memory copies."""
+        threads = self.threads
+        threads.spawn("watchdog", self.watchdog.run, self.stop_requested)
+        threads.spawn("heartbeat", partial(self.presence.loop, self.watchdog), threads.heartbeat)
+        self.pulser.listen()
+        threads.spawn("pulse", self.pulser.loop, threads.workers)
+        frozen = partial(freeze_once, "applied") if gc_freeze else None
+        self.units.loop(threads.spawn_apply, frozen)  # and those that rounds start later
+        threads.spawn("rebalance", self.rebalancer.loop, threads.rebalance)
+        for name, memory in self.in_memory.items():
+            threads.spawn(f"memory:{name}", memory.run, threads.workers)
 
     def retry(self, action: Callable[[], T], what: str) -> T:
-        return retry_transient(
-            action,
-            self.consumer_settings.conflict_retry,
-            what=what,
-            on_retry=partial(report_retry, self.hooks, self.id, what),
-        )
+        """Run ``action`` under ``conflict-retry``, telling the plugins of each retry."""
+        return Retry(self.declared.consumer_settings, self.who)(action, what)
 
     def loops(self) -> dict[str, bool]:
         """Each thread started for a loop, by name, and whether it still runs."""
-        return {thread.name: thread.is_alive() for thread in self._threads}
-
-    def _spawn(self, name: str, target: object, stop: threading.Event) -> None:
-        thread = threading.Thread(target=target, args=(stop,), name=name, daemon=True)  # type: ignore[arg-type]
-        thread.start()
-        self._threads.append(thread)
-
-    def spawn(self, name: str, target: object) -> None:
-        """Run the apply loop ``target`` in a thread of its own until the workers stop."""
-        self._spawn(name, target, self._stop_workers)
+        return self.threads.alive()
 
     # -- loops -------------------------------------------------------------------------
-
-    def forget(self, name: str) -> None:
-        """Stop telling the peers that this instance runs ``name``: it applies nothing of
-        it, so nobody may plan partitions of it here."""
-        self.publish_runs({c: run for c, run in self.info.runs.items() if c != name})
-
-    def publish_runs(self, runs: Mapping[str, Mapping[str, Any]]) -> None:
-        """Tell the peers which consumers (by name) this instance runs, and how."""
-        self.info = attrs.evolve(self.info, runs=runs)
-
-        def update() -> None:
-            with self.db.transaction() as conn:
-                self.membership.update_runs(conn, self.id, runs)
-
-        self.retry(update, "publish what it runs")
 
     def rebalance(self) -> None:
         """One rebalance round now (see :meth:`Rebalancer.rebalance`)."""
         self.rebalancer.rebalance()
 
     def heartbeat(self) -> None:
-        """Stamp this instance's heartbeat (and whether it is stopping); register again if
-        its row was removed, and tell the peers if it had turned stale or been declared
-        gone; now and then, remove rows of instances long dead."""
-        started = time.perf_counter()
-        stale = self.consumer_settings.stale_instance_timeout
-        with self.db.transaction() as conn:
-            stopping = self.stop_requested.is_set()
-            sent = time.monotonic()  # no later than the time the row records
-            beat = self.membership.heartbeat(conn, self.id, stale, stopping=stopping)
-            if beat != "live":
-                log.warning("instance %s: its row was %s; live again", self.name, beat)
-            if beat == "removed":
-                self.membership.register(conn, self.info)
-            if self.in_memory:
-                self._publish_in_memory(conn)
-            if stopping or beat != "live":  # the others plan without (or with) this instance
-                bump_generation(self.db, conn)
-        self.heartbeats.beat(sent)
-        self.hooks.projections_heartbeat(instance_id=self.id, seconds=time.perf_counter() - started)
-        self.membership.remove_stale_when_due(stale)
-
-    def publish_in_memory(self) -> None:
-        """Write what this instance's in-memory consumers are doing to its row now (the
-        heartbeat does it too), for ``status`` and the admin endpoints of every instance."""
-        with self.db.transaction() as conn:
-            self._publish_in_memory(conn)
-
-    def _publish_in_memory(self, conn: Connection) -> None:
-        consumers = {name: worker.snapshot() for name, worker in self.in_memory.items()}
-        published = {"admin": self.admin_url, "consumers": consumers}
-        self.membership.publish_in_memory(conn, self.id, published)
+        """Stamp this instance's heartbeat now (see :meth:`Presence.heartbeat`)."""
+        self.presence.heartbeat()
 
     def operate_in_memory(
         self, name: str, command: str, *, skip_poison: bool = False
@@ -361,18 +334,8 @@ class Instance:
             raise ValueError(f"unknown command {command!r}")
         verb = "resume --skip-poison" if skip_poison and command == "resume" else command
         lifecycle_event(verb, consumer=name, instance=self.name, scope="this instance")
-        self.retry(self.publish_in_memory, "publish the in-memory consumers")
+        self.retry(self.presence.publish_in_memory, "publish the in-memory consumers")
         return {"consumer": name, "command": command, "instance": self.name, **result}
-
-    def _heartbeat_loop(self, stop: threading.Event) -> None:
-        heartbeat = partial(self.retry, self.heartbeat, "heartbeat")
-        interval = self.consumer_settings.heartbeat_interval
-        self.watchdog.watch("heartbeat", self.loop_bound(interval))
-        beat, what = partial(self.watchdog.beat, "heartbeat"), f"instance {self.name}: heartbeat"
-        if self.db.sessions is not None:
-            self.db.sessions.on_open(self._beat_soon)
-        soon = self._beat_soon
-        run_every(interval, heartbeat, what, stop, self.heartbeat_outage, beat=beat, soon=soon)
 
     # -- stop --------------------------------------------------------------------------
 
@@ -386,49 +349,34 @@ class Instance:
         if not self._started:
             return
         self._started = False
-        self.heartbeats.close()
+        presence, threads = self.presence, self.threads
+        presence.heartbeats.close()
         self.stop_requested.set()
-        self._stop_rebalance.set()  # claim nothing more while draining
+        threads.rebalance.set()  # claim nothing more while draining
         self.rebalancer.request_round()  # wakes its loop, which sees the stop
-        if self.registered:
+        if presence.registered:
             self.hooks.projections_instance_stopping(instance_id=self.id, name=self.name)
             try:
                 self.heartbeat()  # says "stopping": the others plan without this instance
             except Exception:
                 log.exception("instance %s: could not announce its stop", self.name)
-        self._stop_workers.set()
+        threads.workers.set()
         self.pulser.wake()
-        for worker in [*self.workers.values(), *self.in_memory.values()]:
-            worker.wake()
-        deadline = time.monotonic() + self.consumer_settings.graceful_shutdown_timeout
-        for thread in self._threads:
-            if thread.name != "heartbeat":
-                thread.join(timeout=max(0.0, deadline - time.monotonic()))
-        stuck = [t.name for t in self._threads if t.is_alive() and t.name != "heartbeat"]
+        self.units.wake()
+        for memory in self.in_memory.values():
+            memory.wake()
+        deadline = time.monotonic() + self.declared.consumer_settings.graceful_shutdown_timeout
+        stuck = threads.join(deadline, heartbeat=False)
         if stuck:
             log.warning("instance %s: %s still busy after the graceful timeout", self.name, stuck)
-        self._stop_heartbeat.set()
-        self._beat_soon.set()
-        for thread in self._threads:
-            thread.join(timeout=max(0.0, deadline - time.monotonic()))
-        self.membership.let_go()  # its row says "stopping": peers do not watch it any more
-        if not self.registered:
+        threads.heartbeat.set()
+        presence.wake()
+        threads.join(deadline, heartbeat=True)
+        presence.let_go()  # its row says "stopping": peers do not watch it any more
+        if not presence.registered:
             return
-
-        released: dict[tuple[str, int], None] = {}
-        """What any attempt released: retried after an unacknowledged commit that went
-        through, the release finds nothing left, yet those partitions were let go."""
-
-        def leave() -> None:
-            with self.db.transaction() as conn:
-                released.update(dict.fromkeys(self.ownership.release_all(conn, self.id)))
-                self.membership.deregister(conn, self.id)
-                bump_generation(self.db, conn)
-
-        self.retry(leave, "release and deregister")
+        presence.leave()
         self.units.close()
-        for consumer, partition in released:
-            partition_event(self.who, consumer, partition, None)
         log.info("instance %s stopped", self.name)
 
     def run(self) -> None:

@@ -26,15 +26,20 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
 
-from messaging.applying._outage import Failing
+from messaging._lifecycle import Identity
+from messaging._settings import ConsumerSettings
+from messaging.applying._in_memory import InMemoryConsumer
+from messaging.applying._outage import Failing, Outage
+from messaging.distribution._membership import Membership
 from messaging.distribution._pulse import Pulse, PulseReader, bump_generation, only_releases
+from messaging.runtime._rebalancer import Rebalancer
+from messaging.runtime._units import Units
+from messaging.runtime._watchdog import Watchdog, round_bound
+from messaging.store._database import Database
 from messaging.store._liveness import GONE
 from messaging.store._wakeup import ANY_TOPIC, Listener
-
-if TYPE_CHECKING:
-    from messaging.runtime._instance import Instance
 
 log = logging.getLogger("messaging.runtime.pulser")
 
@@ -43,10 +48,24 @@ MIN_GAP = 0.002
 
 
 class Pulser:
-    """Reads ``instance``'s pulse and acts on it."""
+    """Reads one instance's pulse and acts on it."""
 
-    def __init__(self, instance: Instance) -> None:
-        self.instance = instance
+    def __init__(
+        self,
+        *,
+        db: Database,
+        who: Identity,
+        settings: ConsumerSettings,
+        membership: Membership,
+        rebalancer: Rebalancer,
+        units: Units,
+        in_memory: Mapping[str, InMemoryConsumer],
+        watchdog: Watchdog,
+        outage: Outage,
+    ) -> None:
+        self._db, self._who, self._settings, self._membership = db, who, settings, membership
+        self._rebalancer, self._units, self._in_memory = rebalancer, units, in_memory
+        self._watchdog, self._outage = watchdog, outage
         self.last: Pulse | None = None
         """The last good reading."""
         self._listener: Listener | None = None
@@ -56,31 +75,29 @@ class Pulser:
         self._declared_at: int | None = None
         """The generation the last round had read when they were declared."""
         self._failing = Failing(
-            f"instance {instance.name}", "reading the pulse", "rebalancing at the regular interval"
+            f"instance {who.name}", "reading the pulse", "rebalancing at the regular interval"
         )
 
     def topics(self) -> list[str]:
         """Every topic a consumer of the instance reads."""
-        inst = self.instance
-        workers = [*inst.workers.values(), *inst.in_memory.values()]
+        workers = [*self._units.workers.values(), *self._in_memory.values()]
         return sorted({topic for worker in workers for topic in worker.spec.topics})
 
     def beat(self) -> bool:
         """Read the pulse once and wake the workers whose topics moved; return whether the
         generation differs from the one the last rebalance round read (a round is due)."""
-        inst = self.instance
         topics = self.topics()
         if self._reader is None or self._reader.topics != topics:
-            self._reader = PulseReader(inst.db, topics)
-        with inst.db.read() as conn:
+            self._reader = PulseReader(self._db, topics)
+        with self._db.read() as conn:
             pulse = self._reader.read(conn)
         moved = pulse.moved(self.last)
         self.last = pulse
         if moved:
-            for worker in [*inst.workers.values(), *inst.in_memory.values()]:
+            for worker in [*self._units.workers.values(), *self._in_memory.values()]:
                 if moved.intersection(worker.spec.topics):
                     worker.wake()
-        rebalancer = inst.rebalancer
+        rebalancer = self._rebalancer
         moved_on = pulse.generation != rebalancer.generation and (
             rebalancer.awaiting() or not only_releases(rebalancer.generation, pulse.generation)
         )
@@ -89,31 +106,30 @@ class Pulser:
     def watch(self) -> bool:
         """Declare gone the live peers whose liveness signal this instance sees let go;
         return whether it declared any (a round is due)."""
-        inst = self.instance
-        stale = inst.consumer_settings.stale_instance_timeout
-        if self._declared_at != inst.rebalancer.generation:
-            self._declared, self._declared_at = set(), inst.rebalancer.generation
+        stale = self._settings.stale_instance_timeout
+        if self._declared_at != self._rebalancer.generation:
+            self._declared, self._declared_at = set(), self._rebalancer.generation
         peers = {
             m.id: m
-            for m in inst.rebalancer.members.values()
-            if m.id != inst.id and m.live and not m.stopping and m.liveness
+            for m in self._rebalancer.members.values()
+            if m.id != self._who.id and m.live and not m.stopping and m.liveness
         }
         described = {i: str(m.liveness) for i, m in peers.items() if i not in self._declared}
-        gone = inst.membership.signal.gone(described)
+        gone = self._membership.signal.gone(described)
         if not gone:
             return False
-        with inst.db.transaction() as conn:
+        with self._db.transaction() as conn:
             declared = [
-                i for i in gone if inst.membership.declare_gone(conn, i, described[i], GONE, stale)
+                i for i in gone if self._membership.declare_gone(conn, i, described[i], GONE, stale)
             ]
             if declared:
-                bump_generation(inst.db, conn)
+                bump_generation(self._db, conn)
         self._declared.update(gone)  # those not declared here: another peer was first
         for peer in (peers[i] for i in declared):
             log.warning(
                 "instance %s: declared instance %s (pid %d on %s) gone: %s; its partitions "
                 "move now",
-                inst.name,
+                self._who.name,
                 peer.name,
                 peer.pid,
                 peer.host,
@@ -125,20 +141,19 @@ class Pulser:
         """:meth:`beat`, a failure being no change (the regular round comes anyway), logged
         once: as the instance's outage if the database is unreachable, else at WARNING
         until a beat succeeds."""
-        inst = self.instance
         try:
             due = self.beat()
         except Exception as exc:
-            if not inst.outage.failed(exc):
+            if not self._outage.failed(exc):
                 self._failing.failed(exc)
             return False
-        inst.outage.succeeded(wrote=False)
+        self._outage.succeeded(wrote=False)
         self._failing.succeeded()
         return due
 
     def listen(self) -> None:
         """Take wake-ups from appenders on this host (before the loop starts)."""
-        self._listener = self.instance.db.wakeups.listen()
+        self._listener = self._db.wakeups.listen()
 
     def wake(self) -> None:
         """Make the loop look at its stop event now."""
@@ -147,9 +162,8 @@ class Pulser:
 
     def loop(self, stop: threading.Event) -> None:
         """Beat every ``idle-poll-interval`` (sooner when woken) until ``stop`` is set."""
-        inst = self.instance
-        interval = inst.consumer_settings.idle_poll_interval
-        inst.watchdog.watch("pulse", inst.loop_bound(interval))
+        interval = self._settings.idle_poll_interval
+        self._watchdog.watch("pulse", round_bound(self._settings, interval, db=self._db))
         due = time.monotonic()
         try:
             while not stop.is_set():
@@ -163,8 +177,8 @@ class Pulser:
                 started = time.monotonic()
                 due = started + interval
                 if self.look():
-                    inst.rebalancer.request_round()
-                inst.watchdog.beat("pulse")
+                    self._rebalancer.request_round()
+                self._watchdog.beat("pulse")
                 stop.wait(max(0.0, started + MIN_GAP - time.monotonic()))
         finally:
             if self._listener is not None:

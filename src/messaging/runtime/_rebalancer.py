@@ -14,23 +14,26 @@ import threading
 import time
 from collections.abc import Sequence, Set
 from functools import partial
-from typing import TYPE_CHECKING
 
 import attrs
 
-from messaging._lifecycle import partition_event
+from messaging._lifecycle import Identity, partition_event
 from messaging._states import ConsumerState, PartitionStatus
-from messaging.distribution._membership import InstanceRow
+from messaging.applying._outage import Outage
+from messaging.distribution._membership import InstanceRow, Membership
 from messaging.distribution._needs import Need, can_read, describe, pending, readable, reads_of
-from messaging.distribution._ownership import PartitionRow
-from messaging.distribution._pulse import bump_generation, read_generation
+from messaging.distribution._ownership import Ownership, PartitionRow
+from messaging.distribution._pulse import read_generation
 from messaging.distribution._rebalance import plan
+from messaging.runtime._declared import Declared
+from messaging.runtime._presence import Retry
+from messaging.runtime._units import Units
+from messaging.runtime._watchdog import Watchdog, round_bound
+from messaging.store._database import Database
+from messaging.store._store import MessageStore
 from messaging.versions._cutover import step
 from messaging.versions._declarations import start_requested_rebuild
 from messaging.versions._versions import UnitRow, split_unit, unit_rows
-
-if TYPE_CHECKING:
-    from messaging.runtime._instance import Instance
 
 log = logging.getLogger("messaging.runtime.rebalancer")
 
@@ -47,17 +50,35 @@ class Moved:
 
 
 class Rebalancer:
-    """The rebalance rounds of ``instance`` and what they remember between rounds."""
+    """The rebalance rounds of one instance and what they remember between rounds."""
 
-    def __init__(self, instance: Instance) -> None:
-        self.instance = instance
-        self._next_round_in = instance.consumer_settings.rebalance_interval
+    def __init__(
+        self,
+        *,
+        db: Database,
+        who: Identity,
+        declared: Declared,
+        membership: Membership,
+        units: Units,
+        retry: Retry,
+        watchdog: Watchdog,
+        outage: Outage,
+        requested: threading.Event,
+    ) -> None:
+        self._db, self._who, self._declared = db, who, declared
+        self._settings = declared.consumer_settings
+        self._membership, self._units, self._retry = membership, units, retry
+        self._watchdog, self._outage = watchdog, outage
+        self._ownership = Ownership(db)
+        self._store = MessageStore(db, declared.registry)
+        self._requested = requested
+        """Set when a round is asked for now (the pulse, a cutover due, the stop)."""
+        self._next_round_in = self._settings.rebalance_interval
         self._waiting: dict[str, str | None] = {}
         self._needs_said: set[tuple[str, int, Need]] = set()
         """The partitions waiting for a newer declaration this instance has said so of."""
         self.generation: int | None = None
         """The tenant's generation as the last round read it, before its rows."""
-        self._requested = threading.Event()
         self._awaited: dict[str, int] = {}
         """Partitions of each consumer assigned here but still held by live peers."""
         self._for_operator: dict[str, str] = {}
@@ -74,44 +95,43 @@ class Rebalancer:
         assigned here are claimed when unowned or owned by a non-live instance; one still
         held by a live instance is claimed on a later round, after that instance let go.
         """
-        inst = self.instance
         started = time.perf_counter()
-        timeout = inst.consumer_settings.stale_instance_timeout
+        timeout = self._settings.stale_instance_timeout
         self._requested.clear()
-        with inst.db.read() as conn:
+        with self._db.read() as conn:
             # The generation first: at READ COMMITTED each statement sees the latest commits,
             # so a change landing after the rows below were read bumps it past this value.
-            self.generation = read_generation(inst.db, conn)
-            members = inst.membership.instances(conn, timeout)
+            self.generation = read_generation(self._db, conn)
+            members = self._membership.instances(conn, timeout)
             self.members = {m.id: m for m in members}
             live = [i for i in members if i.live and not i.stopping]
-            units = unit_rows(inst.db, conn, inst.units.specs())
-        inst.units.sync(units)  # the workers of the consumers to apply here
+            units = unit_rows(self._db, conn, self._declared.running())
+        self._units.sync(units)  # the workers of the consumers to apply here
         read_at = time.monotonic()
-        with inst.db.read() as conn:
-            rows = inst.ownership.partitions(conn, sorted(inst.workers))
-            head = inst.store.head(conn)
+        with self._db.read() as conn:
+            rows = self._ownership.partitions(conn, sorted(self._units.workers))
+            head = self._store.head(conn)
         read_seconds = time.perf_counter() - started
         moved = self._round(live, rows, units, read_at)
-        inst.hooks.projections_rebalanced(
-            instance_id=inst.id,
+        self._who.hooks.projections_rebalanced(
+            instance_id=self._who.id,
             seconds=time.perf_counter() - started,
             membership_seconds=read_seconds,
             live_members=len(live),
             claimed=moved.claimed,
             released=moved.released,
         )
-        for name, worker in inst.workers.items():
+        for name, worker in self._units.workers.items():
             lags = {p: max(0, head - c.checkpoint) for p, c in worker.claims().items()}
-            inst.hooks.projections_lag(consumer=name, instance_id=inst.id, lags=lags)
-            inst.hooks.projections_ownership(
+            self._who.hooks.projections_lag(consumer=name, instance_id=self._who.id, lags=lags)
+            self._who.hooks.projections_ownership(
                 consumer=name,
-                instance_id=inst.id,
+                instance_id=self._who.id,
                 partitions=sorted(worker.claims()),
                 total=worker.spec.partitions,
             )
-        inst.hooks.projections_versions(
-            instance_id=inst.id,
+        self._who.hooks.projections_versions(
+            instance_id=self._who.id,
             live={u.name: u.version for u in units if u.live},
             building={u.name: u.version for u in units if u.building},
         )
@@ -121,7 +141,7 @@ class Rebalancer:
             self._awaiting_since = None
             log.info(
                 "instance %s: has its share of every consumer after %.1f s",
-                inst.name,
+                self._who.name,
                 waited,
             )
 
@@ -134,25 +154,24 @@ class Rebalancer:
         """Say, once at start, what this instance waits for and for how long at most: the
         partitions assigned here that live peers still hold until their next round; and
         those no peer will hand over, which wait for an operator."""
-        inst = self.instance
         for_operator = [what for _, what in sorted(self._for_operator.items()) if what]
         if for_operator:
             log.info(
                 "instance %s: %s: they wait for an operator, not for another instance",
-                inst.name,
+                self._who.name,
                 ", ".join(for_operator),
             )
         awaited = {name: n for name, n in self._awaited.items() if n}
         if not awaited:
             return
         self._awaiting_since = time.monotonic()
-        interval = inst.consumer_settings.rebalance_interval
+        interval = self._settings.rebalance_interval
         usually = min(1.0, interval)
         log.info(
             "instance %s: waiting for %s held by live instances: they hand them over at "
             "their next rebalance round, usually within %g s, at most %g s (two "
             "rebalance-intervals) plus a batch in flight",
-            inst.name,
+            self._who.name,
             ", ".join(f"{n} partition(s) of {name}" for name, n in sorted(awaited.items())),
             usually,
             2 * interval,
@@ -167,29 +186,28 @@ class Rebalancer:
     ) -> Moved:
         """One round's decisions from the rows just read (from ``read_at``, monotonic);
         returns what moved."""
-        inst = self.instance
         claimed = released = 0
-        specs = inst.units.specs()
+        specs = self._declared.running()
         for unit in units:
-            if unit.unit not in inst.workers:
+            if unit.unit not in self._units.workers:
                 continue
             spec = specs[unit.name]
             if unit.live and unit.state in (
                 ConsumerState.REBUILD_REQUESTED,
                 ConsumerState.REBUILDING,
             ):
-                fingerprint = inst.fingerprints[unit.name]
-                distribution = inst.distributions[unit.name]
-                start_requested_rebuild(inst.db, spec, fingerprint, distribution)
+                fingerprint = self._declared.fingerprints[unit.name]
+                distribution = self._declared.distributions[unit.name]
+                start_requested_rebuild(self._db, spec, fingerprint, distribution)
             elif unit.building:
-                group = inst.group(spec)
+                group = self._declared.group(spec)
                 keep = group.retired_versions_for(spec.name)
-                size = group.consumer_settings_for(spec.name, inst.consumer_settings).batch_size
-                step(inst.db, spec, unit.unit, size, keep)
+                size = group.consumer_settings_for(spec.name, self._settings).batch_size
+                step(self._db, spec, unit.unit, size, keep)
         declared = {u.unit: (u.fingerprint, u.state) for u in units}
-        owners: dict[str, dict[int, str | None]] = {name: {} for name in inst.workers}
-        halted: dict[str, set[int]] = {name: set() for name in inst.workers}
-        needs_read: dict[str, set[int]] = {name: set() for name in inst.workers}
+        owners: dict[str, dict[int, str | None]] = {name: {} for name in self._units.workers}
+        halted: dict[str, set[int]] = {name: set() for name in self._units.workers}
+        needs_read: dict[str, set[int]] = {name: set() for name in self._units.workers}
         for row in rows:
             if row.consumer in owners:  # not one retired above
                 owners[row.consumer][row.partition] = row.owner
@@ -198,33 +216,44 @@ class Rebalancer:
                 if row.needs is not None:
                     needs_read[row.consumer].add(row.partition)
         needs = pending(rows)
-        for name, worker in inst.workers.items():  # left after the rows were read
+        for name, worker in self._units.workers.items():  # left after the rows were read
             worker.needed = frozenset(needs.get(name, {}))
             for partition, (need, left_at) in list(worker.stops.left.items()):
                 if left_at < read_at:
                     worker.stops.left.pop(partition, None)  # the rows hold the record
                 else:
                     needs.setdefault(name, {})[partition] = need
-        reads = {name: readable(inst.registry, w.spec) for name, w in inst.workers.items()}
+        reads = {
+            name: readable(self._declared.registry, w.spec)
+            for name, w in self._units.workers.items()
+        }
         plans = plan(
-            inst.id,
+            self._who.id,
             live,
             owners,
-            {name: worker.spec.partitions for name, worker in inst.workers.items()},
-            {name: inst.distributions[split_unit(name)[0]] for name in inst.workers},
-            {name: inst.fingerprints[split_unit(name)[0]] for name in inst.workers},
+            {name: worker.spec.partitions for name, worker in self._units.workers.items()},
+            {
+                name: self._declared.distributions[split_unit(name)[0]]
+                for name in self._units.workers
+            },
+            {
+                name: self._declared.fingerprints[split_unit(name)[0]]
+                for name in self._units.workers
+            },
             needs,
             reads,
         )
         self._say_needs(needs, live, reads)
         for name, target in plans.items():
-            worker = inst.workers[name]
-            lost = [p for p in worker.claims() if owners[name].get(p) != inst.id]
+            worker = self._units.workers[name]
+            lost = [p for p in worker.claims() if owners[name].get(p) != self._who.id]
             if lost:
                 worker.drop(lost)
             if target.release:
                 # Released now, or right after the batch in flight that applies them commits.
-                worker.holdings.hand_over(sorted(target.release), partial(self.release, name))
+                worker.holdings.hand_over(
+                    sorted(target.release), partial(self._units.release, name)
+                )
                 released += len(target.release)
             if target.waiting_for and target.waiting_for != self._waiting.get(name):
                 log.warning("consumer %s: applying nothing here: %s", name, target.waiting_for)
@@ -232,16 +261,16 @@ class Rebalancer:
             wanted = sorted(target.target - set(worker.claims()) - worker.holdings.leaving())
             if wanted:
                 self._end_sessions({owners[name].get(p) for p in wanted})
-                live_ids = inst.membership.live_ids(inst.consumer_settings.stale_instance_timeout)
-                with inst.db.transaction() as conn:
-                    fingerprint = inst.fingerprints[split_unit(name)[0]]
-                    claims = inst.ownership.claim(
-                        conn, name, wanted, inst.id, live_ids, fingerprint, needs_read[name]
+                live_ids = self._membership.live_ids(self._settings.stale_instance_timeout)
+                with self._db.transaction() as conn:
+                    fingerprint = self._declared.fingerprints[split_unit(name)[0]]
+                    claims = self._ownership.claim(
+                        conn, name, wanted, self._who.id, live_ids, fingerprint, needs_read[name]
                     )
                 worker.add_claims(claims)
                 claimed += len(claims)
                 for claim in claims:
-                    partition_event(inst.who, name, claim.partition, claim.epoch)
+                    partition_event(self._who, name, claim.partition, claim.epoch)
             unclaimed = target.target - set(worker.claims()) - worker.holdings.leaving()
             self._note_unclaimed(name, unclaimed, declared[name][1], halted[name])
         return Moved(claimed=claimed, released=released)
@@ -264,19 +293,18 @@ class Rebalancer:
         """Before taking partitions from ``owners``: end the MySQL sessions of those that
         are stale, so that the row locks of a batch they froze in go at once and its
         commit fails (:meth:`messaging.store._sessions.Sessions.end`)."""
-        inst = self.instance
-        if inst.db.sessions is None:
+        if self._db.sessions is None:
             return
         for owner in owners:
             member = self.members.get(owner or "")
             if member is None or member.live or not member.sessions:
                 continue
-            ended = inst.db.sessions.end(member.sessions, member.name)
+            ended = self._db.sessions.end(member.sessions, member.name)
             if ended:
                 log.warning(
                     "instance %s: ended %d database session(s) of stale instance %s: its "
                     "locks are gone and its late commits fail",
-                    inst.name,
+                    self._who.name,
                     ended,
                     member.name,
                 )
@@ -306,27 +334,13 @@ class Rebalancer:
                         describe(need),
                     )
 
-    def release(self, name: str, partitions: Sequence[int]) -> None:
-        """Give up ``partitions`` of ``name``, handed over by its worker."""
-        inst = self.instance
-
-        def release() -> None:
-            with inst.db.transaction() as conn:
-                inst.ownership.release(conn, name, inst.id, partitions)
-                bump_generation(inst.db, conn, release=True)  # for the one awaiting them
-
-        inst.retry(release, f"release {name}")
-        for partition in partitions:
-            partition_event(inst.who, name, partition, None)
-
     def _next_round(self, members: Sequence[InstanceRow]) -> float:
         """How soon the next rebalance is worth running: at the regular interval, but right
         after a peer that stopped heartbeating turns stale, and soon while a peer is
         stopping (its partitions are about to be released). Costs no query while nothing
         happens: the times come from the rows this round read anyway."""
-        inst = self.instance
-        interval = inst.consumer_settings.rebalance_interval
-        peers = [m for m in members if m.id != inst.id and m.live]
+        interval = self._settings.rebalance_interval
+        peers = [m for m in members if m.id != self._who.id and m.live]
         soonest = interval
         if any(m.stopping for m in peers):
             soonest = interval / 4
@@ -349,20 +363,19 @@ class Rebalancer:
         return not stop.is_set()
 
     def loop(self, stop: threading.Event) -> None:
-        inst = self.instance
-        interval = inst.consumer_settings.rebalance_interval
-        inst.watchdog.watch("rebalance", inst.loop_bound(interval))
+        interval = self._settings.rebalance_interval
+        self._watchdog.watch("rebalance", round_bound(self._settings, interval, db=self._db))
         started = time.monotonic()
         while self._wait_for_round(stop, started):
             started = time.monotonic()
             try:
-                inst.retry(self.rebalance, "rebalance")
+                self._retry(self.rebalance, "rebalance")
             except Exception as exc:
                 self._next_round_in = interval
-                if not inst.outage.failed(exc):
+                if not self._outage.failed(exc):
                     log.exception(
-                        "instance %s: rebalance failed; trying again next round", inst.name
+                        "instance %s: rebalance failed; trying again next round", self._who.name
                     )
             else:
-                inst.outage.succeeded(wrote=False)  # a round may have written nothing
-            inst.watchdog.beat("rebalance")
+                self._outage.succeeded(wrote=False)  # a round may have written nothing
+            self._watchdog.beat("rebalance")

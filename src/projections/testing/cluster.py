@@ -135,8 +135,10 @@ class SimulatedCluster:
         name = f"i{self._joined}" if name is None else name
         db = OutcomeLosingDatabase(self.db, partial(self._outcome_lost, name))
         self._databases[name] = db
-        instance = Instance(db, self.specs, self.settings, self._hooks, name=name)
-        instance.id = f"{0xFFFF - self._joined:032x}"
+        instance_id = f"{0xFFFF - self._joined:032x}"
+        instance = Instance(
+            db, self.specs, self.settings, self._hooks, name=name, instance_id=instance_id
+        )
         self._joined += 1
         self._names[instance.id] = name
         instance.start(loops=False)
