@@ -1,5 +1,6 @@
 """The README's first-app path works verbatim: its code blocks are extracted and run as a
-new user would, from the app's folder, with the `projections` console script."""
+new user would, from the app's folder, with the `projections` console script; so does the
+web example of docs/how-to/read-your-writes.md beside it."""
 
 from __future__ import annotations
 
@@ -24,27 +25,31 @@ from messaging._settings import consumer_sections
 
 pytestmark = pytest.mark.multiprocess
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+WAIT_GUIDE = ROOT / "docs" / "how-to" / "read-your-writes.md"
+CONFIGURATION_FILE = ROOT / "docs" / "reference" / "configuration-file.md"
 LAUNCHER = "import sys\nfrom projections.cli import main\nsys.exit(main())\n"
 """What the installed `projections` console script runs (its folder, not the current one,
 first on the path)."""
 
 
-def _blocks(language: str, after: str = "") -> list[str]:
-    """The README's code blocks in ``language``, those after the text ``after`` if given."""
-    readme = README.read_text(encoding="utf-8")
-    return re.findall(rf"```{language}\n(.*?)```", readme[readme.index(after) :], re.S)
+def _blocks(language: str, after: str = "", page: Path = README) -> list[str]:
+    """The code blocks in ``language`` of ``page`` (the README), those after the text
+    ``after`` if given."""
+    text = page.read_text(encoding="utf-8")
+    return re.findall(rf"```{language}\n(.*?)```", text[text.index(after) :], re.S)
 
 
-def _after(marker: str, language: str) -> str:
-    """The first ``language`` block after the README's text ``marker``."""
-    return _blocks(language, marker)[0]
+def _after(marker: str, language: str, page: Path = README) -> str:
+    """The first ``language`` block after the text ``marker`` of ``page``."""
+    return _blocks(language, marker, page)[0]
 
 
 def test_every_python_block_is_valid_python() -> None:
-    """The fragments (route consumers, sagas) at least compile; the first app runs below."""
+    """The README's blocks compile (tests/docs runs every block of the README and docs/)."""
     blocks = _blocks("python")
-    assert len(blocks) >= 4
+    assert len(blocks) >= 3
     for number, block in enumerate(blocks):
         compile(block, f"README.md python block {number}", "exec")
 
@@ -71,9 +76,10 @@ def _settings_keys(cls: type, prefix: str = "") -> set[str]:
 
 
 def test_the_configuration_reference_names_every_key() -> None:
-    """The YAML block under "Configuration" shows every key of the settings file: those
-    of `Settings` (sections nested) and the consumer kinds' sections."""
-    documented = _dotted_keys(yaml.safe_load(_after("## Configuration", "yaml")))
+    """The annotated YAML block of docs/reference/configuration-file.md shows every key of
+    the settings file: those of `Settings` (sections nested) and the consumer kinds'
+    sections."""
+    documented = _dotted_keys(yaml.safe_load(_after("", "yaml", CONFIGURATION_FILE)))
     expected = _settings_keys(Settings) - {"consumer-groups"} | set(consumer_sections())
     assert sorted(expected - documented) == []
 
@@ -156,10 +162,12 @@ def test_the_first_app_runs_verbatim(
 def test_the_read_your_writes_web_example_runs_verbatim(
     tmp_path: Path, database_url: str, table_prefix: str, backend: str
 ) -> None:
-    """web.py from the README beside a running `bank` instance: each POST answers 200 with
-    the balance that includes its deposit, and its token waits with `projections wait`."""
+    """web.py from docs/how-to/read-your-writes.md beside a running `bank` instance: each
+    POST answers 200 with the balance that includes its deposit, and its token waits with
+    `projections wait`."""
     app, launcher, env = _bank_app(tmp_path, database_url, table_prefix, backend)
-    (app / "web.py").write_text(_after("save this as `web.py`", "python"), encoding="utf-8")
+    web_py = _after("save this as `web.py`", "python", WAIT_GUIDE)
+    (app / "web.py").write_text(web_py, encoding="utf-8")
     with socket.socket() as probe:  # a free port for the example's server
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
