@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -57,3 +59,12 @@ def print_report(
     else:
         print(as_text(report))
     return report
+
+
+def use_app_dir(args: argparse.Namespace) -> None:
+    """Let the application's modules be imported from ``--app-dir`` (first on the path)."""
+    folder = os.path.abspath(args.app_dir)
+    if not os.path.isdir(folder):
+        raise ProjectionsError(f"--app-dir {args.app_dir}: no such folder")
+    if folder not in sys.path:
+        sys.path.insert(0, folder)

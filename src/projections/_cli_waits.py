@@ -20,7 +20,7 @@ from messaging._settings import Settings
 from messaging.store._database import Database
 from messaging.store._tokens import ConsistencyToken
 from messaging.waits._waits import wait_for
-from projections._cli_support import command_settings, existing_database
+from projections._cli_support import command_settings, existing_database, use_app_dir
 
 EXIT_NOT_YET = 3
 """``wait --fail-fast``: the token is not applied yet."""
@@ -31,10 +31,9 @@ def cmd_append(args: argparse.Namespace) -> int:
     ``--wait``, wait for those consumers to apply it."""
     from messaging._messages import registry
     from projections._appending import append_lines, utf8_lines
-    from projections.cli import _use_app_dir
 
     settings = command_settings(args)
-    _use_app_dir(args)
+    use_app_dir(args)
     for module in args.module:
         import_module(module)
     db = database_for(settings)

@@ -35,20 +35,12 @@ from projections._cli_operator import OPERATOR_COMMANDS
 from projections._cli_parser import build_parser
 from projections._cli_support import command_settings as _settings
 from projections._cli_support import print_report as _report
+from projections._cli_support import use_app_dir
 from projections._cli_waits import cmd_append, cmd_wait
 
 EXIT_ERROR = 1
 EXIT_STDOUT_CLOSED = 141
 """128 + SIGPIPE: what a shell reports for a command that a closed pipe ended, as ``cat``."""
-
-
-def _use_app_dir(args: argparse.Namespace) -> None:
-    """Let the application's modules be imported from ``--app-dir`` (first on the path)."""
-    folder = os.path.abspath(args.app_dir)
-    if not os.path.isdir(folder):
-        raise ProjectionsError(f"--app-dir {args.app_dir}: no such folder")
-    if folder not in sys.path:
-        sys.path.insert(0, folder)
 
 
 _database = database_for
@@ -71,7 +63,7 @@ def _worker_command(args: argparse.Namespace, index: int) -> list[str]:
 
 def cmd_run(args: argparse.Namespace) -> int:
     settings = _settings(args)
-    _use_app_dir(args)
+    use_app_dir(args)
     manager = create_plugin_manager([*args.modules, *settings.plugins])
     specs = collect_consumers(manager)  # fail here, once, rather than in every worker
     try:  # before any worker, admin server or database file
@@ -184,7 +176,7 @@ def cmd_messages(args: argparse.Namespace) -> int:
     from messaging._messages import registry
     from projections._shapes import format_shapes, shapes_report
 
-    _use_app_dir(args)
+    use_app_dir(args)
     for module in args.modules:
         import_module(module)
     registry.check_upcasters()

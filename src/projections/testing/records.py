@@ -6,20 +6,37 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import attrs
 from sqlalchemy import select
 
-from messaging import hookimpl
+from messaging import Database, MessageStore, hookimpl
+from messaging._consumers import ConsumerSpec
 from messaging.distribution._ownership import Ownership
 from messaging.store._rows import partition_of
 from messaging.versions._versions import split_unit
 
-if TYPE_CHECKING:
-    from projections.testing.cluster import SimulatedCluster
-
 __all__ = ["Claimed", "Commit", "Delivery", "Overtaken", "Recorder", "overtaken", "version_of"]
+
+
+class Recording(Protocol):
+    """Where the records go, and what they are read against: the simulated cluster
+    (:class:`~projections.testing.cluster.SimulatedCluster`)."""
+
+    db: Database
+    store: MessageStore
+    specs: list[ConsumerSpec]
+    commits: list[Commit]
+    deliveries: list[Delivery]
+    overtaken: list[Overtaken]
+    claims: list[Claimed]
+    moves: int
+    started_at: float
+
+    def name_of(self, instance_id: str) -> str: ...
+
+    def note(self, text: str) -> None: ...
 
 
 @attrs.define(frozen=True)
@@ -35,7 +52,7 @@ class Commit:
     version: int = 1
 
 
-def version_of(cluster: SimulatedCluster, consumer: str) -> int:
+def version_of(cluster: Recording, consumer: str) -> int:
     """The version a commit of ``consumer`` (a live version, or ``name@N``) is made for:
     read right after the commit, before any cutover can happen (the simulated instances
     commit and rebalance in turn); the declared version, without a read, for a kind that
@@ -93,7 +110,7 @@ class Overtaken:
         )
 
 
-def overtaken(cluster: SimulatedCluster, deliveries: Sequence[Delivery]) -> list[Overtaken]:
+def overtaken(cluster: Recording, deliveries: Sequence[Delivery]) -> list[Overtaken]:
     """The ``deliveries`` of one consumer (just committed) that a message overtook: the first
     message of the deadline's partition not applied yet (after the partition's
     checkpoint) was recorded before the deadline fell due. Two reads, however many."""
@@ -132,7 +149,7 @@ _UNAPPLIED_READ = 100_000
 class Recorder:
     """Collects commits, and notes of what each step caused, from the framework's hooks."""
 
-    def __init__(self, cluster: SimulatedCluster) -> None:
+    def __init__(self, cluster: Recording) -> None:
         self.cluster = cluster
 
     @hookimpl
