@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import os
 
+from messaging._bounds import answer_bound
 from messaging._config import load_settings
 from messaging._settings import Settings
-from messaging.store._database import Database, answer_bound
+from messaging.store._database import Database
 
 __all__ = ["connect", "database_for"]
 

@@ -67,7 +67,7 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> _Clock:
 def test_waits_are_retried_for_the_patience_then_named(clock: _Clock, code: int) -> None:
     errors = [_mysql(code) for _ in range(10)]
     with pytest.raises(Unanswered) as gave_up:
-        retry_command(_failing(clock, errors, BOUND), _Db(BOUND), SETTINGS, what="append")  # type: ignore[arg-type]
+        retry_command(_failing(clock, errors, BOUND), _Db(BOUND), SETTINGS, what="append")
     assert gave_up.value.attempts == COMMAND_PATIENCE
     assert gave_up.value.waited == COMMAND_PATIENCE * BOUND
     assert gave_up.value.outcome_unknown is (code == 2013)
@@ -81,20 +81,20 @@ def test_waits_are_retried_for_the_patience_then_named(clock: _Clock, code: int)
 def test_a_quick_wait_after_a_long_one_is_retried_within_the_patience(clock: _Clock) -> None:
     errors = [_mysql(2013), _mysql(2013)]
     action = _failing(clock, errors, BOUND / 2)
-    assert retry_command(action, _Db(BOUND), SETTINGS, what="append") == "done"  # type: ignore[arg-type]
+    assert retry_command(action, _Db(BOUND), SETTINGS, what="append") == "done"
 
 
 def test_deadlocks_keep_their_count_past_the_patience(clock: _Clock) -> None:
     errors = [_mysql(1213) for _ in range(5)]
     action = _failing(clock, errors, BOUND)
-    assert retry_command(action, _Db(BOUND), SETTINGS, what="append") == "done"  # type: ignore[arg-type]
+    assert retry_command(action, _Db(BOUND), SETTINGS, what="append") == "done"
     assert clock.now == 6 * BOUND
 
 
 def test_without_a_bound_waits_keep_their_count(clock: _Clock) -> None:
     errors = [_mysql(2013) for _ in range(60)]
     with pytest.raises(OperationalError):
-        retry_command(_failing(clock, errors, BOUND), _Db(None), SETTINGS, what="append")  # type: ignore[arg-type]
+        retry_command(_failing(clock, errors, BOUND), _Db(None), SETTINGS, what="append")
     assert len(errors) == 60 - SETTINGS.max_retries - 1
 
 

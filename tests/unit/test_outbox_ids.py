@@ -7,7 +7,7 @@ import uuid
 
 import pytest
 
-from messaging.routing._outbox import _ID_NAMESPACE, Outbox
+from messaging.applying._outbox import _ID_NAMESPACE, Outbox
 
 
 @pytest.mark.parametrize(

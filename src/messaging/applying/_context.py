@@ -29,7 +29,7 @@ from messaging._errors import ProjectionsError
 from messaging._messages import Envelope
 from messaging.applying import _upserts as upserts
 from messaging.applying._apply_timeout import NO_DEADLINE
-from messaging.routing._outbox import Outbox
+from messaging.applying._outbox import Outbox
 from messaging.store import _fastpath
 from messaging.store._rows import NewMessage
 from messaging.store._tokens import NOT_SENT_AGAIN, Outgoing, Sent, Written

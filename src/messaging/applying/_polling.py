@@ -21,7 +21,7 @@ from messaging._messages import MessageRegistry
 from messaging._settings import ConsumerSettings
 from messaging.applying._dispatch import Dispatcher
 from messaging.applying._outage import Outage
-from messaging.routing._outbox import Outbox
+from messaging.applying._outbox import Outbox
 from messaging.store._database import Database
 from messaging.store._retry import is_transient
 from messaging.store._store import MessageStore

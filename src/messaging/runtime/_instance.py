@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 import attrs
 import pluggy
 
+from messaging._bounds import answer_bound, lock_wait_bound
 from messaging._consumers import ConsumerSpec
 from messaging._errors import ProjectionsError
 from messaging._lifecycle import Identity, lifecycle_event
@@ -44,7 +45,7 @@ from messaging.runtime._starting import StartRetry
 from messaging.runtime._threads import Threads
 from messaging.runtime._units import Units
 from messaging.runtime._watchdog import Watchdog
-from messaging.store._database import Database, answer_bound, lock_wait_bound
+from messaging.store._database import Database
 from messaging.store._retry import report_retry
 from messaging.versions._declarations import declare, declared_elsewhere
 

@@ -39,9 +39,10 @@ from typing import Any
 
 import attrs
 
+from messaging._bounds import lock_wait_bound
 from messaging._settings import ConsumerSettings
 from messaging.applying._apply_timeout import ApplyDeadlines
-from messaging.store._database import Database, lock_wait_bound
+from messaging.store._database import Database
 
 __all__ = ["EXIT_STUCK", "Watchdog", "round_bound"]
 

@@ -23,6 +23,7 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, IntegrityError
 from sqlalchemy.pool import NullPool
 
+from messaging._bounds import answer_bound
 from messaging._errors import ConfigError
 from messaging.store._answers import AnswerBound
 from messaging.store._clock import Clock, DatabaseClock
@@ -39,23 +40,6 @@ says otherwise (``sqlite:///app.db?timeout=5``)."""
 
 _READ_ONLY = "projections_read_only"
 _LOCK_WAIT = "projections_lock_wait"
-LOCK_WAIT_FRACTION = 4
-"""An instance's lock waits give up after stale-instance-timeout / this (at least 1 s)."""
-
-
-def lock_wait_bound(stale_instance_timeout: float) -> float:
-    """Seconds an instance's transaction waits for a row lock (MySQL) or the write lock
-    (SQLite) before failing, well below ``stale-instance-timeout``: a frozen holder cannot
-    hold its waiters longer, and the wait is retried (and logged) like any lock conflict."""
-    return max(1.0, stale_instance_timeout / LOCK_WAIT_FRACTION)
-
-
-def answer_bound(stale_instance_timeout: float) -> float:
-    """Seconds an instance waits for a MySQL/MariaDB server to answer (to connect, to take
-    or send a packet) before it takes the connection for dead (see
-    :mod:`messaging.store._answers`): twice the lock-wait bound, so that the server ends a
-    statement waiting for a lock first; 15 s at the defaults."""
-    return 2 * lock_wait_bound(stale_instance_timeout)
 
 
 DEFAULT_ANSWER_TIMEOUT = answer_bound(30.0)

@@ -18,7 +18,7 @@ import random
 import threading
 import time
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 import attrs
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
@@ -30,9 +30,21 @@ from messaging.store._nodes import NOT_PRIMARY
 if TYPE_CHECKING:
     import pluggy
 
-    from messaging.store._database import Database
-
 T = TypeVar("T")
+
+
+class Answering(Protocol):
+    """A database as a one-shot command's retries see it: how long it may take to answer
+    (None: no bound), and its URL without the password (a
+    :class:`~messaging.store._database.Database`)."""
+
+    @property
+    def answer_timeout(self) -> float | None: ...
+
+    @property
+    def safe_url(self) -> str: ...
+
+
 log = logging.getLogger("messaging.store.retry")
 
 _MYSQL_LOCKS = {
@@ -81,7 +93,7 @@ def for_command(settings: ConflictRetrySettings) -> ConflictRetrySettings:
 
 def retry_command(
     action: Callable[[], T],
-    db: Database,
+    db: Answering,
     settings: ConflictRetrySettings,
     *,
     what: str,

@@ -18,12 +18,13 @@ import contextlib
 import math
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Protocol
 
+from messaging._connection import database_for
+from messaging._consumers import ConsumerSpec
 from messaging._errors import WaitTimeout
 from messaging._settings import Settings
-from messaging.applying._in_memory import InMemoryConsumer
-from messaging.runtime._instance import Instance
 from messaging.store._database import Database
 from messaging.store._retry import is_transient
 from messaging.store._tokens import ConsistencyToken
@@ -126,8 +127,39 @@ async def wait_for_async(
             db.dispose()
 
 
+class _Types(Protocol):
+    @property
+    def type_names(self) -> Sequence[str]: ...
+
+
+class Copy(Protocol):
+    """An instance's copy of an in-memory consumer, as a wait reads it."""
+
+    @property
+    def spec(self) -> ConsumerSpec: ...
+
+    @property
+    def dispatcher(self) -> _Types: ...
+
+    @property
+    def position(self) -> int: ...
+
+    @property
+    def state(self) -> object: ...
+
+
+class Copies(Protocol):
+    """What runs copies of in-memory consumers: an :class:`~messaging.Instance`."""
+
+    @property
+    def db(self) -> Database: ...
+
+    @property
+    def in_memory(self) -> Mapping[str, Copy]: ...
+
+
 def wait_for_copy(
-    instance: Instance,
+    instance: Copies,
     token: ConsistencyToken | str,
     consumer: str,
     *,
@@ -313,8 +345,6 @@ def _database(target: Database | Settings) -> tuple[Database, bool]:
     if isinstance(target, Database):
         return target, False
     if isinstance(target, Settings):
-        from messaging._connection import database_for
-
         return database_for(target), True
     raise TypeError(f"expected a Database or Settings, got {type(target).__name__}")
 
@@ -322,7 +352,7 @@ def _database(target: Database | Settings) -> tuple[Database, bool]:
 class _CopyWaiter(Waiter):
     """A wait on an instance's copy of an in-memory consumer (:func:`wait_for_copy`)."""
 
-    copy: InMemoryConsumer
+    copy: Copy
 
     def read(self, db: Database, detail: bool) -> Progress:
         copy = self.copy
