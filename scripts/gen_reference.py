@@ -77,7 +77,7 @@ RULES: dict[str, str] = {
     "SECTION.consumers.NAME.distribution": "not for in-memory projections (no override at all)",
 }
 """The start-up rules that tie a key to others (messaging/_settings.py `validate`,
-messaging/_group_checks.py, messaging/_overrides.py), by YAML path."""
+messaging/_overrides.py), by YAML path."""
 
 EXIT_CODES: dict[str, str] = {
     "(every command)": "0 done; 1 an error (one line; `--traceback` shows the rest); "
