@@ -260,53 +260,54 @@ class ConsumerWorker(Worker):
     def _apply(self, batch: Batch, started: float) -> int:
         """Apply ``batch`` and commit its fenced checkpoints (:meth:`Batch.checkpoint`). A
         fence that did not hold applies nothing (:meth:`Fence.guard`)."""
-        self._catching_up = False
         return self.fence.guard(partial(self._apply_or_stop, batch, started), batch.claims, 0)
 
     def _apply_or_stop(self, batch: Batch, started: float) -> int:
-        """Commit ``batch``; when a message of it fails, stop at that message
-        (:meth:`_stop_at`). Returns how many messages were committed."""
-        claims = batch.claims
+        """Commit ``batch``; when a message of it fails, find it (:meth:`_find`) and stop
+        there (:meth:`_stop_at`). Returns how many messages were committed."""
         failed: Poison | None = None
         try:
             rows = self._retry_commit(
-                partial(self._commit, batch, False), claims, f"apply {self.spec.name}"
+                partial(self._commit, batch, False), batch.claims, f"apply {self.spec.name}"
             )
         except Poison as poison:
             failed = poison
-        if failed is not None:  # (outside the handler: see _stop_at)
-            return self._stop_at(batch, failed, started)
+        if failed is not None:  # (outside the handler: see _find)
+            found = self._find(batch.claims, failed)
+            if isinstance(found, Poison):
+                return self._stop_at(batch, failed.batch, found, started)
+            rows = found
         if not rows:
             return 0
         self._applied(batch, rows, started)
         self._catching_up = len(rows) >= self.settings.batch_size
         return len(rows)
 
-    def _stop_at(self, batch: Batch, failed: Poison, started: float) -> int:
-        """After a message of ``batch`` failed: find it, then park its source (``on-failure:
+    def _find(self, claims: Mapping[int, Claim], failed: Poison) -> Sequence[StoredRow] | Poison:
+        """The message of ``failed``'s batch that fails: the buffered writes hide which one,
+        so the batch is applied again unbuffered (outside the first failure's handler, so
+        that the error logged with the halt does not carry that failure as its context); a
+        timeout names its own. Returns the rows committed should the batch pass this time."""
+        if failed.exact and isinstance(failed.error, ApplyTimedOut):
+            return failed
+        try:
+            return self._commit(Batch(claims, failed.batch), True)
+        except Poison as poison:
+            return poison
+
+    def _stop_at(
+        self, batch: Batch, replay: Sequence[StoredRow], poison: Poison, started: float
+    ) -> int:
+        """After ``poison`` failed the ``replay`` of ``batch``: park its source (``on-failure:
         park-source``), or commit what came before it and stop its partition right before
         it (:meth:`Stops.stop_before`). Returns how many messages were committed."""
-        replay: Sequence[StoredRow] = failed.batch
-        try:
-            # The buffered writes hide which message failed: replay it unbuffered to find
-            # out (outside the handler above, so the handler's error, logged with the halt,
-            # does not carry this first failure as its context). A timeout names its own.
-            if failed.exact and isinstance(failed.error, ApplyTimedOut):
-                raise failed
-            rows = self._commit(Batch(batch.claims, replay), True)
-        except Poison as poison:
-            parked = None if self.parked is None else self.parked.park_sources
-            done = None if parked is None else parked(batch, replay, poison, started)
+        if self.parked is not None:
+            done = self.parked.park_sources(batch, replay, poison, started)
             if done is not None:
                 return done
-            found = isolate(poison, partial(self._commit_prefix, batch.claims, started))
-            self.stops.stop_before(found.poison, batch.claims)
-            return found.committed
-        if not rows:
-            return 0
-        self._applied(batch, rows, started)
-        self._catching_up = len(rows) >= self.settings.batch_size
-        return len(rows)
+        found = isolate(poison, partial(self._commit_prefix, batch.claims, started))
+        self.stops.stop_before(found.poison, batch.claims)
+        return found.committed
 
     def _commit_prefix(
         self, claims: Mapping[int, Claim], started: float, rows: Sequence[StoredRow]

@@ -225,7 +225,7 @@ class ClusterMachine(RuleBasedStateMachine):
                 self.crash(pick)
             else:
                 self.pause(pick)
-        self.cluster.settle(each_round=self._observe_ownership)
+        self.cluster.settle(each_round=self.observe_ownership)
         self.append(batch)
         self.settle()
 
@@ -332,7 +332,7 @@ class ClusterMachine(RuleBasedStateMachine):
     def settle(self) -> None:
         """Time passes with no failures: every message gets committed, exactly once, and
         the read models equal the expected state."""
-        self.cluster.settle(each_round=self._observe_ownership)
+        self.cluster.settle(each_round=self.observe_ownership)
         self.check_settled()
 
     def check_settled(self) -> None:
@@ -450,13 +450,15 @@ class ClusterMachine(RuleBasedStateMachine):
 
     @invariant()
     def partitions_owned_again_within_the_bounds(self) -> None:
-        self._observe_ownership()
+        self.observe_ownership()
 
     def _observe_versions(self) -> None:
         names = [s.name for s in self.cluster.specs]
         self.lineage.observe(self.cluster.db, names, self.checkpoints)
 
-    def _observe_ownership(self) -> None:
+    def observe_ownership(self) -> None:
+        """Check, after each round of a settle or a wait, that no partition stays unowned
+        longer than the handover bound (and note the versions' lineage)."""
         self._observe_versions()
         now, bound = self.cluster.clock.value, self.cluster.handover_bound
         owners = self.cluster.owners()

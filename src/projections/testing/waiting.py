@@ -87,7 +87,7 @@ def append_and_wait(machine: ClusterMachine, batch: Append) -> None:
     token = cluster.append(batch.topic, batch.source, batch.messages).token
     machine.batches[batch.topic, batch.source] = batch
     try:
-        wait_in(cluster, token, each_round=machine._observe_ownership)
+        wait_in(cluster, token, each_round=machine.observe_ownership)
     except WaitRefused as refused:
         if batch.source not in {source for _, source in parked_sources(cluster, names)}:
             raise AssertionError(
@@ -102,7 +102,7 @@ def append_and_wait(machine: ClusterMachine, batch: Append) -> None:
             "parked: its messages are held back"
         )
     try:
-        wait_in(cluster, written(cluster), each_round=machine._observe_ownership)
+        wait_in(cluster, written(cluster), each_round=machine.observe_ownership)
     except AssertionError:
         if parked_sources(cluster, names):
             return  # a token naming no source waits while any source is parked
