@@ -53,6 +53,24 @@ def _owned_only_by(db: Database, name: str) -> bool:
     )
 
 
+def _claims(log: Path, since: float) -> list[float]:
+    """When (wall time, as their log lines say) ``log``'s instance claimed partitions of
+    the fault projections, at ``since`` or later."""
+    claims = []
+    for line in log.read_text(encoding="utf-8").splitlines():
+        if "event=claim " not in line or not any(f"consumer={c} " in line for c in CONSUMERS):
+            continue
+        stamp, millis = line[:23].split(",")
+        at = time.mktime(time.strptime(stamp, "%Y-%m-%d %H:%M:%S")) + int(millis) / 1000
+        if at >= since - 0.001:  # (stamped to the millisecond)
+            claims.append(at)
+    return claims
+
+
+def _held_by(db: Database, name: str) -> int:
+    return sum(owner == name for c in CONSUMERS for owner, _ in owners(db, c).values())
+
+
 def _heartbeat(db: Database, name: str) -> float:
     t = db.schema.instances
     with db.read() as conn:
@@ -73,7 +91,8 @@ def test_a_silently_dead_network_is_left_and_rejoined_with_nothing_lost(
     proxied_db.dispose()
     log = tmp_path / "frozen.log"
     frozen = start_instance(proxied, "frozen", "fault_app", log=log)
-    steady = start_instance(direct, "steady", "fault_app", log=tmp_path / "steady.log")
+    steady_log = tmp_path / "steady.log"
+    steady = start_instance(direct, "steady", "fault_app", log=steady_log, log_level="INFO")
     traffic = Traffic(db)
     try:
         wait_until(
@@ -85,14 +104,23 @@ def test_a_silently_dead_network_is_left_and_rejoined_with_nothing_lost(
         # milliseconds would leave one unknown (README: "A network that dies silently").
         beat = _heartbeat(db, "frozen")
         wait_until(lambda: _heartbeat(db, "frozen") > beat, timeout=10, what="a heartbeat")
+        held = _held_by(db, "frozen")
         silent.freeze()
-        frozen_at = time.monotonic()
+        frozen_at, frozen_wall = time.monotonic(), time.time()
         wait_until(
             lambda: _owned_only_by(db, "steady"),
             timeout=STALE + 10,
             what="the steady instance to take every partition",
         )
-        taken_over = time.monotonic() - frozen_at
+        # From the frozen instance's last heartbeat that got through (the database's time)
+        # to the steady instance's last claim, as its log stamps it: what the framework
+        # took, not when this process (descheduled, on a loaded machine) happened to look.
+        wait_until(  # each claim is logged right after it committed
+            lambda: len(_claims(steady_log, frozen_wall)) >= held,
+            timeout=10,
+            what="the steady instance to log its claims",
+        )
+        taken_over = max(_claims(steady_log, frozen_wall)) - _heartbeat(db, "frozen")
         time.sleep(max(0.0, frozen_at + FREEZE - time.monotonic()))  # the outage's length
         getattr(silent, ending)()
         back_at = time.monotonic()
@@ -114,8 +142,8 @@ def test_a_silently_dead_network_is_left_and_rejoined_with_nothing_lost(
     tallies = {name: tally(db, name, expected) for name in CONSUMERS}
     lines = log.read_text(encoding="utf-8").splitlines()
     print(
-        f"\n{ending}: taken over {taken_over:.2f}s after the freeze, rejoined {rejoined:.2f}s "
-        f"after the network's return; {len(lines)} log lines; {tallies}"
+        f"\n{ending}: taken over {taken_over:.2f}s after the last heartbeat, rejoined "
+        f"{rejoined:.2f}s after the network's return; {len(lines)} log lines; {tallies}"
     )
     print("\n".join(lines))
     assert codes == [0, 0]
@@ -148,7 +176,7 @@ def test_sessions_ended_by_the_successor_are_not_called_an_unreachable_database(
     proxied_db.dispose()
     log, steady_log = tmp_path / "frozen.log", tmp_path / "steady.log"
     frozen = start_instance(proxied, "frozen", "fault_app", log=log)
-    steady = start_instance(direct, "steady", "fault_app", log=steady_log)
+    steady = start_instance(direct, "steady", "fault_app", log=steady_log, log_level="INFO")
     stop, go = (
         (silent.freeze, silent.thaw)
         if freeze == "network"

@@ -61,10 +61,11 @@ def start_instance(
     env: dict[str, str] | None = None,
     log: Path | None = None,
     options: Sequence[str] = (),
+    log_level: str = "WARNING",
 ) -> subprocess.Popen[bytes]:
     """Start ``projections run`` as a real OS process, with ``env`` added to its environment
-    (tests/support on its path), its log (stderr) written to ``log`` if given, and more
-    ``options`` of ``run`` (``--admin-port``)."""
+    (tests/support on its path), its log (stderr, from ``log_level`` up) written to ``log``
+    if given, and more ``options`` of ``run`` (``--admin-port``)."""
     path = os.pathsep.join(filter(None, [str(SUPPORT), os.environ.get("PYTHONPATH")]))
     with ExitStack() as stack:
         stderr = None if log is None else stack.enter_context(log.open("ab"))
@@ -74,7 +75,7 @@ def start_instance(
                 "-m",
                 "projections.cli",
                 "--log-level",
-                "WARNING",
+                log_level,
                 "run",
                 *(modules or ("projections.examples.ledger",)),
                 "--config",
