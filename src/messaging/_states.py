@@ -108,6 +108,9 @@ class Verdict(enum.StrEnum):
     """The consumer is being rebuilt (or a rebuild was asked for)."""
     LAGGING = "lagging"
     """Messages left to apply, and a checkpoint committed within the stall timeout."""
+    PARKED = "parked"
+    """Sources of it are parked (``on-failure: park-source``): their messages wait for an
+    operator's retry, skip or evict, while the rest goes on."""
     STALLED = "stalled"
     """Messages left to apply and no checkpoint committed for the stall timeout."""
     HALTED = "halted"
@@ -117,7 +120,7 @@ class Verdict(enum.StrEnum):
 
     @property
     def severity(self) -> Severity:
-        if self is Verdict.STALLED:
+        if self in (Verdict.PARKED, Verdict.STALLED):
             return Severity.DEGRADED
         if self in (Verdict.HALTED, Verdict.UNOWNED):
             return Severity.CRITICAL

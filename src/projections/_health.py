@@ -7,7 +7,8 @@ stale-instance-timeout plus one second: since its release, or since its owner's 
 heartbeat; the reason names what its next message needs when no live instance can read
 it), ``rebuilding`` (a rebuild requested, not started yet),
 ``stalled`` (messages to apply and no checkpoint committed for ``health.stall-timeout``),
-``lagging`` (messages to apply, progressing) or ``caught-up``. Progress is timed from the
+``parked`` (sources of it parked: their messages wait for an operator), ``lagging``
+(messages to apply, progressing) or ``caught-up``. Progress is timed from the
 partition row's ``updated_at`` (a claim, a release, an operator's command or an advanced
 checkpoint) or from when its oldest message to apply was recorded, whichever is later, so
 a partition just claimed, resumed or handed over, or that just got a message, is not
@@ -89,16 +90,18 @@ def health_report(db: Database, settings: Settings, consumer: str | None = None)
                 }
             )
         worst = max((p["verdict"] for p in partitions), key=_RANK.index, default=Verdict.CAUGHT_UP)
-        consumers.append(
-            {
-                "name": entry["name"],
-                "kind": entry["kind"],
-                "version": entry["version"],
-                "verdict": worst,
-                "severity": worst.severity,
-                "partitions": partitions,
-            }
-        )
+        found: dict[str, Any] = {
+            "name": entry["name"],
+            "kind": entry["kind"],
+            "version": entry["version"],
+            "verdict": worst,
+            "severity": worst.severity,
+            "partitions": partitions,
+        }
+        if entry.get("parked_sources"):  # how many, and the oldest's age in seconds
+            found["parked_sources"] = entry["parked_sources"]
+            found["parked_age"] = entry["parked_age"]
+        consumers.append(found)
     severities = [c["severity"] for c in consumers] + [Severity.HEALTHY]
     if refused is not None:
         severities.append(Severity.DEGRADED)
@@ -146,6 +149,11 @@ def _verdict(
             f"{p['lag']} message(s) to apply and no checkpoint committed for {idle:.1f} s "
             f"(past health.stall-timeout {format_duration(limits['stall_timeout'])})"
         )
+    if p.get("parked_sources"):
+        return Verdict.PARKED, (
+            f"{p['parked_sources']} source(s) parked, the oldest {p['parked_age']:.1f} s ago: "
+            "their messages wait for `projections parked` (retry, skip or evict)"
+        )
     if p["lag"]:
         return Verdict.LAGGING, f"{p['lag']} message(s) to apply; last progress {idle:.1f} s ago"
     return Verdict.CAUGHT_UP, "nothing to apply"
@@ -161,9 +169,15 @@ def format_health(report: dict[str, Any]) -> str:
         f"{report['database']})"
     ]
     for consumer in report["consumers"]:
+        parked = consumer.get("parked_sources")
+        held = (
+            f"; {parked} source(s) parked, the oldest {consumer['parked_age']:.0f} s ago"
+            if parked
+            else ""
+        )
         lines.append(
             f"{consumer['name']}  {consumer['verdict']}  ({consumer['severity']}; version "
-            f"{consumer['version']})"
+            f"{consumer['version']}{held})"
         )
         for p in consumer["partitions"]:
             if p["verdict"] != Verdict.CAUGHT_UP:

@@ -104,13 +104,14 @@ def consumers_report(
             .all()
         )
         parked_table = schema.parked
-        parked: dict[tuple[str, int], int] = {
-            (row.consumer, row.partition_no): int(row.sources)
+        parked: dict[tuple[str, int], tuple[int, float]] = {
+            (row.consumer, row.partition_no): (int(row.sources), float(row.age))
             for row in conn.execute(
                 select(
                     parked_table.c.consumer,
                     parked_table.c.partition_no,
                     func.count().label("sources"),
+                    (db.clock.now() - func.min(parked_table.c.parked_at)).label("age"),
                 )
                 .where(parked_table.c.tenant == db.tenant)
                 .group_by(parked_table.c.consumer, parked_table.c.partition_no)
@@ -161,9 +162,9 @@ def consumers_report(
                         "error": row["error"],
                         "trace": row["halted_trace"],
                     }
-                sources = parked.get((consumer["name"], row["partition_no"]))
-                if sources:
-                    entry["parked_sources"] = sources
+                held = parked.get((consumer["name"], row["partition_no"]))
+                if held:  # how many sources, and the seconds since the oldest was parked
+                    entry["parked_sources"], entry["parked_age"] = held
                 partitions.append(entry)
             entry = {
                 "name": consumer["name"],
@@ -176,6 +177,7 @@ def consumers_report(
             total_parked = sum(p.get("parked_sources", 0) for p in partitions)
             if total_parked:
                 entry["parked_sources"] = total_parked
+                entry["parked_age"] = max(p.get("parked_age", 0.0) for p in partitions)
             if version is not None:
                 entry["version_of"] = name
                 if consumer["state"] == ConsumerState.RUNNING:

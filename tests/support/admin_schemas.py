@@ -39,6 +39,7 @@ _PARTITION = _object(
     {
         "halted": _object(_HALTED, {"trace": {"type": ["string", "null"]}}),
         "parked_sources": {"type": "integer", "minimum": 1},
+        "parked_age": {"type": "number", "minimum": 0},
         "waiting": {"type": "string"},
     },
 )
@@ -76,6 +77,7 @@ CONSUMERS = _object(
                         }
                     ),
                     "parked_sources": {"type": "integer", "minimum": 1},
+                    "parked_age": {"type": "number", "minimum": 0},
                 },
             ),
         }
