@@ -12,8 +12,7 @@ from opentelemetry import metrics
 from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.util.types import Attributes
 
-from messaging import hookimpl
-from messaging._states import Verdict
+from messaging import Verdict, hookimpl
 
 log = logging.getLogger(__name__)
 

@@ -45,6 +45,7 @@ from messaging._settings import (
     OnFailure,
     Settings,
 )
+from messaging._states import Severity, Verdict
 from messaging.applying._context import HandlerContext, MessageContext
 from messaging.routing._consumer import route_consumer
 from messaging.runtime._instance import Instance
@@ -102,11 +103,13 @@ __all__ = [
     "SchemaError",
     "Sent",
     "Settings",
+    "Severity",
     "TokenNotKnown",
     "Unanswered",
     "UnknownConsumer",
     "UnknownPayloadVersion",
     "UntranslatableStatement",
+    "Verdict",
     "VersionConflict",
     "WaitRefused",
     "WaitTimeout",

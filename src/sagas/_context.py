@@ -14,10 +14,7 @@ from typing import Any
 from sqlalchemy import Connection, Table
 from sqlalchemy.sql import Executable
 
-from messaging._errors import ProjectionsError
-from messaging._messages import Envelope
-from messaging.applying._context import HandlerContext, MessageContext
-from messaging.store._tokens import Sent, Written
+from messaging import Envelope, HandlerContext, MessageContext, ProjectionsError, Sent, Written
 
 _NONE_CANCELLED: frozenset[str] = frozenset()
 """What ``cancelled`` is until a deadline is cancelled: most instances never cancel one,

@@ -8,15 +8,8 @@ from typing import Any, TypeVar
 import attrs
 from sqlalchemy import Table
 
-from messaging._consumers import (
-    DEFAULT_PARTITIONS,
-    PAYLOAD_READS_ATTRIBUTE,
-    PAYLOAD_UPCASTS_ATTRIBUTE,
-    ConsumerOptions,
-    handler,
-    mark_consumer,
-)
-from messaging._errors import RegistrationError
+from messaging import ConsumerOptions, RegistrationError, handler, mark_consumer
+from messaging.kinds import DEFAULT_PARTITIONS, PAYLOAD_READS_ATTRIBUTE, PAYLOAD_UPCASTS_ATTRIBUTE
 from sagas._kind import SAGA
 from sagas._options import (
     SAGA_ATTRIBUTE,

@@ -15,27 +15,27 @@ from typing import Any
 
 import attrs
 
-from messaging._consumers import ConsumerSpec
-from messaging._errors import ProjectionsError, RegistrationError
-from messaging._json import make_dumps
-from messaging._messages import MessageRegistry, quick_decoder
-from messaging._structure import strict_converter
-from messaging.applying._context import HandlerContext
-from messaging.applying._dispatch import Dispatcher, unreadable
-from messaging.failures._poison import Poison
-from messaging.store._database import Database
-from messaging.store._retry import is_transient
-from messaging.store._rows import (
+from messaging import Database, HandlerContext, ProjectionsError, RegistrationError
+from messaging.kinds import (
     PAYLOAD,
     PAYLOAD_VERSION,
     POSITION,
     SOURCE,
     TYPE,
+    ConsumerSpec,
+    Dispatcher,
+    MessageRegistry,
+    Poison,
     StoredRow,
     check_id,
     is_plain_id,
+    is_transient,
+    make_dumps,
     partition_in,
     partition_of,
+    quick_decoder,
+    strict_converter,
+    unreadable,
 )
 from sagas._context import SagaContext
 from sagas._options import STATE_UPCASTERS, saga_options, starts_saga, state_key

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from messaging._hookspecs import hookspec
+from messaging import hookspec
 
 
 @hookspec

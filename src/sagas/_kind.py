@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from messaging._kinds import ConsumerKind, register_kind
+from messaging import ConsumerKind, register_kind
 from sagas import _hookspecs as hookspecs
 from sagas._tables import saga_tables
 from sagas._worker import SagaWorker

@@ -7,8 +7,8 @@ from typing import Any
 
 import attrs
 
-from messaging._errors import RegistrationError
-from messaging._upcasting import UpcasterTable
+from messaging import RegistrationError
+from messaging.kinds import UpcasterTable
 
 SAGA_ATTRIBUTE = "__saga_options__"
 START_ATTRIBUTE = "__starts_saga__"

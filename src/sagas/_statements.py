@@ -6,8 +6,8 @@ from sqlalchemy import Executable, Integer, bindparam, case, literal_column, upd
 from sqlalchemy.dialects import mysql
 from sqlalchemy.sql.elements import ColumnElement
 
-from messaging.store._database import Database
-from messaging.store._schema import AS_GIVEN
+from messaging import Database
+from messaging.kinds import AS_GIVEN
 
 SQLITE_ROW = ("b_next", "b_state", "b_ended", "b_now", "b_state_version", "b_key", "b_read")
 """The values of one row of the SQLite statement, in the order the driver takes them."""

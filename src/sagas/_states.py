@@ -20,14 +20,8 @@ from typing import Any
 
 import cattrs
 
-from messaging._errors import (
-    DecodeError,
-    ProjectionsError,
-    RegistrationError,
-    UnknownPayloadVersion,
-)
-from messaging._structure import describe
-from messaging._upcasting import Decode, Payload, upcasting_decoder
+from messaging import DecodeError, ProjectionsError, RegistrationError, UnknownPayloadVersion
+from messaging.kinds import Decode, Payload, describe, upcasting_decoder
 from sagas._options import STATE_UPCASTERS, SagaOptions, state_key
 
 

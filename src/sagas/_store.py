@@ -38,11 +38,9 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.sql.elements import BindParameter, ColumnElement
 from sqlalchemy.types import NullType
 
-from messaging._errors import ConcurrentUpdate
-from messaging.store import _fastpath
-from messaging.store._clock import cached_now, now_params
-from messaging.store._database import Database
-from messaging.store._schema import AS_GIVEN
+from messaging import ConcurrentUpdate, Database
+from messaging.kinds import AS_GIVEN, cached_now, now_params
+from messaging.kinds import fastpath as _fastpath
 from sagas._rows import Deadline, Due, SagaRow, deadline_id
 from sagas._statements import SQLITE_ROW, update_statement
 

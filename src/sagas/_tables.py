@@ -17,7 +17,7 @@ from sqlalchemy import (
     text,
 )
 
-from messaging.store._schema import LONG_TEXT, SECONDS
+from messaging.kinds import LONG_TEXT, SECONDS
 
 
 def saga_tables(m: MetaData, prefix: str) -> Mapping[str, Table]:

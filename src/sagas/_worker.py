@@ -35,18 +35,8 @@ from typing import Any, TypeVar
 import attrs
 from sqlalchemy import Connection
 
-from messaging._errors import (
-    ProjectionsError,
-    UnknownPayloadVersion,
-)
-from messaging._messages import Envelope
-from messaging.applying._context import HandlerContext
-from messaging.applying._worker import ConsumerWorker
-from messaging.distribution._needs import clear_deadline
-from messaging.distribution._ownership import Claim
-from messaging.failures._poison import Poison
-from messaging.store._retry import is_transient
-from messaging.store._rows import StoredRow
+from messaging import Envelope, HandlerContext, ProjectionsError, UnknownPayloadVersion
+from messaging.kinds import Claim, ConsumerWorker, Poison, StoredRow, clear_deadline, is_transient
 from sagas._dispatch import SagaDispatcher
 from sagas._rows import Deadline, deadline_id
 

@@ -1,0 +1,53 @@
+"""The packages built on the engine use it through its public modules: ``sagas`` (a kind
+of consumer) and the plugins import ``messaging`` and ``messaging.kinds``, never a private
+module of the engine (``messaging._x``, ``messaging.store._y``) nor a private name."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+BUILT_ON_THE_ENGINE = [ROOT / "src" / "sagas", ROOT / "plugins"]
+
+
+def private_engine_imports(folders: list[Path]) -> list[str]:
+    """``file:line module.name`` for each import of a private module or name of
+    ``messaging`` under ``folders``."""
+    found = []
+    for folder in folders:
+        for path in sorted(folder.rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("messaging"):
+                    module = node.module or ""
+                    names = [a.name for a in node.names]
+                elif isinstance(node, ast.Import):
+                    module, names = "", [a.name for a in node.names]
+                else:
+                    continue
+                dotted = [f"{module}.{n}" if module else n for n in names]
+                for name in dotted:
+                    parts = name.split(".")
+                    if parts[0] == "messaging" and any(p.startswith("_") for p in parts):
+                        found.append(f"{path.relative_to(folder.parent)}:{node.lineno} {name}")
+    return found
+
+
+def test_sagas_and_the_plugins_use_the_engine_through_its_public_modules() -> None:
+    assert private_engine_imports(BUILT_ON_THE_ENGINE) == []
+
+
+def test_a_private_import_is_found(tmp_path: Path) -> None:
+    (tmp_path / "kind.py").write_text(
+        "from messaging.kinds import Claim\n"
+        "from messaging.applying._worker import ConsumerWorker\n"
+        "import messaging._settings\n"
+        "from messaging import _json\n",
+        encoding="utf-8",
+    )
+    found = [f.split(" ", 1)[1] for f in private_engine_imports([tmp_path])]
+    assert found == [
+        "messaging.applying._worker.ConsumerWorker",
+        "messaging._settings",
+        "messaging._json",
+    ]
