@@ -5,7 +5,7 @@ route consumers, sagas), so that its CLI, admin and reports know all their table
 """
 
 import sagas._kind  # noqa: F401  (registers the saga kind and its tables)
-from messaging._consumers import handler
+from messaging import handler
 from projections._decorators import in_memory_projection, projection
 from projections._health import health_report
 

@@ -55,12 +55,8 @@ import pluggy
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
-from messaging._errors import OperationError, ProjectionsError, Unanswered
-from messaging._settings import Settings
-from messaging.runtime._instance import Instance
-from messaging.runtime._probes import liveness, readiness
-from messaging.runtime._signals import POLL, StopSignals
-from messaging.store._database import Database
+from messaging import Database, Instance, OperationError, ProjectionsError, Settings, Unanswered
+from messaging.operations import POLL, StopSignals, liveness, readiness
 from projections import _parked_ops as parked_ops
 from projections._admin_commands import command_body, run_command
 from projections._admin_guard import AdminGuard, Refusal, require_token_off_loopback

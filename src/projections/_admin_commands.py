@@ -6,8 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from messaging._errors import OperationError
-from messaging.store._database import Database
+from messaging import Database, OperationError
 from projections import _operations as operations
 from projections import _parked_ops as parked_ops
 from projections._version_commands import drop_version, rollback

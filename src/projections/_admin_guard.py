@@ -12,8 +12,8 @@ from collections.abc import Iterable
 
 import attrs
 
-from messaging._config import ADMIN_TOKEN_ENV
-from messaging._errors import ProjectionsError
+from messaging import ProjectionsError
+from messaging.operations import ADMIN_TOKEN_ENV
 
 __all__ = ["AdminGuard", "Refusal", "is_loopback", "require_token_off_loopback"]
 

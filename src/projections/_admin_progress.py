@@ -26,8 +26,7 @@ from typing import Any
 
 from sqlalchemy import select
 
-from messaging._settings import ConsumerSettings
-from messaging.store._database import Database
+from messaging import ConsumerSettings, Database
 from projections._admin_http import LimitedRequestHandler
 from projections._admin_waits import client_gone
 

@@ -22,10 +22,8 @@ import socket
 from typing import Any
 from urllib.parse import parse_qs
 
-from messaging._errors import UnknownConsumer, WaitRefused, WaitTimeout
-from messaging._settings import ConsumerSettings
-from messaging.store._database import Database
-from messaging.waits._waits import Waiter
+from messaging import ConsumerSettings, Database, UnknownConsumer, WaitRefused, WaitTimeout
+from messaging.operations import Waiter
 
 DEFAULT_TIMEOUT = 10.0
 MAX_TIMEOUT = 60.0

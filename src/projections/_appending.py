@@ -31,14 +31,19 @@ from typing import IO, Any
 import attrs
 from sqlalchemy import Connection, func, select
 
-from messaging._errors import ProjectionsError, Unanswered, VersionConflict
-from messaging._messages import MESSAGE_ID_HEADER, MessageRegistry
-from messaging._settings import ConflictRetrySettings
-from messaging.store._database import Database
-from messaging.store._retry import for_command, is_ambiguous, retry_command
-from messaging.store._rows import NewMessage
-from messaging.store._store import MessageStore
-from messaging.store._tokens import ConsistencyToken
+from messaging import (
+    ConflictRetrySettings,
+    ConsistencyToken,
+    Database,
+    MessageStore,
+    NewMessage,
+    ProjectionsError,
+    Unanswered,
+    VersionConflict,
+    is_ambiguous,
+)
+from messaging.kinds import MessageRegistry
+from messaging.operations import MESSAGE_ID_HEADER, for_command, retry_command
 
 _REQUIRED = ("topic", "source", "type", "payload")
 _ALLOWED = {*_REQUIRED, "headers", "version"}

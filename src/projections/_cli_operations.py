@@ -7,8 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from messaging._errors import OperationError, ProjectionsError
-from messaging.store._database import Database
+from messaging import Database, OperationError, ProjectionsError
 from projections._cli_support import command_settings, existing_database, print_json, print_report
 from projections._version_commands import (
     drop_version,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
-from messaging.store._database import Database
+from messaging import Database
 from projections._cli_support import command_settings, existing_database, print_json
 
 

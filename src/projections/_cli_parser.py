@@ -6,7 +6,7 @@ import argparse
 from collections.abc import Callable
 from typing import NoReturn
 
-from messaging._config import parse_duration
+from messaging.operations import parse_duration
 
 EXIT_USAGE = 2
 
@@ -74,7 +74,7 @@ def _add_wait_timeout(parser: argparse.ArgumentParser) -> None:
 
 def _wait_timeout(text: str) -> float:
     """An argparse type: a wait's timeout, a duration up to an hour."""
-    from messaging.waits._waits import check_timeout
+    from messaging.operations import check_timeout
 
     seconds = _duration(text)
     try:

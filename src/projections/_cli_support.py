@@ -11,11 +11,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from messaging._config import load_settings
-from messaging._connection import database_for
-from messaging._errors import ProjectionsError
-from messaging._settings import Settings
-from messaging.store._database import Database, parse_database_url
+from messaging import Database, ProjectionsError, Settings, load_settings
+from messaging.operations import database_for, parse_database_url
 
 
 def command_settings(args: argparse.Namespace) -> Settings:

@@ -13,13 +13,8 @@ import argparse
 import sys
 from functools import partial
 
-from messaging._connection import database_for
-from messaging._errors import ProjectionsError
-from messaging._plugins import import_module
-from messaging._settings import Settings
-from messaging.store._database import Database
-from messaging.store._tokens import ConsistencyToken
-from messaging.waits._waits import wait_for
+from messaging import ConsistencyToken, Database, ProjectionsError, Settings, wait_for
+from messaging.operations import database_for, import_module
 from projections._cli_support import command_settings, existing_database, use_app_dir
 
 EXIT_NOT_YET = 3
@@ -29,7 +24,7 @@ EXIT_NOT_YET = 3
 def cmd_append(args: argparse.Namespace) -> int:
     """Append the JSON lines of ``args.file``; print the count and the token; with
     ``--wait``, wait for those consumers to apply it."""
-    from messaging._messages import registry
+    from messaging.operations import registry
     from projections._appending import append_lines, utf8_lines
 
     settings = command_settings(args)

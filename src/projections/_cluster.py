@@ -22,10 +22,8 @@ from typing import Any
 
 import attrs
 
-from messaging._settings import Distribution
-from messaging._states import ConsumerState, OwnerState, PartitionStatus
-from messaging.runtime._instance import Instance
-from messaging.versions._versions import split_unit
+from messaging import Distribution, Instance
+from messaging.operations import ConsumerState, OwnerState, PartitionStatus, split_unit
 
 SINGLE_OWNER_REASON = "single-owner: one elected instance applies it"
 NO_LIVE_MEMBER = "no member is live: no instance applies any consumer (start `projections run`)"

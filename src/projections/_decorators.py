@@ -7,7 +7,8 @@ from typing import TypeVar
 
 from sqlalchemy import Table
 
-from messaging._consumers import DEFAULT_PARTITIONS, ConsumerOptions, mark_consumer
+from messaging import ConsumerOptions, mark_consumer
+from messaging.kinds import DEFAULT_PARTITIONS
 from projections._kinds import IN_MEMORY_PROJECTION, PROJECTION
 
 C = TypeVar("C", bound=type)

@@ -26,13 +26,8 @@ from pathlib import Path
 import yaml
 from sqlalchemy import func, select
 
-from messaging._config import settings_from_mapping
-from messaging._errors import ConfigError
-from messaging._messages import registry
-from messaging._settings import ConsumerSettings
-from messaging._states import OwnerState
-from messaging.store._database import Database, parse_database_url
-from messaging.store._store import MessageStore
+from messaging import ConfigError, ConsumerSettings, Database, MessageStore
+from messaging.operations import OwnerState, parse_database_url, registry, settings_from_mapping
 from projections._demo_console import Console, View
 from projections._demo_probe import BATCHES_ENV, longest_batch
 from projections._reports import consumers_report, instances_report

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from messaging._hookspecs import hookimpl
+from messaging import hookimpl
 
 BATCHES_ENV = "PROJECTIONS_DEMO_BATCHES"
 """The file each batch's duration (seconds, one a line) is appended to."""

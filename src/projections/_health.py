@@ -22,12 +22,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from messaging._errors import ProjectionsError
-from messaging._settings import Settings, format_duration
-from messaging._states import ConsumerState, OwnerState, PartitionStatus, Severity, Verdict
-from messaging.distribution._membership import Membership
-from messaging.store._database import Database
-from messaging.store._refusals import refused_writes
+from messaging import Database, ProjectionsError, Settings, Severity, Verdict
+from messaging.operations import (
+    ConsumerState,
+    Membership,
+    OwnerState,
+    PartitionStatus,
+    format_duration,
+    refused_writes,
+)
 from projections._reports import consumers_report
 
 UNOWNED_GRACE = 1.0

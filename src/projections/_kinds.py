@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from messaging._kinds import ConsumerKind, register_kind
+from messaging import ConsumerKind, register_kind
 
 PROJECTION = register_kind(
     ConsumerKind(

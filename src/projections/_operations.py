@@ -24,16 +24,20 @@ from typing import Any, TypeVar
 
 from sqlalchemy import Connection, delete, insert, select, update
 
-from messaging._errors import OperationError
-from messaging._lifecycle import lifecycle_event
-from messaging._settings import ConflictRetrySettings
-from messaging._states import ConsumerState, PartitionStatus
-from messaging.distribution._ownership import NOT_HALTED, Ownership
-from messaging.distribution._pulse import bump_generation
-from messaging.routing._consumer import ROUTE_CONSUMER
-from messaging.store._database import Database
-from messaging.store._retry import for_command, retry_command
-from messaging.versions._versions import split_unit, unit_rows
+from messaging import ConflictRetrySettings, Database, OperationError
+from messaging.operations import (
+    NOT_HALTED,
+    ROUTE_CONSUMER,
+    ConsumerState,
+    Ownership,
+    PartitionStatus,
+    bump_generation,
+    for_command,
+    lifecycle_event,
+    retry_command,
+    split_unit,
+    unit_rows,
+)
 from projections._kinds import PROJECTION
 
 T = TypeVar("T")

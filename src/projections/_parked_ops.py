@@ -17,10 +17,8 @@ from typing import Any
 
 from sqlalchemy import Connection, delete, func, insert, select, update
 
-from messaging._errors import OperationError
-from messaging.distribution._pulse import bump_generation
-from messaging.failures._parking import PARKED, RETRYING, RETRYING_SKIPPED
-from messaging.store._database import Database
+from messaging import Database, OperationError
+from messaging.operations import PARKED, RETRYING, RETRYING_SKIPPED, bump_generation
 from projections._operations import _audit, _once, _state, check_reason
 
 

@@ -19,13 +19,17 @@ from typing import Any
 from sqlalchemy import Connection, Row, RowMapping, Select, and_, func, select
 from sqlalchemy.sql.elements import ColumnElement
 
-from messaging._settings import ConsumerSettings
-from messaging._states import ConsumerState, OwnerState
-from messaging.distribution._membership import Membership
-from messaging.distribution._needs import describe, pending_need
-from messaging.store._database import Database
-from messaging.store._liveness import STALE
-from messaging.versions._versions import seconds_now, split_unit
+from messaging import ConsumerSettings, Database
+from messaging.operations import (
+    STALE,
+    ConsumerState,
+    Membership,
+    OwnerState,
+    describe_need,
+    pending_need,
+    seconds_now,
+    split_unit,
+)
 
 LATE_HEARTBEATS = 2
 """A live instance is late when its last heartbeat is older than this many intervals."""
@@ -154,7 +158,7 @@ def consumers_report(
                     entry["idle"], entry["changed"] = aged.get(row["partition_no"], (0.0, 0.0))
                 needs = pending_need(row["needs"], row["checkpoint"])
                 if needs is not None:  # waits for an instance with a newer declaration
-                    entry["waiting"] = describe(needs)
+                    entry["waiting"] = describe_need(needs)
                 if row["halted_position"] is not None:
                     entry["halted"] = {
                         "position": row["halted_position"],

@@ -11,9 +11,8 @@ from typing import Any
 
 from sqlalchemy import func, select
 
-from messaging._errors import DecodeError
-from messaging._messages import MessageRegistry
-from messaging.store._database import Database
+from messaging import Database, DecodeError
+from messaging.kinds import MessageRegistry
 
 
 def shapes_report(db: Database, registry: MessageRegistry) -> dict[str, Any]:

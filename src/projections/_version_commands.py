@@ -9,13 +9,16 @@ from typing import Any
 
 from sqlalchemy import Connection, select
 
-from messaging._errors import OperationError
-from messaging._settings import ConsumerSettings
-from messaging._states import ConsumerState
-from messaging.store._database import Database
-from messaging.store._ddl import drop_tables_if_exist
-from messaging.versions._retired import delete_version_rows, revive
-from messaging.versions._versions import UnitRow, split_unit, unit_rows
+from messaging import ConsumerSettings, Database, OperationError
+from messaging.operations import (
+    ConsumerState,
+    UnitRow,
+    delete_version_rows,
+    drop_tables_if_exist,
+    revive,
+    split_unit,
+    unit_rows,
+)
 from projections._kinds import PROJECTION
 from projections._operations import _audit, _kind, _once, _state, check_reason
 from projections._reports import consumers_report

@@ -20,16 +20,24 @@ import pluggy
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import DBAPIError
 
-from messaging._connection import database_for
-from messaging._errors import ConfigError, ProjectionsError
-from messaging._overrides import check_overrides
-from messaging._plugins import collect_consumers, create_plugin_manager, import_module
-from messaging._settings import Settings
-from messaging._states import Severity
-from messaging.runtime._instance import Instance
-from messaging.store._database import parse_database_url
-from messaging.store._migrations import migrate
-from messaging.store._refusals import refusal, refusal_words
+from messaging import (
+    ConfigError,
+    Instance,
+    ProjectionsError,
+    Settings,
+    Severity,
+    collect_consumers,
+    create_plugin_manager,
+)
+from messaging.operations import (
+    check_overrides,
+    database_for,
+    import_module,
+    migrate,
+    parse_database_url,
+    refusal,
+    refusal_words,
+)
 from projections._cli_operations import cmd_audit, cmd_operation, cmd_versions
 from projections._cli_operator import OPERATOR_COMMANDS
 from projections._cli_parser import build_parser
@@ -134,7 +142,7 @@ def _admin_alongside(
 
 def _supervise(args: argparse.Namespace, settings: Settings) -> int:
     """``run --workers N``: a supervisor of N instance processes."""
-    from messaging.runtime._supervisor import Supervisor
+    from messaging.operations import Supervisor
 
     db = _database(settings)
     try:
@@ -173,7 +181,7 @@ def cmd_instances(args: argparse.Namespace) -> int:
 
 def cmd_messages(args: argparse.Namespace) -> int:
     """``projections messages check``: exits 1 when a stored shape reaches no current class."""
-    from messaging._messages import registry
+    from messaging.operations import registry
     from projections._shapes import format_shapes, shapes_report
 
     use_app_dir(args)

@@ -1,5 +1,6 @@
 """The packages built on the engine use it through its public modules: ``sagas`` (a kind
-of consumer) and the plugins import ``messaging`` and ``messaging.kinds``, never a private
+of consumer), ``projections`` (the operator tools and the testing kit) and the plugins
+import ``messaging``, ``messaging.kinds`` and ``messaging.operations``, never a private
 module of the engine (``messaging._x``, ``messaging.store._y``) nor a private name."""
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-BUILT_ON_THE_ENGINE = [ROOT / "src" / "sagas", ROOT / "plugins"]
+BUILT_ON_THE_ENGINE = [ROOT / "src" / "sagas", ROOT / "src" / "projections", ROOT / "plugins"]
 
 
 def private_engine_imports(folders: list[Path]) -> list[str]:
@@ -33,7 +34,7 @@ def private_engine_imports(folders: list[Path]) -> list[str]:
     return found
 
 
-def test_sagas_and_the_plugins_use_the_engine_through_its_public_modules() -> None:
+def test_what_is_built_on_the_engine_uses_its_public_modules() -> None:
     assert private_engine_imports(BUILT_ON_THE_ENGINE) == []
 
 

@@ -21,8 +21,8 @@ from hypothesis.errors import NoSuchExample
 from hypothesis.stateful import INVARIANT_MARKER
 from hypothesis.strategies import SearchStrategy
 
-from messaging._consumers import ConsumerSpec, collect_specs
-from messaging.store._rows import partition_of
+from messaging.kinds import ConsumerSpec, partition_of
+from messaging.operations import collect_specs
 from projections.testing.differences import ReadModelDiffers
 from projections.testing.events import Append
 

@@ -22,19 +22,22 @@ from messaging import (
     Distribution,
     Instance,
     MessageStore,
+    NewMessage,
+    OperationError,
     Settings,
     create_plugin_manager,
     is_ambiguous,
 )
-from messaging._consumers import ConsumerSpec, collect_specs
-from messaging._errors import OperationError
-from messaging.applying._worker import ConsumerWorker
-from messaging.distribution._ownership import Ownership
-from messaging.routing._consumer import ROUTE_CONSUMER
-from messaging.store._clock import ManualClock
-from messaging.store._rows import NewMessage
-from messaging.versions._retired import NoRetiredVersion
-from messaging.versions._versions import cutting_over, versions_changing
+from messaging.kinds import ConsumerSpec, ConsumerWorker
+from messaging.operations import (
+    ROUTE_CONSUMER,
+    ManualClock,
+    NoRetiredVersion,
+    Ownership,
+    collect_specs,
+    cutting_over,
+    versions_changing,
+)
 from projections import _operations as operations
 from projections._kinds import PROJECTION
 from projections._version_commands import rollback

@@ -19,8 +19,7 @@ from sqlalchemy import Table, inspect, text
 from sqlalchemy.exc import OperationalError
 
 from messaging import ConfigError, Database
-from messaging.store._clock import ManualClock
-from messaging.store._migrations import migrate
+from messaging.operations import ManualClock, migrate
 
 DATABASE_ENV = "PROJECTIONS_TEST_DATABASE"
 """The environment variable naming the database simulated clusters use."""

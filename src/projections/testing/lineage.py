@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy import func, select
 
-from messaging.store._database import Database
-from messaging.versions._versions import split_unit, unit_rows
+from messaging import Database
+from messaging.operations import split_unit, unit_rows
 from projections.testing.records import Commit
 
 if TYPE_CHECKING:

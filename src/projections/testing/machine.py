@@ -23,9 +23,8 @@ from hypothesis.strategies import SearchStrategy
 from sqlalchemy import Connection, select
 
 from messaging import Distribution, Settings
-from messaging._states import PartitionStatus
-from messaging.distribution._ownership import Ownership
-from messaging.store._rows import partition_of
+from messaging.kinds import partition_of
+from messaging.operations import Ownership, PartitionStatus
 from projections.testing.battery import BATTERY, Scenario
 from projections.testing.cluster import SimulatedCluster, open_cluster
 from projections.testing.differences import ReadModelDiffers

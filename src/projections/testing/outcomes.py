@@ -18,9 +18,8 @@ from sqlalchemy import Connection
 from sqlalchemy.exc import OperationalError
 
 from messaging import Database, MessageStore
-from messaging._consumers import ConsumerSpec
-from messaging.distribution._ownership import Claim, Ownership
-from messaging.store._rows import PARTITION_HASH, POSITION
+from messaging.kinds import POSITION, Claim, ConsumerSpec
+from messaging.operations import PARTITION_HASH, Ownership
 
 LOST_DURING_COMMIT = 2013
 """MySQL's "Lost connection to MySQL server during query", which PyMySQL raises when the

@@ -27,8 +27,8 @@ import cattrs.preconf.json
 from hypothesis import strategies as st
 from hypothesis.strategies import SearchStrategy
 
-from messaging._messages import MessageRegistry
-from messaging._messages import registry as default_registry
+from messaging.kinds import MessageRegistry
+from messaging.operations import registry as default_registry
 
 __all__ = ["Golden", "golden_payloads", "old_payloads", "read_stored", "shaped_like"]
 

@@ -10,8 +10,8 @@ from collections.abc import Callable, Sequence
 
 from sqlalchemy import Connection
 
-from messaging._consumers import ConsumerSpec
-from messaging.distribution._ownership import Ownership
+from messaging.kinds import ConsumerSpec
+from messaging.operations import Ownership
 from projections._kinds import PROJECTION
 from projections.testing.cluster import SimulatedCluster
 from projections.testing.differences import ReadModelDiffers

@@ -12,10 +12,8 @@ import attrs
 from sqlalchemy import select
 
 from messaging import Database, MessageStore, hookimpl
-from messaging._consumers import ConsumerSpec
-from messaging.distribution._ownership import Ownership
-from messaging.store._rows import partition_of
-from messaging.versions._versions import split_unit
+from messaging.kinds import ConsumerSpec, partition_of
+from messaging.operations import Ownership, split_unit
 
 __all__ = ["Claimed", "Commit", "Delivery", "Overtaken", "Recorder", "overtaken", "version_of"]
 

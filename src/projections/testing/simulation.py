@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from messaging import Settings
-from messaging._config import settings_from_mapping
+from messaging.operations import settings_from_mapping
 
 SIMULATION_CONFIG: Mapping[str, object] = {
     "rebalance-interval": "1s",

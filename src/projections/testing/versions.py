@@ -14,8 +14,7 @@ from __future__ import annotations
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
 
-from messaging._states import ConsumerState
-from messaging.versions._versions import unit_rows, versions_changing
+from messaging.operations import ConsumerState, unit_rows, versions_changing
 from projections._kinds import PROJECTION
 from projections.testing.cluster import SimulatedCluster
 from projections.testing.strategies import picks

@@ -16,10 +16,7 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy import func, select
 
-from messaging._errors import WaitRefused
-from messaging.store._tokens import ConsistencyToken
-from messaging.waits._progress import Progress
-from messaging.waits._waits import wait_for
+from messaging import ConsistencyToken, Progress, WaitRefused, wait_for
 from projections.testing.cluster import _CUTOVER_ROUNDS, SimulatedCluster
 from projections.testing.differences import ReadModelDiffers
 from projections.testing.events import Append
