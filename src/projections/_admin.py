@@ -122,6 +122,227 @@ def _segments(target: str) -> list[str] | None:
         return None
 
 
+class Admin:
+    """What the admin server answers, apart from HTTP: the reports, the probes, the metrics
+    and the commands, for one database (beside an ``instance``, if given)."""
+
+    def __init__(
+        self,
+        db: Database,
+        settings: Settings,
+        instance: Instance | None,
+        hooks: pluggy.HookRelay | None,
+    ) -> None:
+        self.db, self.settings, self.instance = db, settings, instance
+        self.hooks = hooks if hooks is not None or instance is None else instance.hooks
+        self.me = identity()
+        self.page = _page()
+        consumers = settings.messaging.consumer
+        self.reports: dict[str, Callable[[], dict[str, Any]]] = {
+            "/admin/consumers": lambda: consumers_report(db, consumers),
+            "/admin/instances": lambda: instances_report(db, consumers),
+            "/admin/cluster": lambda: cluster_report(
+                consumers_report(db, consumers),
+                instances_report(db, consumers),
+                self.me,
+                Here.of(instance) if instance is not None else None,
+            ),
+            "/admin/health": lambda: health_report(db, settings),
+        }
+        self.probes: dict[str, Callable[[], list[str]]] = {
+            "/admin/health/live": lambda: liveness(instance),
+            "/admin/health/ready": lambda: readiness(instance, db),
+        }
+
+    def consumer_report(self, name: str, what: str) -> Callable[[], dict[str, Any]] | None:
+        """The report ``GET /admin/consumers/<name>/<what>`` answers (health, versions,
+        parked), or None for another ``what``."""
+        db, settings = self.db, self.settings
+        reports: dict[str, Callable[[], dict[str, Any]]] = {
+            "health": lambda: health_report(db, settings, name),
+            "versions": lambda: versions_report(db, settings.messaging.consumer, name),
+            "parked": lambda: parked_ops.parked(db, name, skipped=True),
+        }
+        return reports.get(what)
+
+    def metrics(self) -> tuple[bytes, str] | None:
+        """The metrics in the Prometheus text format and their content type, from the
+        plugins; None without one that exposes them."""
+        return None if self.hooks is None else self.hooks.projections_metrics_exposition()
+
+    def command(
+        self, consumer: str, command: str, body: dict[str, Any], peer: tuple[str, int]
+    ) -> dict[str, Any]:
+        """Run the operator's ``command`` on ``consumer`` (this instance's copy, for an
+        in-memory consumer it runs), audited as the admin token's from ``peer``."""
+        host, port = peer
+        skip = bool(body.get("skip_poison"))
+        instance = self.instance
+        if instance is not None and consumer in instance.in_memory and command in IN_MEMORY:
+            result = instance.operate_in_memory(consumer, command, skip_poison=skip)
+        else:
+            result = {"consumer": consumer, "command": command}
+            try:
+                result.update(run_command(self.db, command, consumer, body, f"admin token@{host}"))
+            except OperationError:
+                consumers = self.settings.messaging.consumer
+                where = in_memory_pointer(self.db, consumers, consumer, command, skip_poison=skip)
+                if where is None:
+                    raise
+                raise OperationError(where) from None
+        log.info("admin: %s %s by %s:%s", command, consumer, host, port)
+        return result
+
+
+class AdminServer(BoundedHTTPServer):
+    """The admin HTTP server: its requests are answered from :attr:`admin`, and checked by
+    :attr:`guard` (made for the address it is bound to)."""
+
+    def __init__(
+        self, address: tuple[str, int], admin: Admin, *, max_threads: int, request_timeout: float
+    ) -> None:
+        self.admin = admin
+        super().__init__(
+            address, AdminHandler, max_threads=max_threads, request_timeout=request_timeout
+        )
+        host, port = self.server_address[:2]
+        try:
+            require_token_off_loopback(str(host), admin.settings.admin.token)
+        except ProjectionsError:
+            self.server_close()
+            raise
+        token, allowed = admin.settings.admin.token, admin.settings.admin.allowed_hosts
+        self.guard = AdminGuard(token, allowed, str(host), int(port))
+
+
+class AdminHandler(LimitedRequestHandler):
+    """One request to an :class:`AdminServer` (see the module for the routes)."""
+
+    server: AdminServer
+    server_version = "projections-admin"
+
+    def _refuse(self, refusal: Refusal) -> None:
+        headers = {"WWW-Authenticate": "Bearer"} if refusal.status == 401 else None
+        self.send_json(refusal.status, {"error": refusal.error}, headers=headers)
+
+    def _host_refused(self) -> bool:
+        refusal = self.server.guard.check_host(self.headers.get_all("Host") or [])
+        if refusal is not None:
+            self._refuse(refusal)
+        return refusal is not None
+
+    def _answer(self, what: str, work: Callable[[], dict[str, Any] | Answer | None]) -> None:
+        """Answer ``work()`` (a body, a status and body, or None: no answer, the client
+        is gone): 409 for a refused command, 503 while the database fails, 500 for
+        anything else (details in the log, never in the answer)."""
+        try:
+            data = work()
+        except OperationError as exc:
+            self.send_json(409, {"error": str(exc)})
+        except UnknownConsumer as exc:
+            self.send_json(404, {"error": str(exc)})
+        except (DBAPIError, PoolTimeout, Unanswered) as exc:  # PoolTimeout: all busy
+            log.warning("admin %s: database unavailable: %s", what, _one_line(exc))
+            self.send_json(503, {"error": DATABASE_UNAVAILABLE})
+        except Exception:
+            log.exception("admin %s failed", what)
+            self.send_json(500, {"error": "internal error; see the server's log"})
+        else:
+            if data is None:
+                self.close_connection = True
+            elif isinstance(data, tuple):
+                self.send_json(*data)
+            else:
+                self.send_json(200, data)
+
+    def do_GET(self) -> None:
+        if self._host_refused():
+            return
+        segments = _segments(self.path)
+        if segments is None:
+            self.send_error(400, "bad request: the path is not UTF-8")
+            return
+        path, admin = "/" + "/".join(segments), self.server.admin
+        if path == "/admin":
+            self.send_body(200, admin.page, "text/html; charset=utf-8", headers=PAGE_HEADERS)
+        elif path == "/metrics":
+            self._metrics()
+        elif path in admin.probes:
+            reasons = admin.probes[path]()
+            body = {"status": "fail" if reasons else "ok", "reasons": reasons, "by": admin.me}
+            self.send_json(503 if reasons else 200, body)
+        elif len(segments) == 4 and segments[:2] == ["admin", "consumers"]:
+            self._consumer_get(path, segments[2], segments[3])
+        elif path in admin.reports:
+            self._answer(path, admin.reports[path])
+        else:
+            self.send_json(404, {"error": f"no such route: {path}"})
+
+    def _metrics(self) -> None:
+        exposed = self.server.admin.metrics()
+        if exposed is None:
+            self.send_json(404, {"error": NO_METRICS})
+        else:
+            self.send_body(200, *exposed)
+
+    def _consumer_get(self, path: str, name: str, what: str) -> None:
+        """``GET /admin/consumers/<name>/<what>``: a long wait or progress stream, or a
+        report of the consumer."""
+        admin = self.server.admin
+        consumers = admin.settings.messaging.consumer
+        if what in ("wait", "progress"):
+            with self.long_request(LONG_REQUESTS) as admitted:
+                if not admitted:
+                    return
+                if what == "progress":
+                    serve_progress(self, admin.db, consumers, name)
+                    return
+                sock, target = self.connection, self.path
+                self._answer(path, lambda: wait_answer(admin.db, consumers, name, target, sock))
+            return
+        report = admin.consumer_report(name, what)
+        if report is None:
+            self.send_json(404, {"error": f"no such route: {path}"})
+        else:
+            self._answer(path, report)
+
+    def do_POST(self) -> None:
+        """``POST /admin/consumers/<name>/<command>`` (:data:`COMMANDS`): the commands
+        (see :func:`projections._admin_guard.AdminGuard.check_command` for who may)."""
+        if self._host_refused():
+            return
+        segments = _segments(self.path)
+        if (
+            segments is None
+            or len(segments) != 4
+            or segments[:2] != ["admin", "consumers"]
+            or segments[3] not in COMMANDS
+        ):
+            self.send_json(404, {"error": "no such route: POST " + self.path.split("?")[0]})
+            return
+        refusal = self.server.guard.check_command(
+            authorization=self.headers.get("Authorization"),
+            origin=self.headers.get("Origin"),
+            content_type=self.headers.get("Content-Type"),
+            host=self.headers.get("Host") or "",
+        )
+        if refusal is not None:
+            self._refuse(refusal)
+            return
+        raw = self.read_body(MAX_BODY_BYTES)
+        if raw is None:
+            return
+        try:
+            body = command_body(raw)
+        except ValueError as exc:  # JSONDecodeError and OperationError included
+            self.send_error(400, f"bad request: {exc}")
+            return
+        consumer, command = segments[2], segments[3]
+        peer = (str(self.client_address[0]), int(self.client_address[1]))
+        run = partial(self.server.admin.command, consumer, command, body, peer)
+        self._answer(f"POST {command}", run)
+
+
 def make_server(
     db: Database,
     settings: Settings,
@@ -132,7 +353,7 @@ def make_server(
     max_threads: int = MAX_THREADS,
     instance: Instance | None = None,
     hooks: pluggy.HookRelay | None = None,
-) -> BoundedHTTPServer:
+) -> AdminServer:
     """A (not yet serving) admin server on ``host:port``; port 0 picks a free one.
 
     Commands need ``settings.admin.token``; without one, a server on an address other
@@ -143,188 +364,16 @@ def make_server(
     the server started, with a health source (``projections_admin_started``), and give
     ``GET /metrics`` (``projections_metrics_exposition``).
     """
-    admin = settings.admin
-    consumer_settings = settings.messaging.consumer
-    me = identity()
-    page = _page()
-    routes: dict[str, Callable[[], dict[str, Any]]] = {
-        "/admin/consumers": lambda: consumers_report(db, consumer_settings),
-        "/admin/instances": lambda: instances_report(db, consumer_settings),
-        "/admin/cluster": lambda: cluster_report(
-            consumers_report(db, consumer_settings),
-            instances_report(db, consumer_settings),
-            me,
-            Here.of(instance) if instance is not None else None,
-        ),
-        "/admin/health": lambda: health_report(db, settings),
-    }
-    probes: dict[str, Callable[[], list[str]]] = {
-        "/admin/health/live": lambda: liveness(instance),
-        "/admin/health/ready": lambda: readiness(instance, db),
-    }
-    hooks = hooks if hooks is not None or instance is None else instance.hooks
-
-    class Handler(LimitedRequestHandler):
-        server_version = "projections-admin"
-
-        def _refuse(self, refusal: Refusal) -> None:
-            headers = {"WWW-Authenticate": "Bearer"} if refusal.status == 401 else None
-            self.send_json(refusal.status, {"error": refusal.error}, headers=headers)
-
-        def _host_refused(self) -> bool:
-            refusal = guard.check_host(self.headers.get_all("Host") or [])
-            if refusal is not None:
-                self._refuse(refusal)
-            return refusal is not None
-
-        def _answer(self, what: str, work: Callable[[], dict[str, Any] | Answer | None]) -> None:
-            """Answer ``work()`` (a body, a status and body, or None: no answer, the client
-            is gone): 409 for a refused command, 503 while the database fails, 500 for
-            anything else (details in the log, never in the answer)."""
-            try:
-                data = work()
-            except OperationError as exc:
-                self.send_json(409, {"error": str(exc)})
-            except UnknownConsumer as exc:
-                self.send_json(404, {"error": str(exc)})
-            except (DBAPIError, PoolTimeout, Unanswered) as exc:  # PoolTimeout: all busy
-                log.warning("admin %s: database unavailable: %s", what, _one_line(exc))
-                self.send_json(503, {"error": DATABASE_UNAVAILABLE})
-            except Exception:
-                log.exception("admin %s failed", what)
-                self.send_json(500, {"error": "internal error; see the server's log"})
-            else:
-                if data is None:
-                    self.close_connection = True
-                elif isinstance(data, tuple):
-                    self.send_json(*data)
-                else:
-                    self.send_json(200, data)
-
-        def do_GET(self) -> None:
-            if self._host_refused():
-                return
-            segments = _segments(self.path)
-            if segments is None:
-                self.send_error(400, "bad request: the path is not UTF-8")
-                return
-            path = "/" + "/".join(segments)
-            if path == "/admin":
-                self.send_body(200, page, "text/html; charset=utf-8", headers=PAGE_HEADERS)
-                return
-            if path == "/metrics":
-                exposed = hooks.projections_metrics_exposition() if hooks is not None else None
-                if exposed is None:
-                    self.send_json(404, {"error": NO_METRICS})
-                else:
-                    self.send_body(200, *exposed)
-                return
-            probe = probes.get(path)
-            if probe is not None:
-                reasons = probe()
-                body = {"status": "fail" if reasons else "ok", "reasons": reasons, "by": me}
-                self.send_json(503 if reasons else 200, body)
-                return
-            if segments[:2] == ["admin", "consumers"] and segments[3:] == ["wait"]:
-                name, sock = segments[2], self.connection
-                with self.long_request(LONG_REQUESTS) as admitted:
-                    if admitted:
-                        self._answer(
-                            path, lambda: wait_answer(db, consumer_settings, name, self.path, sock)
-                        )
-                return
-            if segments[:2] == ["admin", "consumers"] and segments[3:] == ["progress"]:
-                with self.long_request(LONG_REQUESTS) as admitted:
-                    if admitted:
-                        serve_progress(self, db, consumer_settings, segments[2])
-                return
-            if segments[:2] == ["admin", "consumers"] and segments[3:] == ["health"]:
-                name = segments[2]
-                self._answer(path, lambda: health_report(db, settings, name))
-                return
-            if segments[:2] == ["admin", "consumers"] and segments[3:] == ["versions"]:
-                name = segments[2]
-                self._answer(path, lambda: versions_report(db, consumer_settings, name))
-                return
-            if segments[:2] == ["admin", "consumers"] and segments[3:] == ["parked"]:
-                name = segments[2]
-                self._answer(path, lambda: parked_ops.parked(db, name, skipped=True))
-                return
-            route = routes.get(path)
-            if route is None:
-                self.send_json(404, {"error": f"no such route: {path}"})
-                return
-            self._answer(path, route)
-
-        def do_POST(self) -> None:
-            """``POST /admin/consumers/<name>/<command>`` (:data:`COMMANDS`): the commands
-            (see :func:`projections._admin_guard.AdminGuard.check_command` for who may)."""
-            if self._host_refused():
-                return
-            segments = _segments(self.path)
-            if (
-                segments is None
-                or len(segments) != 4
-                or segments[:2] != ["admin", "consumers"]
-                or segments[3] not in COMMANDS
-            ):
-                self.send_json(404, {"error": "no such route: POST " + self.path.split("?")[0]})
-                return
-            refusal = guard.check_command(
-                authorization=self.headers.get("Authorization"),
-                origin=self.headers.get("Origin"),
-                content_type=self.headers.get("Content-Type"),
-                host=self.headers.get("Host") or "",
-            )
-            if refusal is not None:
-                self._refuse(refusal)
-                return
-            raw = self.read_body(MAX_BODY_BYTES)
-            if raw is None:
-                return
-            try:
-                body = command_body(raw)
-            except ValueError as exc:  # JSONDecodeError and OperationError included
-                self.send_error(400, f"bad request: {exc}")
-                return
-            consumer, command = segments[2], segments[3]
-            peer_host, peer_port = self.client_address[:2]
-            who = f"admin token@{peer_host}"
-            skip = bool(body.get("skip_poison"))
-
-            def run() -> dict[str, Any]:
-                result: dict[str, Any] = {"consumer": consumer, "command": command}
-                if instance is not None and consumer in instance.in_memory and command in IN_MEMORY:
-                    result = instance.operate_in_memory(consumer, command, skip_poison=skip)
-                else:
-                    try:
-                        result.update(run_command(db, command, consumer, body, who))
-                    except OperationError:
-                        where = in_memory_pointer(
-                            db, consumer_settings, consumer, command, skip_poison=skip
-                        )
-                        if where is None:
-                            raise
-                        raise OperationError(where) from None
-                log.info("admin: %s %s by %s:%s", command, consumer, peer_host, peer_port)
-                return result
-
-            self._answer(f"POST {command}", run)
-
-    server = BoundedHTTPServer(
-        (host, port), Handler, max_threads=max_threads, request_timeout=request_timeout
+    admin = Admin(db, settings, instance, hooks)
+    server = AdminServer(
+        (host, port), admin, max_threads=max_threads, request_timeout=request_timeout
     )
-    bound_host, bound_port = server.server_address[:2]
-    try:
-        require_token_off_loopback(str(bound_host), admin.token)
-    except ProjectionsError:
-        server.server_close()
-        raise
-    guard = AdminGuard(admin.token, admin.allowed_hosts, str(bound_host), int(bound_port))
-    if hooks is not None:
+    if admin.hooks is not None:
         instance_id = instance.id if instance is not None else None
         health = partial(verdicts, db, settings)
-        hooks.projections_admin_started(tenant=db.tenant, instance_id=instance_id, health=health)
+        admin.hooks.projections_admin_started(
+            tenant=db.tenant, instance_id=instance_id, health=health
+        )
     return server
 
 
@@ -340,7 +389,7 @@ def listen(
     port: int,
     instance: Instance | None = None,
     hooks: pluggy.HookRelay | None = None,
-) -> BoundedHTTPServer:
+) -> AdminServer:
     """:func:`make_server` (beside ``instance``, if given), with a port that cannot be bound
     as a :class:`ProjectionsError`; prints the page's address."""
     try:
