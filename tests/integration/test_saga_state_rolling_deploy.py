@@ -426,7 +426,13 @@ def test_an_older_instance_leaves_the_partitions_whose_states_newer_code_wrote(
     assert "halt" not in "".join(said.values()).lower(), said
     stops = [line for line in said["old1"].splitlines() if "is left to another instance" in line]
     left = {int(line.split(" partition ", 1)[1].split()[0]) for line in stops}
-    assert left == newer_partitions and len(stops) == len(left), stops  # once each
+    # Said once for each place a partition stops before: a message's position, or a saga
+    # deadline that fell due while old1 held the partition again (a place of its own).
+    places = [
+        (line.split(" partition ", 1)[1].split()[0], line.split(" stops before ", 1)[1])
+        for line in stops
+    ]
+    assert left == newer_partitions and len(places) == len(set(places)), stops
     print(f"\nold1 left partitions {sorted(left)}: {Counter(ended_by.values())}")
     # What a partition waited for has no effect once its checkpoint passed it: the status
     # must not say a partition owned and caught up by new1 still waits for a newer
