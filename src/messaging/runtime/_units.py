@@ -58,6 +58,7 @@ class Units:
         self._db, self._who, self._declared = db, who, declared
         self._publish_runs, self._retry, self._cutover_due = publish_runs, retry, cutover_due
         self._deadlines, self._outage = deadlines, outage
+        self._ownership = Ownership(db)
         settings = declared.consumer_settings
         self._limiter = threading.BoundedSemaphore(settings.executor.max_workers)
         """Bounds the batches applied at once across every consumer of the instance."""
@@ -186,11 +187,10 @@ class Units:
 
     def release(self, name: str, partitions: Sequence[int]) -> None:
         """Give up ``partitions`` of ``name``, handed over by its worker."""
-        ownership = Ownership(self._db)
 
         def release() -> None:
             with self._db.transaction() as conn:
-                ownership.release(conn, name, self._who.id, partitions)
+                self._ownership.release(conn, name, self._who.id, partitions)
                 bump_generation(self._db, conn, release=True)  # for the one awaiting them
 
         self._retry(release, f"release {name}")
