@@ -6,14 +6,17 @@ unless an operator retries it. Both backends, through the worker of a real consu
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 
 import pytest
+from clusters import wait_until
 from parking_app import BROKEN, applied, drain, items_table, parking_worker, reclaim, same_partition
 from poison_item import Item
 from sqlalchemy import Table
 
 from messaging import Appended, ConsistencyToken, Database, MessageStore, WaitRefused, wait_for
+from messaging.waits._watcher import watcher_for
 from projections import _parked_ops
 
 CONSUMER = "parked-items"
@@ -66,6 +69,36 @@ def test_a_wait_on_a_parked_sources_message_is_refused_until_a_retry_applies_it(
     drain(worker)
     assert [n for s, n in applied(db, table) if s == a] == ["a1", "poison-a2", "a3"]
     assert _applied(db, later.token) and _applied(db, poison.token)
+
+
+def test_a_wait_started_during_a_retry_ends_when_the_retry_applies_not_at_its_deadline(
+    db: Database, table: Table
+) -> None:
+    """A retry applies held messages behind the checkpoints: nothing the shared watcher's
+    round reads moves but the parked rows, so they are part of what it compares."""
+    worker = parking_worker(db, table)
+    [a] = same_partition(1)
+    _append(db, a, "poison-a1")
+    later = _append(db, a, "a2")
+    drain(worker)
+    BROKEN.clear()
+    _parked_ops.retry(db, CONSUMER, source=a, who="test")
+    reclaim(db, worker)
+    ended = threading.Event()
+    results: list[bool] = []
+
+    def wait() -> None:
+        results.append(wait_for(db, later.token, CONSUMER, timeout=120).applied)
+        ended.set()
+
+    waiter = threading.Thread(target=wait, daemon=True)
+    waiter.start()
+    watcher = watcher_for(db)
+    wait_until(lambda: watcher.rounds >= 2, timeout=30, what="the wait's first check")
+    assert not ended.is_set()
+    drain(worker)
+    assert ended.wait(60), "the wait did not see the retry's apply (its deadline is 120 s)"
+    assert results == [True]
 
 
 def test_a_wait_on_a_skipped_message_is_refused_and_the_rest_of_its_source_applies(

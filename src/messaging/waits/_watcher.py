@@ -2,7 +2,9 @@
 its reads, so a thousand waiters cost what one does while nothing moves.
 
 Each round reads, in one statement, the partition rows of every consumer waited on (with
-its state) and the tenant's committed head. A wait is checked in full
+its state and live version) and the tenant's committed head, and in a second its parked
+sources (empty unless something failed): a retry or a skip applies held messages behind
+the checkpoints and moves only these. A wait is checked in full
 (:func:`~messaging.waits._progress.progress`, its own few statements) only the first
 time and when what that statement returned for its consumers moved since its last
 check; waits that nothing moved for cost nothing more. Rounds run every
@@ -25,7 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 import attrs
-from sqlalchemy import Connection, select
+from sqlalchemy import Connection, literal, null, select, union_all
 
 from messaging.store._database import Database
 from messaging.store._retry import is_transient
@@ -156,22 +158,44 @@ class Watcher:
             # transient: the next round tries again; each wait's deadline still holds
 
     def _state(self, conn: Connection, names: list[str]) -> dict[str, tuple[Any, ...]]:
-        """Per consumer, its state and partition rows; under "", the committed head."""
+        """Per consumer, its partition rows (with its state and live version), then its
+        parked sources; under "", the committed head. One statement."""
         schema, tenant = self.db.schema, self.db.tenant
-        p, c, head = schema.partitions, schema.consumers, schema.positions
+        p, c, parked = schema.partitions, schema.consumers, schema.parked
+        head = schema.positions
         last = select(head.c.last_position).where(head.c.tenant == tenant).scalar_subquery()
-        rows = conn.execute(
-            select(p.c.consumer, p.c.partition_no, p.c.checkpoint, p.c.status, c.c.state, last)
+        partitions = (
+            select(
+                p.c.consumer.label("consumer"),
+                literal(0).label("kind"),
+                p.c.partition_no.label("partition_no"),
+                p.c.checkpoint.label("position"),
+                p.c.status.label("detail"),
+                c.c.state.label("state"),
+                c.c.version.label("version"),
+                last.label("head"),
+            )
             .join(c, (c.c.tenant == p.c.tenant) & (c.c.name == p.c.consumer))
             .where(p.c.tenant == tenant, p.c.consumer.in_(names))
-            .order_by(p.c.consumer, p.c.partition_no)
+        )
+        sources = select(
+            parked.c.consumer,
+            literal(1),
+            parked.c.partition_no,
+            parked.c.position,
+            parked.c.source,
+            parked.c.state,
+            null(),
+            last,
+        ).where(parked.c.tenant == tenant, parked.c.consumer.in_(names))
+        rows = conn.execute(
+            union_all(partitions, sources).order_by("consumer", "kind", "partition_no", "detail")
         ).all()
-        if not rows:  # no partition rows: the head alone (an append committing moves it)
-            rows = [(None,) * 5 + (conn.execute(select(last)).scalar(),)]  # type: ignore[list-item]  # a row's shape
-        state: dict[str, tuple[Any, ...]] = {"": (rows[0][5],)}
+        if not rows:  # nothing of theirs: the head alone (an append committing moves it)
+            return {"": (conn.execute(select(last)).scalar(),)}
+        state: dict[str, tuple[Any, ...]] = {"": (rows[0].head,)}
         for row in rows:
-            if row[0] is not None:
-                state[row[0]] = (*state.get(row[0], ()), tuple(row[1:5]))
+            state[row.consumer] = (*state.get(row.consumer, ()), tuple(row[1:7]))
         return state
 
     def _check(self, conn: Connection, watch: Watch, state: dict[str, tuple[Any, ...]]) -> None:
