@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import difflib
+from collections.abc import Iterable, Sequence
 
 
 class ProjectionsError(Exception):
@@ -118,6 +119,16 @@ class WaitRefused(ProjectionsError):
 
 class UnknownConsumer(WaitRefused, ValueError):
     """A wait named a consumer the database does not know."""
+
+
+def unknown_consumer(name: str, known: Iterable[str]) -> str:
+    """``unknown consumer 'x'`` and the closest of the ``known`` names (``did you mean``),
+    or the list of them when none is close."""
+    known = sorted(known)
+    close = difflib.get_close_matches(name, known, n=1)
+    if close:
+        return f"unknown consumer {name!r}; did you mean {close[0]!r}?"
+    return f"unknown consumer {name!r}; known consumers: {', '.join(known) or 'none'}"
 
 
 class WaitTimeout(ProjectionsError, TimeoutError):

@@ -11,6 +11,7 @@ its names are in :mod:`messaging`.
 from messaging._config import ADMIN_TOKEN_ENV, parse_duration, settings_from_mapping
 from messaging._connection import database_for
 from messaging._consumers import collect_specs
+from messaging._errors import unknown_consumer
 from messaging._lifecycle import lifecycle_event
 from messaging._messages import MESSAGE_ID_HEADER, registry
 from messaging._overrides import check_overrides
@@ -44,6 +45,7 @@ from messaging.versions._versions import (
     unit_rows,
     versions_changing,
 )
+from messaging.waits._progress import check_consumers
 from messaging.waits._waits import Waiter, check_timeout
 
 __all__ = [
@@ -69,6 +71,7 @@ __all__ = [
     "UnitRow",
     "Waiter",
     "bump_generation",
+    "check_consumers",
     "check_overrides",
     "check_timeout",
     "collect_specs",
@@ -97,5 +100,6 @@ __all__ = [
     "settings_from_mapping",
     "split_unit",
     "unit_rows",
+    "unknown_consumer",
     "versions_changing",
 ]

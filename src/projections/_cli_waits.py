@@ -24,7 +24,7 @@ EXIT_NOT_YET = 3
 def cmd_append(args: argparse.Namespace) -> int:
     """Append the JSON lines of ``args.file``; print the count and the token; with
     ``--wait``, wait for those consumers to apply it."""
-    from messaging.operations import registry
+    from messaging.operations import check_consumers, registry
     from projections._appending import append_lines, utf8_lines
 
     settings = command_settings(args)
@@ -35,6 +35,8 @@ def cmd_append(args: argparse.Namespace) -> int:
     tokens: list[ConsistencyToken] = []
     try:
         db.prepare()
+        if args.wait:
+            check_consumers(db, args.wait)  # before anything is stored
         append = partial(
             append_lines,
             db,

@@ -20,6 +20,7 @@ the database refuses writes (a write that changes nothing is tried:
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from messaging import Database, ProjectionsError, Settings, Severity, Verdict
@@ -30,6 +31,7 @@ from messaging.operations import (
     PartitionStatus,
     format_duration,
     refused_writes,
+    unknown_consumer,
 )
 from projections._reports import consumers_report
 
@@ -42,8 +44,8 @@ _RANK = list(Verdict)
 class UnknownConsumer(ProjectionsError):
     """A health request names a consumer the database does not know."""
 
-    def __init__(self, name: str) -> None:
-        super().__init__(f"no consumer named {name!r}")
+    def __init__(self, name: str, known: Iterable[str] = ()) -> None:
+        super().__init__(unknown_consumer(name, known))
         self.name = name
 
 
@@ -68,7 +70,7 @@ def health_report(db: Database, settings: Settings, consumer: str | None = None)
     refused = refused_writes(db)
     chosen = [c for c in report["consumers"] if consumer in (None, c["name"])]
     if consumer is not None and not chosen:
-        raise UnknownConsumer(consumer)
+        raise UnknownConsumer(consumer, (c["name"] for c in report["consumers"]))
     consumers = []
     for entry in chosen:
         if entry["state"] == ConsumerState.RETIRED:

@@ -37,6 +37,7 @@ from messaging.operations import (
     retry_command,
     split_unit,
     unit_rows,
+    unknown_consumer,
 )
 from projections._kinds import PROJECTION
 
@@ -70,12 +71,8 @@ def _state(db: Database, conn: Connection, consumer: str) -> str:
         .with_for_update()
     ).scalar_one_or_none()
     if state is None:
-        known = conn.execute(
-            select(table.c.name).where(table.c.tenant == db.tenant).order_by(table.c.name)
-        ).scalars()
-        raise OperationError(
-            f"unknown consumer {consumer!r}; known consumers: {', '.join(known) or 'none'}"
-        )
+        known = conn.execute(select(table.c.name).where(table.c.tenant == db.tenant)).scalars()
+        raise OperationError(unknown_consumer(consumer, known))
     return str(state)
 
 

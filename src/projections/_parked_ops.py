@@ -18,7 +18,13 @@ from typing import Any
 from sqlalchemy import Connection, delete, func, insert, select, update
 
 from messaging import Database, OperationError
-from messaging.operations import PARKED, RETRYING, RETRYING_SKIPPED, bump_generation
+from messaging.operations import (
+    PARKED,
+    RETRYING,
+    RETRYING_SKIPPED,
+    bump_generation,
+    unknown_consumer,
+)
 from projections._operations import _audit, _once, _state, check_reason
 
 
@@ -36,9 +42,7 @@ def _known(db: Database, conn: Connection, consumer: str) -> None:
         conn.execute(select(t.c.name).where(t.c.tenant == db.tenant).order_by(t.c.name)).scalars()
     )
     if consumer not in names:
-        raise OperationError(
-            f"unknown consumer {consumer!r}; known consumers: {', '.join(names) or 'none'}"
-        )
+        raise OperationError(unknown_consumer(consumer, names))
 
 
 def _held(

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from clusters import owned_by, start_instance, stop_instance, wait_until, write_config
 from ledger_waits import CONSUMER, balance
+from sqlalchemy import func, select
 
 from messaging import Database
 from projections.examples import ledger
@@ -96,3 +97,6 @@ def test_bad_input_is_one_error_line(
     )
     assert result.returncode == code, result
     assert error in result.stderr and len(result.stderr.splitlines()) == 1, result.stderr
+    with db.read() as conn:  # a refused append stored nothing: the first one alone
+        stored = conn.execute(select(func.count()).select_from(db.schema.messages)).scalar()
+    assert stored == 1

@@ -299,7 +299,7 @@ def test_halted_partitions_and_the_exit_codes_of_projections_health(
 
     unknown = health_app.health_cli(config, "no-such-consumer")
     assert unknown.returncode == 3
-    assert "no consumer named 'no-such-consumer'" in unknown.stderr
+    assert f"unknown consumer 'no-such-consumer'; known consumers: {CONSUMER}" in unknown.stderr
     assert stop_instance(process) == 0
 
 
@@ -325,7 +325,7 @@ def test_the_probes_while_an_instance_stops_and_once_its_apply_loop_died(
     assert status == 200 and [c["name"] for c in one["consumers"]] == [CONSUMER]
     assert health_app.probe(port, "consumers/nope/health") == (
         404,
-        {"error": "no consumer named 'nope'"},
+        {"error": f"unknown consumer 'nope'; known consumers: {CONSUMER}"},
     )
 
     health_app.append(db, 0, 1, fate="slow")

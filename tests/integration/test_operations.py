@@ -189,6 +189,8 @@ def test_unknown_consumers_and_invalid_transitions_are_refused(cluster: Simulate
     db = cluster.db
     with pytest.raises(OperationError, match="unknown consumer 'nope'; known consumers: ops-notes"):
         pause(db, "nope", who="x")
+    with pytest.raises(OperationError, match="'ops-note'; did you mean 'ops-notes'"):
+        pause(db, "ops-note", who="x")
     with pytest.raises(OperationError, match="running and has no halted partition"):
         resume(db, "ops-notes", who="x")
     with pytest.raises(OperationError, match="no halted partition to skip"):

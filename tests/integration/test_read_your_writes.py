@@ -205,8 +205,15 @@ def test_a_token_for_a_topic_the_consumer_does_not_read_is_applied_at_once(db: D
 
 def test_an_unknown_consumer_and_another_tenant_s_token_are_refused_at_once(db: Database) -> None:
     appended = deposit(db, "u")
-    with pytest.raises(UnknownConsumer, match="unknown consumer 'nope'"):
+    with pytest.raises(UnknownConsumer, match="unknown consumer 'nope'; known consumers: "):
         wait_for(db, appended.token, "nope", timeout=30)
+    declared = ledger_instance(db)
+    declared.start(loops=False)  # declares the consumer, applies nothing
+    declared.stop()
+    with pytest.raises(
+        UnknownConsumer, match=f"unknown consumer '{CONSUMER}z'; did you mean '{CONSUMER}'"
+    ):
+        wait_for(db, appended.token, CONSUMER + "z", timeout=30)
     other = Database(db.url, tenant="acme", table_prefix=db.schema.prefix)
     try:
         with pytest.raises(

@@ -30,7 +30,7 @@ import attrs
 from sqlalchemy import Connection, func, select
 from sqlalchemy.sql.elements import ColumnElement
 
-from messaging._errors import UnknownConsumer, WaitRefused
+from messaging._errors import UnknownConsumer, WaitRefused, unknown_consumer
 from messaging._states import ConsumerState, PartitionStatus
 from messaging.distribution._membership import Membership
 from messaging.distribution._ownership import Ownership, PartitionRow
@@ -165,11 +165,19 @@ def _consumers(db: Database, conn: Connection, names: Sequence[str]) -> list[_Co
     }
     for name in names:
         if name not in found:
+            known = conn.execute(select(t.c.name).where(t.c.tenant == db.tenant)).scalars()
             raise UnknownConsumer(
-                f"unknown consumer {name!r} (not declared in this database and tenant; an "
+                f"{unknown_consumer(name, known)} (in this database and tenant; an "
                 "in-memory projection's copies live in each instance, not here)"
             )
     return [found[name] for name in names]
+
+
+def check_consumers(db: Database, names: Sequence[str]) -> None:
+    """:class:`UnknownConsumer` (naming the closest) unless each of ``names`` is a consumer
+    of this database and tenant: a command checks before it stores anything."""
+    with db.read() as conn:
+        _consumers(db, conn, names)
 
 
 def _check_marks(db: Database, conn: Connection, token: ConsistencyToken) -> set[int]:
