@@ -132,3 +132,9 @@ __all__ = [
     "wait_for_async",
     "wait_for_copy",
 ]
+
+for _name in __all__:  # a reason, CLI line or traceback names messaging.X, as imported
+    _value = globals()[_name]
+    if isinstance(_value, type) and issubclass(_value, ProjectionsError):
+        _value.__module__ = __name__
+del _name, _value

@@ -275,6 +275,24 @@ def _database_url(args: argparse.Namespace) -> URL | None:
         return None
 
 
+CANNOT_CONNECT = 2003
+"""The MySQL client's error: no server answers at the address."""
+
+
+def _database_reason(exc: DBAPIError, url: URL | None) -> str:
+    """The driver's first line; a MySQL error as its message and code, and a failed
+    connection with the server's address (the driver names the host alone)."""
+    if exc.orig is None:
+        return str(exc).splitlines()[0]
+    args = exc.orig.args
+    if len(args) == 2 and isinstance(args[0], int) and isinstance(args[1], str):  # PyMySQL
+        code, message = args
+        if code == CANNOT_CONNECT and url is not None and url.host:
+            message = f"{message} at {url.host}:{url.port or 3306}"
+        return f"{message.splitlines()[0]} (MySQL error {code})"
+    return (str(exc.orig).splitlines() or [""])[0]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``projections`` console script."""
     args = build_parser().parse_args(argv)
@@ -295,7 +313,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except DBAPIError as exc:
         if args.traceback:
             raise
-        reason = str(exc.orig).splitlines()[0] if exc.orig is not None else str(exc)
+        reason = _database_reason(exc, _database_url(args))
         kind = refusal(exc)
         if kind is not None:  # in words a user acts on, naming the file or server
             reason = f"refuses writes: {refusal_words(kind, _database_url(args))} ({reason})"

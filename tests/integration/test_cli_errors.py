@@ -27,11 +27,14 @@ def _closed_port() -> int:
 
 
 def test_an_unreachable_database_is_one_line_naming_the_database() -> None:
-    """A refused connection exits 1 with a single 'database:' line."""
-    result = _run("status", "--database", f"mysql://root@127.0.0.1:{_closed_port()}/test")
+    """A refused connection exits 1 with a single 'database:' line naming the server's
+    address, port included (the driver names the host alone), and the error's code."""
+    port = _closed_port()
+    result = _run("status", "--database", f"mysql://root@127.0.0.1:{port}/test")
     assert result.returncode == 1
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("projections: error: database:")
+    assert lines[0].endswith(f" at 127.0.0.1:{port} (MySQL error 2003)"), lines[0]
     assert "Traceback" not in result.stderr
 
 

@@ -52,3 +52,26 @@ def test_a_private_import_is_found(tmp_path: Path) -> None:
         "messaging._settings",
         "messaging._json",
     ]
+
+
+def test_every_public_error_is_named_as_it_is_imported() -> None:
+    """A halted partition's reason, a CLI line and a traceback name ``messaging.X``, the
+    name a user imports, never the private module that defines it."""
+    import traceback
+
+    import messaging
+
+    errors = [
+        getattr(messaging, n)
+        for n in messaging.__all__
+        if isinstance(getattr(messaging, n), type)
+        and issubclass(getattr(messaging, n), messaging.ProjectionsError)
+    ]
+    assert len(errors) >= 15
+    assert [e for e in errors if e.__module__ != "messaging"] == []
+    shown = traceback.format_exception_only(
+        messaging.DecodeError("bad json", position=7, type_name="t")
+    )
+    assert shown == [
+        "messaging.DecodeError: cannot decode message at position 7 of type 't': bad json\n"
+    ]
