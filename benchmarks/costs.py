@@ -72,12 +72,16 @@ class Server:
         self.pids = server_pids(url)
 
     def threads(self) -> dict[int, float]:
-        """CPU seconds of each thread of the server so far."""
-        return {
-            int(task.name): cpu_seconds([int(task.name)], f"/proc/{pid}/task")
-            for pid in self.pids
-            for task in Path(f"/proc/{pid}/task").iterdir()
-        }
+        """CPU seconds of each thread of the server so far (none of a process that has
+        ended: a test's own server, taken for this one by its port, may stop meanwhile)."""
+        found = {}
+        for pid in self.pids:
+            try:
+                tasks = [int(task.name) for task in Path(f"/proc/{pid}/task").iterdir()]
+            except OSError:
+                continue
+            found.update({t: cpu_seconds([t], f"/proc/{pid}/task") for t in tasks})
+        return found
 
     def mark(self) -> Mark:
         """Where the server's CPU seconds stand now, by thread and whole."""

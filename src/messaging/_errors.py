@@ -82,7 +82,8 @@ class OperationError(ProjectionsError, ValueError):
 class Unanswered(ProjectionsError):
     """A one-shot command gave its transaction up: the database did not answer (or a lock
     stayed taken) for the command's whole time budget. ``outcome_unknown``: an attempt lost
-    its connection, so it may have committed."""
+    its connection, so it may have committed. ``reads_only``: it wrote nothing asked for,
+    and says that the database did not answer."""
 
     def __init__(
         self,
@@ -93,12 +94,20 @@ class Unanswered(ProjectionsError):
         error: BaseException,
         *,
         outcome_unknown: bool,
+        reads_only: bool = False,
     ) -> None:
         reason = (str(getattr(error, "orig", None) or error).splitlines() or [""])[0]
-        super().__init__(
-            f"{what} gave up after {waited:.1f}s and {attempts} attempt(s) waiting for "
-            f"database {database}: {reason}" + (" (it may have committed)" * outcome_unknown)
-        )
+        if reads_only:
+            message = (
+                f"database {database} did not answer {what} within {waited:.1f}s "
+                f"({attempts} attempt(s): {reason})"
+            )
+        else:
+            message = (
+                f"{what} gave up after {waited:.1f}s and {attempts} attempt(s) waiting for "
+                f"database {database}: {reason}" + (" (it may have committed)" * outcome_unknown)
+            )
+        super().__init__(message)
         self.what = what
         self.database = database
         self.waited = waited

@@ -8,6 +8,7 @@ supervisor, stop signals, probes, lifecycle events). An application needs none o
 its names are in :mod:`messaging`.
 """
 
+from messaging._bounds import lock_wait_bound
 from messaging._config import ADMIN_TOKEN_ENV, parse_duration, settings_from_mapping
 from messaging._connection import database_for
 from messaging._consumers import collect_specs
@@ -25,7 +26,8 @@ from messaging.distribution._ownership import NOT_HALTED, Ownership
 from messaging.distribution._pulse import bump_generation
 from messaging.failures._parking import PARKED, RETRYING, RETRYING_SKIPPED
 from messaging.routing._consumer import ROUTE_CONSUMER
-from messaging.runtime._probes import liveness, readiness
+from messaging.runtime._probes import DatabaseCheck, liveness, readiness
+from messaging.runtime._refreshed import Reading, Refreshed
 from messaging.runtime._signals import POLL, StopSignals
 from messaging.runtime._supervisor import Supervisor
 from messaging.store._clock import ManualClock
@@ -60,12 +62,15 @@ __all__ = [
     "ROUTE_CONSUMER",
     "STALE",
     "ConsumerState",
+    "DatabaseCheck",
     "ManualClock",
     "Membership",
     "NoRetiredVersion",
     "OwnerState",
     "Ownership",
     "PartitionStatus",
+    "Reading",
+    "Refreshed",
     "StopSignals",
     "Supervisor",
     "UnitRow",
@@ -85,6 +90,7 @@ __all__ = [
     "import_module",
     "lifecycle_event",
     "liveness",
+    "lock_wait_bound",
     "migrate",
     "parse_database_url",
     "parse_duration",

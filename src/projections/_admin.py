@@ -56,7 +56,15 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from messaging import Database, Instance, OperationError, ProjectionsError, Settings, Unanswered
-from messaging.operations import POLL, StopSignals, liveness, readiness
+from messaging.operations import (
+    POLL,
+    DatabaseCheck,
+    Refreshed,
+    StopSignals,
+    liveness,
+    lock_wait_bound,
+    readiness,
+)
 from projections import _parked_ops as parked_ops
 from projections._admin_commands import command_body, run_command
 from projections._admin_guard import AdminGuard, Refusal, require_token_off_loopback
@@ -122,6 +130,11 @@ def _segments(target: str) -> list[str] | None:
         return None
 
 
+VERDICTS_EVERY = 2.0
+"""Seconds between the reads of the health verdicts that ``/metrics`` shows, while it is
+scraped (a scrape answers from memory: Prometheus' scrape timeout is 10 s by default)."""
+
+
 class Admin:
     """What the admin server answers, apart from HTTP: the reports, the probes, the metrics
     and the commands, for one database (beside an ``instance``, if given)."""
@@ -138,6 +151,12 @@ class Admin:
         self.me = identity()
         self.page = _page()
         consumers = settings.messaging.consumer
+        silent_after = lock_wait_bound(consumers.stale_instance_timeout)
+        self.database_check = DatabaseCheck(db, silent_after)
+        self._verdicts = Refreshed(
+            partial(verdicts, db, settings), name="health-verdicts", interval=VERDICTS_EVERY
+        )
+        self._silent_after = silent_after
         self.reports: dict[str, Callable[[], dict[str, Any]]] = {
             "/admin/consumers": lambda: consumers_report(db, consumers),
             "/admin/instances": lambda: instances_report(db, consumers),
@@ -151,7 +170,7 @@ class Admin:
         }
         self.probes: dict[str, Callable[[], list[str]]] = {
             "/admin/health/live": lambda: liveness(instance),
-            "/admin/health/ready": lambda: readiness(instance, db),
+            "/admin/health/ready": lambda: readiness(instance, self.database_check),
         }
 
     def consumer_report(self, name: str, what: str) -> Callable[[], dict[str, Any]] | None:
@@ -164,6 +183,19 @@ class Admin:
             "parked": lambda: parked_ops.parked(db, name, skipped=True),
         }
         return reports.get(what)
+
+    def verdicts(self) -> Mapping[str, str]:
+        """Each consumer's health verdict as last read (the metrics' health source): from
+        memory, refreshed every :data:`VERDICTS_EVERY` seconds while scraped; an error
+        rather than old verdicts while the database does not answer."""
+        reading = self._verdicts.get()
+        if reading.waiting > self._silent_after:
+            raise ProjectionsError(f"the database has not answered for {reading.waiting:.1f} s")
+        if reading.error is not None:
+            raise reading.error
+        if reading.value is None:
+            raise ProjectionsError("the database has not answered yet")
+        return reading.value
 
     def metrics(self) -> tuple[bytes, str] | None:
         """The metrics in the Prometheus text format and their content type, from the
@@ -370,9 +402,8 @@ def make_server(
     )
     if admin.hooks is not None:
         instance_id = instance.id if instance is not None else None
-        health = partial(verdicts, db, settings)
         admin.hooks.projections_admin_started(
-            tenant=db.tenant, instance_id=instance_id, health=health
+            tenant=db.tenant, instance_id=instance_id, health=admin.verdicts
         )
     return server
 

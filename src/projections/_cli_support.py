@@ -47,7 +47,7 @@ def print_report(
     settings = command_settings(args)
     db = existing_database(settings)
     try:
-        db.prepare()
+        db.prepare(reads_only=True)
         report = build(db, settings)
     finally:
         db.dispose()

@@ -120,3 +120,20 @@ def test_a_connection_lost_after_the_positions_before_the_commit_appends_once(
     with db.read() as conn:
         assert conn.exec_driver_sql("SELECT COUNT(*) FROM prj_messages").scalar() == 1
     db.dispose()
+
+
+def test_a_command_that_only_reads_waits_one_bound_and_says_the_database_did_not_answer(
+    clock: _Clock,
+) -> None:
+    """A report's set-up and reads (``projections health``): one answer bound, and never
+    "it may have committed", though a lost connection ended the wait."""
+    errors = [_mysql(2013) for _ in range(10)]
+    with pytest.raises(Unanswered) as gave_up:
+        retry_command(
+            _failing(clock, errors, BOUND), _Db(BOUND), SETTINGS, what="prepare", reads_only=True
+        )
+    assert (gave_up.value.attempts, gave_up.value.waited) == (1, BOUND)
+    assert str(gave_up.value) == (
+        "database mysql+pymysql://app:***@db1:3306/app did not answer prepare within 15.0s "
+        "(1 attempt(s): (2013, 'x'))"
+    )

@@ -53,6 +53,8 @@ class Heartbeats:
         no later than the time its row records, however late its answer came."""
         self._done: float | None = None
         """When the last heartbeat's answer came."""
+        self._sent: float | None = None
+        """When the first heartbeat not answered yet was sent (None: every one was)."""
         self._gap: tuple[float, float] | None = None
         """The last gap past the timeout that a heartbeat ended: its start and end."""
         self._told: float | None = None
@@ -67,7 +69,7 @@ class Heartbeats:
     def close(self) -> None:
         """Stop judging: the instance stops, and its heartbeats with it."""
         with self._lock:
-            self._last = self._done = self._gap = None
+            self._last = self._done = self._gap = self._sent = None
         if self._engine is not None:
             event.remove(self._engine, "invalidate", self._invalidated)
             self._engine = None
@@ -80,7 +82,19 @@ class Heartbeats:
             now = time.monotonic()
             if self._last is not None and now - self._last > self.timeout:
                 self._gap = (self._last, now)
-            self._last, self._done = sent, now
+            self._last, self._done, self._sent = sent, now, None
+
+    def sending(self) -> None:
+        """A heartbeat is on its way: unanswered until one goes through (:meth:`beat`)."""
+        with self._lock:
+            if self._sent is None:
+                self._sent = time.monotonic()
+
+    def unanswered(self) -> float:
+        """Seconds since the first heartbeat not answered yet was sent (0: none waits),
+        failed attempts and retries included: read from memory, never from the database."""
+        sent = self._sent
+        return 0.0 if sent is None else max(0.0, time.monotonic() - sent)
 
     def beaten_since(self, moment: float) -> bool:
         """Whether a heartbeat (a write) went through after ``moment`` (monotonic)."""

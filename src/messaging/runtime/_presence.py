@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 import attrs
 from sqlalchemy import Connection
 
+from messaging._bounds import lock_wait_bound
 from messaging._errors import ProjectionsError
 from messaging._lifecycle import Identity, partition_event
 from messaging._settings import ConsumerSettings
@@ -143,6 +144,7 @@ class Presence:
         gone; now and then, remove rows of instances long dead."""
         started = time.perf_counter()
         stale = self._settings.stale_instance_timeout
+        self.heartbeats.sending()
         with self._db.transaction() as conn:
             stopping = self._stopping.is_set()
             sent = time.monotonic()  # no later than the time the row records
@@ -159,6 +161,13 @@ class Presence:
         seconds = time.perf_counter() - started
         self._who.hooks.projections_heartbeat(instance_id=self._who.id, seconds=seconds)
         self._membership.remove_stale_when_due(stale)
+
+    def silence(self) -> float | None:
+        """Seconds the database has left a heartbeat unanswered, once past the lock-wait
+        bound (a healthy wait for a lock gives up by then, so the server is not answering);
+        None until then. From memory: a probe asks it without touching the database."""
+        waited = self.heartbeats.unanswered()
+        return waited if waited > lock_wait_bound(self._settings.stale_instance_timeout) else None
 
     def publish_in_memory(self) -> None:
         """Write what the in-memory consumers are doing to the row now (the heartbeat does

@@ -5,23 +5,30 @@ and Kubernetes probes ask (``GET /admin/health/live``, ``/admin/health/ready``).
   watchdog bound (:meth:`~messaging.runtime._watchdog.Watchdog.overdue`). An unreachable
   database does not make an instance dead: restarting it would not bring the database
   back. A stopping instance is live (its loops end on purpose).
-- **Ready**: started (its loops run), registered, not stopping, and no outage going on
-  as its loops last saw the database (unreachable, or refusing writes: the reason says
-  which). Without an instance (``projections admin``, a supervisor), the server is live
-  while it answers and ready while a query reaches the database.
+- **Ready**: started (its loops run), registered, not stopping, no outage going on as
+  its loops last saw the database (unreachable, or refusing writes: the reason says
+  which), and no heartbeat left unanswered past the lock-wait bound (a database that
+  went silent, before its connections time out: within the answer bound). Without an
+  instance (``projections admin``, a supervisor), the server is live while it answers
+  and ready while its database check (:class:`~messaging.runtime._probes.DatabaseCheck`)
+  finds the database answering.
+
+Both answer from memory, at once, whatever the database does.
 """
 
 from __future__ import annotations
 
+from functools import partial
 from typing import TYPE_CHECKING
 
+from messaging.runtime._refreshed import Refreshed
 from messaging.store._database import Database
 from messaging.store._refusals import answers
 
 if TYPE_CHECKING:
     from messaging.runtime._instance import Instance
 
-__all__ = ["liveness", "readiness"]
+__all__ = ["DatabaseCheck", "liveness", "readiness"]
 
 UNREACHABLE = "the database is unreachable"
 
@@ -35,10 +42,31 @@ def liveness(instance: Instance | None) -> list[str]:
     return ended + stuck
 
 
-def readiness(instance: Instance | None, db: Database) -> list[str]:
-    """Why ``instance`` (or, without one, this server) is not ready (empty when it is)."""
+class DatabaseCheck:
+    """Whether the database answers, for a server without an instance: checked by a thread
+    of its own every second while probes come (:class:`Refreshed`), so that a probe never
+    waits on it. A check that has waited past ``silent_after`` seconds is a database that
+    stopped answering."""
+
+    def __init__(self, db: Database, silent_after: float) -> None:
+        self.silent_after = silent_after
+        self._check = Refreshed(partial(answers, db), name="database-check")
+
+    def reasons(self) -> list[str]:
+        """Why the database does not look ready now (empty when it does)."""
+        reading = self._check.get()
+        if reading.waiting > self.silent_after:
+            return [f"the database has not answered for {reading.waiting:.1f} s"]
+        if reading.value is None:
+            return ["the database has not answered yet"]
+        return [] if reading.value else [UNREACHABLE]
+
+
+def readiness(instance: Instance | None, check: DatabaseCheck) -> list[str]:
+    """Why ``instance`` (or, without one, this server: ``check``) is not ready (empty when
+    it is)."""
     if instance is None:
-        return [] if answers(db) else [UNREACHABLE]
+        return check.reasons()
     reasons = []
     if not instance.loops():
         reasons.append("starting")
@@ -47,4 +75,7 @@ def readiness(instance: Instance | None, db: Database) -> list[str]:
     if instance.stop_requested.is_set():
         reasons.append("stopping")
     causes = {instance.heartbeat_outage.cause, instance.outage.cause} - {None}
+    silent = instance.presence.silence()
+    if silent is not None:
+        reasons.append(f"the database has not answered a heartbeat for {silent:.1f} s")
     return reasons + sorted(str(cause) for cause in causes)

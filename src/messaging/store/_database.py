@@ -288,11 +288,12 @@ class Database:
             with connection.begin():
                 yield connection
 
-    def prepare(self) -> None:
+    def prepare(self, *, reads_only: bool = False) -> None:
         """Make the schema ready: created on SQLite, checked on MySQL. Each step is
         idempotent, so a transient error (a lost connection, a Galera node leaving) retries,
         within a one-shot command's budget (:func:`~messaging.store._retry.retry_command`:
-        :class:`~messaging._errors.Unanswered` when the database does not answer)."""
+        :class:`~messaging._errors.Unanswered` when the database does not answer).
+        ``reads_only``: for a command that only reads (a report): one answer bound."""
         from messaging._settings import ConflictRetrySettings
         from messaging.store._migrations import check_schema, create_sqlite_schema
         from messaging.store._retry import for_command, retry_command
@@ -304,7 +305,13 @@ class Database:
                 check_schema(self)
             self.ensure_tenant()
 
-        retry_command(attempt, self, for_command(ConflictRetrySettings()), what="prepare")
+        retry_command(
+            attempt,
+            self,
+            for_command(ConflictRetrySettings()),
+            what="prepare",
+            reads_only=reads_only,
+        )
 
     def ensure_tenant(self) -> None:
         """Create this tenant's position counter and generation (see

@@ -99,6 +99,7 @@ def retry_command(
     what: str,
     reread: Callable[[BaseException], object] | None = None,
     on_retry: Callable[[BaseException], object] | None = None,
+    reads_only: bool = False,
 ) -> T:
     """Run a one-shot command's transaction (``projections append``, an operator command,
     :meth:`~messaging.store._database.Database.prepare`) under :func:`retry_transient`
@@ -107,7 +108,11 @@ def retry_command(
     :data:`COMMAND_PATIENCE` answer bounds of ``db`` have passed since the first attempt
     (for ever without a bound); deadlocks and certification conflicts, quick, keep their
     count. Giving up on a wait raises :class:`Unanswered` (it names the database and the
-    time waited)."""
+    time waited). ``reads_only``: the action writes nothing a user asked for (a report's
+    reads, the idempotent set-up of :meth:`~messaging.store._database.Database.prepare`):
+    one answer bound is its budget, and giving up says the database did not answer (no
+    outcome to be unsure of)."""
+    patience = 1 if reads_only else COMMAND_PATIENCE
     started = time.monotonic()
     attempts = 0
     unknown = False
@@ -120,7 +125,7 @@ def retry_command(
     def impatient(exc: BaseException) -> bool:
         bound = db.answer_timeout
         spent = time.monotonic() - started
-        return bound is not None and ended_a_wait(exc) and spent >= COMMAND_PATIENCE * bound
+        return bound is not None and ended_a_wait(exc) and spent >= patience * bound
 
     def retrying(exc: BaseException) -> None:
         nonlocal unknown
@@ -146,7 +151,8 @@ def retry_command(
             time.monotonic() - started,
             attempts,
             exc,
-            outcome_unknown=unknown or is_ambiguous(exc),
+            outcome_unknown=not reads_only and (unknown or is_ambiguous(exc)),
+            reads_only=reads_only,
         ) from exc
 
 
