@@ -84,7 +84,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
 
     db = existing_database(command_settings(args))
     try:
-        db.prepare()
+        db.prepare(reads_only=True)
         entries = audit_log(db, args.consumer)
     finally:
         db.dispose()
