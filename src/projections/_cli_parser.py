@@ -93,10 +93,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--log-level",
-        default="INFO",
+        default=None,
         type=str.upper,
         choices=["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"],
-        help="logging level (default INFO)",
+        help="logging level (default INFO for run, admin and demo, which keep running; "
+        "WARNING for the other commands, which print their result)",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 

@@ -293,9 +293,16 @@ def _database_reason(exc: DBAPIError, url: URL | None) -> str:
     return (str(exc.orig).splitlines() or [""])[0]
 
 
+LOGGING_COMMANDS = ("run", "admin", "demo")
+"""The commands that keep running, and log at INFO by default; the others print their
+result and log only warnings, unless ``--log-level`` says otherwise."""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``projections`` console script."""
     args = build_parser().parse_args(argv)
+    if args.log_level is None:
+        args.log_level = "INFO" if args.command in LOGGING_COMMANDS else "WARNING"
     failed = getattr(args, "error_exit", EXIT_ERROR)  # `health`: 3, apart from its verdicts
     logging.basicConfig(
         level=getattr(logging, args.log_level),

@@ -388,6 +388,26 @@ def test_audit_prints_readable_times_under_a_header(
     assert re.match(rf"{TIME}  \S+@\S+ +pause +ledger-balances ", line), line
 
 
+def test_operator_commands_print_their_result_and_log_nothing(url: str) -> None:
+    """Run as a process, an operator command prints what it did on stdout, and its audit
+    log line (INFO) stays out of the terminal unless ``--log-level`` asks for it."""
+    _declare_ledger(url)
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "projections.cli", *args, "--database", url],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    paused = run("pause", "ledger-balances")
+    assert (paused.returncode, paused.stdout, paused.stderr) == (0, "paused ledger-balances\n", "")
+    logged = run("--log-level", "info", "resume", "ledger-balances")
+    assert logged.stdout == "resumed ledger-balances\n"
+    assert "event=resume consumer=ledger-balances" in logged.stderr
+
+
 def test_instances_have_a_header_and_say_when_one_was_last_heard(
     url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
