@@ -89,6 +89,10 @@ NO_METRICS = (
     "no metrics here: enable the OpenTelemetry plugin (plugins: [projections_otel] in the "
     "config; pip install 'projections[otel]') and restart"
 )
+NO_EXPORTER = (
+    "no metrics here: the metrics plugin is enabled, but the Prometheus exporter it needs "
+    "is not installed: pip install 'projections[otel]' and restart"
+)
 COMMANDS = ("pause", "resume", "rebuild", "rollback", "drop-version", "retry", "skip", "evict")
 IN_MEMORY = ("pause", "resume", "rebuild")  # what an in-memory copy takes (no versions)
 #: Seconds a client has to send a whole request; handler threads; bytes of a command's body.
@@ -196,6 +200,11 @@ class Admin:
         if reading.value is None:
             raise ProjectionsError("the database has not answered yet")
         return reading.value
+
+    def exports_metrics(self) -> bool:
+        """Whether a plugin that exposes metrics is enabled (it may lack its exporter)."""
+        hooks = self.hooks
+        return hooks is not None and bool(hooks.projections_metrics_exposition.get_hookimpls())
 
     def metrics(self) -> tuple[bytes, str] | None:
         """The metrics in the Prometheus text format and their content type, from the
@@ -311,9 +320,10 @@ class AdminHandler(LimitedRequestHandler):
             self.send_json(404, {"error": f"no such route: {path}"})
 
     def _metrics(self) -> None:
-        exposed = self.server.admin.metrics()
+        admin = self.server.admin
+        exposed = admin.metrics()
         if exposed is None:
-            self.send_json(404, {"error": NO_METRICS})
+            self.send_json(404, {"error": NO_EXPORTER if admin.exports_metrics() else NO_METRICS})
         else:
             self.send_body(200, *exposed)
 

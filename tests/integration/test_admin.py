@@ -25,7 +25,7 @@ from clusters import lag, wait_until, write_config
 from messaging import Database, Instance, MessageStore, collect_consumers, create_plugin_manager
 from messaging._config import load_settings
 from messaging._settings import Settings
-from projections._admin import DATABASE_UNAVAILABLE, make_server
+from projections._admin import DATABASE_UNAVAILABLE, NO_EXPORTER, make_server
 from projections._cluster import (
     NO_LIVE_MEMBER,
     NOT_A_MEMBER,
@@ -243,6 +243,28 @@ def test_database_errors_answer_503_without_the_database_text(tmp_path: Path) ->
         server.server_close()
         thread.join()
         db.dispose()
+
+
+def test_metrics_without_the_exporter_name_the_missing_extra(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The plugin enabled without the Prometheus exporter installed (as if its import had
+    failed): ``/metrics`` names the extra to install, not the plugin to enable."""
+    import projections_otel.prometheus as prometheus
+
+    monkeypatch.setattr(prometheus, "_installed", False)
+    db = Database(f"sqlite:///{tmp_path}/metrics.db", table_prefix="prj_")
+    hooks = create_plugin_manager(["projections_otel"], load_entrypoints=False).hook
+    server = make_server(db, Settings(), "127.0.0.1", 0, hooks=hooks)
+    base, thread = serve(server)
+    try:
+        assert get_json(base + "/metrics") == (404, {"error": NO_EXPORTER})
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+        db.dispose()
+    assert "pip install 'projections[otel]'" in NO_EXPORTER and "is enabled" in NO_EXPORTER
 
 
 @pytest.mark.multiprocess
