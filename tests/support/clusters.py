@@ -124,16 +124,24 @@ def stop_instance(process: subprocess.Popen[Any], timeout: float = 30) -> int:
     return process.wait(timeout=timeout)
 
 
+POLL_FIRST, POLL_MOST = 0.005, 0.05
+"""Seconds between two checks of a :func:`wait_until` condition: from the first, doubled
+after each check up to the most (a condition met soon is seen within milliseconds; a
+long wait costs 20 checks a second, each a few statements, not 50)."""
+
+
 def wait_until(condition: Callable[[], Any], *, timeout: float, what: str) -> Any:
     """Poll ``condition`` until it returns a truthy value; fail after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
+    pause = POLL_FIRST
     while True:
         value = condition()
         if value:
             return value
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.02)
+        time.sleep(pause)
+        pause = min(POLL_MOST, 2 * pause)
 
 
 def registered(db: Database, name: str) -> bool:
