@@ -31,6 +31,7 @@ from messaging.runtime._refreshed import Reading, Refreshed
 from messaging.runtime._signals import POLL, StopSignals
 from messaging.runtime._supervisor import Supervisor
 from messaging.store._clock import ManualClock
+from messaging.store._committed import append_committed
 from messaging.store._database import parse_database_url
 from messaging.store._ddl import drop_tables_if_exist
 from messaging.store._liveness import STALE
@@ -75,6 +76,7 @@ __all__ = [
     "Supervisor",
     "UnitRow",
     "Waiter",
+    "append_committed",
     "bump_generation",
     "check_consumers",
     "check_overrides",

@@ -7,13 +7,10 @@ Lines are validated a batch at a time before anything is written; a bad line is
 reported with its line number and nothing of its batch is written (earlier batches
 stay committed, and the error says how many lines they held).
 
-A batch whose commit acknowledgement is lost (the connection dropped during COMMIT, or a
-Galera node left the primary component) is never stored twice: every line gets a
-``message-id`` header (unless it has one), and the retry expects the very source versions
-the attempt of unknown outcome wrote after. A :class:`VersionConflict` on the retry is
-checked against the messages stored at that attempt's positions: if they are the ones
-sent, it committed. A deadlock or a Galera certification conflict (1213, also at COMMIT)
-is a certain failure: the batch is simply appended again.
+Each batch is appended as :meth:`MessageStore.append_committed` appends (see
+:mod:`messaging.store._committed`): a batch whose commit acknowledgement is lost (the
+connection dropped during COMMIT, or a Galera node left the primary component) is never
+stored twice, and a deadlock or a Galera certification conflict is simply retried.
 
 A database that stops answering ends the command within the budget of a one-shot command
 (:func:`~messaging.store._retry.retry_command`): the error names the batch's lines, the
@@ -24,12 +21,8 @@ before it were.
 from __future__ import annotations
 
 import json
-import uuid
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from typing import IO, Any
-
-import attrs
-from sqlalchemy import Connection, func, select
 
 from messaging import (
     ConflictRetrySettings,
@@ -39,11 +32,9 @@ from messaging import (
     NewMessage,
     ProjectionsError,
     Unanswered,
-    VersionConflict,
-    is_ambiguous,
 )
 from messaging.kinds import MessageRegistry
-from messaging.operations import MESSAGE_ID_HEADER, for_command, retry_command
+from messaging.operations import append_committed
 
 _REQUIRED = ("topic", "source", "type", "payload")
 _ALLOWED = {*_REQUIRED, "headers", "version"}
@@ -161,7 +152,7 @@ def append_lines(
                 except (ValueError, ProjectionsError) as exc:
                     raise AppendError(number, str(exc), written) from None
             try:
-                token = append_once(db, store, messages, retry or ConflictRetrySettings())
+                token = append_committed(store, messages, retry=retry).token
             except Unanswered as exc:
                 lines = f"lines {batch[0][0]}-{batch[-1][0]}"
                 raise ProjectionsError(
@@ -173,79 +164,3 @@ def append_lines(
     except _NotText as exc:
         raise AppendError(exc.line, str(exc), written) from None
     return written
-
-
-def _identified(message: NewMessage) -> NewMessage:
-    """``message`` with a ``message-id`` header (a new one unless it has one)."""
-    headers = dict(message.headers or {})
-    headers.setdefault(MESSAGE_ID_HEADER, uuid.uuid4().hex)
-    return attrs.evolve(message, headers=headers)
-
-
-def _stored(conn: Connection, db: Database, positions: Sequence[int]) -> list[tuple[Any, ...]]:
-    m = db.schema.messages
-    rows = conn.execute(
-        select(m.c.topic, m.c.source, m.c.type, m.c.payload, m.c.headers)
-        .where(m.c.tenant == db.tenant, m.c.position.in_(positions))
-        .order_by(m.c.position)
-    )
-    return [(r[0], r[1], r[2], r[3], json.loads(r[4] or "{}")) for r in rows]
-
-
-def append_once(
-    db: Database, store: MessageStore, messages: Sequence[NewMessage], retry: ConflictRetrySettings
-) -> ConsistencyToken:
-    """Append ``messages`` in one transaction, retried on transient errors without ever
-    storing them twice; return the token of the attempt that committed. Once an attempt
-    has failed with an outcome unknown (a lost connection, a Galera node leaving the
-    primary component), retries expect the source versions it appended after, and a
-    :class:`VersionConflict` then counts as success only if the positions of such an
-    attempt hold exactly these messages (by message id). An attempt that certainly failed
-    (a deadlock, Galera's certification conflict at COMMIT) binds nothing: the retry
-    appends afresh. Retried as a one-shot command's transaction
-    (:func:`~messaging.store._retry.retry_command`): :class:`Unanswered` when the database
-    does not answer within its budget."""
-    sent = [_identified(m) for m in messages]
-    wanted = [(m.topic, m.source, m.type, m.payload, m.headers) for m in sent]
-    unknown: dict[str, Any] = {}
-    """The expected versions of the first attempt of unknown outcome, and the positions of
-    every such attempt (at most one of them committed: they all expected the same)."""
-    latest: dict[str, Any] = {}
-    """The expected versions and positions of the attempt in progress."""
-
-    def attempt() -> ConsistencyToken:
-        latest.clear()
-        with db.transaction() as conn:
-            try:
-                positions = store.append_encoded(
-                    conn, sent, expected_versions=unknown.get("expected")
-                )
-            except VersionConflict:
-                for earlier in unknown.get("positions", []):
-                    if _stored(conn, db, earlier) == wanted:
-                        token: ConsistencyToken = earlier.token  # committed, ack lost
-                        return token
-                raise
-            expected = unknown.get("expected") or _versions_before(conn, db, positions)
-            latest.update(positions=positions, expected=expected)  # together: see on_retry
-        return positions.token
-
-    def on_retry(exc: BaseException) -> None:
-        if is_ambiguous(exc) and "positions" in latest:
-            unknown.setdefault("expected", latest["expected"])
-            unknown.setdefault("positions", []).append(latest["positions"])
-
-    return retry_command(attempt, db, for_command(retry), what="append", on_retry=on_retry)
-
-
-def _versions_before(
-    conn: Connection, db: Database, positions: Sequence[int]
-) -> dict[tuple[str, str], int]:
-    """Each (topic, source) appended at ``positions`` → its version before them."""
-    m = db.schema.messages
-    rows = conn.execute(
-        select(m.c.topic, m.c.source, func.min(m.c.version))
-        .where(m.c.tenant == db.tenant, m.c.position.between(positions[0], positions[-1]))
-        .group_by(m.c.topic, m.c.source)
-    )
-    return {(t, src): int(v) - 1 for t, src, v in rows}

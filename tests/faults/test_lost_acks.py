@@ -348,6 +348,36 @@ def test_cli_append_whose_acks_are_lost_stores_each_line_once(
     assert len(message_ids(db, fault_app.TOPIC)) == 20
 
 
+def test_an_applications_append_whose_ack_is_lost_is_stored_once(
+    db: Database, proxied: Database, proxy: AckProxy
+) -> None:
+    """``MessageStore.append_committed``, the application's own append (expected versions
+    as a web request would give them): two acknowledgements lost, each append stored once,
+    at the positions its token names, and a later append's expected version still holds."""
+    store = MessageStore(proxied)
+    proxy.arm(2, when=touches("INSERT INTO", "messages"))
+    appended = [
+        store.append_committed(
+            fault_app.TOPIC, "order-1", [fault_app.Numbered("order-1", n)], expected_version=n
+        )
+        for n in range(4)
+    ]
+    assert proxy.dropped == 2
+    m = db.schema.messages
+    with db.read() as conn:
+        stored = conn.execute(
+            select(m.c.position, m.c.version, m.c.payload).where(m.c.source == "order-1")
+        ).all()
+    assert [(v, json.loads(p)["seq"]) for _, v, p in sorted(stored)] == [
+        (1, 0),
+        (2, 1),
+        (3, 2),
+        (4, 3),
+    ]
+    assert [a for one in appended for a in one] == sorted(p for p, _, _ in stored)
+    assert all(a.token.marks for a in appended)
+
+
 def _declared(db: Database, cls: type) -> str:
     spec = consumer_spec(cls)
     declare(db, spec, Distribution.PARTITIONED, "ops", instance_name="ops")

@@ -13,11 +13,12 @@ import pymysql
 import pytest
 from sqlalchemy.exc import OperationalError
 
-import projections._appending as appending
+import messaging.store._committed as committed
 from messaging import Database, MessageStore, Unanswered
 from messaging._settings import ConflictRetrySettings
+from messaging.operations import append_committed
 from messaging.store._retry import COMMAND_PATIENCE, for_command, retry_command
-from projections._appending import append_once, parse_line
+from projections._appending import parse_line
 
 BOUND = 15.0
 SETTINGS = for_command(ConflictRetrySettings(max_delay=0.001))
@@ -105,7 +106,7 @@ def test_a_connection_lost_after_the_positions_before_the_commit_appends_once(
     KeyError: the retry found the positions of that attempt but not its versions)."""
     db = Database(f"sqlite:///{tmp_path / 'app.db'}")
     db.prepare()
-    read = appending._versions_before
+    read = committed._versions_before
     lost = [OperationalError("SELECT", {}, Exception("lost"), connection_invalidated=True)]
 
     def versions_before(*args: Any) -> Any:
@@ -113,9 +114,9 @@ def test_a_connection_lost_after_the_positions_before_the_commit_appends_once(
             raise lost.pop()
         return read(*args)
 
-    monkeypatch.setattr(appending, "_versions_before", versions_before)
+    monkeypatch.setattr(committed, "_versions_before", versions_before)
     line = '{"topic": "t", "source": "s", "type": "x", "payload": {}}'
-    append_once(db, MessageStore(db), [parse_line(1, line, None)], ConflictRetrySettings())
+    append_committed(MessageStore(db), [parse_line(1, line, None)])
     assert not lost
     with db.read() as conn:
         assert conn.exec_driver_sql("SELECT COUNT(*) FROM prj_messages").scalar() == 1

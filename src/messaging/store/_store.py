@@ -34,8 +34,10 @@ from sqlalchemy.sql.elements import ColumnElement
 from messaging._errors import VersionConflict
 from messaging._messages import MESSAGE_ID_HEADER, Envelope, MessageRegistry
 from messaging._messages import registry as default_registry
+from messaging._settings import ConflictRetrySettings
 from messaging.store import _fastpath
 from messaging.store._clock import cached_now, now_params
+from messaging.store._committed import append_committed
 from messaging.store._database import Database
 from messaging.store._reserver import Reserver
 from messaging.store._rows import (
@@ -124,8 +126,47 @@ class MessageStore:
         version in this topic is exactly that (0 for a new source); otherwise it
         raises :class:`VersionConflict` and the caller's transaction should roll back.
         """
-        encoded = []
+        return self.append_encoded(
+            conn,
+            self._encoded(topic, source, messages, headers),
+            expected_versions={(topic, source): expected_version},
+        )
+
+    def append_committed(
+        self,
+        topic: str,
+        source: str,
+        messages: Sequence[object],
+        *,
+        expected_version: int | None = None,
+        headers: Mapping[str, Any] | None = None,
+        retry: ConflictRetrySettings | None = None,
+    ) -> Appended:
+        """Append messages of one source in a transaction of their own, commit it, and
+        return their positions and token (wait on ``.token`` at once). Retried like
+        ``projections append``: certification conflicts, deadlocks and lock waits are
+        retried (``retry``: the consumers' ``conflict-retry`` settings, at least 50
+        retries); a lost acknowledgement of the commit is resolved without storing the
+        messages twice (each gets a ``message-id`` header); a database that does not
+        answer raises :class:`~messaging._errors.Unanswered` within two answer bounds.
+        ``expected_version`` as in :meth:`append`: another writer's conflict raises
+        :class:`VersionConflict` at once."""
+        return append_committed(
+            self,
+            self._encoded(topic, source, messages, headers),
+            expected_versions={(topic, source): expected_version},
+            retry=retry,
+        )
+
+    def _encoded(
+        self,
+        topic: str,
+        source: str,
+        messages: Sequence[object],
+        headers: Mapping[str, Any] | None,
+    ) -> list[NewMessage]:
         registry = self.registry
+        encoded = []
         for message in messages:
             type_name, payload = registry.encode(message)
             encoded.append(
@@ -133,9 +174,7 @@ class MessageStore:
                     topic, source, type_name, payload, headers, registry.version_of(type_name)
                 )
             )
-        return self.append_encoded(
-            conn, encoded, expected_versions={(topic, source): expected_version}
-        )
+        return encoded
 
     def send(
         self,
