@@ -87,7 +87,10 @@ EXIT_CODES: dict[str, str] = {
     "watchdog bound (so that a supervisor starts it again)",
     "health": "0 healthy, 1 degraded, 2 critical, 3 it cannot tell (an error)",
     "messages check": "1 when a stored shape reaches no current class",
-    "wait": "1 a timeout, a refusal or an unknown consumer; 3 with `--fail-fast`: not applied yet",
+    "wait, append --wait": "124 not applied within the timeout; 4 refused: only an operator "
+    "can make it applied (a halted partition, a paused consumer, a parked source, a skipped "
+    "or rolled-back position, an unknown consumer); 1 any other error (a malformed token, "
+    "the database); 3 with `wait --fail-fast`: not applied yet",
     "demo": "1 when a check fails (the read model or the transfers against the sequential "
     "model, a handover over its bound, an instance that did not stop cleanly)",
 }
@@ -187,7 +190,9 @@ def configuration_page() -> str:
         'Every key of the YAML settings file (`--config app.yaml`, `connect("app.yaml")`),',
         "with its type, default and meaning, and the start-up rules that tie it to others.",
         "Every key is optional. Keys are the settings classes' field names in kebab-case",
-        "(`messaging/_settings.py`); durations take a unit (`500ms`, `10s`, `2m`, `1h`).",
+        "(`messaging/_settings.py`); a duration takes a unit (`500ms`, `10s`, `2m`, `1h`) "
+        "or is a plain number of seconds (`2.5`), as the CLI's options and the HTTP API "
+        "take it.",
         "Unknown keys, values of the wrong type and broken rules fail at start, each in one",
         "line naming the key's full path. An annotated example is on",
         "[The configuration file](configuration-file.md).",

@@ -52,24 +52,29 @@ DATABASE_URL_ENV = "PROJECTIONS_DATABASE_URL"
 #: Environment variable that overrides the configured admin token (``admin.token``).
 ADMIN_TOKEN_ENV = "PROJECTIONS_ADMIN_TOKEN"
 
-_DURATION = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?|\.[0-9]+)\s*(ms|s|m|h)\s*", re.ASCII)
+_DURATION = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?|\.[0-9]+)\s*(ms|s|m|h)?\s*", re.ASCII)
 _UNIT_SECONDS = {"ms": Decimal("0.001"), "s": Decimal(1), "m": Decimal(60), "h": Decimal(3600)}
 _HEADER = "invalid configuration:"
 
 
-def parse_duration(text: str) -> float:
-    """Parse ``"10s"``, ``"500ms"``, ``"1.5s"``, ``"2m"`` or ``"1h"`` into float seconds.
+def parse_duration(text: str | float) -> float:
+    """Parse ``"10s"``, ``"500ms"``, ``"1.5s"``, ``"2m"`` or ``"1h"`` into float seconds; a
+    plain number (``"2.5"``, or a number in YAML) is seconds, as everywhere (the CLI, the
+    HTTP API, :func:`~messaging.wait_for`).
 
-    Surrounding whitespace and a space before the unit are allowed; a unit is required.
-    Raises :class:`ValueError` for anything else, including bare and negative numbers.
+    Surrounding whitespace and a space before the unit are allowed. Raises
+    :class:`ValueError` for anything else, including negative numbers.
     """
+    given: object = text
+    if isinstance(text, int | float) and not isinstance(text, bool):
+        text = repr(text) if isinstance(text, float) else str(text)  # a YAML number
     match = _DURATION.fullmatch(text) if isinstance(text, str) else None
     if match is None:
-        raise ValueError(f"expected a duration like 10s or 500ms, got {_show(text)}")
+        raise ValueError(f"expected a duration like 10s or 500ms, got {_show(given)}")
     number, unit = match.groups()
-    seconds = float(Decimal(number) * _UNIT_SECONDS[unit])
+    seconds = float(Decimal(number) * _UNIT_SECONDS[unit or "s"])
     if seconds == float("inf"):
-        raise ValueError(f"duration {text.strip()!r} is too large")
+        raise ValueError(f"duration {match.group(0).strip()!r} is too large")
     return seconds
 
 

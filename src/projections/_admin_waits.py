@@ -23,7 +23,7 @@ from typing import Any
 from urllib.parse import parse_qs
 
 from messaging import ConsumerSettings, Database, UnknownConsumer, WaitRefused, WaitTimeout
-from messaging.operations import Waiter
+from messaging.operations import Waiter, parse_duration
 
 DEFAULT_TIMEOUT = 10.0
 MAX_TIMEOUT = 60.0
@@ -49,9 +49,15 @@ def wait_answer(
     if len(tokens) != 1 or len(timeouts) != 1:
         return 400, {"error": "bad request: give token once (and timeout at most once)"}
     try:
-        timeout = float(timeouts[0])
+        timeout = float(timeouts[0])  # NaN and negatives are refused below, by their range
     except ValueError:
-        return 400, {"error": f"bad request: timeout must be seconds, got {timeouts[0]!r}"}
+        try:
+            timeout = parse_duration(timeouts[0])  # 500ms, 10s: as the CLI and YAML take
+        except ValueError:
+            return 400, {
+                "error": "bad request: timeout must be seconds (2.5) or a duration (500ms), "
+                f"got {timeouts[0]!r}"
+            }
     if not 0 <= timeout <= MAX_TIMEOUT:  # NaN fails too
         return 400, {"error": f"bad request: timeout must be from 0 to {MAX_TIMEOUT:g} seconds"}
     try:

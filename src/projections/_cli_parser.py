@@ -68,7 +68,7 @@ def _add_wait_timeout(parser: argparse.ArgumentParser) -> None:
         "--timeout",
         type=_wait_timeout,
         default=30.0,
-        help="give up after this long, e.g. 30s (default), 500ms or 5m (at most 1h)",
+        help="give up after this long: 30s (default), 500ms, 5m or seconds (2.5); at most 1h",
     )
 
 

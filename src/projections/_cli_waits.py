@@ -1,10 +1,13 @@
 """``projections append`` (which prints the consistency token of what it appended and can
 wait for consumers to apply it) and ``projections wait TOKEN CONSUMER...``.
 
-``wait`` prints ``applied`` and exits 0 once every consumer named has applied the token;
-a timeout, a refusal (a halted partition, a paused consumer, a rolled-back position) or
-an unknown consumer is one error line, exit 1. With ``--fail-fast`` it checks once and,
-when not applied yet, prints what is behind and exits :data:`EXIT_NOT_YET`.
+``wait`` prints ``applied`` and exits 0 once every consumer named has applied the token.
+Otherwise one error line, and an exit code a script can tell apart (``append --wait``
+alike): :data:`EXIT_TIMEOUT` when not applied within the timeout, :data:`EXIT_REFUSED`
+when only an operator can make it applied (a halted partition, a paused consumer, a
+parked source, a skipped or rolled-back position, an unknown consumer), 1 for any other
+error (a malformed token, the database). With ``--fail-fast`` it checks once and, when
+not applied yet, prints what is behind and exits :data:`EXIT_NOT_YET`.
 """
 
 from __future__ import annotations
@@ -19,6 +22,10 @@ from projections._cli_support import command_settings, existing_database, use_ap
 
 EXIT_NOT_YET = 3
 """``wait --fail-fast``: the token is not applied yet."""
+EXIT_REFUSED = 4
+"""A wait refused: nothing but an operator can make the token applied."""
+EXIT_TIMEOUT = 124
+"""A wait timed out (as GNU ``timeout`` exits)."""
 
 
 def cmd_append(args: argparse.Namespace) -> int:

@@ -26,6 +26,8 @@ from messaging import (
     ProjectionsError,
     Settings,
     Severity,
+    WaitRefused,
+    WaitTimeout,
     collect_consumers,
     create_plugin_manager,
 )
@@ -44,7 +46,7 @@ from projections._cli_parser import build_parser
 from projections._cli_support import command_settings as _settings
 from projections._cli_support import print_report as _report
 from projections._cli_support import use_app_dir
-from projections._cli_waits import cmd_append, cmd_wait
+from projections._cli_waits import EXIT_REFUSED, EXIT_TIMEOUT, cmd_append, cmd_wait
 
 EXIT_ERROR = 1
 EXIT_STDOUT_CLOSED = 141
@@ -316,7 +318,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.traceback:
             raise
         print(f"projections: error: {exc}", file=sys.stderr)
-        return failed
+        if isinstance(exc, WaitTimeout):
+            return EXIT_TIMEOUT
+        return EXIT_REFUSED if isinstance(exc, WaitRefused) else failed
     except DBAPIError as exc:
         if args.traceback:
             raise

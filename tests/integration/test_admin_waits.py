@@ -84,7 +84,12 @@ def test_not_applied_in_time_is_408_naming_what_is_behind(db: Database, base: st
         ("token=GOOD&timeout=-1", 400, "timeout must be from 0 to 60 seconds"),
         ("token=GOOD&timeout=61", 400, "timeout must be from 0 to 60 seconds"),
         ("token=GOOD&timeout=nan", 400, "timeout must be from 0 to 60 seconds"),
-        ("token=GOOD&timeout=soon", 400, "timeout must be seconds, got 'soon'"),
+        (
+            "token=GOOD&timeout=soon",
+            400,
+            "timeout must be seconds (2.5) or a duration (500ms), got 'soon'",
+        ),
+        ("token=GOOD&timeout=2m", 400, "timeout must be from 0 to 60 seconds"),
         ("token=GOOD&wait=1", 400, "unknown parameter(s) wait"),
     ],
 )

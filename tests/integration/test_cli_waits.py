@@ -51,7 +51,7 @@ def test_append_wait_and_wait_on_a_running_instance(db: Database, tmp_path: Path
         assert [balance(db, f"cli-{n}") for n in range(3)] == [5, 5, 5]  # read after exit
 
         token = _run(config, "append", stdin=_deposit_line("later") + "\n").stdout.split()[-1]
-        waited = _run(config, "wait", token, CONSUMER, "--timeout", "30s")
+        waited = _run(config, "wait", token, CONSUMER, "--timeout", "30")  # seconds
         assert (waited.returncode, waited.stdout) == (0, f"applied by {CONSUMER}\n")
         assert balance(db, "later") == 5
     finally:
@@ -65,7 +65,7 @@ def test_append_wait_and_wait_on_a_running_instance(db: Database, tmp_path: Path
     timed_out = _run(
         config, "append", "--wait", CONSUMER, "--timeout", "200ms", stdin=_deposit_line("x") + "\n"
     )
-    assert timed_out.returncode == 1 and timed_out.stdout.startswith(
+    assert timed_out.returncode == 124 and timed_out.stdout.startswith(
         "appended 1 messages\ntoken rw1."
     )
     assert timed_out.stderr.startswith("projections: error: not applied after 0.2")
@@ -81,10 +81,10 @@ def test_append_wait_and_wait_on_a_running_instance(db: Database, tmp_path: Path
             "checksum does not match",
         ),
         (["wait", "", CONSUMER], 1, "invalid consistency token: empty"),
-        (["wait", "TOKEN", "nope"], 1, "unknown consumer 'nope'"),
+        (["wait", "TOKEN", "nope"], 4, "unknown consumer 'nope'"),
         (["wait", "TOKEN", CONSUMER, "--timeout", "-1s"], 2, "--timeout"),
         (["wait", "TOKEN", CONSUMER, "--timeout", "2h"], 2, "from 0 to 3600 seconds"),
-        (["append", "--wait", "nope"], 1, "unknown consumer 'nope'"),
+        (["append", "--wait", "nope"], 4, "unknown consumer 'nope'"),
     ],
 )
 def test_bad_input_is_one_error_line(

@@ -189,19 +189,23 @@ def test_no_file_gives_defaults() -> None:
         ("  30s ", 30.0),
         ("5 s", 5.0),
         ("1234ms", 1.234),
+        ("10", 10.0),
+        ("1.5", 1.5),
+        (" 2.5 ", 2.5),
     ],
 )
 def test_parse_duration_accepts(text: str, seconds: float) -> None:
-    """Durations with a unit of ms, s, m or h parse to float seconds."""
+    """Durations with a unit of ms, s, m or h parse to float seconds; a plain number is
+    seconds (as the CLI, the HTTP API and ``wait_for`` take it)."""
     assert parse_duration(text) == seconds
 
 
 @pytest.mark.parametrize(
     "text",
-    ["10", "1.5", "", "s", "-5s", "+5s", "fast", "10 sec", "10S", "1e3s", "5us", "1.s", "10s5"],
+    ["", "s", "-5s", "-5", "+5s", "fast", "10 sec", "10S", "1e3s", "5us", "1.s", "10s5", "nan"],
 )
 def test_parse_duration_rejects(text: str) -> None:
-    """Bare numbers, signs, unknown units and other text are not durations."""
+    """Signs, unknown units and other text are not durations."""
     with pytest.raises(ValueError, match=r"expected a duration like 10s or 500ms, got '"):
         parse_duration(text)
 
@@ -271,11 +275,18 @@ def test_bad_duration_names_the_key() -> None:
     ]
 
 
-def test_bare_number_is_not_a_duration() -> None:
-    """A YAML number without a unit is rejected rather than guessed."""
-    lines = _problem_lines(_config_error({"messaging": {"consumer": {"heartbeat-interval": 5}}}))
+def test_a_yaml_number_is_seconds_and_a_negative_one_is_refused() -> None:
+    """A YAML number is seconds, as a plain number is everywhere; a negative one, or a
+    boolean, is no duration."""
+    settings = settings_from_mapping({"messaging": {"consumer": {"heartbeat-interval": 2}}})
+    assert settings.messaging.consumer.heartbeat_interval == 2.0
+    lines = _problem_lines(_config_error({"messaging": {"consumer": {"heartbeat-interval": -5}}}))
     assert lines == [
-        "expected a duration like 10s or 500ms, got 5 @ messaging.consumer.heartbeat-interval"
+        "expected a duration like 10s or 500ms, got -5 @ messaging.consumer.heartbeat-interval"
+    ]
+    lines = _problem_lines(_config_error({"messaging": {"consumer": {"heartbeat-interval": True}}}))
+    assert lines == [
+        "expected a duration like 10s or 500ms, got true @ messaging.consumer.heartbeat-interval"
     ]
 
 
