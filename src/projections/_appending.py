@@ -20,9 +20,13 @@ before it were.
 
 from __future__ import annotations
 
+import difflib
 import json
 from collections.abc import Iterable, Iterator
 from typing import IO, Any
+
+import attrs
+from sqlalchemy import select
 
 from messaging import (
     ConflictRetrySettings,
@@ -66,6 +70,40 @@ def utf8_lines(stream: Iterable[bytes]) -> Iterator[str]:
             yield raw.decode("utf-8")
         except UnicodeDecodeError as exc:
             raise _NotText(number, f"not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+
+
+@attrs.frozen
+class DeclaredTypes:
+    """The message types the consumers declared in a database handle, by topic: what a
+    line's type is checked against when no ``--module`` resolves it. A topic no consumer
+    reads yet checks nothing."""
+
+    by_topic: dict[str, set[str]]
+
+    @classmethod
+    def read(cls, db: Database) -> DeclaredTypes:
+        t = db.schema.consumers
+        by_topic: dict[str, set[str]] = {}
+        with db.read() as conn:
+            for topics, types in conn.execute(
+                select(t.c.topics, t.c.types).where(t.c.tenant == db.tenant)
+            ):
+                for topic in json.loads(topics):
+                    by_topic.setdefault(topic, set()).update(json.loads(types))
+        return cls(by_topic)
+
+    def check(self, message: NewMessage) -> None:
+        """ValueError when consumers read the message's topic and none handles its type."""
+        handled = self.by_topic.get(message.topic)
+        if handled is None or message.type in handled:
+            return
+        close = difflib.get_close_matches(message.type, sorted(handled), n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ValueError(
+            f"no consumer declared here handles type {message.type!r} on topic "
+            f"{message.topic!r}{hint} (--module checks it against your classes; "
+            "--allow-unknown-type appends it anyway)"
+        )
 
 
 def parse_line(number: int, text: str, registry: MessageRegistry | None) -> NewMessage:
@@ -129,6 +167,7 @@ def append_lines(
     registry: MessageRegistry | None = None,
     retry: ConflictRetrySettings | None = None,
     tokens: list[ConsistencyToken] | None = None,
+    declared: DeclaredTypes | None = None,
 ) -> int:
     """Append every line of ``stream`` (text; :func:`utf8_lines` reads a binary one), in
     transactions of ``batch_size`` lines; return how many messages were appended (and add
@@ -136,7 +175,8 @@ def append_lines(
     batch commits once, also when an acknowledgement is lost (retried per ``retry`` as a
     one-shot command's transaction, :func:`~messaging.store._retry.retry_command`);
     :class:`ProjectionsError` naming its lines when the database does not answer. With a
-    ``registry``, its upcasters are checked first (RegistrationError)."""
+    ``registry``, its upcasters are checked first (RegistrationError); with ``declared``,
+    each line's type against what the consumers of its topic handle."""
     if registry is not None:
         registry.check_upcasters()
     if batch_size < 1:
@@ -148,7 +188,10 @@ def append_lines(
             messages = []
             for number, line in batch:
                 try:
-                    messages.append(parse_line(number, line, registry))
+                    message = parse_line(number, line, registry)
+                    if declared is not None:
+                        declared.check(message)
+                    messages.append(message)
                 except (ValueError, ProjectionsError) as exc:
                     raise AppendError(number, str(exc), written) from None
             try:

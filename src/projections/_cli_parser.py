@@ -167,6 +167,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="import this module and check each payload against its message types",
     )
     append.add_argument(
+        "--allow-unknown-type",
+        action="store_true",
+        help="without --module, append a type that no consumer declared in the database "
+        "handles on its topic (refused by default: a likely typo)",
+    )
+    append.add_argument(
         "--wait",
         action="append",
         default=[],

@@ -32,7 +32,7 @@ def cmd_append(args: argparse.Namespace) -> int:
     """Append the JSON lines of ``args.file``; print the count and the token; with
     ``--wait``, wait for those consumers to apply it."""
     from messaging.operations import check_consumers, registry
-    from projections._appending import append_lines, utf8_lines
+    from projections._appending import DeclaredTypes, append_lines, utf8_lines
 
     settings = command_settings(args)
     use_app_dir(args)
@@ -44,10 +44,12 @@ def cmd_append(args: argparse.Namespace) -> int:
         db.prepare()
         if args.wait:
             check_consumers(db, args.wait)  # before anything is stored
+        unchecked = args.module or args.allow_unknown_type
         append = partial(
             append_lines,
             db,
             batch_size=args.batch_size,
+            declared=None if unchecked else DeclaredTypes.read(db),
             registry=registry if args.module else None,
             retry=settings.messaging.consumer.conflict_retry,
             tokens=tokens,

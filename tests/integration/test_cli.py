@@ -116,7 +116,8 @@ def test_append_then_status_reports_lag_per_partition(
     path = _write_lines(tmp_path, lines)
     capsys.readouterr()
 
-    assert main(["append", str(path), "--database", url, "--batch-size", "7"]) == 0
+    unhandled_too = ["--allow-unknown-type"]  # a type the ledger does not handle, on purpose
+    assert main(["append", str(path), "--database", url, "--batch-size", "7", *unhandled_too]) == 0
     assert capsys.readouterr().out.splitlines()[0] == f"appended {len(lines)} messages"
 
     assert main(["status", "--json", "--database", url]) == 0
@@ -386,6 +387,30 @@ def test_audit_prints_readable_times_under_a_header(
     header, line = capsys.readouterr().out.strip().splitlines()
     assert header.split() == ["at", "who", "command", "consumer", "detail"]
     assert re.match(rf"{TIME}  \S+@\S+ +pause +ledger-balances ", line), line
+
+
+def test_a_type_no_declared_consumer_handles_is_refused_unless_allowed(
+    url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Without --module, a line's type is checked against what the consumers declared in
+    the database handle on its topic: a typo is refused naming the closest, and nothing
+    of its batch is stored; --allow-unknown-type appends it; another topic is unchecked."""
+    _declare_ledger(url)
+    typo = _line("ledger", "acct-1", "ledger.deposted", {"account_id": "acct-1", "amount": 5})
+    path = _write_lines(tmp_path, [*_ledger_lines(1), typo])
+    assert main(["append", str(path), "--database", url]) == 1
+    line = _one_error_line(capsys.readouterr().err)
+    assert "line 2: no consumer declared here handles type 'ledger.deposted' on topic " in line
+    assert "did you mean 'ledger.deposited'?" in line and "--allow-unknown-type" in line
+    assert _stored(url) == []
+    assert main(["append", str(path), "--database", url, "--allow-unknown-type"]) == 0
+    other = _write_lines(tmp_path, [_line("other", "o", "anything", {})], "other.jsonl")
+    assert main(["append", str(other), "--database", url]) == 0
+    assert [r.type for r in _stored(url)] == [
+        "ledger.account-opened",
+        "ledger.deposted",
+        "anything",
+    ]
 
 
 def test_operator_commands_print_their_result_and_log_nothing(url: str) -> None:
