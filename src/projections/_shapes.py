@@ -11,13 +11,20 @@ from typing import Any
 
 from sqlalchemy import func, select
 
-from messaging import Database, DecodeError
+from messaging import Database, DecodeError, RegistrationError
 from messaging.kinds import MessageRegistry
 
 
 def shapes_report(db: Database, registry: MessageRegistry) -> dict[str, Any]:
     """The stored shapes with their counts and where each leads (``ok``: every one
-    reaches a current class), and the upcasters declared."""
+    reaches a current class and the declarations hold together), the upcasters declared,
+    and ``declaration``: why they do not hold together (a gap in a class's versions, an
+    upcaster leading nowhere: what an instance would refuse to start with), or None."""
+    try:
+        registry.check_upcasters()
+        declaration = None
+    except RegistrationError as exc:
+        declaration = str(exc)
     m = db.schema.messages
     query = (
         select(m.c.topic, m.c.type, m.c.payload_version, func.count())
@@ -46,9 +53,10 @@ def shapes_report(db: Database, registry: MessageRegistry) -> dict[str, Any]:
             entry.update(reaches=f"{name} v{current}", via=[step.label for step in steps])
         shapes.append(entry)
     return {
-        "ok": all(entry["reaches"] for entry in shapes),
+        "ok": declaration is None and all(entry["reaches"] for entry in shapes),
         "shapes": shapes,
         "upcasters": [step.label for step in registry.upcasters.steps()],
+        "declaration": declaration,
     }
 
 
@@ -69,4 +77,6 @@ def format_shapes(report: dict[str, Any]) -> str:
         if unreadable
         else f"every stored shape ({len(report['shapes'])}) reaches a current class"
     )
+    if report["declaration"] is not None:
+        lines.append(f"the declarations do not hold together: {report['declaration']}")
     return "\n".join(lines)

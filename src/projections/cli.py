@@ -189,7 +189,6 @@ def cmd_messages(args: argparse.Namespace) -> int:
     use_app_dir(args)
     for module in args.modules:
         import_module(module)
-    registry.check_upcasters()
     report = _report(args, lambda db, _s: shapes_report(db, registry), format_shapes)
     return 0 if report["ok"] else EXIT_ERROR
 

@@ -5,6 +5,8 @@ being built), on both backends."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -501,3 +503,45 @@ def test_a_stored_state_this_code_cannot_read_halts_its_partition_naming_the_fie
     assert "@state_upcaster('shop-loyalty', 2)" in error, error
     others = {key for key in ("o2", "o3", "o4") if partition_of(key, 4) != halted.partition}
     assert others and others <= keys  # the other partitions went on
+
+
+GAP_MODULE = """
+import attrs
+from messaging import message, upcaster
+
+@message("gap.thing", version=3)
+@attrs.define(frozen=True)
+class Thing:
+    name: str
+
+@upcaster("gap.thing", 1)
+def one_to_two(payload):
+    return payload
+"""
+
+
+def test_messages_check_with_a_gap_in_the_upcasters_still_lists_every_shape(
+    db: Database, tmp_path: Path
+) -> None:
+    """A class at version 3 whose upcasters stop at version 2: ``messages check`` lists the
+    stored shapes (as text and as JSON) and names the gap, exit 1, where it used to print
+    the error alone (and no JSON with ``--json``)."""
+    (tmp_path / "gapmod.py").write_text(GAP_MODULE, encoding="utf-8")
+    stored = NewMessage(topic="t", source="s", type="gap.thing", payload="{}", payload_version=1)
+    with db.transaction() as conn:
+        MessageStore(db).append_encoded(conn, [stored])
+    config = write_config(tmp_path / "c.yaml", db)
+    command = [sys.executable, "-m", "projections.cli", "messages", "check", "gapmod"]
+    command += ["--app-dir", str(tmp_path), "--config", str(config)]
+    as_json = subprocess.run([*command, "--json"], capture_output=True, text=True, timeout=60)
+    assert as_json.returncode == 1, as_json.stderr
+    report = json.loads(as_json.stdout)
+    assert [(e["type"], e["version"], e["count"]) for e in report["shapes"]] == [
+        ("gap.thing", 1, 1)
+    ]
+    assert "'gap.thing'" in report["declaration"] and report["ok"] is False
+    as_text = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert as_text.returncode == 1, as_text.stderr
+    lines = as_text.stdout.splitlines()
+    assert lines[0].startswith("t gap.thing v1: 1  UNREADABLE: ")
+    assert lines[-1] == f"the declarations do not hold together: {report['declaration']}"
