@@ -13,6 +13,7 @@ from typing import Any
 import parked_seq_app as app
 import pytest
 from clusters import start_instance, stop_instance, wait_until, write_config
+from health_app import free_port, probe
 from sqlalchemy import MetaData
 
 from messaging import Database, MessageStore
@@ -133,5 +134,39 @@ def test_a_statement_that_never_ends_is_interrupted_and_parks_its_source(
             what="the other sources",
         )
         assert [p["count"] for p in parked(db, "parked-seq")["parked"]] == [5]  # all held
+    finally:
+        assert stop_instance(process) == 0
+
+
+def test_a_batch_stuck_past_its_timeout_makes_the_instance_not_live_until_it_returns(
+    db: Database, tmp_path: Path
+) -> None:
+    """``live`` is 503 while a handler sleeps past ``apply-timeout`` (1.5 s) by as long again,
+    naming the batch and where its thread is (so an orchestrator restarts an instance
+    whose handler never returns), and 200 again once it returned."""
+    with db.transaction() as conn:
+        app.metadata.create_all(conn)
+    extra = "projections:\n  apply-timeout: 1500ms\n"  # above the lock-wait bound (1 s)
+    config = write_config(tmp_path / "config.yaml", db, batch_size=20, extra=extra)
+    port = free_port()
+    started = tmp_path / "started"
+    env = {"STUCK_STARTED": str(started), "STUCK_SOURCE": SLOW, "STUCK_SECONDS": "5"}
+    process = start_instance(
+        config, "t1", "parked_seq_app", env=env, options=("--admin-port", str(port))
+    )
+    try:
+        wait_until(lambda: probe(port, "health/live")[0] == 200, timeout=60, what="live")
+        _append(db, range(1, 2), [SLOW])
+        wait_until(lambda: _started(started), timeout=30, what="the slow handler")
+        _, body = wait_until(
+            lambda: (answer := probe(port, "health/live"))[0] == 503 and answer,
+            timeout=30,
+            what="not live",
+        )
+        [reason] = body["reasons"]
+        assert "a batch of consumer parked-seq" in reason, reason
+        assert "is stuck past its apply timeout (1.5s)" in reason and "parked_seq_app.py:" in reason
+        wait_until(lambda: probe(port, "health/live")[0] == 200, timeout=30, what="live again")
+        wait_until(lambda: _halted(db), timeout=30, what="the halt")
     finally:
         assert stop_instance(process) == 0

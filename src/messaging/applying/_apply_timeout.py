@@ -33,7 +33,11 @@ from sqlalchemy import Connection
 from messaging._errors import ApplyTimedOut
 from messaging._settings import format_duration
 
-__all__ = ["NO_DEADLINE", "ApplyDeadlines", "Deadline", "batch_name"]
+__all__ = ["NO_DEADLINE", "STUCK_GRACE", "ApplyDeadlines", "Deadline", "batch_name"]
+
+STUCK_GRACE = 10.0
+"""Seconds past its apply timeout (or as long again as the timeout, if shorter) after
+which a batch that still runs makes its instance not live."""
 
 log = logging.getLogger("messaging.runtime.watchdog")
 
@@ -59,6 +63,8 @@ class Deadline:
         self.thread = threading.get_ident()
         self.expired = False
         """Set by the watchdog once it saw the deadline pass."""
+        self.where = ""
+        """Where its thread was when the watchdog saw the deadline pass (for the probes)."""
         self.clock = clock
 
     def passed(self) -> bool:
@@ -107,6 +113,20 @@ class ApplyDeadlines:
             with self._lock:
                 self._running.discard(deadline)
 
+    def stuck(self) -> list[str]:
+        """The batches still running past their apply timeout by as long again (at most
+        :data:`STUCK_GRACE`): a handler that does not return, which nothing in the
+        instance can end (its instance is no longer live, so that it is restarted)."""
+        now = self._clock()
+        with self._lock:
+            late = [d for d in self._running if d.timeout is not None and d.expired]
+        return [
+            f"{d.what} is stuck past its apply timeout ({format_duration(d.timeout)}) "
+            f"for {now - d.at:.1f} s in {d.where}"
+            for d in late
+            if d.timeout is not None and now - d.at > min(d.timeout, STUCK_GRACE)
+        ]
+
     def look(self, waiting: Collection[int], where: Callable[[int], str]) -> None:
         """One look (by the watchdog): interrupt the running statement of each batch past
         its deadline; ``waiting``: the threads waiting for a MySQL/MariaDB server now;
@@ -116,13 +136,14 @@ class ApplyDeadlines:
             for deadline in [d for d in self._running if now > d.at]:
                 if not deadline.expired:
                     deadline.expired = True
+                    deadline.where = where(deadline.thread)
                     log.warning(
                         "%s: %s is past its apply timeout (%s) in %s; it fails and is "
                         "rolled back (a handler busy in Python fails as it returns)",
                         self.who,
                         deadline.what,
                         format_duration(deadline.timeout or 0.0),
-                        where(deadline.thread),
+                        deadline.where,
                     )
                 if deadline.waits_only and deadline.thread not in waiting:
                     continue

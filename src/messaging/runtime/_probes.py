@@ -1,10 +1,13 @@
 """Liveness and readiness of the instance an admin server runs beside, as load balancers
 and Kubernetes probes ask (``GET /admin/health/live``, ``/admin/health/ready``).
 
-- **Live**: every loop thread the instance started still runs, and none is past its
-  watchdog bound (:meth:`~messaging.runtime._watchdog.Watchdog.overdue`). An unreachable
-  database does not make an instance dead: restarting it would not bring the database
-  back. A stopping instance is live (its loops end on purpose).
+- **Live**: every loop thread the instance started still runs, none is past its
+  watchdog bound (:meth:`~messaging.runtime._watchdog.Watchdog.overdue`), and no batch
+  is stuck past its ``apply-timeout`` by as long again, at most 10 s
+  (:meth:`~messaging.applying._apply_timeout.ApplyDeadlines.stuck`: a handler that never
+  returns holds its partition for good; a restart frees it); live again once it
+  returns. An unreachable database does not make an instance dead: restarting it would
+  not bring the database back. A stopping instance is live (its loops end on purpose).
 - **Ready**: started (its loops run), registered, not stopping, no outage going on as
   its loops last saw the database (unreachable, or refusing writes: the reason says
   which), and no heartbeat left unanswered past the lock-wait bound (a database that
@@ -39,7 +42,7 @@ def liveness(instance: Instance | None) -> list[str]:
         return []
     ended = [f"its {name} loop has ended" for name, alive in instance.loops().items() if not alive]
     stuck = [f"its {name} loop is past its bound" for name in instance.watchdog.overdue()]
-    return ended + stuck
+    return ended + stuck + instance.watchdog.applies.stuck()
 
 
 class DatabaseCheck:
