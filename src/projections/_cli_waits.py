@@ -13,8 +13,11 @@ not applied yet, prints what is behind and exits :data:`EXIT_NOT_YET`.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from functools import partial
+
+from sqlalchemy import select
 
 from messaging import ConsistencyToken, Database, ProjectionsError, Settings, wait_for
 from messaging.operations import database_for, import_module
@@ -84,6 +87,39 @@ def cmd_wait(args: argparse.Namespace) -> int:
         db.dispose()
 
 
+def unconcerned(db: Database, token: ConsistencyToken, consumers: list[str]) -> list[str]:
+    """The ``consumers`` that handle none of the token's messages (by topic and type; a
+    mark naming no source counts as handled when its topic is read): their "applied"
+    means nothing was theirs to apply."""
+    m, c = db.schema.messages, db.schema.consumers
+    marks = token.marks
+    with db.read() as conn:
+        types = dict(
+            conn.execute(
+                select(m.c.position, m.c.type).where(
+                    m.c.tenant == db.tenant, m.c.position.in_([p for _, _, p in marks])
+                )
+            ).all()
+        )
+        read = {
+            name: (set(json.loads(topics)), set(json.loads(handled)))
+            for name, topics, handled in conn.execute(
+                select(c.c.name, c.c.topics, c.c.types).where(
+                    c.c.tenant == db.tenant, c.c.name.in_(consumers)
+                )
+            )
+        }
+
+    def handles(name: str) -> bool:
+        topics, handled = read.get(name, (set(), set()))
+        return any(
+            topic in topics and (h is None or types.get(position) in handled)
+            for topic, h, position in marks
+        )
+
+    return [name for name in consumers if not handles(name)]
+
+
 def _wait(
     db: Database,
     settings: Settings,
@@ -101,7 +137,12 @@ def _wait(
         poll_interval=settings.messaging.consumer.idle_poll_interval,
     )
     if progress.applied:
-        print(f"applied by {', '.join(consumers)}")
+        idle = unconcerned(db, ConsistencyToken.parse(str(token)), consumers)
+        concerned = [name for name in consumers if name not in idle]
+        if concerned:
+            print(f"applied by {', '.join(concerned)}")
+        for name in idle:
+            print(f"{name} handles none of these messages: nothing of theirs to apply")
         return 0
     print("not applied yet:")
     for behind in progress.behind:

@@ -54,6 +54,17 @@ def test_append_wait_and_wait_on_a_running_instance(db: Database, tmp_path: Path
         waited = _run(config, "wait", token, CONSUMER, "--timeout", "30")  # seconds
         assert (waited.returncode, waited.stdout) == (0, f"applied by {CONSUMER}\n")
         assert balance(db, "later") == 5
+
+        unhandled = json.dumps(
+            {"topic": ledger.TOPIC, "source": "u", "type": "ledger.audited", "payload": {}}
+        )
+        told = _run(
+            config, "append", "--allow-unknown-type", "--wait", CONSUMER, stdin=unhandled + "\n"
+        )
+        assert told.returncode == 0, told.stderr
+        assert told.stdout.splitlines()[2:] == [
+            f"{CONSUMER} handles none of these messages: nothing of theirs to apply"
+        ]
     finally:
         assert stop_instance(process) == 0
 
