@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import attrs
-from sqlalchemy import Connection, insert, select, update
+from sqlalchemy import Connection, Row, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from messaging._consumers import ConsumerSpec
@@ -100,7 +100,7 @@ def declare(
     join that build), or report it stale."""
     create_read_models(db, spec)
     with db.transaction() as conn:
-        declared = _record(db, conn, spec, distribution, instance_id, instance_name)
+        declared = _Record(db, conn, spec, distribution, instance_id, instance_name).declare()
         bump_generation(db, conn)  # a new consumer, declaration or distribution: plan again
     return declared
 
@@ -138,97 +138,120 @@ def start_requested_rebuild(
     return True
 
 
-def _record(
-    db: Database,
-    conn: Connection,
-    spec: ConsumerSpec,
-    distribution: Distribution,
-    instance_id: str,
-    instance_name: str,
-) -> Declared:
-    table = db.schema.consumers
-    ownership = Ownership(db)
-    fingerprint = tenant_fingerprint(db, spec)
-    where = (table.c.tenant == db.tenant, table.c.name == spec.name)
-    values = {
-        "kind": spec.kind.value,
-        "distribution": distribution.value,
-        "partitions": spec.partitions,
-        "topics": json.dumps(sorted(spec.topics)),
-        "types": json.dumps(spec.stored_type_names()),
-        "fingerprint": fingerprint,
-        "state": ConsumerState.RUNNING,
-        "updated_at": db.clock.now(),
-    }
-    if not spec.kind.rebuildable:  # never rebuilt: its version is the one in its code
-        values["version"] = spec.options.version
-    current = select(
-        table.c.fingerprint,
-        table.c.previous_fingerprint,
-        table.c.retired_fingerprints,
-        table.c.state,
-        table.c.partitions,
-    ).where(*where)
-    row = conn.execute(current.with_for_update()).first()
+_Row = Row[Any, Any, Any, Any, Any]
+"""A consumer's row as :meth:`_Record._row` reads it: fingerprint, previous fingerprint,
+retired fingerprints, state, partitions."""
 
-    def outcome(found: DeclarationOutcome, event: str = "", **fields: Any) -> Declared:
-        """The declaration ``found``; a WARNING lifecycle ``event`` with ``fields`` if named."""
-        if event:
-            lifecycle_event(
-                event,
-                level=logging.WARNING,
-                consumer=spec.name,
-                instance=instance_name,
-                instance_id=instance_id,
-                declaration=fingerprint,
-                **fields,
-            )
-        return Declared(consumer=spec.name, outcome=found, fingerprint=fingerprint, unit=unit)
 
-    unit = spec.name
+class _Record:
+    """One declaration of ``spec`` recorded in ``conn``'s transaction: its consumer's row
+    created, kept, taken up by a build already under way, refused as stale, replaced (a
+    kind that is never rebuilt) or answered by a new version to build."""
 
-    if row is None:
+    def __init__(
+        self,
+        db: Database,
+        conn: Connection,
+        spec: ConsumerSpec,
+        distribution: Distribution,
+        instance_id: str,
+        instance_name: str,
+    ) -> None:
+        self.db, self.conn, self.spec = db, conn, spec
+        self.instance_id, self.instance_name = instance_id, instance_name
+        self.table = table = db.schema.consumers
+        self.ownership = Ownership(db)
+        self.fingerprint = tenant_fingerprint(db, spec)
+        self.where = (table.c.tenant == db.tenant, table.c.name == spec.name)
+        self.values: dict[str, Any] = {
+            "kind": spec.kind.value,
+            "distribution": distribution.value,
+            "partitions": spec.partitions,
+            "topics": json.dumps(sorted(spec.topics)),
+            "types": json.dumps(spec.stored_type_names()),
+            "fingerprint": self.fingerprint,
+            "state": ConsumerState.RUNNING,
+            "updated_at": db.clock.now(),
+        }
+        if not spec.kind.rebuildable:  # never rebuilt: its version is the one in its code
+            self.values["version"] = spec.options.version
+        self.distribution = distribution
+
+    def declare(self) -> Declared:
+        """Record the declaration; what came of it."""
+        row = self._row()
+        if row is None:
+            return self._create()
+        if row.fingerprint == self.fingerprint:
+            return self._unchanged()
+        if self.spec.kind.rebuildable:
+            joined = self._building_unit()
+            if joined is not None:
+                return self._outcome(DeclarationOutcome.BUILDING, unit=joined)
+        retired: list[str] = json.loads(row.retired_fingerprints or "[]")
+        rolling_back = self.fingerprint in retired
+        if rolling_back and row.state != ConsumerState.REBUILD_REQUESTED:
+            return self._stale(row)
+        if not self.spec.kind.rebuildable:
+            return self._redeclare(row, retired)
+        return self._build(row, rolling_back)
+
+    def _row(self) -> _Row | None:
+        t = self.table
+        current = select(
+            t.c.fingerprint,
+            t.c.previous_fingerprint,
+            t.c.retired_fingerprints,
+            t.c.state,
+            t.c.partitions,
+        ).where(*self.where)
+        return self.conn.execute(current.with_for_update()).first()
+
+    def _create(self) -> Declared:
+        """The first declaration of the name (another instance may insert it first)."""
         try:
-            with conn.begin_nested():
-                conn.execute(insert(table).values(tenant=db.tenant, name=spec.name, **values))
+            with self.conn.begin_nested():
+                self.conn.execute(
+                    insert(self.table).values(
+                        tenant=self.db.tenant, name=self.spec.name, **self.values
+                    )
+                )
         except IntegrityError:  # another instance declared it first: use its row
-            row = conn.execute(current.with_for_update()).one()
-        else:
-            ownership.ensure_partitions(conn, spec.name, spec.partitions)
-            return outcome(DeclarationOutcome.CREATED)
-    if row.fingerprint == fingerprint:
-        kept = {k: values[k] for k in ("distribution", "version") if k in values}
-        conn.execute(update(table).where(*where).values(**kept))
-        ownership.ensure_partitions(conn, spec.name, spec.partitions)
-        return outcome(DeclarationOutcome.UNCHANGED)
-    if spec.kind.rebuildable:
-        joined = [
-            u
-            for u in unit_rows(db, conn, [spec.name])
-            if u.building and u.fingerprint == fingerprint
-        ]
-        if joined:
-            unit = joined[0].unit
-            return outcome(DeclarationOutcome.BUILDING)
-    retired: list[str] = json.loads(row.retired_fingerprints or "[]")
-    rolling_back = fingerprint in retired and row.fingerprint != fingerprint
-    if rolling_back and row.state != ConsumerState.REBUILD_REQUESTED:
+            return self.declare()
+        self.ownership.ensure_partitions(self.conn, self.spec.name, self.spec.partitions)
+        return self._outcome(DeclarationOutcome.CREATED)
+
+    def _unchanged(self) -> Declared:
+        kept = {k: self.values[k] for k in ("distribution", "version") if k in self.values}
+        self.conn.execute(update(self.table).where(*self.where).values(**kept))
+        self.ownership.ensure_partitions(self.conn, self.spec.name, self.spec.partitions)
+        return self._outcome(DeclarationOutcome.UNCHANGED)
+
+    def _building_unit(self) -> str | None:
+        """The unit of a build of this very declaration under way, which it joins."""
+        for unit in unit_rows(self.db, self.conn, [self.spec.name]):
+            if unit.building and unit.fingerprint == self.fingerprint:
+                return unit.unit
+        return None
+
+    def _stale(self, row: _Row) -> Declared:
+        """A retired declaration with no rollback asked for: this instance runs old code."""
         which = (
             "the previous declaration"
-            if row.previous_fingerprint == fingerprint
+            if row.previous_fingerprint == self.fingerprint
             else "a declaration older than the previous one"
         )
-        return outcome(
+        return self._outcome(
             DeclarationOutcome.STALE,
             "declaration-mismatch",
             current=row.fingerprint,
             reason=f"this instance runs {which}; applying nothing until restarted",
         )
-    if not spec.kind.rebuildable:
-        previous = row.fingerprint
-        retired = [f for f in retired if f != fingerprint] + [row.fingerprint]
-        # A kind that acts beyond its own tables would send and do everything again if
-        # replayed, so a new declaration goes on where the old one stopped.
+
+    def _redeclare(self, row: _Row, retired: list[str]) -> Declared:
+        """A new declaration of a kind that acts beyond its own tables: replayed, it would
+        send and do everything again, so it goes on where the old one stopped."""
+        spec = self.spec
         if row.partitions != spec.partitions:
             raise RegistrationError(
                 f"consumer {spec.name!r} ({spec.kind.value}) runs with {row.partitions} "
@@ -236,24 +259,62 @@ def _record(
                 "skipping messages (its checkpoints are per partition): keep the count, or "
                 "let it finish its work and use a new name"
             )
-        conn.execute(
-            update(table)
-            .where(*where)
+        retired = [f for f in retired if f != self.fingerprint] + [row.fingerprint]
+        self.conn.execute(
+            update(self.table)
+            .where(*self.where)
             .values(
-                **values, previous_fingerprint=previous, retired_fingerprints=json.dumps(retired)
+                **self.values,
+                previous_fingerprint=row.fingerprint,
+                retired_fingerprints=json.dumps(retired),
             )
         )
-        ownership.ensure_partitions(conn, spec.name, spec.partitions)
-        return outcome(
+        self.ownership.ensure_partitions(self.conn, spec.name, spec.partitions)
+        return self._outcome(
             DeclarationOutcome.REDECLARED,
             "redeclared",
             previous=row.fingerprint,
             reason=f"new declaration; checkpoints kept ({spec.kind.article} is never rebuilt)",
         )
-    if rolling_back:  # the request is taken by this declaration's version
-        conn.execute(update(table).where(*where).values(state=ConsumerState.RUNNING))
-    reason = "rolling back: rebuild requested" if rolling_back else "new declaration"
-    unit = start_version(
-        db, conn, spec, fingerprint, distribution, types=spec.stored_type_names(), reason=reason
-    )
-    return outcome(DeclarationOutcome.BUILDING, "build", previous=row.fingerprint, reason=reason)
+
+    def _build(self, row: _Row, rolling_back: bool) -> Declared:
+        """A new version to build beside the live one (a rollback's, if one was asked)."""
+        if rolling_back:  # the request is taken by this declaration's version
+            self.conn.execute(
+                update(self.table).where(*self.where).values(state=ConsumerState.RUNNING)
+            )
+        reason = "rolling back: rebuild requested" if rolling_back else "new declaration"
+        unit = start_version(
+            self.db,
+            self.conn,
+            self.spec,
+            self.fingerprint,
+            self.distribution,
+            types=self.spec.stored_type_names(),
+            reason=reason,
+        )
+        return self._outcome(
+            DeclarationOutcome.BUILDING, "build", unit=unit, previous=row.fingerprint, reason=reason
+        )
+
+    def _outcome(
+        self, found: DeclarationOutcome, event: str = "", *, unit: str | None = None, **fields: Any
+    ) -> Declared:
+        """The declaration ``found`` (of ``unit``: the consumer's own name unless a version
+        is built); a WARNING lifecycle ``event`` with ``fields`` if named."""
+        if event:
+            lifecycle_event(
+                event,
+                level=logging.WARNING,
+                consumer=self.spec.name,
+                instance=self.instance_name,
+                instance_id=self.instance_id,
+                declaration=self.fingerprint,
+                **fields,
+            )
+        return Declared(
+            consumer=self.spec.name,
+            outcome=found,
+            fingerprint=self.fingerprint,
+            unit=unit or self.spec.name,
+        )
