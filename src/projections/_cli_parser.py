@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
-from typing import NoReturn
+from typing import NoReturn, TypeAlias
 
 from messaging.operations import parse_duration
 
@@ -63,6 +63,10 @@ def _add_database_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+Commands: TypeAlias = "argparse._SubParsersAction[_Parser]"
+"""What ``add_subparsers`` returns: each group of commands is added to it."""
+
+
 def _add_wait_timeout(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--timeout",
@@ -100,7 +104,16 @@ def build_parser() -> argparse.ArgumentParser:
         "WARNING for the other commands, which print their result)",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_run(commands)
+    _add_reports(commands)
+    _add_appends(commands)
+    _add_operations(commands)
+    _add_servers(commands)
+    return parser
 
+
+def _add_run(commands: Commands) -> None:
+    """``run``: an instance, or a supervisor of several."""
     run = commands.add_parser("run", help="run an instance with the application's consumers")
     run.add_argument("modules", nargs="+", metavar="MODULE", help="application module(s)")
     run.add_argument("--instance-name", help="this instance's name (default host:pid)")
@@ -119,6 +132,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_app_dir_option(run)
     _add_database_options(run)
 
+
+def _add_reports(commands: Commands) -> None:
+    """The reports (``status``, ``health``, ``instances``, ``messages check``) and
+    ``db migrate``."""
     status = commands.add_parser("status", help="each consumer's partitions: owner, state, lag")
     status.add_argument("--json", action="store_true", help="print JSON")
     _add_database_options(status)
@@ -155,6 +172,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_app_dir_option(check)
     _add_database_options(check)
 
+
+def _add_appends(commands: Commands) -> None:
+    """``append`` and ``wait``."""
     append = commands.add_parser(
         "append", help='append JSON lines {"topic", "source", "type", "payload"}'
     )
@@ -196,6 +216,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_wait_timeout(wait)
     _add_database_options(wait)
 
+
+def _add_operations(commands: Commands) -> None:
+    """The operator commands: on a consumer, on its versions, on its parked sources."""
     for name, help_text in (
         ("pause", "stop every instance from applying a consumer"),
         ("resume", "let a paused consumer or its halted partitions run again"),
@@ -258,6 +281,9 @@ def build_parser() -> argparse.ArgumentParser:
             )
         _add_database_options(command)
 
+
+def _add_servers(commands: Commands) -> None:
+    """``audit``, ``demo`` and ``admin``."""
     audit = commands.add_parser("audit", help="the operator commands recorded, oldest first")
     audit.add_argument("consumer", nargs="?", metavar="CONSUMER")
     audit.add_argument("--json", action="store_true", help="print JSON")
@@ -277,4 +303,3 @@ def build_parser() -> argparse.ArgumentParser:
     admin.add_argument("--port", type=_port, required=True, help="port to listen on (0: any)")
     admin.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     _add_database_options(admin)
-    return parser
