@@ -21,7 +21,10 @@ from messaging import Database
 pytestmark = pytest.mark.multiprocess
 
 REPLACED = "rebuilt under another declaration; applying nothing until restarted"
-ONE_BACK = "this instance runs the previous declaration; applying nothing until restarted"
+ONE_BACK = (
+    "this instance runs the previous declaration; applying nothing until restarted with the "
+    "live one, or until `projections rollback tally` (or `rebuild`) makes this one live"
+)
 OLDER = "this instance runs a declaration older than the previous one"
 LONG_IDLE_WAITS = {
     "stale-instance-timeout": "10s",

@@ -245,7 +245,9 @@ class _Record:
             DeclarationOutcome.STALE,
             "declaration-mismatch",
             current=row.fingerprint,
-            reason=f"this instance runs {which}; applying nothing until restarted",
+            reason=f"this instance runs {which}; applying nothing until restarted with the "
+            f"live one, or until `projections rollback {self.spec.name}` (or `rebuild`) makes "
+            "this one live: to roll back, or forward again after a rollback",
         )
 
     def _redeclare(self, row: _Row, retired: list[str]) -> Declared:
