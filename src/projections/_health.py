@@ -66,7 +66,14 @@ def health_report(db: Database, settings: Settings, consumer: str | None = None)
     limits = thresholds(settings)
     with db.read() as conn:
         report = consumers_report(db, settings.messaging.consumer, conn, ages=True)
-        silent = {r.id: stale - r.expires_in for r in Membership(db).instances(conn, stale)}
+        membership = Membership(db)
+        silent = {r.id: stale - r.expires_in for r in membership.instances(conn, stale)}
+        stuck = {
+            (instance_id, batch["consumer"], partition): batch
+            for instance_id, published in membership.in_memory(conn).items()
+            for batch in published.get("stuck", [])
+            for partition in batch["partitions"]
+        }
     refused = refused_writes(db)
     chosen = [c for c in report["consumers"] if consumer in (None, c["name"])]
     if consumer is not None and not chosen:
@@ -83,7 +90,8 @@ def health_report(db: Database, settings: Settings, consumer: str | None = None)
             elif p["state"] == OwnerState.OWNED:
                 unowned = 0.0
             state = ConsumerState.REBUILDING if "build" in entry else entry["state"]
-            verdict, reason = _verdict(state, p, idle, unowned, limits)
+            batch = stuck.get((p["instance_id"], entry["name"], p["partition"]))
+            verdict, reason = _verdict(state, p, idle, unowned, limits, batch)
             partitions.append(
                 {
                     "partition": p["partition"],
@@ -119,9 +127,15 @@ def health_report(db: Database, settings: Settings, consumer: str | None = None)
 
 
 def _verdict(
-    state: str, p: dict[str, Any], idle: float, unowned: float, limits: dict[str, float]
+    state: str,
+    p: dict[str, Any],
+    idle: float,
+    unowned: float,
+    limits: dict[str, float],
+    stuck: dict[str, Any] | None = None,
 ) -> tuple[Verdict, str]:
-    """A partition's verdict and why, in words."""
+    """A partition's verdict and why, in words (``stuck``: the batch its owner says is
+    stuck past its apply timeout, if any)."""
     if state == ConsumerState.PAUSED:
         return Verdict.PAUSED, "an operator paused the consumer"
     if p["status"] == PartitionStatus.HALTED:
@@ -149,6 +163,12 @@ def _verdict(
         )
     if state == ConsumerState.REBUILD_REQUESTED:
         return Verdict.REBUILDING, f"the consumer is {state}"
+    if stuck is not None:
+        return Verdict.STALLED, (
+            f"a batch of its owner {p['instance']} is stuck past its apply timeout "
+            f"({format_duration(stuck['timeout'])}) for {stuck['over']:.1f} s in "
+            f"{stuck['where']}"
+        )
     if p["lag"] and idle > limits["stall_timeout"]:
         return Verdict.STALLED, (
             f"{p['lag']} message(s) to apply and no checkpoint committed for {idle:.1f} s "

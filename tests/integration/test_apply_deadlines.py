@@ -33,7 +33,7 @@ class Batch(threading.Thread):
         self.running = threading.Event()
 
     def run(self) -> None:
-        with self.db.transaction() as conn, self.deadlines.bound(conn, 5.0, "a batch") as d:
+        with self.db.transaction() as conn, self.deadlines.bound(conn, 5.0, "c", [0]) as d:
             self.deadline = d
             self.running.set()
             with contextlib.suppress(Exception):  # SQLite: interrupted; MariaDB's SLEEP: 1

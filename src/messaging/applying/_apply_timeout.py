@@ -28,12 +28,13 @@ from collections.abc import Callable, Collection, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import attrs
 from sqlalchemy import Connection
 
 from messaging._errors import ApplyTimedOut
 from messaging._settings import format_duration
 
-__all__ = ["NO_DEADLINE", "STUCK_GRACE", "ApplyDeadlines", "Deadline", "batch_name"]
+__all__ = ["NO_DEADLINE", "STUCK_GRACE", "ApplyDeadlines", "Deadline", "Stuck", "batch_name"]
 
 STUCK_GRACE = 10.0
 """Seconds past its apply timeout (or as long again as the timeout, if shorter) after
@@ -52,9 +53,12 @@ class Deadline:
         interrupt: Callable[[], None] | None = None,
         *,
         clock: Callable[[], float] = time.monotonic,
+        consumer: str = "",
+        partitions: tuple[int, ...] = (),
     ) -> None:
         self.timeout = timeout
         self.what = what
+        self.consumer, self.partitions = consumer, partitions
         self.at = math.inf if timeout is None else clock() + timeout
         self.interrupt = interrupt
         """Ends the batch's running statement (None: nothing to interrupt)."""
@@ -85,6 +89,26 @@ NO_DEADLINE = Deadline(None)
 """The deadline of a context applied outside a bounded batch."""
 
 
+@attrs.frozen(order=True)
+class Stuck:
+    """A batch running past its apply timeout by as long again (at most
+    :data:`STUCK_GRACE`): what the liveness probe and the instance's row say of it."""
+
+    consumer: str
+    partitions: tuple[int, ...]
+    timeout: float
+    over: float
+    """Seconds past its deadline."""
+    where: str
+    """Where its thread is: the handler's function, file and line first."""
+
+    def __str__(self) -> str:
+        return (
+            f"{batch_name(self.consumer, self.partitions)} is stuck past its apply timeout "
+            f"({format_duration(self.timeout)}) for {self.over:.1f} s in {self.where}"
+        )
+
+
 class ApplyDeadlines:
     """The deadlines of the batches being applied in one instance."""
 
@@ -97,13 +121,23 @@ class ApplyDeadlines:
         its connection serve another)."""
 
     @contextmanager
-    def bound(self, conn: Connection, timeout: float | None, what: str) -> Iterator[Deadline]:
-        """Apply within ``timeout`` seconds on ``conn`` (``what`` names the batch in the
-        log); the deadline no longer holds once the block is left."""
+    def bound(
+        self, conn: Connection, timeout: float | None, consumer: str, partitions: Iterable[int]
+    ) -> Iterator[Deadline]:
+        """Apply a batch of ``consumer``'s ``partitions`` within ``timeout`` seconds on
+        ``conn``; the deadline no longer holds once the block is left."""
         if timeout is None:
             yield NO_DEADLINE
             return
-        deadline = Deadline(timeout, what, _interrupter(conn), clock=self._clock)
+        held = tuple(sorted(partitions))
+        deadline = Deadline(
+            timeout,
+            batch_name(consumer, held),
+            _interrupter(conn),
+            clock=self._clock,
+            consumer=consumer,
+            partitions=held,
+        )
         deadline.waits_only = conn.dialect.name != "sqlite"
         with self._lock:
             self._running.add(deadline)
@@ -113,19 +147,22 @@ class ApplyDeadlines:
             with self._lock:
                 self._running.discard(deadline)
 
-    def stuck(self) -> list[str]:
+    def stuck_batches(self) -> list[Stuck]:
         """The batches still running past their apply timeout by as long again (at most
         :data:`STUCK_GRACE`): a handler that does not return, which nothing in the
         instance can end (its instance is no longer live, so that it is restarted)."""
         now = self._clock()
         with self._lock:
             late = [d for d in self._running if d.timeout is not None and d.expired]
-        return [
-            f"{d.what} is stuck past its apply timeout ({format_duration(d.timeout)}) "
-            f"for {now - d.at:.1f} s in {d.where}"
+        return sorted(
+            Stuck(d.consumer, d.partitions, d.timeout, round(now - d.at, 1), d.where)
             for d in late
             if d.timeout is not None and now - d.at > min(d.timeout, STUCK_GRACE)
-        ]
+        )
+
+    def stuck(self) -> list[str]:
+        """:meth:`stuck_batches` in words, for the liveness probe."""
+        return [str(batch) for batch in self.stuck_batches()]
 
     def look(self, waiting: Collection[int], where: Callable[[int], str]) -> None:
         """One look (by the watchdog): interrupt the running statement of each batch past

@@ -25,7 +25,7 @@ from messaging._errors import ApplyTimedOut
 from messaging._lifecycle import Identity
 from messaging._messages import MessageRegistry
 from messaging._settings import ConsumerSettings
-from messaging.applying._apply_timeout import ApplyDeadlines, batch_name
+from messaging.applying._apply_timeout import ApplyDeadlines
 from messaging.applying._batch import Batch, split_lanes
 from messaging.applying._context import HandlerContext
 from messaging.applying._fence import Fence
@@ -382,9 +382,7 @@ class ConsumerWorker(Worker):
             held = None if parked is None else parked.parking.held(claims, batch.parks)
             if held and parked is not None:
                 rows = parked.with_sources(conn, rows)
-            with self.deadlines.bound(
-                conn, self.apply_timeout, batch_name(self.spec.name, claims)
-            ) as deadline:
+            with self.deadlines.bound(conn, self.apply_timeout, self.spec.name, claims) as deadline:
                 ctx.deadline = deadline
                 try:
                     todo = held_back(rows, held) if held else rows

@@ -102,6 +102,7 @@ class Instance:
             stopping=self.stop_requested,
             in_memory=self.in_memory,
             retry=retry,
+            stuck=self.watchdog.applies.stuck_batches,
         )
         round_due = threading.Event()
         self.units = Units(

@@ -23,6 +23,7 @@ from messaging._bounds import lock_wait_bound
 from messaging._errors import ProjectionsError
 from messaging._lifecycle import Identity, partition_event
 from messaging._settings import ConsumerSettings
+from messaging.applying._apply_timeout import Stuck
 from messaging.applying._in_memory import InMemoryConsumer
 from messaging.applying._outage import Heartbeats, Outage, run_every
 from messaging.distribution._membership import InstanceInfo, Membership
@@ -68,9 +69,13 @@ class Presence:
         stopping: threading.Event,
         in_memory: Mapping[str, InMemoryConsumer],
         retry: Retry,
+        stuck: Callable[[], list[Stuck]] = list,
     ) -> None:
         self._db, self._membership, self._who, self._settings = db, membership, who, settings
         self._stopping, self._in_memory, self._retry = stopping, in_memory, retry
+        self._stuck = stuck
+        self._published_stuck: list[dict[str, Any]] = []
+        """The stuck batches the row names now (published when they change)."""
         self.info = info
         """What the row says of the instance (its runs change as rounds start workers)."""
         self.registered = False
@@ -153,11 +158,13 @@ class Presence:
                 log.warning("instance %s: its row was %s; live again", self.info.name, beat)
             if beat == "removed":
                 self._membership.register(conn, self.info)
-            if self._in_memory:
-                self._publish_in_memory(conn)
+            stuck = [attrs.asdict(batch) for batch in self._stuck()]
+            if self._in_memory or stuck != self._published_stuck:
+                self._publish_in_memory(conn, stuck)
             if stopping or beat != "live":  # the others plan without (or with) this instance
                 bump_generation(self._db, conn)
         self.heartbeats.beat(sent)
+        self._published_stuck = stuck  # committed
         seconds = time.perf_counter() - started
         self._who.hooks.projections_heartbeat(instance_id=self._who.id, seconds=seconds)
         self._membership.remove_stale_when_due(stale)
@@ -173,11 +180,13 @@ class Presence:
         """Write what the in-memory consumers are doing to the row now (the heartbeat does
         it too), for ``status`` and the admin endpoints of every instance."""
         with self._db.transaction() as conn:
-            self._publish_in_memory(conn)
+            self._publish_in_memory(conn, self._published_stuck)
 
-    def _publish_in_memory(self, conn: Connection) -> None:
+    def _publish_in_memory(self, conn: Connection, stuck: list[dict[str, Any]]) -> None:
+        """The row's report of the in-memory consumers and of the batches stuck past their
+        apply timeout (for ``health``: a stalled partition names where its handler is)."""
         consumers = {name: copy.snapshot() for name, copy in self._in_memory.items()}
-        published = {"admin": self.admin_url, "consumers": consumers}
+        published = {"admin": self.admin_url, "consumers": consumers, "stuck": stuck}
         self._membership.publish_in_memory(conn, self.info.id, published)
 
     def loop(self, watchdog: Watchdog, stop: threading.Event) -> None:
