@@ -12,6 +12,7 @@ from sqlalchemy import Connection, select
 from messaging import ConsumerSettings, Database, OperationError
 from messaging.operations import (
     ConsumerState,
+    Membership,
     UnitRow,
     delete_version_rows,
     drop_tables_if_exist,
@@ -54,12 +55,15 @@ def versions_report(db: Database, settings: ConsumerSettings, consumer: str) -> 
     """``{"projection", "versions": [...]}``: each version of projection ``consumer``, live
     first: ``name``, ``version``, ``role`` (live, building, retired), ``state``,
     ``declaration`` (its fingerprint), ``tables``; a building one's ``build`` (applied,
-    total, rate per second since it started, ``eta_seconds``, its ``halted`` partitions);
+    total, rate per second since it started, ``eta_seconds``, its ``halted`` partitions,
+    and its ``builders``: the live instances running it, none while no instance runs its
+    declaration);
     a retired one's
     ``retired_by`` and ``retired_at``. A consumer of a kind that is never rebuilt (a saga,
     a route consumer) has one: the version its running code declares."""
     with db.read() as conn:
         _, rows = _projection(db, conn, consumer, lock=False, any_kind=True)
+        members = Membership(db).instances(conn, settings.stale_instance_timeout)
         r = db.schema.read_models
         live_tables = sorted(
             conn.execute(
@@ -85,7 +89,10 @@ def versions_report(db: Database, settings: ConsumerSettings, consumer: str) -> 
         if row.building and build is not None:
             partitions = reported[row.unit]["partitions"]
             halted = [p["partition"] for p in partitions if p["status"] == "halted"]
-            entry["build"] = {**build, "halted": halted}
+            builders = sorted(
+                m.name for m in members if m.live and not m.stopping and row.unit in m.runs
+            )
+            entry["build"] = {**build, "halted": halted, "builders": builders}
         if row.retired_by is not None:
             entry["retired_by"] = row.retired_by
             entry["retired_at"] = (row.cutover or {}).get("retired_at")
@@ -102,7 +109,12 @@ def format_versions(report: dict[str, Any]) -> str:
             b = v["build"]
             eta = "unknown" if b["eta_seconds"] is None else f"{b['eta_seconds']:.0f} s"
             detail = f"{b['applied']}/{b['total']} applied, {b['rate']}/s, about {eta} left"
-            if b.get("halted"):
+            if not b.get("builders", True):
+                detail = (
+                    f"{b['applied']}/{b['total']} applied; no live instance runs this "
+                    "declaration: start one with it (or roll back)"
+                )
+            elif b.get("halted"):
                 halted = ", ".join(map(str, b["halted"]))
                 detail = (
                     f"{b['applied']}/{b['total']} applied, halted (partitions {halted}): "

@@ -22,6 +22,7 @@ from messaging.store._database import Database
 from projections import _operations as operations
 from projections._admin import make_server
 from projections._reports import consumers_report
+from projections._version_commands import format_versions, versions_report
 
 CONSUMER = "ledger-balances"
 BUILDING = f"{CONSUMER}@2"
@@ -142,3 +143,33 @@ def _check_admin(db: Database, config: Path, tmp_path: Path, entry: dict[str, An
         server.shutdown()
         server.server_close()
         thread.join()
+
+
+def test_a_build_no_live_instance_runs_says_so_instead_of_a_time_left(
+    db: Database, tmp_path: Path
+) -> None:
+    """``projections versions`` names the live instances building a version; once none
+    runs its declaration, it says so instead of a rate and a time left."""
+    config = write_config(tmp_path / "config.yaml", db, consumer={"stale-instance-timeout": "60s"})
+    manager = create_plugin_manager(["projections.examples.ledger"], load_entrypoints=False)
+    settings = load_settings(str(config))
+    instance = Instance(db, collect_consumers(manager), settings, manager.hook, name="builder")
+    instance.start(loops=False)
+    try:
+        seed_ledger(db, 50)
+        operations.rebuild(db, CONSUMER, who="test")
+        instance.rebalance()  # starts version 2
+        instance.rebalance()  # its worker runs: published as what the instance runs
+        report = versions_report(db, settings.messaging.consumer, CONSUMER)
+        [build] = [v["build"] for v in report["versions"] if "build" in v]
+        assert build["builders"] == ["builder"]
+    finally:
+        instance.stop()
+    report = versions_report(db, settings.messaging.consumer, CONSUMER)
+    [build] = [v["build"] for v in report["versions"] if "build" in v]
+    assert build["builders"] == []
+    [line] = [line for line in format_versions(report).splitlines() if " building " in line]
+    assert line.endswith(
+        f"0/{build['total']} applied; no live instance runs this declaration: "
+        "start one with it (or roll back)"
+    ), line
