@@ -22,11 +22,11 @@ from __future__ import annotations
 
 import difflib
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import IO, Any
 
 import attrs
-from sqlalchemy import select
+from sqlalchemy import Connection, select
 
 from messaging import (
     ConflictRetrySettings,
@@ -72,6 +72,21 @@ def utf8_lines(stream: Iterable[bytes]) -> Iterator[str]:
             raise _NotText(number, f"not UTF-8 text ({exc.reason} at byte {exc.start})") from None
 
 
+def consumer_reads(
+    db: Database, conn: Connection, names: Sequence[str] | None = None
+) -> dict[str, tuple[set[str], set[str]]]:
+    """Each declared consumer (of ``names``, or every one) → the topics it reads and the
+    stored types it handles, as its row in the database says."""
+    c = db.schema.consumers
+    query = select(c.c.name, c.c.topics, c.c.types).where(c.c.tenant == db.tenant)
+    if names is not None:
+        query = query.where(c.c.name.in_(names))
+    return {
+        name: (set(json.loads(topics)), set(json.loads(types)))
+        for name, topics, types in conn.execute(query)
+    }
+
+
 @attrs.frozen
 class DeclaredTypes:
     """The message types the consumers declared in a database handle, by topic: what a
@@ -82,14 +97,11 @@ class DeclaredTypes:
 
     @classmethod
     def read(cls, db: Database) -> DeclaredTypes:
-        t = db.schema.consumers
         by_topic: dict[str, set[str]] = {}
         with db.read() as conn:
-            for topics, types in conn.execute(
-                select(t.c.topics, t.c.types).where(t.c.tenant == db.tenant)
-            ):
-                for topic in json.loads(topics):
-                    by_topic.setdefault(topic, set()).update(json.loads(types))
+            for topics, types in consumer_reads(db, conn).values():
+                for topic in topics:
+                    by_topic.setdefault(topic, set()).update(types)
         return cls(by_topic)
 
     def check(self, message: NewMessage) -> None:

@@ -13,7 +13,6 @@ not applied yet, prints what is behind and exits :data:`EXIT_NOT_YET`.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from functools import partial
 
@@ -21,6 +20,7 @@ from sqlalchemy import select
 
 from messaging import ConsistencyToken, Database, ProjectionsError, Settings, wait_for
 from messaging.operations import database_for, import_module
+from projections._appending import consumer_reads
 from projections._cli_support import command_settings, existing_database, use_app_dir
 
 EXIT_NOT_YET = 3
@@ -91,7 +91,7 @@ def unconcerned(db: Database, token: ConsistencyToken, consumers: list[str]) -> 
     """The ``consumers`` that handle none of the token's messages (by topic and type; a
     mark naming no source counts as handled when its topic is read): their "applied"
     means nothing was theirs to apply."""
-    m, c = db.schema.messages, db.schema.consumers
+    m = db.schema.messages
     marks = token.marks
     with db.read() as conn:
         types = dict(
@@ -101,14 +101,7 @@ def unconcerned(db: Database, token: ConsistencyToken, consumers: list[str]) -> 
                 )
             ).all()
         )
-        read = {
-            name: (set(json.loads(topics)), set(json.loads(handled)))
-            for name, topics, handled in conn.execute(
-                select(c.c.name, c.c.topics, c.c.types).where(
-                    c.c.tenant == db.tenant, c.c.name.in_(consumers)
-                )
-            )
-        }
+        read = consumer_reads(db, conn, consumers)
 
     def handles(name: str) -> bool:
         topics, handled = read.get(name, (set(), set()))
