@@ -127,7 +127,15 @@ def _add_run(commands: Commands) -> None:
         "--workers",
         type=_positive,
         default=None,
-        help="start a supervisor with this many instance processes",
+        help="start a supervisor with this many instance processes (each restarted when it "
+        "exits, or is stuck: see --exit-when-stuck)",
+    )
+    run.add_argument(
+        "--exit-when-stuck",
+        action="store_true",
+        help="exit with code 70 once a handler is stuck past its apply-timeout by the grace "
+        "(the instance not live), for a supervisor that restarts what exits (systemd; "
+        "--workers passes it to its workers)",
     )
     _add_app_dir_option(run)
     _add_database_options(run)

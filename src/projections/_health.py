@@ -140,9 +140,10 @@ def _verdict(
         return Verdict.PAUSED, "an operator paused the consumer"
     if p["status"] == PartitionStatus.HALTED:
         halted = p.get("halted") or {}
+        still = "" if stuck is None else f"; its handler {_stuck_for(stuck)}"
         return Verdict.HALTED, (
             f"halted at position {halted.get('position')} ({halted.get('type')}): "
-            f"{halted.get('error')}"
+            f"{halted.get('error')}{still}"
         )
     if state in (ConsumerState.REBUILDING, ConsumerState.CUTTING_OVER):
         return Verdict.REBUILDING, (
@@ -164,11 +165,7 @@ def _verdict(
     if state == ConsumerState.REBUILD_REQUESTED:
         return Verdict.REBUILDING, f"the consumer is {state}"
     if stuck is not None:
-        return Verdict.STALLED, (
-            f"a batch of its owner {p['instance']} is stuck past its apply timeout "
-            f"({format_duration(stuck['timeout'])}) for {stuck['over']:.1f} s in "
-            f"{stuck['where']}"
-        )
+        return Verdict.STALLED, f"a batch of its owner {p['instance']} {_stuck_for(stuck)}"
     if p["lag"] and idle > limits["stall_timeout"]:
         return Verdict.STALLED, (
             f"{p['lag']} message(s) to apply and no checkpoint committed for {idle:.1f} s "
@@ -208,3 +205,11 @@ def format_health(report: dict[str, Any]) -> str:
             if p["verdict"] != Verdict.CAUGHT_UP:
                 lines.append(f"  partition {p['partition']:>4}  {p['verdict']:<11} {p['reason']}")
     return "\n".join(lines)
+
+
+def _stuck_for(stuck: dict[str, Any]) -> str:
+    """What its owner says of a batch stuck past its apply timeout, in words."""
+    return (
+        f"is stuck past its apply timeout ({format_duration(stuck['timeout'])}) for "
+        f"{stuck['over']:.1f} s in {stuck['where']}"
+    )

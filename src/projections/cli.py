@@ -62,6 +62,7 @@ def _worker_command(args: argparse.Namespace, index: int) -> list[str]:
     for option in ("config", "database"):
         if getattr(args, option):
             command += [f"--{option}", getattr(args, option)]
+    command.append("--exit-when-stuck")  # not live: restarted by the supervisor
     if args.instance_name:
         command += ["--instance-name", f"{args.instance_name}-{index}"]
     if args.admin_port is not None:
@@ -93,6 +94,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             return _supervise(args, settings)
     db = _database(settings)
     instance = Instance(db, specs, settings, manager.hook, name=args.instance_name)
+    instance.watchdog.exit_when_stuck = args.exit_when_stuck
     try:
         with _admin_alongside(args, settings, instance, manager.hook):
             instance.run()

@@ -140,54 +140,79 @@ def test_a_statement_that_never_ends_is_interrupted_and_parks_its_source(
         assert stop_instance(process) == 0
 
 
-def _stalled(report: dict[str, Any], partition: int) -> str | None:
-    """Why ``partition`` of parked-seq is stalled in a health report (None: it is not)."""
+def _verdict(report: dict[str, Any], partition: int) -> tuple[str, str]:
+    """The verdict of ``partition`` of parked-seq in a health report, and why."""
     entry = next(c for c in report["consumers"] if c["name"] == "parked-seq")
     found = next(p for p in entry["partitions"] if p["partition"] == partition)
-    return str(found["reason"]) if found["verdict"] == "stalled" else None
+    return str(found["verdict"]), str(found["reason"])
 
 
-def test_a_batch_stuck_past_its_timeout_makes_the_instance_not_live_until_it_returns(
+def test_a_hung_handler_holds_only_its_partition_and_makes_the_instance_not_live(
     db: Database, tmp_path: Path
 ) -> None:
-    """``live`` is 503 while a handler sleeps past ``apply-timeout`` (1.5 s) by as long again,
-    naming the batch and where its thread is (so an orchestrator restarts an instance
-    whose handler never returns), and 200 again once it returned; meanwhile, on MariaDB,
-    ``health`` calls the batch's partitions stalled, naming the handler's place too (on
-    SQLite the stuck batch holds the write lock, so the instance's row cannot say so:
-    issue 37's item 2)."""
+    """A handler that sleeps 6 s with ``apply-timeout: 1500ms``, in a batch of every
+    partition: the other partitions are applied again at once (their messages appended
+    while it sleeps are applied within the timeout plus 2 s, once each), its partition
+    halts at its message; ``live`` is 503 while it sleeps past the timeout by as long
+    again, naming the batch of that partition alone and where its thread is (so that an
+    orchestrator restarts an instance whose handler never returns), and 200 again once
+    it returned; ``health`` says the halted partition's handler is stuck, where. On SQLite
+    too: the handler runs without the write lock, so the instance's row says so and the
+    application's appends go through meanwhile."""
     with db.transaction() as conn:
         app.metadata.create_all(conn)
     extra = "projections:\n  apply-timeout: 1500ms\n"  # above the lock-wait bound (1 s)
     config = write_config(tmp_path / "config.yaml", db, batch_size=20, extra=extra)
     port = free_port()
     started = tmp_path / "started"
-    env = {"STUCK_STARTED": str(started), "STUCK_SOURCE": SLOW, "STUCK_SECONDS": "5"}
+    env = {"STUCK_STARTED": str(started), "STUCK_SOURCE": SLOW, "STUCK_SECONDS": "6"}
     process = start_instance(
         config, "t1", "parked_seq_app", env=env, options=("--admin-port", str(port))
     )
+    slow = partition_of(SLOW, 4)
+    others = [s for s in SOURCES if partition_of(s, 4) != slow]
     try:
         wait_until(lambda: probe(port, "health/live")[0] == 200, timeout=60, what="live")
-        _append(db, range(1, 2), [SLOW])
-        wait_until(lambda: _started(started), timeout=30, what="the slow handler")
+        first = _append(db, range(1, 2), SOURCES)  # one batch of every partition
+        began = wait_until(lambda: _started(started), timeout=30, what="the slow handler")
+        appending = time.monotonic()
+        _append(db, range(2, 3), others)  # appended while it sleeps: none is lost
+        appended = time.monotonic() - appending  # (SQLite: the handler holds no write lock)
+        assert appended < 1.0, f"the application's append waited {appended:.2f} s"
+        wait_until(
+            lambda: all(app.applied_seqs(db).get(s) == [1, 2] for s in others),
+            timeout=30,
+            what="the other partitions",
+        )
+        took = time.time() - began
+        assert took < 1.5 + 2, f"the other partitions waited {took:.2f} s for the hung one"
         _, body = wait_until(
             lambda: (answer := probe(port, "health/live"))[0] == 503 and answer,
             timeout=30,
             what="not live",
         )
         [reason] = body["reasons"]
-        assert "a batch of consumer parked-seq" in reason, reason
+        assert f"a batch of consumer parked-seq (partitions {slow})" in reason, reason
         assert "is stuck past its apply timeout (1.5s)" in reason and "parked_seq_app.py:" in reason
-        if not db.is_sqlite:
-            settings = load_settings(config, environ={})
-            stalled = wait_until(
-                lambda: _stalled(health_report(db, settings), partition_of(SLOW, 4)),
-                timeout=30,
-                what="health to see the stuck batch",
-            )
-            assert stalled.startswith("a batch of its owner t1 is stuck past its apply timeout")
-            assert "(1.5s)" in stalled and "in stuck (parked_seq_app.py:" in stalled, stalled
+        settings = load_settings(config, environ={})
+        verdict, why = wait_until(
+            lambda: "stuck" in (found := _verdict(health_report(db, settings), slow))[1] and found,
+            timeout=30,
+            what="health to see the stuck handler",
+        )
+        assert verdict == "halted", (verdict, why)
+        assert f"halted at position {first[SLOW]}" in why and "apply timeout (1.5s)" in why
+        assert "its handler is stuck past its apply timeout (1.5s)" in why
+        assert "in stuck (parked_seq_app.py:" in why, why
         wait_until(lambda: probe(port, "health/live")[0] == 200, timeout=30, what="live again")
-        wait_until(lambda: _halted(db), timeout=30, what="the halt")
+        assert list(_halted(db)) == [slow]
+        assert SLOW not in app.applied_seqs(db)  # rolled back, never committed
+        assert len(started.read_text().split()) == 1  # handled once: not again after it
+        _append(db, range(3, 4), others)  # the instance goes on after its thread returned
+        wait_until(
+            lambda: all(app.applied_seqs(db).get(s) == [1, 2, 3] for s in others),
+            timeout=30,
+            what="the other partitions after",
+        )
     finally:
         assert stop_instance(process) == 0

@@ -163,7 +163,11 @@ def test_an_instance_killed_while_parking_and_while_retrying_applies_each_once_i
         first.kill()
         first.wait(timeout=10)
     assert _parked(config) == {}
-    assert POISONED not in app.applied_seqs(db) and neighbour not in app.applied_seqs(db)
+    # Nothing of the park's transaction (from the poison on): on SQLite the messages
+    # before it may have committed before it, a batch ending before a handler that reads
+    # what an earlier message of it wrote (messaging.applying._context.SplitBefore).
+    applied = app.applied_seqs(db)
+    assert all(seq < 4 for source in (POISONED, neighbour) for seq in applied.get(source, []))
 
     _retry_killed_then_finished(db, config, broken, ("k2", "k3"), block_at=8, held=7)
 

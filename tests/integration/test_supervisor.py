@@ -7,12 +7,14 @@ refuses an application it cannot import before starting anything.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import parked_seq_app
 import pytest
 from clusters import (
     cli,
@@ -24,9 +26,10 @@ from clusters import (
     write_config,
 )
 
-from messaging import Database
+from messaging import Database, MessageStore
 from messaging._settings import ConsumerSettings
 from messaging.runtime._supervisor import Supervisor
+from messaging.store._rows import partition_of
 from projections._reports import instances_report
 
 pytestmark = pytest.mark.multiprocess
@@ -255,3 +258,69 @@ def test_workers_build_a_new_version_and_cut_over(sqlite_db: Database, tmp_path:
             supervisor.wait()
     actual, expected = ledger_matches_replay(db)
     assert actual == expected
+
+
+def test_a_worker_whose_handler_never_returns_exits_and_is_replaced(
+    sqlite_db: Database, tmp_path: Path
+) -> None:
+    """A handler that never returns (``apply-timeout: 1500ms``): its partition halts at once,
+    the other partitions go on, and once the batch is stuck past the grace (the worker not
+    live) the worker exits 70 and the supervisor starts it again (``--exit-when-stuck``,
+    passed by ``--workers``)."""
+    db = sqlite_db
+    with db.transaction() as conn:
+        parked_seq_app.metadata.create_all(conn)
+    extra = "projections:\n  apply-timeout: 1500ms\n"  # above the lock-wait bound (1 s)
+    config = write_config(tmp_path / "fast.yaml", db, batch_size=20, extra=extra)
+    log = tmp_path / "supervisor.log"
+    support = str(Path(__file__).resolve().parents[1] / "support")
+    env = {
+        "STUCK_SOURCE": "s-3",
+        "STUCK_SECONDS": "600",
+        "STUCK_STARTED": str(tmp_path / "started"),
+        "PYTHONPATH": os.pathsep.join([support, os.environ.get("PYTHONPATH", "")]),
+    }
+    supervisor = _supervisor(db, config, log, "parked_seq_app", env=env)
+    sources = [f"s-{n}" for n in range(12)]
+    try:
+        first = wait_until(
+            lambda: (live := _live(db)).keys() == {"sup-1", "sup-2"} and live,
+            timeout=START_TIMEOUT,
+            what="two live workers sup-1 and sup-2",
+        )
+        store = MessageStore(db)
+        with db.transaction() as conn:
+            for source in sources:
+                store.append(conn, "seq", source, [parked_seq_app.Step(1)])
+        exited = wait_until(
+            lambda: re.search(
+                r"worker (\d) \(pid (\d+)\) exited with 70; restarting", log.read_text()
+            ),
+            timeout=RESTART_TIMEOUT + 10,
+            what="the stuck worker to exit",
+        )
+        index, pid = exited.groups()
+        assert first[f"sup-{index}"] == int(pid)
+        wait_until(
+            lambda: (
+                (live := _live(db)).keys() == {"sup-1", "sup-2"} and int(pid) not in live.values()
+            ),
+            timeout=RESTART_TIMEOUT,
+            what="the worker replaced under a new pid",
+        )
+        text = log.read_text()
+        assert "is stuck past its apply timeout (1.5s)" in text, text
+        assert "in stuck (parked_seq_app.py:" in text, text
+        others = [s for s in sources if partition_of(s, 4) != partition_of("s-3", 4)]
+        wait_until(
+            lambda: all(parked_seq_app.applied_seqs(db).get(s) == [1] for s in others),
+            timeout=30,
+            what="every other partition",
+        )
+        supervisor.send_signal(signal.SIGTERM)
+        assert supervisor.wait(timeout=30) == 0, log.read_text()
+    finally:
+        if supervisor.poll() is None:
+            supervisor.kill()
+            supervisor.wait()
+    assert len((tmp_path / "started").read_text().split()) == 1  # halted: not handled again

@@ -16,6 +16,14 @@ Either way the batch is rolled back and the message being handled fails with
 :class:`~messaging._errors.ApplyTimedOut`, like a poison message: its partition halts
 there, or its source is parked (``on-failure``). The deadline ends before the commit, so a
 commit is never interrupted.
+
+A batch whose deadline has an ``abandon`` action is not waited for: at the watchdog's
+first look past the deadline the batch is **abandoned** (the action runs, and another
+thread takes over its partitions: the hung message's partition is failed there, the
+others are applied again at once). Whether the batch's thread then returns soon or never,
+it commits nothing: leaving :meth:`ApplyDeadlines.bound` raises :class:`Abandoned`. The
+check and the abandonment are one under the deadlines' lock, so exactly one of the two
+goes on with the batch.
 """
 
 from __future__ import annotations
@@ -34,13 +42,26 @@ from sqlalchemy import Connection
 from messaging._errors import ApplyTimedOut
 from messaging._settings import format_duration
 
-__all__ = ["NO_DEADLINE", "STUCK_GRACE", "ApplyDeadlines", "Deadline", "Stuck", "batch_name"]
+__all__ = [
+    "NO_DEADLINE",
+    "STUCK_GRACE",
+    "Abandoned",
+    "ApplyDeadlines",
+    "Deadline",
+    "Stuck",
+    "batch_name",
+]
 
 STUCK_GRACE = 10.0
 """Seconds past its apply timeout (or as long again as the timeout, if shorter) after
 which a batch that still runs makes its instance not live."""
 
 log = logging.getLogger("messaging.runtime.watchdog")
+
+
+class Abandoned(Exception):
+    """A batch given up past its apply timeout: another thread took its partitions over,
+    so its own thread, once it returns, commits nothing and ends."""
 
 
 class Deadline:
@@ -70,6 +91,10 @@ class Deadline:
         self.where = ""
         """Where its thread was when the watchdog saw the deadline pass (for the probes)."""
         self.clock = clock
+        self.abandon: Callable[[Deadline], None] | None = None
+        """What takes the batch over once past the deadline (None: it is waited for)."""
+        self.abandoned = False
+        """Set (under the deadlines' lock) once :attr:`abandon` ran."""
 
     def passed(self) -> bool:
         """Whether the batch is past its deadline."""
@@ -122,10 +147,17 @@ class ApplyDeadlines:
 
     @contextmanager
     def bound(
-        self, conn: Connection, timeout: float | None, consumer: str, partitions: Iterable[int]
+        self,
+        conn: Connection,
+        timeout: float | None,
+        consumer: str,
+        partitions: Iterable[int],
+        abandon: Callable[[Deadline], None] | None = None,
     ) -> Iterator[Deadline]:
         """Apply a batch of ``consumer``'s ``partitions`` within ``timeout`` seconds on
-        ``conn``; the deadline no longer holds once the block is left."""
+        ``conn``; the deadline no longer holds once the block is left. With ``abandon``,
+        the batch is abandoned at the first look past its deadline (see the module):
+        leaving the block then raises :class:`Abandoned`, whatever happened in it."""
         if timeout is None:
             yield NO_DEADLINE
             return
@@ -139,6 +171,7 @@ class ApplyDeadlines:
             partitions=held,
         )
         deadline.waits_only = conn.dialect.name != "sqlite"
+        deadline.abandon = abandon
         with self._lock:
             self._running.add(deadline)
         try:
@@ -146,6 +179,9 @@ class ApplyDeadlines:
         finally:
             with self._lock:
                 self._running.discard(deadline)
+                abandoned = deadline.abandoned
+            if abandoned:
+                raise Abandoned(f"{deadline.what} was abandoned past its apply timeout")
 
     def stuck_batches(self) -> list[Stuck]:
         """The batches still running past their apply timeout by as long again (at most
@@ -182,6 +218,12 @@ class ApplyDeadlines:
                         format_duration(deadline.timeout or 0.0),
                         deadline.where,
                     )
+                if deadline.abandon is not None and not deadline.abandoned:
+                    deadline.abandoned = True
+                    try:
+                        deadline.abandon(deadline)
+                    except Exception:
+                        log.exception("%s: could not take over %s", self.who, deadline.what)
                 if deadline.waits_only and deadline.thread not in waiting:
                     continue
                 try:

@@ -6,6 +6,7 @@ from collections.abc import Mapping, Sequence
 
 import attrs
 
+from messaging._messages import Envelope
 from messaging.distribution._ownership import Claim
 from messaging.failures._parking import NewPark
 from messaging.store._rows import PARTITION_HASH, POSITION, StoredRow
@@ -25,11 +26,23 @@ class Batch:
     rows: Sequence[StoredRow] | None = None
     through: int = 0
     parks: tuple[NewPark, ...] = ()
+    envelopes: dict[int, Envelope] = attrs.field(factory=dict, eq=False, repr=False)
+    """The envelopes of :attr:`rows` loaded so far (shared with :meth:`rest`)."""
 
     def checkpoint(self, applied: Sequence[StoredRow]) -> int:
-        """Where the claims' checkpoints go once ``applied`` (non-empty) committed."""
+        """Where the claims' checkpoints go once ``applied`` (non-empty) committed: past
+        :attr:`through` when that is all of :attr:`rows`, else right after its last."""
         last: int = applied[-1][POSITION]
-        return max(last, self.through)
+        return last if self.rest(applied) is not None else max(last, self.through)
+
+    def rest(self, applied: Sequence[StoredRow]) -> Batch | None:
+        """The batch of :attr:`rows` after ``applied`` (their first messages, committed: a
+        batch split on SQLite), its claims' checkpoints moved; None when nothing is left."""
+        if self.rows is None or len(applied) >= len(self.rows):
+            return None
+        at = applied[-1][POSITION]
+        claims = {p: attrs.evolve(c, checkpoint=at) for p, c in self.claims.items()}
+        return Batch(claims, self.rows[len(applied) :], self.through, self.parks, self.envelopes)
 
 
 def split_lanes(

@@ -31,6 +31,7 @@ from messaging.applying import _upserts as upserts
 from messaging.applying._apply_timeout import NO_DEADLINE
 from messaging.applying._outbox import Outbox
 from messaging.store import _fastpath
+from messaging.store._database import reads_unlocked, take_write_lock
 from messaging.store._rows import NewMessage
 from messaging.store._tokens import NOT_SENT_AGAIN, Outgoing, Sent, Written
 
@@ -96,6 +97,18 @@ class MessageContext(Protocol):
         ...
 
 
+class SplitBefore(BaseException):
+    """Raised by :attr:`HandlerContext.connection` on SQLite when a projection's handler
+    reads while only earlier messages of its batch have buffered writes: rather than take
+    the write lock for the rest of the batch (to send them, so that the read sees them),
+    the batch commits up to before ``position``, whose message is handled again first in
+    the next transaction (a projection's handler has no effect but its writes)."""
+
+    def __init__(self, position: int) -> None:
+        super().__init__(position)
+        self.position = position
+
+
 class HandlerContext(MessageContext):
     """The current message's envelope and, for transactional consumers, its transaction."""
 
@@ -112,10 +125,12 @@ class HandlerContext(MessageContext):
         "_sent",
         "_statement",
         "_upserts",
+        "_wrote_at",
         "cause",
         "deadline",
         "immediate",
         "position",
+        "splits",
     )
 
     def __init__(
@@ -148,6 +163,11 @@ class HandlerContext(MessageContext):
         """When the batch must have been applied (``apply-timeout``), checked per message."""
         self.position = 0
         """The position of the message being handled."""
+        self._wrote_at = -1
+        """The position of the message whose handler buffered the last write."""
+        self.splits = False
+        """Whether the batch may end before a message whose handler reads :attr:`connection`
+        while earlier messages' writes are buffered (:class:`SplitBefore`)."""
         self._load_envelopes = load_envelopes
         self._envelopes: Mapping[int, Envelope] | None = None
 
@@ -183,6 +203,7 @@ class HandlerContext(MessageContext):
             self._params = []
             self._keys = params.keys()
         self._params.append(params)
+        self._wrote_at = self.position
         if self.immediate:
             self._flush_writes()
 
@@ -220,6 +241,7 @@ class HandlerContext(MessageContext):
                 self._params = []
             pending = self._upserts = upserts.Folded()
         pending.add(table, key, set, add, insert)
+        self._wrote_at = self.position
         if self.immediate:
             self._flush_writes()
 
@@ -294,10 +316,18 @@ class HandlerContext(MessageContext):
     @property
     def connection(self) -> Connection:
         """The batch's connection, with every buffered write sent."""
-        if self._conn is None:
+        conn = self._conn
+        if conn is None:
             raise ProjectionsError("this consumer is not transactional: it has no connection")
+        if (
+            self.splits
+            and self._wrote_at < self.position
+            and self._buffered()
+            and reads_unlocked(conn)
+        ):
+            raise SplitBefore(self.position)
         self._flush_writes()
-        return self._conn
+        return conn
 
     def flush(self) -> None:
         """Send the buffered writes in order, then append the messages sent (last, so that
@@ -311,8 +341,12 @@ class HandlerContext(MessageContext):
         if outgoing.messages:
             self._outgoing = Outgoing()
             assert self._outbox is not None and self._conn is not None
+            take_write_lock(self._conn)
             store = self._outbox.store
             outgoing.written(store.db.tenant, store.append_encoded(self._conn, outgoing.messages))
+
+    def _buffered(self) -> bool:
+        return bool(self._runs) or self._statement is not None or self._upserts is not None
 
     def _end_upserts(self) -> None:
         pending, self._upserts = self._upserts, None
@@ -329,6 +363,7 @@ class HandlerContext(MessageContext):
         runs, self._runs = self._runs, []
         if runs:
             assert self._conn is not None
+            take_write_lock(self._conn)
             direct = _fastpath.sends_directly(self._conn)
             for run in runs:
                 if len(run) == 2:

@@ -34,6 +34,8 @@ class Holdings:
         """The partitions applied here, by number."""
         self._busy: set[int] = set()
         self._leaving: dict[int, Then] = {}
+        self._abandoned: dict[int, set[int]] = {}
+        """Threads whose batch was abandoned: the partitions each may still free."""
 
     def hand_over(self, partitions: Sequence[int], then: Then | None = None) -> None:
         """Stop applying ``partitions`` now, and call ``then`` with them once no batch
@@ -69,11 +71,22 @@ class Holdings:
             self._busy.update(free)
         return free
 
+    def abandon(self, thread: int, keep: Iterable[int]) -> None:
+        """The batch applied by ``thread`` was abandoned past its apply timeout: when that
+        thread finishes it, it frees only ``keep`` (the hung message's partition); the
+        thread that took the batch over finishes the others."""
+        with self.lock:
+            self._abandoned[thread] = set(keep)
+
     def finish(self, partitions: Iterable[int]) -> None:
-        """The batch of ``partitions`` ended: complete the handovers that waited for it."""
+        """The batch of ``partitions`` ended: complete the handovers that waited for it.
+        From the thread of an abandoned batch: only the partitions it kept."""
         due: dict[Then, list[int]] = {}
         with self.lock:
+            kept = self._abandoned.pop(threading.get_ident(), None)
             for partition in partitions:
+                if kept is not None and partition not in kept:
+                    continue
                 self._busy.discard(partition)
                 then = self._leaving.pop(partition, None)
                 if then is not None:

@@ -19,6 +19,7 @@ import pluggy
 from messaging._consumers import ConsumerSpec
 from messaging._messages import MessageRegistry
 from messaging._settings import ConsumerSettings
+from messaging.applying._apply_timeout import Abandoned
 from messaging.applying._dispatch import Dispatcher
 from messaging.applying._outage import Outage
 from messaging.applying._outbox import Outbox
@@ -108,6 +109,8 @@ class Worker:
             self._news.clear()  # before the poll: news arriving during it is kept
             try:
                 applied = poll()
+            except Abandoned:
+                return  # its batch hung past its apply timeout: another thread loops now
             except Exception as exc:
                 if self.outage.failed(exc):
                     pass  # an unreachable database: logged once per outage

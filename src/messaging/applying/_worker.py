@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import pluggy
 from sqlalchemy import Connection
@@ -23,11 +23,11 @@ from sqlalchemy import Connection
 from messaging._consumers import ConsumerSpec
 from messaging._errors import ApplyTimedOut
 from messaging._lifecycle import Identity
-from messaging._messages import MessageRegistry
+from messaging._messages import Envelope, MessageRegistry
 from messaging._settings import ConsumerSettings
-from messaging.applying._apply_timeout import ApplyDeadlines
+from messaging.applying._apply_timeout import Abandoned, ApplyDeadlines, Deadline
 from messaging.applying._batch import Batch, split_lanes
-from messaging.applying._context import HandlerContext
+from messaging.applying._context import HandlerContext, SplitBefore
 from messaging.applying._fence import Fence
 from messaging.applying._holdings import Holdings
 from messaging.applying._lanes import Lanes
@@ -37,7 +37,7 @@ from messaging.distribution._ownership import Claim
 from messaging.failures._parking import Parking
 from messaging.failures._poison import Poison, isolate
 from messaging.failures._stops import Stops
-from messaging.store._database import Database
+from messaging.store._database import Database, reads_unlocked, take_write_lock
 from messaging.store._refusals import refusal
 from messaging.store._retry import (
     is_transient,
@@ -56,6 +56,10 @@ class ConsumerWorker(Worker):
     ``outage``), the consumer's options (``whole``, ``lanes``, ``apply_timeout``,
     ``parking``) and, for a version being built beside the live one, its ``gate`` and
     ``cutover_due``."""
+
+    deferred_handlers: ClassVar[bool] = True
+    """Whether on SQLite a batch's handlers run before it takes the write lock (see
+    :meth:`_commit`); False for a kind whose dispatcher reads and writes as it goes."""
 
     def __init__(
         self,
@@ -126,9 +130,18 @@ class ConsumerWorker(Worker):
             )
         )
         """On ``on-failure: park-source``: parks and retries sources."""
+        self._deferred = db.is_sqlite and self.deferred_handlers
+        """Whether batches run their handlers before taking SQLite's write lock."""
+        self._splits = self._deferred and spec.kind.rebuildable
+        """Whether a batch may end early rather than hold it (:class:`SplitBefore`)."""
         self._catching_up = False
         self._lanes = Lanes(self.lanes)
         self._stop = threading.Event()  # the apply loop's, once it runs
+        self._loop_thread: int | None = None
+        """The thread running the apply loop (None: polled by hand)."""
+        self.respawn: Callable[[Callable[[threading.Event], None]], None] | None = None
+        """Runs an apply loop in a new thread of the instance (set by its units): the one
+        that takes over from a loop abandoned in a hung handler (see :meth:`_abandoned`)."""
 
     @property
     def parking(self) -> Parking | None:
@@ -155,6 +168,7 @@ class ConsumerWorker(Worker):
     def run(self, stop: threading.Event) -> None:
         """Poll until ``stop`` is set."""
         self._stop = stop
+        self._loop_thread = threading.get_ident()
         try:
             self._loop(stop, self.poll)
         finally:
@@ -264,24 +278,31 @@ class ConsumerWorker(Worker):
 
     def _apply_or_stop(self, batch: Batch, started: float) -> int:
         """Commit ``batch``; when a message of it fails, find it (:meth:`_find`) and stop
-        there (:meth:`_stop_at`). Returns how many messages were committed."""
-        failed: Poison | None = None
-        try:
-            rows = self._retry_commit(
-                partial(self._commit, batch, False), batch.claims, f"apply {self.spec.name}"
-            )
-        except Poison as poison:
-            failed = poison
-        if failed is not None:  # (outside the handler: see _find)
-            found = self._find(batch.claims, failed)
-            if isinstance(found, Poison):
-                return self._stop_at(batch, failed.batch, found, started)
-            rows = found
-        if not rows:
-            return 0
-        self._applied(batch, rows, started)
-        self._catching_up = len(rows) >= self.settings.batch_size
-        return len(rows)
+        there (:meth:`_stop_at`). A batch split on SQLite (:class:`SplitBefore`) goes on
+        with its rest in a transaction of its own. Returns how many messages were
+        committed."""
+        committed = 0
+        rest: Batch | None = batch
+        while rest is not None:
+            batch, failed = rest, None
+            try:
+                rows = self._retry_commit(
+                    partial(self._commit, batch, False), batch.claims, f"apply {self.spec.name}"
+                )
+            except Poison as poison:
+                failed = poison
+            if failed is not None:  # (outside the handler: see _find)
+                found = self._find(batch.claims, failed)
+                if isinstance(found, Poison):
+                    return committed + self._stop_at(batch, failed.batch, found, started)
+                rows = found
+            if not rows:
+                break
+            self._applied(batch, rows, started)
+            committed += len(rows)
+            rest = batch.rest(rows)
+        self._catching_up = committed >= self.settings.batch_size and not self._splits
+        return committed
 
     def _find(self, claims: Mapping[int, Claim], failed: Poison) -> Sequence[StoredRow] | Poison:
         """The message of ``failed``'s batch that fails: the buffered writes hide which one,
@@ -342,8 +363,9 @@ class ConsumerWorker(Worker):
             partition_count=self.spec.partitions,
             types=self.dispatcher.type_names,
             limit=limit or self.settings.batch_size,
-            # one lane: a poison message's partition is looked up; a gate needs them all
-            hashes=self.lanes > 1 or self.gate is not None,
+            # one lane: a poison message's partition is looked up; a gate needs them all,
+            # and so does a batch taken over past its apply timeout (its partitions split)
+            hashes=self.lanes > 1 or self.gate is not None or self.apply_timeout is not None,
             sources=sources,  # only while a partition has parked sources
         )
         self.hooks.projections_batch_read(
@@ -358,12 +380,26 @@ class ConsumerWorker(Worker):
         return self.gate.cap(rows)
 
     def _context(
-        self, conn: Connection, rows: Sequence[StoredRow], immediate: bool
+        self,
+        conn: Connection,
+        rows: Sequence[StoredRow],
+        immediate: bool,
+        loaded: dict[int, Envelope] | None = None,
     ) -> HandlerContext:
-        """The context the handlers of ``rows`` run in (``immediate``: unbuffered writes)."""
+        """The context the handlers of ``rows`` run in (``immediate``: unbuffered writes),
+        their envelopes loaded into ``loaded`` (and those found there not loaded again: a
+        split batch's rest)."""
+        cache: dict[int, Envelope] = {} if loaded is None else loaded
+
+        def envelopes() -> dict[int, Envelope]:
+            missing = [row[POSITION] for row in rows if row[POSITION] not in cache]
+            if missing:
+                cache.update(self.store.envelopes(conn, missing))
+            return cache
+
         return HandlerContext(
             conn,
-            lambda: self.store.envelopes(conn, [row[POSITION] for row in rows]),
+            envelopes,
             immediate=immediate,
             outbox=self.outbox,
             quiet=None if self.gate is None else self.gate.quiet,
@@ -371,36 +407,170 @@ class ConsumerWorker(Worker):
 
     def _commit(self, batch: Batch, immediate: bool) -> Sequence[StoredRow]:
         """In one transaction: read the rows unless the batch has them, apply them, commit
-        the fenced checkpoints (:meth:`Batch.checkpoint`). Returns the rows applied."""
+        the fenced checkpoints (:meth:`Batch.checkpoint`). Returns the rows applied: on
+        SQLite, those before a :class:`SplitBefore` (the rest: :meth:`Batch.rest`).
+
+        On SQLite the handlers run without the write lock (a deferred transaction), which
+        their first write sent takes (:func:`take_write_lock`): the buffered writes at the
+        batch's end, or earlier for a handler that reads through ``ctx.connection`` what
+        the batch wrote before (a projection's batch ends before it instead) or writes
+        through it. A write through it refused for lack of the lock makes this consumer's
+        batches take the lock from their start from then on (:meth:`_locks_at_start`)."""
+        deferred = self._deferred and not immediate
+        with self.db.transaction(consumer=self.spec.name, deferred=deferred) as conn:
+            try:
+                return self._apply_in(conn, batch, immediate, deferred)
+            except Exception as exc:
+                if deferred and reads_unlocked(conn) and is_transient(exc):
+                    self._locks_at_start(exc)
+                raise
+
+    def _apply_in(
+        self, conn: Connection, batch: Batch, immediate: bool, deferred: bool
+    ) -> Sequence[StoredRow]:
+        """:meth:`_commit`'s transaction ``conn``."""
         claims = batch.claims
-        with self.db.transaction(consumer=self.spec.name) as conn:
-            rows = self._fetch(conn, claims) if batch.rows is None else batch.rows
-            if not rows:
-                return rows
-            ctx = self._context(conn, rows, immediate)
-            parked = self.parked
-            held = None if parked is None else parked.parking.held(claims, batch.parks)
-            if held and parked is not None:
-                rows = parked.with_sources(conn, rows)
-            with self.deadlines.bound(conn, self.apply_timeout, self.spec.name, claims) as deadline:
-                ctx.deadline = deadline
-                try:
-                    todo = held_back(rows, held) if held else rows
-                    self.dispatcher.apply(todo, ctx, self.spec.partitions)
-                    try:
-                        ctx.flush()
-                        deadline.check(rows[-1][POSITION])
-                    except Exception as exc:
-                        last = rows[-1]
-                        passed = deadline.passed()
-                        if not passed and (is_transient(exc) or refusal(exc)):
-                            raise
-                        error = deadline.error(last[POSITION]) if passed else exc
-                        partition = partition_in(last, self.spec.partitions)
-                        raise Poison(last, partition, error, exact=False) from exc
-                except Poison as poison:
-                    raise poison.within(rows) from poison.error
-            if batch.parks and self.parking is not None:
-                self.parking.write(conn, batch.parks)
-            self.fence.commit(conn, claims, batch.checkpoint(rows))
+        rows = self._fetch(conn, claims) if batch.rows is None else batch.rows
+        if not rows:
             return rows
+        ctx = self._context(conn, rows, immediate, batch.envelopes)
+        parked = self.parked
+        held = None if parked is None else parked.parking.held(claims, batch.parks)
+        if held and parked is not None:
+            rows = parked.with_sources(conn, rows)
+        ctx.splits = deferred and self._splits and not held and not batch.parks
+        abandon = partial(self._abandoned, claims, rows, ctx)
+        timeout = self.apply_timeout
+        with self.deadlines.bound(conn, timeout, self.spec.name, claims, abandon) as deadline:
+            ctx.deadline = deadline
+            try:
+                todo = held_back(rows, held) if held else rows
+                try:
+                    self.dispatcher.apply(todo, ctx, self.spec.partitions)
+                except SplitBefore as split:  # the rest in a transaction of its own
+                    at = [row[POSITION] for row in rows].index(split.position)
+                    if deadline.passed():  # its handler ran past it: it fails (not again)
+                        hung, timed_out = rows[at], deadline.error(split.position)
+                        hung_in = partition_in(hung, self.spec.partitions)
+                        raise Poison(hung, hung_in, timed_out) from None
+                    rows = rows[:at]
+                try:
+                    ctx.flush()
+                    deadline.check(rows[-1][POSITION])
+                except Exception as exc:
+                    last = rows[-1]
+                    passed = deadline.passed()
+                    if not passed and (is_transient(exc) or refusal(exc)):
+                        raise
+                    error = deadline.error(last[POSITION]) if passed else exc
+                    partition = partition_in(last, self.spec.partitions)
+                    raise Poison(last, partition, error, exact=False) from exc
+            except Poison as poison:
+                raise poison.within(rows) from poison.error
+        take_write_lock(conn)
+        if batch.parks and self.parking is not None:
+            self.parking.write(conn, batch.parks)
+        self.fence.commit(conn, claims, batch.checkpoint(rows))
+        return rows
+
+    def _locks_at_start(self, error: Exception) -> None:
+        """A write of a handler (or of this kind's dispatcher) through ``ctx.connection``
+        was refused, on SQLite, while its batch read without the write lock: from now on
+        this consumer's batches take it at their start, as before."""
+        self._deferred = self._splits = False
+        log.warning(
+            "consumer %s writes through ctx.connection before its batch's end (%s): its "
+            "batches on SQLite now take the write lock from their first handler on, so the "
+            "application's writes wait for its handlers; write through ctx.execute or "
+            "ctx.upsert to keep them out of the lock",
+            self.spec.name,
+            error,
+        )
+
+    # -- a batch abandoned past its apply timeout --------------------------------------
+
+    def _abandoned(
+        self,
+        claims: Mapping[int, Claim],
+        rows: Sequence[StoredRow],
+        ctx: HandlerContext,
+        deadline: Deadline,
+    ) -> None:
+        """Called by the watchdog once the batch of ``claims`` and ``rows`` is past its
+        apply timeout: the message being handled (``ctx.position``) holds only its own
+        partition. A new thread fails that message there (halted, or its source parked)
+        and frees the batch's other partitions at once, to be applied again by another
+        lane, or by itself as the apply loop from now on when the hung thread ran it. The
+        hung thread commits nothing when (if ever) it returns (:class:`Abandoned`), and
+        keeps the hung partition from being applied here until then."""
+        hung = next((row for row in rows if row[POSITION] == ctx.position), rows[-1])
+        partition = partition_in(hung, self.spec.partitions)
+        if partition is None:  # (rows read without their hashes: no apply timeout)
+            return
+        deadline.partitions = (partition,)
+        self.holdings.abandon(deadline.thread, [partition])
+        self._lanes.abandon(deadline.thread)
+        own = [row for row in rows if partition_in(row, self.spec.partitions) == partition]
+        poison = Poison(hung, partition, deadline.error(hung[POSITION]), own)
+        takeover = partial(self._take_over, claims, poison)
+        others = sorted(set(claims) - {partition})
+        log.warning(
+            "consumer %s: partition %d stops at position %d, whose handler outlasted the "
+            "apply timeout in %s; %s applied again at once (instance %s)",
+            self.spec.name,
+            partition,
+            hung[POSITION],
+            deadline.where,
+            _partitions_are(others),
+            self.instance_name,
+        )
+        if deadline.thread != self._loop_thread:
+            name = f"takeover:{self.spec.name}"
+            threading.Thread(target=takeover, name=name, daemon=True).start()
+        elif self.respawn is not None:
+            self.respawn(partial(self._take_over_loop, takeover))
+        else:
+            loop = partial(self._take_over_loop, takeover, self._stop)
+            threading.Thread(target=loop, name=f"apply:{self.spec.name}", daemon=True).start()
+
+    def _take_over_loop(self, takeover: Callable[[], None], stop: threading.Event) -> None:
+        """Take a batch over (:meth:`_take_over`), then run the apply loop in its place."""
+        self._loop_thread = threading.get_ident()
+        try:
+            takeover()
+        except Abandoned:
+            return  # hung again, and taken over again
+        self._loop(stop, self.poll)
+
+    def _take_over(self, claims: Mapping[int, Claim], poison: Poison) -> None:
+        """Free the abandoned batch's other partitions, then fail ``poison`` (the hung
+        message) in its partition: the batch's messages of that partition before it are
+        committed (with ``on-failure: park-source``, all but its source's), and it halts
+        there or its source is parked."""
+        partition = poison.partition
+        assert partition is not None
+        self.holdings.finish(set(claims) - {partition})
+        self.wake()
+        batch = Batch({partition: claims[partition]}, poison.batch)
+        stop = partial(self._stop_at, batch, poison.batch, poison, time.perf_counter())
+        try:
+            self.fence.guard(stop, batch.claims, 0)
+        except Abandoned:
+            raise
+        except Exception:
+            log.exception(
+                "consumer %s: could not stop partition %d at position %d after its apply "
+                "timeout; it is applied here no more until the instance restarts",
+                self.spec.name,
+                partition,
+                poison.row[POSITION],
+            )
+
+
+def _partitions_are(partitions: Sequence[int]) -> str:
+    """``partitions`` as the subject of a sentence ("partitions 1,3 are")."""
+    if not partitions:
+        return "no other partition is"
+    if len(partitions) == 1:
+        return f"partition {partitions[0]} is"
+    return f"partitions {','.join(map(str, partitions))} are"

@@ -26,6 +26,7 @@ from messaging._kinds import ConsumerKind, register_kind
 from messaging.applying._context import HandlerContext
 from messaging.applying._dispatch import Dispatcher
 from messaging.applying._worker import ConsumerWorker
+from messaging.store._database import take_write_lock
 from messaging.store._rows import POSITION, StoredRow
 
 C = TypeVar("C", bound=type)
@@ -104,8 +105,10 @@ class IdempotentDispatcher(Dispatcher):
             fresh.append(row)
         super().apply(fresh, ctx, partition_count)
         if records:
+            conn = ctx.connection
+            take_write_lock(conn)  # (SQLite: handlers ran without it)
             try:
-                ctx.connection.execute(self._record(), records)
+                conn.execute(self._record(), records)
             except IntegrityError as exc:
                 # Another batch (another lane or instance) handled one of these ids and
                 # committed first: this batch retries, and skips it.

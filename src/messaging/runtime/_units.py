@@ -77,6 +77,7 @@ class Units:
         for unit, worker in self.workers.items():
             worker.pulsed = True
             worker.after_first_batch = after_first_batch
+            worker.respawn = partial(spawn, f"apply:{unit}")
             spawn(f"apply:{unit}", worker.run)
 
     def wanted(self, rows: Iterable[UnitRow]) -> dict[str, ConsumerSpec]:
@@ -154,6 +155,7 @@ class Units:
         )
         self.workers[unit] = worker
         if self._spawn is not None:
+            worker.respawn = partial(self._spawn, f"apply:{unit}")
             self._spawn(f"apply:{unit}", worker.run)
 
     def _stop(self, unit: str, live: UnitRow | None) -> None:

@@ -20,7 +20,10 @@ once a second:
 
 Apply loops are not beaten: a batch runs the application's handlers, whose time is
 bounded by its consumer's ``apply-timeout`` instead: at each look, the batches past it
-have their running statement interrupted (:mod:`messaging.applying._apply_timeout`).
+have their running statement interrupted and are taken over
+(:mod:`messaging.applying._apply_timeout`). A handler that still does not return makes
+its instance not live; with :attr:`Watchdog.exit_when_stuck` (a supervised worker) the
+process exits with :data:`EXIT_STUCK` then, so that its supervisor starts it again.
 """
 
 from __future__ import annotations
@@ -105,6 +108,8 @@ class Watchdog:
         self._lock = threading.Lock()
         self.applies = ApplyDeadlines(who, clock)
         """The deadlines of the batches being applied (``apply-timeout``)."""
+        self.exit_when_stuck = False
+        """Exit with :data:`EXIT_STUCK` once a batch is stuck (the instance not live)."""
 
     def watch(self, name: str, bound: float) -> None:
         """Watch the calling thread's loop ``name``: it must :meth:`beat` at least every
@@ -141,6 +146,14 @@ class Watchdog:
                 waiting[thread] = found
         self._abandon_long_waits(waiting, now)
         self.applies.look(waiting.keys(), lambda t: _where(frames[t]) if t in frames else "?")
+        if self.exit_when_stuck and (stuck := self.applies.stuck_batches()):
+            log.error(
+                "%s: %s; exiting with code %d so that its supervisor starts it again",
+                self.who,
+                stuck[0],
+                EXIT_STUCK,
+            )
+            self._exit(EXIT_STUCK)
         with self._lock:
             loops = list(self._loops.items())
         for name, loop in loops:

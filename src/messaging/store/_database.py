@@ -3,7 +3,9 @@
 SQLite (file, WAL) is the embedded default; MySQL/MariaDB through PyMySQL is the
 production backend. Write transactions on SQLite begin ``IMMEDIATE`` so that a
 transaction that reads and then writes waits for the busy timeout instead of
-failing at once with ``SQLITE_BUSY`` when another process wrote in between.
+failing at once with ``SQLITE_BUSY`` when another process wrote in between; a batch's
+begins deferred instead, and takes the lock (:func:`take_write_lock`) when it first
+sends its writes, so that its handlers run without it.
 MySQL sessions run at READ COMMITTED so pollers never sit on an old snapshot; their lock
 waits give up after half the answer bound, and an instance bounds them by its settings
 (:meth:`Database.bound_lock_waits`); on MySQL its sessions are tracked
@@ -39,6 +41,10 @@ SQLITE_BUSY_TIMEOUT = 30.0
 says otherwise (``sqlite:///app.db?timeout=5``)."""
 
 _READ_ONLY = "projections_read_only"
+_DEFERRED = "projections_deferred"
+_UNWRITTEN = "projections_unwritten"
+"""``connection.info`` of a SQLite transaction begun deferred that has not taken the write
+lock (:func:`take_write_lock`): the connection's count of changed rows at its start."""
 _LOCK_WAIT = "projections_lock_wait"
 
 
@@ -116,8 +122,12 @@ def _sqlite_engine(url: str, pool: bool) -> Engine:
 
     @event.listens_for(engine, "begin")
     def _on_begin(connection: Connection) -> None:
-        if connection.get_execution_options().get(_READ_ONLY):
+        options = connection.get_execution_options()
+        if options.get(_READ_ONLY):
             connection.exec_driver_sql("BEGIN")
+        elif options.get(_DEFERRED):
+            connection.exec_driver_sql("BEGIN")
+            connection.info[_UNWRITTEN] = _changes(connection)
         else:
             connection.exec_driver_sql("BEGIN IMMEDIATE")
 
@@ -257,18 +267,28 @@ class Database:
         return self.read_models.physical(table)
 
     @contextmanager
-    def transaction(self, *, consumer: str | None = None) -> Iterator[Connection]:
+    def transaction(
+        self, *, consumer: str | None = None, deferred: bool = False
+    ) -> Iterator[Connection]:
         """A write transaction: committed on success, rolled back on any exception; after
         a commit that appended messages, the instances on this host are woken.
         ``consumer``: the batch of that consumer, in which SQL text is refused for a
-        tenant whose tables are renamed (it could not be sent to them)."""
+        tenant whose tables are renamed (it could not be sent to them). ``deferred``: on
+        SQLite, it reads without the write lock until :func:`take_write_lock` (a batch's
+        handlers run meanwhile) or its first write; elsewhere no difference."""
         info = None
         try:
-            with self.engine.begin() as connection:
-                info = connection.info
+            with self.engine.connect() as connection:
+                if deferred and self.is_sqlite:
+                    connection.execution_options(**{_DEFERRED: True})
                 if consumer is not None and self.read_models.renames:
                     connection.execution_options(**{CONSUMER_OPTION: consumer})
-                yield connection
+                with connection.begin():
+                    info = connection.info
+                    try:
+                        yield connection
+                    finally:
+                        info.pop(_UNWRITTEN, None)
         except BaseException:
             if info is not None:
                 info.pop(APPENDED, None)
@@ -372,3 +392,28 @@ class Database:
 
     def __repr__(self) -> str:
         return f"Database({self.safe_url!r}, tenant={self.tenant!r})"
+
+
+def take_write_lock(conn: Connection) -> None:
+    """Make ``conn``'s transaction a writing one now if it began deferred (on SQLite:
+    :meth:`Database.transaction`) and has not written yet: its read ends (nothing written
+    to commit) and it waits for the write lock (``BEGIN IMMEDIATE``, within the busy
+    timeout), rather than risk a write refused at once for a snapshot gone stale. Nothing
+    to do otherwise."""
+    unwritten = conn.info.pop(_UNWRITTEN, None)
+    if unwritten is None or _changes(conn) != unwritten:
+        return  # not deferred, or its first write took the lock already
+    conn.exec_driver_sql("COMMIT")
+    conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def reads_unlocked(conn: Connection) -> bool:
+    """Whether ``conn``'s transaction began deferred and has not taken the write lock by
+    :func:`take_write_lock` (a write of its own may have, by upgrading its read)."""
+    return _UNWRITTEN in conn.info
+
+
+def _changes(conn: Connection) -> int:
+    """The rows a SQLite connection changed since it opened (``total_changes``)."""
+    raw: Any = conn.connection.dbapi_connection
+    return int(raw.total_changes)

@@ -113,13 +113,15 @@ class OutcomeLosingDatabase(Database):
         self._nth = None
 
     @contextmanager
-    def transaction(self, *, consumer: str | None = None) -> Iterator[Connection]:
+    def transaction(
+        self, *, consumer: str | None = None, deferred: bool = False
+    ) -> Iterator[Connection]:
         if self._nth is not None:
             nth, kept = self._nth
             self._nth = (nth - 1, kept) if nth > 1 else None
             if nth == 1:
                 try:
-                    with super().transaction(consumer=consumer) as conn:
+                    with super().transaction(consumer=consumer, deferred=deferred) as conn:
                         yield conn
                         if not kept:
                             raise _RollBack
@@ -128,12 +130,12 @@ class OutcomeLosingDatabase(Database):
                 raise unknown_outcome_error(self)
         committed = self._committed
         if committed is None or consumer is None:
-            with super().transaction(consumer=consumer) as conn:
+            with super().transaction(consumer=consumer, deferred=deferred) as conn:
                 yield conn
             return
         lost: UnknownOutcome | None = None
         try:
-            with super().transaction(consumer=consumer) as conn:
+            with super().transaction(consumer=consumer, deferred=deferred) as conn:
                 before = self._checkpoints(conn, consumer)
                 yield conn
                 moved = {
