@@ -164,8 +164,8 @@ def test_an_instance_killed_while_parking_and_while_retrying_applies_each_once_i
         first.wait(timeout=10)
     assert _parked(config) == {}
     # Nothing of the park's transaction (from the poison on): on SQLite the messages
-    # before it may have committed before it, a batch ending before a handler that reads
-    # what an earlier message of it wrote (messaging.applying._context.SplitBefore).
+    # before it may have committed before it, a batch committing before a handler that
+    # reads what an earlier message of it wrote (ConsumerWorker._commit_before).
     applied = app.applied_seqs(db)
     assert all(seq < 4 for source in (POISONED, neighbour) for seq in applied.get(source, []))
 

@@ -97,18 +97,6 @@ class MessageContext(Protocol):
         ...
 
 
-class SplitBefore(BaseException):
-    """Raised by :attr:`HandlerContext.connection` on SQLite when a projection's handler
-    reads while only earlier messages of its batch have buffered writes: rather than take
-    the write lock for the rest of the batch (to send them, so that the read sees them),
-    the batch commits up to before ``position``, whose message is handled again first in
-    the next transaction (a projection's handler has no effect but its writes)."""
-
-    def __init__(self, position: int) -> None:
-        super().__init__(position)
-        self.position = position
-
-
 class HandlerContext(MessageContext):
     """The current message's envelope and, for transactional consumers, its transaction."""
 
@@ -127,10 +115,10 @@ class HandlerContext(MessageContext):
         "_upserts",
         "_wrote_at",
         "cause",
+        "commit_before",
         "deadline",
         "immediate",
         "position",
-        "splits",
     )
 
     def __init__(
@@ -165,9 +153,11 @@ class HandlerContext(MessageContext):
         """The position of the message being handled."""
         self._wrote_at = -1
         """The position of the message whose handler buffered the last write."""
-        self.splits = False
-        """Whether the batch may end before a message whose handler reads :attr:`connection`
-        while earlier messages' writes are buffered (:class:`SplitBefore`)."""
+        self.commit_before: Callable[[int], None] | None = None
+        """On SQLite, for a projection's batch: commits what the messages before the one at
+        the position given wrote, the batch going on in a new transaction. Called when a
+        handler reads :attr:`connection` while only earlier messages' writes are buffered,
+        so that its read sees them without the write lock held for the rest of the batch."""
         self._load_envelopes = load_envelopes
         self._envelopes: Mapping[int, Envelope] | None = None
 
@@ -304,6 +294,7 @@ class HandlerContext(MessageContext):
         return self._outgo(outbox.event(topic, source, message, headers))
 
     def _outgo(self, message: NewMessage) -> Written:
+        self._wrote_at = self.position
         outgoing = self._outgoing
         outgoing.messages.append(message)
         return Written(outgoing, len(outgoing.messages) - 1)
@@ -319,13 +310,14 @@ class HandlerContext(MessageContext):
         conn = self._conn
         if conn is None:
             raise ProjectionsError("this consumer is not transactional: it has no connection")
+        commit = self.commit_before
         if (
-            self.splits
+            commit is not None
             and self._wrote_at < self.position
-            and self._buffered()
+            and (self._buffered() or self._outgoing.messages)
             and reads_unlocked(conn)
         ):
-            raise SplitBefore(self.position)
+            commit(self.position)
         self._flush_writes()
         return conn
 

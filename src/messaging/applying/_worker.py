@@ -17,6 +17,7 @@ from contextlib import AbstractContextManager, nullcontext
 from functools import partial
 from typing import Any, ClassVar, TypeVar
 
+import attrs
 import pluggy
 from sqlalchemy import Connection
 
@@ -27,7 +28,7 @@ from messaging._messages import Envelope, MessageRegistry
 from messaging._settings import ConsumerSettings
 from messaging.applying._apply_timeout import Abandoned, ApplyDeadlines, Deadline
 from messaging.applying._batch import Batch, split_lanes
-from messaging.applying._context import HandlerContext, SplitBefore
+from messaging.applying._context import HandlerContext
 from messaging.applying._fence import Fence
 from messaging.applying._holdings import Holdings
 from messaging.applying._lanes import Lanes
@@ -37,7 +38,12 @@ from messaging.distribution._ownership import Claim
 from messaging.failures._parking import Parking
 from messaging.failures._poison import Poison, isolate
 from messaging.failures._stops import Stops
-from messaging.store._database import Database, reads_unlocked, take_write_lock
+from messaging.store._database import (
+    Database,
+    commit_and_read_on,
+    reads_unlocked,
+    take_write_lock,
+)
 from messaging.store._refusals import refusal
 from messaging.store._retry import (
     is_transient,
@@ -133,7 +139,8 @@ class ConsumerWorker(Worker):
         self._deferred = db.is_sqlite and self.deferred_handlers
         """Whether batches run their handlers before taking SQLite's write lock."""
         self._splits = self._deferred and spec.kind.rebuildable
-        """Whether a batch may end early rather than hold it (:class:`SplitBefore`)."""
+        """Whether a batch may commit between two messages rather than hold the lock
+        (:meth:`_commit_before`)."""
         self._catching_up = False
         self._lanes = Lanes(self.lanes)
         self._stop = threading.Event()  # the apply loop's, once it runs
@@ -278,19 +285,28 @@ class ConsumerWorker(Worker):
 
     def _apply_or_stop(self, batch: Batch, started: float) -> int:
         """Commit ``batch``; when a message of it fails, find it (:meth:`_find`) and stop
-        there (:meth:`_stop_at`). A batch split on SQLite (:class:`SplitBefore`) goes on
-        with its rest in a transaction of its own. Returns how many messages were
-        committed."""
+        there (:meth:`_stop_at`). A batch that failed after committing its first messages
+        (:class:`PartlyApplied`) goes on with its rest as a batch of its own. Returns how
+        many messages were committed."""
         committed = 0
         rest: Batch | None = batch
         while rest is not None:
             batch, failed = rest, None
             try:
                 rows = self._retry_commit(
-                    partial(self._commit, batch, False), batch.claims, f"apply {self.spec.name}"
+                    partial(self._commit, batch, False, True),
+                    batch.claims,
+                    f"apply {self.spec.name}",
                 )
             except Poison as poison:
                 failed = poison
+            except PartlyApplied as partly:  # its rest failed: as a batch of its own
+                self._applied(batch, partly.rows, started)
+                committed += len(partly.rows)
+                rest = batch.rest(partly.rows)
+                if partly.poison is None or rest is None:
+                    continue  # (an error outside the handlers: the rest tries again)
+                batch, failed = rest, partly.poison.within(rest.rows or ())
             if failed is not None:  # (outside the handler: see _find)
                 found = self._find(batch.claims, failed)
                 if isinstance(found, Poison):
@@ -301,7 +317,7 @@ class ConsumerWorker(Worker):
             self._applied(batch, rows, started)
             committed += len(rows)
             rest = batch.rest(rows)
-        self._catching_up = committed >= self.settings.batch_size and not self._splits
+        self._catching_up = committed >= self.settings.batch_size
         return committed
 
     def _find(self, claims: Mapping[int, Claim], failed: Poison) -> Sequence[StoredRow] | Poison:
@@ -405,73 +421,94 @@ class ConsumerWorker(Worker):
             quiet=None if self.gate is None else self.gate.quiet,
         )
 
-    def _commit(self, batch: Batch, immediate: bool) -> Sequence[StoredRow]:
+    def _commit(self, batch: Batch, immediate: bool, parts: bool = False) -> Sequence[StoredRow]:
         """In one transaction: read the rows unless the batch has them, apply them, commit
-        the fenced checkpoints (:meth:`Batch.checkpoint`). Returns the rows applied: on
-        SQLite, those before a :class:`SplitBefore` (the rest: :meth:`Batch.rest`).
+        the fenced checkpoints (:meth:`Batch.checkpoint`). Returns the rows applied.
 
         On SQLite the handlers run without the write lock (a deferred transaction), which
         their first write sent takes (:func:`take_write_lock`): the buffered writes at the
-        batch's end, or earlier for a handler that reads through ``ctx.connection`` what
-        the batch wrote before (a projection's batch ends before it instead) or writes
-        through it. A write through it refused for lack of the lock makes this consumer's
-        batches take the lock from their start from then on (:meth:`_locks_at_start`)."""
+        batch's end, or earlier for a handler that writes through ``ctx.connection``, or
+        that reads through it what an earlier message of the batch wrote. With ``parts``
+        (a projection's batch) the latter commits the messages before its own first
+        (:meth:`_commit_before`) and the batch goes on in a new deferred transaction; a
+        failure after such a commit raises :class:`PartlyApplied`. A write through
+        ``ctx.connection`` refused for lack of the lock makes this consumer's batches
+        take it from their start from then on (:meth:`_locks_at_start`)."""
         deferred = self._deferred and not immediate
         with self.db.transaction(consumer=self.spec.name, deferred=deferred) as conn:
             try:
-                return self._apply_in(conn, batch, immediate, deferred)
+                return self._apply_in(conn, batch, immediate, deferred and parts)
             except Exception as exc:
                 if deferred and reads_unlocked(conn) and is_transient(exc):
                     self._locks_at_start(exc)
                 raise
 
     def _apply_in(
-        self, conn: Connection, batch: Batch, immediate: bool, deferred: bool
+        self, conn: Connection, batch: Batch, immediate: bool, parts: bool
     ) -> Sequence[StoredRow]:
         """:meth:`_commit`'s transaction ``conn``."""
-        claims = batch.claims
-        rows = self._fetch(conn, claims) if batch.rows is None else batch.rows
+        rows = self._fetch(conn, batch.claims) if batch.rows is None else batch.rows
         if not rows:
             return rows
         ctx = self._context(conn, rows, immediate, batch.envelopes)
         parked = self.parked
-        held = None if parked is None else parked.parking.held(claims, batch.parks)
+        held = None if parked is None else parked.parking.held(batch.claims, batch.parks)
         if held and parked is not None:
             rows = parked.with_sources(conn, rows)
-        ctx.splits = deferred and self._splits and not held and not batch.parks
-        abandon = partial(self._abandoned, claims, rows, ctx)
-        timeout = self.apply_timeout
-        with self.deadlines.bound(conn, timeout, self.spec.name, claims, abandon) as deadline:
-            ctx.deadline = deadline
-            try:
-                todo = held_back(rows, held) if held else rows
+        left = _Applying(batch.claims, rows)
+        if parts and self._splits and not held and not batch.parks:
+            ctx.commit_before = partial(self._commit_before, conn, ctx, left)
+        abandon = partial(self._abandoned, left, ctx)
+        timeout, name = self.apply_timeout, self.spec.name
+        try:
+            with self.deadlines.bound(conn, timeout, name, batch.claims, abandon) as deadline:
+                ctx.deadline = deadline
                 try:
+                    todo = held_back(rows, held) if held else rows
                     self.dispatcher.apply(todo, ctx, self.spec.partitions)
-                except SplitBefore as split:  # the rest in a transaction of its own
-                    at = [row[POSITION] for row in rows].index(split.position)
-                    if deadline.passed():  # its handler ran past it: it fails (not again)
-                        hung, timed_out = rows[at], deadline.error(split.position)
-                        hung_in = partition_in(hung, self.spec.partitions)
-                        raise Poison(hung, hung_in, timed_out) from None
-                    rows = rows[:at]
-                try:
-                    ctx.flush()
-                    deadline.check(rows[-1][POSITION])
-                except Exception as exc:
-                    last = rows[-1]
-                    passed = deadline.passed()
-                    if not passed and (is_transient(exc) or refusal(exc)):
-                        raise
-                    error = deadline.error(last[POSITION]) if passed else exc
-                    partition = partition_in(last, self.spec.partitions)
-                    raise Poison(last, partition, error, exact=False) from exc
-            except Poison as poison:
-                raise poison.within(rows) from poison.error
+                    try:
+                        ctx.flush()
+                        deadline.check(rows[-1][POSITION])
+                    except Exception as exc:
+                        last = rows[-1]
+                        passed = deadline.passed()
+                        if not passed and (is_transient(exc) or refusal(exc)):
+                            raise
+                        error = deadline.error(last[POSITION]) if passed else exc
+                        partition = partition_in(last, self.spec.partitions)
+                        raise Poison(last, partition, error, exact=False) from exc
+                except Poison as poison:
+                    raise poison.within(left.rows) from poison.error
+        except Abandoned:
+            raise
+        except Exception as exc:
+            if left.committed:  # the rest goes on in a batch of its own
+                failed = exc if isinstance(exc, Poison) else None
+                raise PartlyApplied(rows[: left.committed], failed) from exc
+            raise
         take_write_lock(conn)
         if batch.parks and self.parking is not None:
             self.parking.write(conn, batch.parks)
-        self.fence.commit(conn, claims, batch.checkpoint(rows))
+        self.fence.commit(conn, left.claims, batch.checkpoint(rows))
         return rows
+
+    def _commit_before(
+        self, conn: Connection, ctx: HandlerContext, left: _Applying, position: int
+    ) -> None:
+        """Within a handler's read of ``ctx.connection`` (SQLite, a projection's batch):
+        commit the writes of the messages ``left`` to apply before ``position`` with their
+        fenced checkpoints, and go on in a new deferred transaction: the read sees them,
+        and the write lock is held only while they are sent and committed."""
+        ctx.deadline.check(position)  # (a handler that outlasted it: fails, not committed)
+        index = [row[POSITION] for row in left.rows].index(position)
+        at: int = left.rows[index - 1][POSITION]
+        ctx.flush()  # takes the write lock
+        self.fence.commit(conn, left.claims, at)
+        commit_and_read_on(conn)
+        self.fence.advance(left.claims, at)
+        left.claims = {p: attrs.evolve(c, checkpoint=at) for p, c in left.claims.items()}
+        left.rows = left.rows[index:]
+        left.committed += index
 
     def _locks_at_start(self, error: Exception) -> None:
         """A write of a handler (or of this kind's dispatcher) through ``ctx.connection``
@@ -489,20 +526,15 @@ class ConsumerWorker(Worker):
 
     # -- a batch abandoned past its apply timeout --------------------------------------
 
-    def _abandoned(
-        self,
-        claims: Mapping[int, Claim],
-        rows: Sequence[StoredRow],
-        ctx: HandlerContext,
-        deadline: Deadline,
-    ) -> None:
-        """Called by the watchdog once the batch of ``claims`` and ``rows`` is past its
-        apply timeout: the message being handled (``ctx.position``) holds only its own
+    def _abandoned(self, left: _Applying, ctx: HandlerContext, deadline: Deadline) -> None:
+        """Called by the watchdog once the batch with ``left`` to apply is past its apply
+        timeout: the message being handled (``ctx.position``) holds only its own
         partition. A new thread fails that message there (halted, or its source parked)
         and frees the batch's other partitions at once, to be applied again by another
         lane, or by itself as the apply loop from now on when the hung thread ran it. The
         hung thread commits nothing when (if ever) it returns (:class:`Abandoned`), and
         keeps the hung partition from being applied here until then."""
+        claims, rows = left.claims, left.rows
         hung = next((row for row in rows if row[POSITION] == ctx.position), rows[-1])
         partition = partition_in(hung, self.spec.partitions)
         if partition is None:  # (rows read without their hashes: no apply timeout)
@@ -574,3 +606,25 @@ def _partitions_are(partitions: Sequence[int]) -> str:
     if len(partitions) == 1:
         return f"partition {partitions[0]} is"
     return f"partitions {','.join(map(str, partitions))} are"
+
+
+@attrs.define
+class _Applying:
+    """What a batch's transaction has left to apply: its ``claims`` (their checkpoints as
+    committed so far) and ``rows``, after the ``committed`` first rows of the batch that
+    commits between messages committed (:meth:`ConsumerWorker._commit_before`)."""
+
+    claims: Mapping[int, Claim]
+    rows: Sequence[StoredRow]
+    committed: int = 0
+
+
+class PartlyApplied(Exception):
+    """A batch failed after committing its first ``rows`` (between two messages, on
+    SQLite): the rest is applied as a batch of its own."""
+
+    def __init__(self, rows: Sequence[StoredRow], poison: Poison | None) -> None:
+        super().__init__(f"{len(rows)} message(s) committed before the failure")
+        self.rows = rows
+        self.poison = poison
+        """The failure, when a message of the rest failed (else the rest tries again)."""

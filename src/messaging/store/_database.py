@@ -407,6 +407,15 @@ def take_write_lock(conn: Connection) -> None:
     conn.exec_driver_sql("BEGIN IMMEDIATE")
 
 
+def commit_and_read_on(conn: Connection) -> None:
+    """On SQLite, in a batch's transaction that has taken the write lock: commit, and go
+    on in a new deferred transaction (reading without the lock until
+    :func:`take_write_lock`). A commit between two messages of a batch."""
+    conn.exec_driver_sql("COMMIT")
+    conn.exec_driver_sql("BEGIN")
+    conn.info[_UNWRITTEN] = _changes(conn)
+
+
 def reads_unlocked(conn: Connection) -> bool:
     """Whether ``conn``'s transaction began deferred and has not taken the write lock by
     :func:`take_write_lock` (a write of its own may have, by upgrading its read)."""
