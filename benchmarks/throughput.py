@@ -62,7 +62,7 @@ from costs import Costs, Server, cpu_ratio, measured, spread
 from messaging import Database, MessageStore, NewMessage
 from messaging._consumers import ConsumerSpec
 from messaging._messages import registry
-from messaging._settings import ConsumerSettings, Distribution
+from messaging._settings import ConsumerGroupSettings, ConsumerSettings, Distribution
 from messaging.applying._worker import ConsumerWorker
 from messaging.distribution._membership import InstanceInfo, Membership
 from messaging.distribution._ownership import Ownership
@@ -222,6 +222,7 @@ def framework_run(url: str, spec: ConsumerSpec, hooks: Any, *, table_prefix: str
             settings=ConsumerSettings(batch_size=BATCH),
             hooks=hooks,
             registry=registry,
+            apply_timeout=ConsumerGroupSettings().apply_timeout,  # as an instance's
         )
         worker.add_claims(claims)
         applied = 0

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import parked_seq_app
@@ -73,11 +74,15 @@ def _gone(pid: int) -> bool:
     return False
 
 
+@contextmanager
 def _supervisor(
     db: Database, config: Path, log: Path, *modules: str, env: dict[str, str] | None = None
-) -> subprocess.Popen[bytes]:
+) -> Iterator[subprocess.Popen[bytes]]:
+    """``projections run --workers 2`` of ``modules`` (the ledger by default), in a session
+    of its own; at the end it is stopped by SIGTERM and must exit 0. Should the test fail,
+    it and its workers are killed instead (none is left running)."""
     with log.open("wb") as stderr:
-        return subprocess.Popen(
+        supervisor = subprocess.Popen(
             [
                 sys.executable,
                 "-m",
@@ -97,7 +102,16 @@ def _supervisor(
             ],
             stderr=stderr,
             env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+            start_new_session=True,
         )
+    try:
+        yield supervisor
+        supervisor.send_signal(signal.SIGTERM)
+        assert supervisor.wait(timeout=30) == 0, log.read_text()
+    finally:
+        if supervisor.poll() is None:
+            os.killpg(supervisor.pid, signal.SIGKILL)
+            supervisor.wait()
 
 
 def test_workers_are_started_restarted_and_stopped(sqlite_db: Database, tmp_path: Path) -> None:
@@ -105,8 +119,7 @@ def test_workers_are_started_restarted_and_stopped(sqlite_db: Database, tmp_path
     db = sqlite_db
     config = write_config(tmp_path / "fast.yaml", db)
     log = tmp_path / "supervisor.log"
-    supervisor = _supervisor(db, config, log)
-    try:
+    with _supervisor(db, config, log) as supervisor:
         first = wait_until(
             lambda: (live := _live(db)).keys() == {"sup-1", "sup-2"} and live,
             timeout=START_TIMEOUT,
@@ -130,12 +143,6 @@ def test_workers_are_started_restarted_and_stopped(sqlite_db: Database, tmp_path
         assert supervisor.poll() is None
         assert f"worker 1 (pid {killed}) exited with -9; restarting" in log.read_text()
 
-        supervisor.send_signal(signal.SIGTERM)
-        assert supervisor.wait(timeout=30) == 0, log.read_text()
-    finally:
-        if supervisor.poll() is None:
-            supervisor.kill()
-            supervisor.wait()
     assert _live(db) == {}
     # The clean stop deleted both workers' rows; the killed one's row was removed when its
     # replacement took over the name.
@@ -204,8 +211,7 @@ def test_a_worker_whose_loop_is_stuck_exits_and_is_replaced(
         "STUCK_DIR": str(tmp_path),
         "PYTHONPATH": os.pathsep.join([support, os.environ.get("PYTHONPATH", "")]),
     }
-    supervisor = _supervisor(db, config, log, "projections.examples.ledger", "stuck_app", env=env)
-    try:
+    with _supervisor(db, config, log, "projections.examples.ledger", "stuck_app", env=env):
         first = wait_until(
             lambda: (live := _live(db)).keys() == {"sup-1", "sup-2"} and live,
             timeout=START_TIMEOUT,
@@ -224,12 +230,6 @@ def test_a_worker_whose_loop_is_stuck_exits_and_is_replaced(
         text = log.read_text()
         assert f"worker 1 (pid {stuck}) exited with 70; restarting" in text, text
         assert "its heartbeat loop made no progress" in text and "projections_heartbeat" in text
-        supervisor.send_signal(signal.SIGTERM)
-        assert supervisor.wait(timeout=30) == 0, log.read_text()
-    finally:
-        if supervisor.poll() is None:
-            supervisor.kill()
-            supervisor.wait()
 
 
 def test_workers_build_a_new_version_and_cut_over(sqlite_db: Database, tmp_path: Path) -> None:
@@ -239,8 +239,7 @@ def test_workers_build_a_new_version_and_cut_over(sqlite_db: Database, tmp_path:
     seed_ledger(db, 1500, seed=81)
     config = write_config(tmp_path / "fast.yaml", db, batch_size=50)
     log = tmp_path / "supervisor.log"
-    supervisor = _supervisor(db, config, log)
-    try:
+    with _supervisor(db, config, log):
         wait_until(
             lambda: _live(db).keys() == {"sup-1", "sup-2"},
             timeout=START_TIMEOUT,
@@ -250,12 +249,6 @@ def test_workers_build_a_new_version_and_cut_over(sqlite_db: Database, tmp_path:
         cli(config, "rebuild", "ledger-balances", "--reason", "workers")
         wait_until(lambda: live_version(db) == 2, timeout=60, what="version 2 to take over")
         wait_until(lambda: lag(db) == 0, timeout=60, what="the new version to catch up")
-        supervisor.send_signal(signal.SIGTERM)
-        assert supervisor.wait(timeout=30) == 0, log.read_text()
-    finally:
-        if supervisor.poll() is None:
-            supervisor.kill()
-            supervisor.wait()
     actual, expected = ledger_matches_replay(db)
     assert actual == expected
 
@@ -280,9 +273,8 @@ def test_a_worker_whose_handler_never_returns_exits_and_is_replaced(
         "STUCK_STARTED": str(tmp_path / "started"),
         "PYTHONPATH": os.pathsep.join([support, os.environ.get("PYTHONPATH", "")]),
     }
-    supervisor = _supervisor(db, config, log, "parked_seq_app", env=env)
     sources = [f"s-{n}" for n in range(12)]
-    try:
+    with _supervisor(db, config, log, "parked_seq_app", env=env):
         first = wait_until(
             lambda: (live := _live(db)).keys() == {"sup-1", "sup-2"} and live,
             timeout=START_TIMEOUT,
@@ -317,10 +309,4 @@ def test_a_worker_whose_handler_never_returns_exits_and_is_replaced(
             timeout=30,
             what="every other partition",
         )
-        supervisor.send_signal(signal.SIGTERM)
-        assert supervisor.wait(timeout=30) == 0, log.read_text()
-    finally:
-        if supervisor.poll() is None:
-            supervisor.kill()
-            supervisor.wait()
     assert len((tmp_path / "started").read_text().split()) == 1  # halted: not handled again

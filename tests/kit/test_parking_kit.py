@@ -26,6 +26,7 @@ from projections.testing import (
     messages_of,
     simulation_settings,
 )
+from projections.testing import parking as parking_steps
 from projections.testing.plugin import RunMachine
 
 
@@ -117,5 +118,29 @@ def test_a_wait_answering_applied_for_a_parked_source_is_caught(
         machine.poll()  # s0 parks; the checkpoint passes its message
         with pytest.raises(AssertionError, match="which is parked"):
             machine.append_and_wait(Append("steps", "s0", [Step("s0", 2)]))
+    finally:
+        machine.teardown()
+
+
+def test_a_wait_after_a_retry_answers_applied_and_one_never_retried_is_caught(
+    monkeypatch: pytest.MonkeyPatch, projections_database_url: str | None
+) -> None:
+    """The step appends a poisoned message, lets it park, fixes it and retries its source:
+    the wait on it answers applied. Broken: the retry never happens (an operator's retry
+    lost), so the wait is refused and the step fails saying so."""
+    machine = StepsMachine(projections_database_url)
+    try:
+        machine.join()
+        machine.wait_after_a_retry(Append("steps", "s0", [Step("s0", 1), Step("s0", 2)]))
+        machine.settle()
+    finally:
+        machine.teardown()
+    monkeypatch.setattr(parking_steps.ops, "retry", lambda *args, **kwargs: None)
+    machine = StepsMachine(projections_database_url)
+    try:
+        machine.join()
+        refused = "a wait after the retry of source 's0' was refused"
+        with pytest.raises(AssertionError, match=refused):
+            machine.wait_after_a_retry(Append("steps", "s0", [Step("s0", 1)]))
     finally:
         machine.teardown()

@@ -98,3 +98,13 @@ def applied_seqs(db: Database) -> dict[str, list[int]]:
         for row in conn.execute(select(t.c.source, t.c.seq).order_by(t.c.source, t.c.rank)):
             found.setdefault(row.source, []).append(row.seq)
     return found
+
+
+def applied_within(db: Database, sources: list[str], seqs: list[int], began: float) -> float:
+    """Wait until every one of ``sources`` has ``seqs`` applied (in that order); return
+    the seconds since ``began`` (a ``time.time()``) by then."""
+    deadline = time.monotonic() + 30
+    while not all(applied_seqs(db).get(source) == seqs for source in sources):
+        assert time.monotonic() < deadline, f"{sources} did not get {seqs} applied in 30 s"
+        time.sleep(0.02)
+    return time.time() - began

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import sys
 import threading
+import time
 
 import pytest
 
-from messaging.runtime._watchdog import EXIT_STUCK, Watchdog
+from messaging.runtime._watchdog import EXIT_STUCK, Watchdog, _where
 
 
 class Clock:
@@ -84,3 +85,27 @@ def test_overdue_names_the_loops_past_their_bound() -> None:
     assert watchdog.overdue() == ["heartbeat", "pulse"]
     watchdog.beat("pulse")
     assert watchdog.overdue() == ["heartbeat"]
+
+
+def test_where_names_the_innermost_frames_outside_the_libraries() -> None:
+    """A thread waiting inside the standard library (as a handler waits inside a driver)
+    is named by the handler's own frames, innermost first."""
+    release = threading.Event()
+
+    def handler() -> None:
+        release.wait()
+
+    thread = threading.Thread(target=handler)
+    thread.start()
+    try:
+        assert thread.ident is not None
+        for _ in range(500):  # until the thread is inside the wait
+            where = _where(sys._current_frames()[thread.ident])
+            if where.startswith("handler"):
+                break
+            time.sleep(0.01)
+        assert where.startswith("handler (test_watchdog.py:"), where
+        assert "threading.py" not in where
+    finally:
+        release.set()
+        thread.join()

@@ -30,19 +30,25 @@ class Batch:
     """The envelopes of :attr:`rows` loaded so far (shared with :meth:`rest`)."""
 
     def checkpoint(self, applied: Sequence[StoredRow]) -> int:
-        """Where the claims' checkpoints go once ``applied`` (non-empty) committed: past
-        :attr:`through` when that is all of :attr:`rows`, else right after its last."""
+        """Where the claims' checkpoints go once ``applied`` (non-empty: the batch's rows
+        up to some row, or from some row to its end) committed: past :attr:`through` when
+        they reach the end of :attr:`rows`, else right after their last."""
         last: int = applied[-1][POSITION]
-        return last if self.rest(applied) is not None else max(last, self.through)
+        return max(last, self.through) if self._reaches_end(applied) else last
 
     def rest(self, applied: Sequence[StoredRow]) -> Batch | None:
-        """The batch of :attr:`rows` after ``applied`` (their first messages, committed: a
-        batch split on SQLite), its claims' checkpoints moved; None when nothing is left."""
-        if self.rows is None or len(applied) >= len(self.rows):
+        """The batch of :attr:`rows` after ``applied`` (committed: a batch that committed
+        between two of its messages, on SQLite), its claims' checkpoints moved; None when
+        nothing is left."""
+        if self.rows is None or self._reaches_end(applied):
             return None
         at = applied[-1][POSITION]
+        after = next(i for i, row in enumerate(self.rows) if row[POSITION] == at) + 1
         claims = {p: attrs.evolve(c, checkpoint=at) for p, c in self.claims.items()}
-        return Batch(claims, self.rows[len(applied) :], self.through, self.parks, self.envelopes)
+        return Batch(claims, self.rows[after:], self.through, self.parks, self.envelopes)
+
+    def _reaches_end(self, applied: Sequence[StoredRow]) -> bool:
+        return not self.rows or applied[-1][POSITION] >= self.rows[-1][POSITION]
 
 
 def split_lanes(

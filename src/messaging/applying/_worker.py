@@ -40,7 +40,6 @@ from messaging.failures._poison import Poison, isolate
 from messaging.failures._stops import Stops
 from messaging.store._database import (
     Database,
-    commit_and_read_on,
     reads_unlocked,
     take_write_lock,
 )
@@ -292,21 +291,23 @@ class ConsumerWorker(Worker):
         rest: Batch | None = batch
         while rest is not None:
             batch, failed = rest, None
+            parts = _Parts(batch, started)
             try:
                 rows = self._retry_commit(
-                    partial(self._commit, batch, False, True),
+                    partial(self._commit, batch, False, parts),
                     batch.claims,
                     f"apply {self.spec.name}",
                 )
             except Poison as poison:
                 failed = poison
             except PartlyApplied as partly:  # its rest failed: as a batch of its own
-                self._applied(batch, partly.rows, started)
-                committed += len(partly.rows)
+                committed += parts.count
                 rest = batch.rest(partly.rows)
                 if partly.poison is None or rest is None:
                     continue  # (an error outside the handlers: the rest tries again)
                 batch, failed = rest, partly.poison.within(rest.rows or ())
+            else:
+                committed += parts.count  # (the final part: rows)
             if failed is not None:  # (outside the handler: see _find)
                 found = self._find(batch.claims, failed)
                 if isinstance(found, Poison):
@@ -421,30 +422,34 @@ class ConsumerWorker(Worker):
             quiet=None if self.gate is None else self.gate.quiet,
         )
 
-    def _commit(self, batch: Batch, immediate: bool, parts: bool = False) -> Sequence[StoredRow]:
+    def _commit(
+        self, batch: Batch, immediate: bool, parts: _Parts | None = None
+    ) -> Sequence[StoredRow]:
         """In one transaction: read the rows unless the batch has them, apply them, commit
-        the fenced checkpoints (:meth:`Batch.checkpoint`). Returns the rows applied.
+        the fenced checkpoints (:meth:`Batch.checkpoint`). Returns the rows applied (by
+        its last commit: see ``parts``).
 
         On SQLite the handlers run without the write lock (a deferred transaction), which
         their first write sent takes (:func:`take_write_lock`): the buffered writes at the
         batch's end, or earlier for a handler that writes through ``ctx.connection``, or
         that reads through it what an earlier message of the batch wrote. With ``parts``
         (a projection's batch) the latter commits the messages before its own first
-        (:meth:`_commit_before`) and the batch goes on in a new deferred transaction; a
-        failure after such a commit raises :class:`PartlyApplied`. A write through
+        (:meth:`_commit_before`, each such part reported to ``parts`` as it commits) and
+        the batch goes on in a new deferred transaction; a failure after such a commit
+        raises :class:`PartlyApplied`. A write through
         ``ctx.connection`` refused for lack of the lock makes this consumer's batches
         take it from their start from then on (:meth:`_locks_at_start`)."""
         deferred = self._deferred and not immediate
         with self.db.transaction(consumer=self.spec.name, deferred=deferred) as conn:
             try:
-                return self._apply_in(conn, batch, immediate, deferred and parts)
+                return self._apply_in(conn, batch, immediate, parts if deferred else None)
             except Exception as exc:
                 if deferred and reads_unlocked(conn) and is_transient(exc):
                     self._locks_at_start(exc)
                 raise
 
     def _apply_in(
-        self, conn: Connection, batch: Batch, immediate: bool, parts: bool
+        self, conn: Connection, batch: Batch, immediate: bool, parts: _Parts | None
     ) -> Sequence[StoredRow]:
         """:meth:`_commit`'s transaction ``conn``."""
         rows = self._fetch(conn, batch.claims) if batch.rows is None else batch.rows
@@ -456,8 +461,8 @@ class ConsumerWorker(Worker):
         if held and parked is not None:
             rows = parked.with_sources(conn, rows)
         left = _Applying(batch.claims, rows)
-        if parts and self._splits and not held and not batch.parks:
-            ctx.commit_before = partial(self._commit_before, conn, ctx, left)
+        if parts is not None and self._splits and not held and not batch.parks:
+            ctx.commit_before = partial(self._commit_before, conn, ctx, left, parts)
         abandon = partial(self._abandoned, left, ctx)
         timeout, name = self.apply_timeout, self.spec.name
         try:
@@ -489,11 +494,11 @@ class ConsumerWorker(Worker):
         take_write_lock(conn)
         if batch.parks and self.parking is not None:
             self.parking.write(conn, batch.parks)
-        self.fence.commit(conn, left.claims, batch.checkpoint(rows))
-        return rows
+        self.fence.commit(conn, left.claims, batch.checkpoint(left.rows))
+        return left.rows
 
     def _commit_before(
-        self, conn: Connection, ctx: HandlerContext, left: _Applying, position: int
+        self, conn: Connection, ctx: HandlerContext, left: _Applying, parts: _Parts, position: int
     ) -> None:
         """Within a handler's read of ``ctx.connection`` (SQLite, a projection's batch):
         commit the writes of the messages ``left`` to apply before ``position`` with their
@@ -504,8 +509,9 @@ class ConsumerWorker(Worker):
         at: int = left.rows[index - 1][POSITION]
         ctx.flush()  # takes the write lock
         self.fence.commit(conn, left.claims, at)
-        commit_and_read_on(conn)
-        self.fence.advance(left.claims, at)
+        self.db.commit_and_read_on(conn)
+        self._applied(parts.batch, left.rows[:index], parts.started)
+        parts.count += index
         left.claims = {p: attrs.evolve(c, checkpoint=at) for p, c in left.claims.items()}
         left.rows = left.rows[index:]
         left.committed += index
@@ -617,6 +623,17 @@ class _Applying:
     claims: Mapping[int, Claim]
     rows: Sequence[StoredRow]
     committed: int = 0
+
+
+@attrs.define
+class _Parts:
+    """The parts of ``batch`` committed so far between two of its messages (on SQLite),
+    each reported as it commits; ``started``: when the batch's poll began."""
+
+    batch: Batch
+    started: float
+    count: int = 0
+    """How many of its messages they committed."""
 
 
 class PartlyApplied(Exception):

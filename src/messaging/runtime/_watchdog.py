@@ -33,6 +33,7 @@ import logging
 import os
 import socket
 import sys
+import sysconfig
 import threading
 import time
 import traceback
@@ -225,8 +226,17 @@ def _abandon(connection: Any) -> None:
 
 
 def _where(frame: FrameType) -> str:
-    """The innermost frames of a thread, as one short line."""
-    summary = traceback.extract_stack(frame)[-3:]
+    """The innermost frames of a thread outside the standard library and installed
+    packages (a statement's driver frames left out: the handler that runs it is named),
+    as one short line."""
+    stack = traceback.extract_stack(frame)
+    own = [s for s in stack if not s.filename.startswith(_LIBRARIES)]
     return " <- ".join(
-        f"{s.name} ({os.path.basename(s.filename)}:{s.lineno})" for s in summary[::-1]
+        f"{s.name} ({os.path.basename(s.filename)}:{s.lineno})" for s in (own or stack)[:-4:-1]
     )
+
+
+_LIBRARIES = tuple(
+    {sysconfig.get_paths()[key] for key in ("stdlib", "platstdlib", "purelib", "platlib")}
+)
+"""Where the standard library and installed packages live."""

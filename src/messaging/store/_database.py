@@ -300,6 +300,14 @@ class Database:
             for hook in self.after_batch:
                 hook()
 
+    def commit_and_read_on(self, conn: Connection) -> None:
+        """On SQLite, in a batch's transaction (begun ``deferred``) that has taken the
+        write lock: commit, and go on in a new deferred transaction (reading without the
+        lock until :func:`take_write_lock`). A commit between two messages of a batch."""
+        conn.exec_driver_sql("COMMIT")
+        conn.exec_driver_sql("BEGIN")
+        conn.info[_UNWRITTEN] = _changes(conn)
+
     @contextmanager
     def read(self) -> Iterator[Connection]:
         """A short read-only transaction (deferred on SQLite, READ COMMITTED on MySQL)."""
@@ -405,15 +413,6 @@ def take_write_lock(conn: Connection) -> None:
         return  # not deferred, or its first write took the lock already
     conn.exec_driver_sql("COMMIT")
     conn.exec_driver_sql("BEGIN IMMEDIATE")
-
-
-def commit_and_read_on(conn: Connection) -> None:
-    """On SQLite, in a batch's transaction that has taken the write lock: commit, and go
-    on in a new deferred transaction (reading without the lock until
-    :func:`take_write_lock`). A commit between two messages of a batch."""
-    conn.exec_driver_sql("COMMIT")
-    conn.exec_driver_sql("BEGIN")
-    conn.info[_UNWRITTEN] = _changes(conn)
 
 
 def reads_unlocked(conn: Connection) -> bool:

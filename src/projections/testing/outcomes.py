@@ -26,6 +26,11 @@ LOST_DURING_COMMIT = 2013
 connection drops while ``COMMIT`` is under way."""
 
 
+_BEFORE = "projections_testing_before"
+"""``connection.info`` of a batch's transaction: its consumer, and the checkpoints as its
+last commit left them (what a lost outcome is counted from)."""
+
+
 @attrs.define(frozen=True)
 class Moved:
     """One partition a batch moved: under ``epoch``, its checkpoint from ``before`` to
@@ -136,8 +141,11 @@ class OutcomeLosingDatabase(Database):
         lost: UnknownOutcome | None = None
         try:
             with super().transaction(consumer=consumer, deferred=deferred) as conn:
-                before = self._checkpoints(conn, consumer)
-                yield conn
+                conn.info[_BEFORE] = consumer, self._checkpoints(conn, consumer)
+                try:
+                    yield conn
+                finally:
+                    _, before = conn.info.pop(_BEFORE)
                 moved = {
                     partition: Moved(epoch, before[partition][1], checkpoint)
                     for partition, (epoch, checkpoint) in self._checkpoints(conn, consumer).items()
@@ -153,6 +161,14 @@ class OutcomeLosingDatabase(Database):
         if lost is not None:
             self.on_lost(lost)
             raise unknown_outcome_error(self)
+
+    def commit_and_read_on(self, conn: Connection) -> None:
+        """A commit between two messages of a batch: what the rest of it commits (and may
+        lose the outcome of) is counted from the checkpoints it left."""
+        super().commit_and_read_on(conn)
+        if _BEFORE in conn.info:
+            consumer, _ = conn.info[_BEFORE]
+            conn.info[_BEFORE] = consumer, self._checkpoints(conn, consumer)
 
     def _checkpoints(self, conn: Connection, consumer: str) -> dict[int, tuple[int, int]]:
         """Partition → (epoch, checkpoint) of ``consumer``, as ``conn`` sees them."""

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
 from sqlalchemy import select, update
 
-from messaging import OperationError
+from messaging import Appended, OperationError, WaitRefused
 from projections import _parked_ops as ops
 from projections.testing.cluster import SimulatedCluster
 from projections.testing.events import Append
@@ -89,14 +89,47 @@ class ParkingSteps(RuleBasedStateMachine):
     @rule(batch=_poisonable)
     def append_poisoned(self, batch: Append) -> None:
         """Append ``batch``; its first message fails to be read until fixed."""
+        self._append_poisoned(batch)
+
+    @precondition(lambda self: self.poison_topics)
+    @rule(batch=_poisonable)
+    def wait_after_a_retry(self, batch: Append) -> None:
+        """Append ``batch`` poisoned and settle; once its source is parked, fix every
+        poisoned message, have an operator retry the source and settle: a wait on the
+        batch must then answer applied, not be refused (or, in a real cluster, end at its
+        deadline: ``tests/integration/test_parked_waits.py``)."""
+        appended = self._append_poisoned(batch)
+        self.cluster.settle()
+        names = self.parking_consumers()
+        found = parked_sources(self.cluster, names)
+        parked = [name for name, source in found if source == batch.source]
+        if not parked:  # its partition halted (max-parked-sources), or nothing read it
+            return
+        self._fix(sorted(self.poisoned))
+        for name in parked:
+            with suppress(OperationError):  # being retried already
+                ops.retry(self.cluster.db, name, source=batch.source, who="testing kit")
+        self.cluster.settle()
+        from projections.testing.waiting import wait_in  # (it reads parked sources here)
+
+        try:
+            wait_in(self.cluster, appended.token, names)
+        except WaitRefused as refused:
+            raise AssertionError(
+                f"a wait after the retry of source {batch.source!r} was refused: {refused}"
+            ) from refused
+
+    def _append_poisoned(self, batch: Append) -> Appended:
         db = self.cluster.db
-        [position, *_] = self.cluster.append(batch.topic, batch.source, batch.messages)
+        appended = self.cluster.append(batch.topic, batch.source, batch.messages)
+        position = appended[0]
         m = db.schema.messages
         mine = (m.c.tenant == db.tenant, m.c.position == position)
         with db.transaction() as conn:
             self.poisoned[position] = conn.execute(select(m.c.payload).where(*mine)).scalar_one()
             conn.execute(update(m).where(*mine).values(payload=UNREADABLE))
         self.cluster.note(f"the message at position {position} is poisoned")
+        return appended
 
     @precondition(lambda self: self.poisoned)
     @rule(pick=picks())
