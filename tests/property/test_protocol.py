@@ -170,7 +170,7 @@ def _unfenced_commit(self, conn, consumer, instance_id, epochs, position):  # ty
     )
 
 
-def _checkpoint_outside_the_transaction(self, batch, immediate):  # type: ignore[no-untyped-def]
+def _checkpoint_outside_the_transaction(self, batch, immediate, parts=None):  # type: ignore[no-untyped-def]
     """Effects committed first, the fenced checkpoint in a second transaction."""
     with self.db.transaction() as conn:
         rows = self._fetch(conn, batch.claims) if batch.rows is None else batch.rows
