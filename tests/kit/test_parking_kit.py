@@ -18,6 +18,7 @@ from sqlalchemy import Connection, select
 from messaging.failures._parking import Parking
 from messaging.waits import _progress
 from messaging.waits._held import Held
+from projections import _parked_ops
 from projections.testing import (
     Append,
     ClusterMachine,
@@ -26,7 +27,6 @@ from projections.testing import (
     messages_of,
     simulation_settings,
 )
-from projections.testing import parking as parking_steps
 from projections.testing.plugin import RunMachine
 
 
@@ -135,7 +135,7 @@ def test_a_wait_after_a_retry_answers_applied_and_one_never_retried_is_caught(
         machine.settle()
     finally:
         machine.teardown()
-    monkeypatch.setattr(parking_steps.ops, "retry", lambda *args, **kwargs: None)
+    monkeypatch.setattr(_parked_ops, "retry", lambda *args, **kwargs: None)
     machine = StepsMachine(projections_database_url)
     try:
         machine.join()
