@@ -91,7 +91,7 @@ class ParkingSteps(RuleBasedStateMachine):
         """Append ``batch``; its first message fails to be read until fixed."""
         self._append_poisoned(batch)
 
-    @precondition(lambda self: self.poison_topics)
+    @precondition(lambda self: self.poison_topics and self.cluster.running)
     @rule(batch=_poisonable)
     def wait_after_a_retry(self, batch: Append) -> None:
         """Append ``batch`` poisoned and settle; once its source is parked, fix every
