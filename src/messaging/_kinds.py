@@ -52,6 +52,10 @@ class ConsumerKind:
     """It may keep an idempotency guard of handled message ids."""
     tables: Callable[[MetaData, str], Mapping[str, Table]] | None = None
     """Tables it adds to the store's schema, built for a table prefix."""
+    rows_by_consumer: Mapping[str, str] = attrs.field(factory=dict)
+    """Of the tables it adds, those holding rows of one consumer: schema attribute → the
+    column naming the consumer (``{"sagas": "saga"}``); ``projections remove`` deletes a
+    removed consumer's rows from them."""
     hookspecs: ModuleType | None = None
     """A module of hook specifications it calls, added to every plugin manager."""
 

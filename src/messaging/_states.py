@@ -111,6 +111,9 @@ class Verdict(enum.StrEnum):
     PARKED = "parked"
     """Sources of it are parked (``on-failure: park-source``): their messages wait for an
     operator's retry, skip or evict, while the rest goes on."""
+    UNDECLARED = "undeclared"
+    """Instances are live and none of them declares it: the running code no longer has it
+    (``projections remove`` removes it)."""
     STALLED = "stalled"
     """Messages left to apply and no checkpoint committed for the stall timeout."""
     HALTED = "halted"
@@ -120,7 +123,7 @@ class Verdict(enum.StrEnum):
 
     @property
     def severity(self) -> Severity:
-        if self in (Verdict.PARKED, Verdict.STALLED):
+        if self in (Verdict.PARKED, Verdict.UNDECLARED, Verdict.STALLED):
             return Severity.DEGRADED
         if self in (Verdict.HALTED, Verdict.UNOWNED):
             return Severity.CRITICAL

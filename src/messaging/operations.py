@@ -13,6 +13,7 @@ from messaging._config import ADMIN_TOKEN_ENV, parse_duration, settings_from_map
 from messaging._connection import database_for
 from messaging._consumers import collect_specs
 from messaging._errors import unknown_consumer
+from messaging._kinds import kind_named
 from messaging._lifecycle import lifecycle_event
 from messaging._messages import MESSAGE_ID_HEADER, registry
 from messaging._overrides import check_overrides
@@ -39,6 +40,7 @@ from messaging.store._migrations import migrate
 from messaging.store._refusals import refusal, refusal_words, refused_writes
 from messaging.store._retry import for_command, retry_command
 from messaging.store._rows import PARTITION_HASH
+from messaging.store._table_registry import removed_owner
 from messaging.versions._retired import NoRetiredVersion, delete_version_rows, revive
 from messaging.versions._versions import (
     UnitRow,
@@ -90,6 +92,7 @@ __all__ = [
     "for_command",
     "format_duration",
     "import_module",
+    "kind_named",
     "lifecycle_event",
     "liveness",
     "lock_wait_bound",
@@ -102,6 +105,7 @@ __all__ = [
     "refusal_words",
     "refused_writes",
     "registry",
+    "removed_owner",
     "retry_command",
     "revive",
     "seconds_now",

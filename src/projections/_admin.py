@@ -26,9 +26,10 @@ Routes:
 - ``GET /admin/consumers/<name>/progress``: its checkpoints as server-sent events
   (:mod:`projections._admin_progress`);
 - ``POST /admin/consumers/<name>/<command>`` (:data:`COMMANDS`): the commands, with an
-  optional JSON body ``{"reason", "skip_poison", "version", "source", "skipped"}``
-  (``version``: the one ``drop-version`` drops; ``source``: which parked source to retry,
-  skip or evict; ``skipped``: retry its skipped messages); the audit records
+  optional JSON body ``{"reason", "skip_poison", "version", "source", "skipped",
+  "drop_tables"}`` (``version``: the one ``drop-version`` drops; ``source``: which parked
+  source to retry, skip or evict; ``skipped``: retry its skipped messages;
+  ``drop_tables``: ``remove`` drops the tables too); the audit records
   ``admin token@<peer address>``.
 
 Every request must name this server in its ``Host`` header (421 otherwise); the GETs,
@@ -93,7 +94,17 @@ NO_EXPORTER = (
     "no metrics here: the metrics plugin is enabled, but the Prometheus exporter it needs "
     "is not installed: pip install 'projections[otel]' and restart"
 )
-COMMANDS = ("pause", "resume", "rebuild", "rollback", "drop-version", "retry", "skip", "evict")
+COMMANDS = (
+    "pause",
+    "resume",
+    "rebuild",
+    "rollback",
+    "drop-version",
+    "remove",
+    "retry",
+    "skip",
+    "evict",
+)
 IN_MEMORY = ("pause", "resume", "rebuild")  # what an in-memory copy takes (no versions)
 #: Seconds a client has to send a whole request; handler threads; bytes of a command's body.
 REQUEST_TIMEOUT = 10.0
@@ -224,7 +235,9 @@ class Admin:
         else:
             result = {"consumer": consumer, "command": command}
             try:
-                result.update(run_command(self.db, command, consumer, body, f"admin token@{host}"))
+                who = f"admin token@{host}"
+                stale = self.settings.messaging.consumer.stale_instance_timeout
+                result.update(run_command(self.db, command, consumer, body, who, stale))
             except OperationError:
                 consumers = self.settings.messaging.consumer
                 where = in_memory_pointer(self.db, consumers, consumer, command, skip_poison=skip)

@@ -9,7 +9,10 @@ from typing import Any
 from messaging import Database, OperationError
 from projections import _operations as operations
 from projections import _parked_ops as parked_ops
+from projections._removal import remove
 from projections._version_commands import drop_version, rollback
+
+_KEYS = ("reason", "skip_poison", "version", "source", "skipped", "drop_tables")
 
 
 def _missing_version() -> int:
@@ -17,41 +20,52 @@ def _missing_version() -> int:
 
 
 def command_body(raw: bytes) -> dict[str, Any]:
-    """A command's JSON body ``{"reason", "skip_poison", "version"}`` (all optional);
-    ValueError naming what is wrong otherwise."""
+    """A command's JSON body ``{"reason", "skip_poison", "version", "source", "skipped",
+    "drop_tables"}`` (all optional); ValueError naming what is wrong otherwise."""
     body = json.loads(raw) if raw.strip() else {}
     if not isinstance(body, dict):
         raise ValueError("the body must be a JSON object")
-    unknown = sorted(set(body) - {"reason", "skip_poison", "version", "source", "skipped"})
+    unknown = sorted(set(body) - set(_KEYS))
     if unknown:
         raise ValueError(
-            f"unknown key(s) {', '.join(map(repr, unknown))}; a command takes 'reason', "
-            "'skip_poison', 'version', 'source' and 'skipped' (the server records who asked)"
+            f"unknown key(s) {', '.join(map(repr, unknown))}; a command takes "
+            f"{', '.join(map(repr, _KEYS[:-1]))} and {_KEYS[-1]!r} (the server records who "
+            "asked)"
         )
     version = body.get("version", 1)
     if isinstance(version, bool) or not isinstance(version, int) or version < 1:
         raise ValueError("'version' must be a whole number from 1")
-    if not isinstance(body.get("skipped", False), bool):
-        raise ValueError("'skipped' must be true or false")
     if not isinstance(body.get("source", ""), str):
         raise ValueError("'source' must be a string")
     if not isinstance(body.get("reason", ""), str):
         raise ValueError("'reason' must be a string")
-    if not isinstance(body.get("skip_poison", False), bool):
-        raise ValueError("'skip_poison' must be true or false")
+    for flag in ("skip_poison", "skipped", "drop_tables"):
+        if not isinstance(body.get(flag, False), bool):
+            raise ValueError(f"{flag!r} must be true or false")
     operations.check_reason(body.get("reason", ""))
     return body
 
 
 def run_command(
-    db: Database, command: str, consumer: str, body: dict[str, Any], who: str
+    db: Database,
+    command: str,
+    consumer: str,
+    body: dict[str, Any],
+    who: str,
+    stale_timeout: float,
 ) -> dict[str, Any]:
-    """Run ``command`` on ``consumer`` with its checked ``body``; what it answers."""
+    """Run ``command`` on ``consumer`` with its checked ``body``; what it answers
+    (``stale_timeout`` tells the live instances, which some commands ask about)."""
     reason = body.get("reason", "")
     if command == "pause":
-        operations.pause(db, consumer, who=who, reason=reason)
+        operations.pause(db, consumer, who=who, reason=reason, stale_timeout=stale_timeout)
     elif command == "rebuild":
-        operations.rebuild(db, consumer, who=who, reason=reason)
+        operations.rebuild(db, consumer, who=who, reason=reason, stale_timeout=stale_timeout)
+    elif command == "remove":
+        drop = bool(body.get("drop_tables"))
+        return remove(
+            db, consumer, who=who, reason=reason, drop_tables=drop, stale_timeout=stale_timeout
+        )
     elif command == "rollback":
         return {"version": rollback(db, consumer, who=who, reason=reason)}
     elif command == "drop-version":
@@ -63,6 +77,8 @@ def run_command(
         return parked_ops.command(db, command, consumer, source, who, reason, skipped=skipped)
     else:
         skip = bool(body.get("skip_poison"))
-        halted = operations.resume(db, consumer, who=who, reason=reason, skip_poison=skip)
+        halted = operations.resume(
+            db, consumer, who=who, reason=reason, skip_poison=skip, stale_timeout=stale_timeout
+        )
         return {"halted": halted}
     return {}

@@ -1,6 +1,6 @@
 """The operator commands of the ``projections`` command line: pause, resume, rebuild,
-forget-processed, a projection's versions (list, rollback, drop-version) and the audit
-log. Each goes through the database (:mod:`projections._operations`)."""
+forget-processed, remove, a projection's versions (list, rollback, drop-version) and the
+audit log. Each goes through the database (:mod:`projections._operations`)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def cmd_operation(args: argparse.Namespace) -> int:
     who = operations.default_operator()
     try:
         db.prepare()
-        _operate(args, db, who)
+        _operate(args, db, who, settings.messaging.consumer.stale_instance_timeout)
     except OperationError:
         skip = bool(getattr(args, "skip_poison", False))
         where = in_memory_pointer(
@@ -40,20 +40,27 @@ def cmd_operation(args: argparse.Namespace) -> int:
     return 0
 
 
-def _operate(args: argparse.Namespace, db: Database, who: str) -> None:
-    """Run the operator command ``args.command`` through the database; print the outcome."""
+def _operate(args: argparse.Namespace, db: Database, who: str, stale_timeout: float) -> None:
+    """Run the operator command ``args.command`` through the database; print the outcome
+    (``stale_timeout`` tells the live instances, which some commands ask about)."""
     from projections import _operations as operations
 
     if args.command == "pause":
-        operations.pause(db, args.consumer, who=who, reason=args.reason)
+        operations.pause(
+            db, args.consumer, who=who, reason=args.reason, stale_timeout=stale_timeout
+        )
         print(f"paused {args.consumer}")
+    elif args.command == "remove":
+        _remove(args, db, who, stale_timeout)
     elif args.command == "forget-processed":
         count = operations.forget_processed(
             db, args.consumer, older_than=args.older_than, who=who, reason=args.reason
         )
         print(f"forgot {count} handled message ids of {args.consumer}")
     elif args.command == "rebuild":
-        operations.rebuild(db, args.consumer, who=who, reason=args.reason)
+        operations.rebuild(
+            db, args.consumer, who=who, reason=args.reason, stale_timeout=stale_timeout
+        )
         print(f"rebuild of {args.consumer} requested; a running instance performs it")
     elif args.command == "rollback":
         version = rollback(db, args.consumer, who=who, reason=args.reason)
@@ -68,7 +75,12 @@ def _operate(args: argparse.Namespace, db: Database, who: str) -> None:
         )
     else:
         halted = operations.resume(
-            db, args.consumer, who=who, reason=args.reason, skip_poison=args.skip_poison
+            db,
+            args.consumer,
+            who=who,
+            reason=args.reason,
+            skip_poison=args.skip_poison,
+            stale_timeout=stale_timeout,
         )
         verb = "skipped" if args.skip_poison else "retrying"
         for entry in halted:
@@ -77,6 +89,31 @@ def _operate(args: argparse.Namespace, db: Database, who: str) -> None:
                 f"({entry['type']})"
             )
         print(f"resumed {args.consumer}")
+
+
+def _remove(args: argparse.Namespace, db: Database, who: str, stale_timeout: float) -> None:
+    from projections._removal import remove
+
+    removed = remove(
+        db,
+        args.consumer,
+        who=who,
+        reason=args.reason,
+        drop_tables=args.drop_tables,
+        stale_timeout=stale_timeout,
+    )
+    if args.json:
+        print_json(removed)
+        return
+    rows = ", ".join(f"{n} {table}" for table, n in removed["rows"].items() if n)
+    print(f"removed {args.consumer}" + (f": {rows} row(s)" if rows else ""))
+    if removed["dropped"]:
+        print(f"dropped tables: {', '.join(removed['dropped'])}")
+    if removed["kept"]:
+        print(
+            f"kept tables: {', '.join(removed['kept'])} (`projections remove {args.consumer} "
+            "--drop-tables` drops them)"
+        )
 
 
 def cmd_audit(args: argparse.Namespace) -> int:

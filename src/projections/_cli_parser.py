@@ -234,6 +234,7 @@ def _add_operations(commands: Commands) -> None:
         ("rollback", "make the version the live one replaced live again"),
         ("drop-version", "drop a retired version of a projection, with its tables"),
         ("forget-processed", "drop old ids from an idempotent route consumer's guard"),
+        ("remove", "remove a consumer the running code no longer declares, with its rows"),
     ):
         operation = commands.add_parser(name, help=help_text)
         operation.add_argument("consumer", metavar="CONSUMER")
@@ -249,6 +250,14 @@ def _add_operations(commands: Commands) -> None:
             )
         if name == "drop-version":
             operation.add_argument("version", type=_positive, metavar="VERSION")
+        if name == "remove":
+            operation.add_argument(
+                "--drop-tables",
+                action="store_true",
+                help="drop its read-model tables too (kept otherwise, and refused to a new "
+                "declaration until dropped)",
+            )
+            operation.add_argument("--json", action="store_true", help="print JSON")
         if name == "resume":
             operation.add_argument(
                 "--skip-poison",

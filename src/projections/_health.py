@@ -1,6 +1,9 @@
 """Health verdicts per consumer and partition, from the database alone (any host can ask).
 
-A partition is, in this order of precedence: ``paused`` (its consumer is), ``halted`` (at
+A consumer that none of the live instances declares (the running code dropped it) is
+``undeclared``, and so are its partitions: a warning naming ``projections remove``, not
+an ``unowned`` alarm (with no live instance at all, the verdicts below apply). Otherwise
+a partition is, in this order of precedence: ``paused`` (its consumer is), ``halted`` (at
 a poison message), ``rebuilding`` (a version of a projection being built, or a live one
 stopped while its new version takes over), ``unowned`` (no live owner for
 stale-instance-timeout plus one second: since its release, or since its owner's last
@@ -67,7 +70,8 @@ def health_report(db: Database, settings: Settings, consumer: str | None = None)
     with db.read() as conn:
         report = consumers_report(db, settings.messaging.consumer, conn, ages=True)
         membership = Membership(db)
-        silent = {r.id: stale - r.expires_in for r in membership.instances(conn, stale)}
+        members = membership.instances(conn, stale)
+        silent = {r.id: stale - r.expires_in for r in members}
         stuck = {
             (instance_id, batch["consumer"], partition): batch
             for instance_id, published in membership.in_memory(conn).items()
@@ -78,10 +82,12 @@ def health_report(db: Database, settings: Settings, consumer: str | None = None)
     chosen = [c for c in report["consumers"] if consumer in (None, c["name"])]
     if consumer is not None and not chosen:
         raise UnknownConsumer(consumer, (c["name"] for c in report["consumers"]))
+    live = [m for m in members if m.live]
     consumers = []
     for entry in chosen:
         if entry["state"] == ConsumerState.RETIRED:
             continue  # a version a cutover replaced: applied by no one, on purpose
+        undeclared = bool(live) and not any(m.declares(entry["name"]) for m in live)
         partitions = []
         for p in entry["partitions"]:
             idle, unowned = p["idle"], p["changed"]
@@ -91,7 +97,10 @@ def health_report(db: Database, settings: Settings, consumer: str | None = None)
                 unowned = 0.0
             state = ConsumerState.REBUILDING if "build" in entry else entry["state"]
             batch = stuck.get((p["instance_id"], entry["name"], p["partition"]))
-            verdict, reason = _verdict(state, p, idle, unowned, limits, batch)
+            if undeclared:
+                verdict, reason = Verdict.UNDECLARED, _undeclared(entry["name"], len(live))
+            else:
+                verdict, reason = _verdict(state, p, idle, unowned, limits, batch)
             partitions.append(
                 {
                     "partition": p["partition"],
@@ -179,6 +188,16 @@ def _verdict(
     if p["lag"]:
         return Verdict.LAGGING, f"{p['lag']} message(s) to apply; last progress {idle:.1f} s ago"
     return Verdict.CAUGHT_UP, "nothing to apply"
+
+
+def _undeclared(consumer: str, live: int) -> str:
+    """Why a consumer (or a version of it) no live instance declares is reported so, and
+    what to do."""
+    name = consumer.partition("@")[0]
+    return (
+        f"none of the {live} live instance(s) declares it: deploy code that does, or "
+        f"remove it (`projections remove {name}`)"
+    )
 
 
 def format_health(report: dict[str, Any]) -> str:

@@ -24,11 +24,12 @@ from typing import Any, TypeVar
 
 from sqlalchemy import Connection, delete, insert, select, update
 
-from messaging import ConflictRetrySettings, Database, OperationError
+from messaging import ConflictRetrySettings, ConsumerSettings, Database, OperationError
 from messaging.operations import (
     NOT_HALTED,
     ROUTE_CONSUMER,
     ConsumerState,
+    Membership,
     Ownership,
     PartitionStatus,
     bump_generation,
@@ -42,6 +43,9 @@ from messaging.operations import (
 from projections._kinds import PROJECTION
 
 T = TypeVar("T")
+DEFAULT_STALE_TIMEOUT = ConsumerSettings().stale_instance_timeout
+"""Tells live instances when a command is given no ``stale_timeout`` (the default
+``stale-instance-timeout``)."""
 #: Most characters of a command's recorded reason.
 MAX_REASON_LENGTH = 200
 
@@ -74,6 +78,19 @@ def _state(db: Database, conn: Connection, consumer: str) -> str:
         known = conn.execute(select(table.c.name).where(table.c.tenant == db.tenant)).scalars()
         raise OperationError(unknown_consumer(consumer, known))
     return str(state)
+
+
+def _declared(db: Database, conn: Connection, consumer: str, stale_timeout: float) -> None:
+    """Refuse a command on ``consumer`` when instances are live and none declares it: the
+    running code no longer has it, so nothing would carry the command out. With no live
+    instance at all it is accepted (the instances started next carry it out)."""
+    live = [m for m in Membership(db).instances(conn, stale_timeout) if m.live]
+    if live and not any(m.declares(consumer) for m in live):
+        raise OperationError(
+            f"consumer {consumer!r} is declared by none of the {len(live)} live instance(s): "
+            f"deploy code that declares it first, or remove it (`projections remove "
+            f"{consumer}`)"
+        )
 
 
 def _kind(db: Database, conn: Connection, consumer: str) -> str:
@@ -172,12 +189,22 @@ def _audit(
     )
 
 
-def pause(db: Database, consumer: str, *, who: str, reason: str = "") -> None:
-    """Stop every instance from applying ``consumer`` until it is resumed."""
+def pause(
+    db: Database,
+    consumer: str,
+    *,
+    who: str,
+    reason: str = "",
+    stale_timeout: float = DEFAULT_STALE_TIMEOUT,
+) -> None:
+    """Stop every instance from applying ``consumer`` until it is resumed (refused when
+    live instances run code that does not declare it, as by :func:`resume` and
+    :func:`rebuild`; ``stale_timeout`` tells live instances)."""
     check_reason(reason)
 
     def body(conn: Connection, command_id: str) -> None:
         state = _state(db, conn, consumer)
+        _declared(db, conn, consumer, stale_timeout)
         if state == ConsumerState.PAUSED:
             raise OperationError(f"consumer {consumer!r} is already paused")
         if state != ConsumerState.RUNNING:
@@ -190,7 +217,13 @@ def pause(db: Database, consumer: str, *, who: str, reason: str = "") -> None:
 
 
 def resume(
-    db: Database, consumer: str, *, who: str, reason: str = "", skip_poison: bool = False
+    db: Database,
+    consumer: str,
+    *,
+    who: str,
+    reason: str = "",
+    skip_poison: bool = False,
+    stale_timeout: float = DEFAULT_STALE_TIMEOUT,
 ) -> list[dict[str, Any]]:
     """Let ``consumer`` run again: a paused consumer continues, halted partitions retry their
     poison message, or, with ``skip_poison``, continue right after it (it is recorded, never
@@ -200,6 +233,7 @@ def resume(
 
     def body(conn: Connection, command_id: str) -> list[dict[str, Any]]:
         state = _state(db, conn, consumer)
+        _declared(db, conn, consumer, stale_timeout)
         if state not in (ConsumerState.RUNNING, ConsumerState.PAUSED):
             raise OperationError(f"consumer {consumer!r} is {state}; wait until it has finished")
         halted = [
@@ -271,7 +305,14 @@ def _record_skip(
     )
 
 
-def rebuild(db: Database, consumer: str, *, who: str, reason: str = "") -> None:
+def rebuild(
+    db: Database,
+    consumer: str,
+    *,
+    who: str,
+    reason: str = "",
+    stale_timeout: float = DEFAULT_STALE_TIMEOUT,
+) -> None:
     """Build a new version of projection ``consumer`` beside the live one, which goes on
     being applied and read until the new one takes over. The first instance running it
     starts the version (it has the table declarations)."""
@@ -288,6 +329,7 @@ def rebuild(db: Database, consumer: str, *, who: str, reason: str = "") -> None:
                 f"consumer {consumer!r} is a {kind}: only projections can be rebuilt "
                 "(replaying a route consumer or saga would repeat its effects)"
             )
+        _declared(db, conn, consumer, stale_timeout)
         if state in (ConsumerState.REBUILD_REQUESTED, ConsumerState.REBUILDING):
             raise OperationError(f"consumer {consumer!r} is already being rebuilt")
         building = [u.unit for u in unit_rows(db, conn, [consumer]) if u.building]

@@ -245,6 +245,7 @@ _COMMANDS = {
     "rebuild": cmd_operation,
     "rollback": cmd_operation,
     "drop-version": cmd_operation,
+    "remove": cmd_operation,
     "versions": cmd_versions,
     "audit": cmd_audit,
     **OPERATOR_COMMANDS,

@@ -16,6 +16,7 @@ SAGA = register_kind(
         "have a limit)",
         worker=SagaWorker,
         tables=saga_tables,
+        rows_by_consumer={"sagas": "saga", "deadlines": "saga"},
         hookspecs=hookspecs,
         parks=True,
     )

@@ -38,10 +38,8 @@ def test_crash_stop_and_join_hand_over_within_bounds(db: Database, tmp_path: Pat
     config = write_config(tmp_path / "config.yaml", db, batch_size=20)
     processes = {name: start_instance(config, name) for name in ("a", "b", "c")}
     try:
-        first = wait_until(
-            lambda: owned_by(db, {"a", "b", "c"}), timeout=60, what="a, b and c to share"
-        )
-        wait_until(
+        wait_until(lambda: owned_by(db, {"a", "b", "c"}), timeout=60, what="a, b and c to share")
+        wait_until(  # (read once: a handover under load may follow at once)
             lambda: (
                 (o := owned_by(db, {"a", "b", "c"}))
                 and sorted(Counter(o.values()).values()) == [2, 3, 3]
@@ -49,8 +47,6 @@ def test_crash_stop_and_join_hand_over_within_bounds(db: Database, tmp_path: Pat
             timeout=30,
             what="a balanced 3/3/2 split",
         )
-        first = owned_by(db, {"a", "b", "c"})
-        assert first is not None
 
         processes["a"].kill()
         processes["a"].wait()

@@ -81,6 +81,8 @@ def test_a_start_that_meets_a_held_generation_row_waits_and_runs(
     log = tmp_path / "a.log"
     with generation_held(db):
         process = start_instance(config, "a", log=log)
+        # (a loaded machine may take seconds to start it: the hold counts from its wait)
+        wait_until(lambda: _waits(log), timeout=60, what="the start to meet the held row")
         time.sleep(HELD)  # the row held as long as a slow peer's join would
         assert process.poll() is None, f"the start gave up:\n{log.read_text()}"
         assert not registered(db, "a")

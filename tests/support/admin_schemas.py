@@ -211,7 +211,7 @@ CLUSTER = _object(
 COMMAND = _object(
     {
         "consumer": _ID,
-        "command": {"enum": ["pause", "resume", "rebuild", "retry", "skip", "evict"]},
+        "command": {"enum": ["pause", "resume", "rebuild", "retry", "skip", "evict", "remove"]},
     },
     {
         "halted": {"type": "array", "items": _object({"partition": _INT, **_HALTED})},
@@ -219,6 +219,12 @@ COMMAND = _object(
         "retrying_skipped": _INT,
         "skipped": _object({"source": _ID, "position": _INT, "type": _ID}),
         "evicted": _INT,
+        # remove
+        "kind": {"type": ["string", "null"]},
+        "versions": {"type": "array", "items": _INT},
+        "rows": {"type": "object", "additionalProperties": _INT},
+        "dropped": {"type": "array", "items": _ID},
+        "kept": {"type": "array", "items": _ID},
     },
 )
 

@@ -89,6 +89,12 @@ class InstanceRow:
     liveness: str | None = None
     """Its liveness signal, or why a peer declared it gone (JSON; None: no signal)."""
 
+    def declares(self, consumer: str) -> bool:
+        """Whether its code runs ``consumer`` (or, for a version ``name@N``, ``name``): it
+        publishes the consumer or a version of it among what it runs."""
+        name = consumer.partition("@")[0]
+        return any(c.partition("@")[0] == name for c in self.runs)
+
     @property
     def gone_because(self) -> str | None:
         """Why it is not live: its process was seen gone, or its heartbeat is stale."""
