@@ -68,6 +68,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from forked import Process
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 # Measure this checkout's code, in this process and in the instance processes.
@@ -217,7 +219,7 @@ class Instances:
         inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
         path = os.pathsep.join([str(ROOT / "src"), str(HERE), *inherited])
         self.env = {"PYTHONPATH": path, ENDPOINT_ENV: endpoint}
-        self.live: dict[str, subprocess.Popen[bytes]] = {}
+        self.live: dict[str, Process] = {}
         self.logs: dict[str, Path] = {}
         self._count = 0
 

@@ -71,6 +71,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from forked import Process
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 # Measure this checkout's code, in this process and in the instance processes.
@@ -213,7 +215,7 @@ class Cluster:
         os.environ[EVENTS_ENV] = str(self.events_path)
         inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
         os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), str(HERE), *inherited])
-        self.processes: dict[str, subprocess.Popen[bytes]] = {}
+        self.processes: dict[str, Process] = {}
         self.gone: set[str] = set()
         self._count = 0
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from cdp import Browser
 from effort import register_profiles
+from forked import SPAWN_ENV
 from silent_proxy import SilentProxy
 from sqlalchemy import MetaData, create_engine, text
 from sqlalchemy.engine import make_url
@@ -29,6 +30,9 @@ MYSQL_URL_ENV = "PROJECTIONS_TEST_MYSQL_URL"
 
 # PROJECTIONS_TEST_EFFORT: dev, ci (the default) or nightly (tests/support/effort.py)
 register_profiles()
+# `projections` commands started by the tests' helpers are forked from a server that
+# imported the framework once (tests/support/forked.py); `exec` starts each afresh.
+os.environ.setdefault(SPAWN_ENV, "fork")
 
 
 def mysql_url() -> str:

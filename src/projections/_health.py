@@ -72,9 +72,10 @@ def health_report(db: Database, settings: Settings, consumer: str | None = None)
         membership = Membership(db)
         members = membership.instances(conn, stale)
         silent = {r.id: stale - r.expires_in for r in members}
+        published_by = membership.in_memory(conn)
         stuck = {
             (instance_id, batch["consumer"], partition): batch
-            for instance_id, published in membership.in_memory(conn).items()
+            for instance_id, published in published_by.items()
             for batch in published.get("stuck", [])
             for partition in batch["partitions"]
         }
@@ -87,7 +88,9 @@ def health_report(db: Database, settings: Settings, consumer: str | None = None)
     for entry in chosen:
         if entry["state"] == ConsumerState.RETIRED:
             continue  # a version a cutover replaced: applied by no one, on purpose
-        undeclared = bool(live) and not any(m.declares(entry["name"]) for m in live)
+        undeclared = bool(live) and not any(
+            m.declares(entry["name"], published_by.get(m.id, {}).get("stale", ())) for m in live
+        )
         partitions = []
         for p in entry["partitions"]:
             idle, unowned = p["idle"], p["changed"]

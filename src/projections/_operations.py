@@ -84,8 +84,8 @@ def _declared(db: Database, conn: Connection, consumer: str, stale_timeout: floa
     """Refuse a command on ``consumer`` when instances are live and none declares it: the
     running code no longer has it, so nothing would carry the command out. With no live
     instance at all it is accepted (the instances started next carry it out)."""
-    live = [m for m in Membership(db).instances(conn, stale_timeout) if m.live]
-    if live and not any(m.declares(consumer) for m in live):
+    live, declaring = Membership(db).declaring(conn, stale_timeout, consumer)
+    if live and not declaring:
         raise OperationError(
             f"consumer {consumer!r} is declared by none of the {len(live)} live instance(s): "
             f"deploy code that declares it first, or remove it (`projections remove "

@@ -94,9 +94,7 @@ def _remove_rows(
                 f"`projections remove {consumer} --drop-tables` drops them"
             )
         raise OperationError(unknown_consumer(consumer, (n for n in known if "@" not in n)))
-    declaring = [
-        m for m in Membership(db).instances(conn, stale_timeout) if m.live and m.declares(consumer)
-    ]
+    _, declaring = Membership(db).declaring(conn, stale_timeout, consumer)
     if declaring:
         who = ", ".join(f"{m.name} (pid {m.pid} on {m.host})" for m in declaring)
         raise OperationError(

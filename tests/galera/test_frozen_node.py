@@ -19,7 +19,6 @@ frozen or rejoining are checked.
 from __future__ import annotations
 
 import itertools
-import subprocess
 import time
 from pathlib import Path
 
@@ -27,6 +26,7 @@ import fault_app
 import pytest
 from clusters import lag, owners, start_instance, stop_instance, wait_until
 from fault_model import SINGLE_OWNER, SOURCES, Traffic, tally
+from forked import Process
 from galera_cluster import GaleraCluster
 from galera_ledger import MOVED, instance_config
 from sqlalchemy import func, select
@@ -90,7 +90,7 @@ def test_a_frozen_node_is_left_and_the_cluster_applies_on_with_nothing_lost(
     db = Database(galera.multi_url(galera_db, [2, 1, 0]))
     logs = {name: tmp_path / f"{name}.log" for name in ("a", "b")}
 
-    def start(name: str, order: list[int]) -> subprocess.Popen[bytes]:
+    def start(name: str, order: list[int]) -> Process:
         config = instance_config(
             tmp_path / f"{name}.yaml",
             galera.multi_url(galera_db, order),

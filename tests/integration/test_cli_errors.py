@@ -9,15 +9,14 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import forked
 import pytest
 
 from messaging import Database
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "projections.cli", *args], capture_output=True, text=True, timeout=60
-    )
+    return forked.run(args, timeout=60)
 
 
 def _closed_port() -> int:
@@ -56,14 +55,7 @@ def _one_line(result: subprocess.CompletedProcess[str], *expected: str, code: in
 
 
 def _in(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "projections.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=folder,
-        check=False,
-    )
+    return forked.run(args, timeout=60, cwd=folder)
 
 
 @pytest.fixture

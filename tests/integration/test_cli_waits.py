@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
+import forked
 import pytest
 from clusters import owned_by, start_instance, stop_instance, wait_until, write_config
 from ledger_waits import CONSUMER, balance
@@ -21,13 +21,7 @@ pytestmark = pytest.mark.multiprocess
 
 
 def _run(config: Path, *args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "projections.cli", *args, "--config", str(config)],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return forked.run([*args, "--config", str(config)], input=stdin, timeout=120)
 
 
 def _deposit_line(account: str) -> str:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -21,6 +20,7 @@ from unittest.mock import ANY
 import health_app
 import pytest
 from clusters import live_version, owned_by, start_instance, stop_instance, wait_until, write_config
+from forked import Process
 from freezing import freeze
 from sqlalchemy import MetaData
 
@@ -58,7 +58,7 @@ def _config(tmp_path: Path, db: Database, *, stale: float, stall: float = STALL)
 
 def _start(
     config: Path, name: str, tmp_path: Path, admin_port: int | None = None, version: int = 1
-) -> subprocess.Popen[bytes]:
+) -> Process:
     return start_instance(
         config,
         name,

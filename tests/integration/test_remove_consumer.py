@@ -12,17 +12,16 @@ again after that, the projection is built from the first message: nothing applie
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
+import forked
 import pytest
 import removal_app as app
 from admin_client import post, served_admin
 from admin_schemas import COMMAND, check
-from clusters import SUPPORT, start_instance, stop_instance, wait_until, write_config
+from clusters import start_instance, stop_instance, wait_until, write_config
 from sqlalchemy import MetaData, func, inspect, select
 
 from messaging import Database, MessageStore, OperationError
@@ -73,12 +72,7 @@ def _expected_stock() -> dict[str, int]:
 
 
 def _run(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "projections.cli", *args, "--config", str(config)],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(SUPPORT)},
-    )
+    return forked.run([*args, "--config", str(config)])
 
 
 def _ok(config: Path, *args: str) -> str:

@@ -14,7 +14,6 @@ and unapplied replies behind their checkpoints.
 from __future__ import annotations
 
 import json
-import subprocess
 import time
 from collections import Counter
 from pathlib import Path
@@ -22,6 +21,7 @@ from pathlib import Path
 import fulfilment_app as app
 import pytest
 from clusters import owned_by, start_instance, stop_instance, wait_until, write_config
+from forked import Process
 from sqlalchemy import MetaData, func, select
 
 from messaging import Database, MessageStore
@@ -74,9 +74,7 @@ def _done(db: Database) -> bool:
     return _ended(db) >= ORDERS and _recorded(db) >= ORDERS
 
 
-def _kill_and_replace(
-    processes: dict[str, subprocess.Popen[bytes]], victim: str, name: str, config: Path
-) -> None:
+def _kill_and_replace(processes: dict[str, Process], victim: str, name: str, config: Path) -> None:
     """SIGKILL ``victim`` and start ``name`` in its place (the other one runs on)."""
     process = processes.pop(victim)
     process.kill()

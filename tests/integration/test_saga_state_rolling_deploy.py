@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -28,6 +27,7 @@ from typing import Any
 import pytest
 from clusters import cli, lag, owned_by, owners, start_instance, stop_instance, wait_until
 from clusters import write_config as cluster_config
+from forked import Process
 from orders_state_shared import DONE, PARTITIONS, SAGA, STEPS, TOPIC, OrderOpened, OrderStep
 from sqlalchemy import func, select
 
@@ -177,8 +177,8 @@ def _rolling_deploy(
     logs: dict[str, Path],
     new_module: str,
     ids: Sequence[str],
-    processes: list[subprocess.Popen[bytes]],
-) -> subprocess.Popen[bytes]:
+    processes: list[Process],
+) -> Process:
     """``old1`` (the first generation) opens every order of ``ids`` and applies its first
     step; then ``new1`` (``new_module``) starts, shares the partitions with ``old1`` and
     ``old1`` stops (SIGTERM, as a rolling deploy does), while the remaining steps are
@@ -235,7 +235,7 @@ def test_a_rolling_deploy_of_a_versioned_state_change_ends_every_saga_once(
     config = cluster_config(tmp_path / "config.yaml", db)
     logs = {name: tmp_path / f"{name}.log" for name in ("old1", "new1")}
     ids = _ids(SAGAS)
-    processes: list[subprocess.Popen[bytes]] = []
+    processes: list[Process] = []
     try:
         new = _rolling_deploy(db, config, logs, new_module, ids, processes)
         wait_until(lambda: _done_count(db) >= SAGAS, timeout=WAIT, what="every order to end")
@@ -283,7 +283,7 @@ def test_a_state_change_without_a_state_version_halts_only_the_partitions_it_can
     old_partitions, fresh_partitions = {0, 1, 2, 3}, {4, 5, 6, 7}
     ids = _ids(SAGAS, old_partitions)
     fresh = _ids(FRESH, fresh_partitions, prefix="f")
-    processes: list[subprocess.Popen[bytes]] = []
+    processes: list[Process] = []
     try:
         new = _rolling_deploy(db, config, logs, "orders_state_unversioned_app", ids, processes)
         # Orders opened by the new code only, in partitions without an older state.
@@ -365,7 +365,7 @@ def test_an_older_instance_leaves_the_partitions_whose_states_newer_code_wrote(
     config = cluster_config(tmp_path / "config.yaml", db)
     logs = {name: tmp_path / f"{name}.log" for name in ("old1", "new1", "new1-again")}
     ids = _ids(SAGAS)
-    processes: list[subprocess.Popen[bytes]] = []
+    processes: list[Process] = []
     try:
         processes.append(start_instance(config, "old1", "orders_state_v1_app", log=logs["old1"]))
         wait_until(lambda: owned_by(db, {"old1"}, SAGA), timeout=WAIT, what="old1 holding it")

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -17,6 +16,7 @@ from typing import Any
 import gate_app
 import pytest
 from clusters import owners, start_instance, stop_instance, wait_until
+from forked import Process
 from sqlalchemy import MetaData, Select, func, select
 
 from messaging import Database, MessageStore
@@ -58,7 +58,7 @@ class Cluster:
         self.config.write_text(
             CONFIG.format(url=db.url, prefix=db.schema.prefix, stale=STALE), encoding="utf-8"
         )
-        self.processes: dict[str, subprocess.Popen[bytes]] = {}
+        self.processes: dict[str, Process] = {}
 
     def start(self, name: str) -> None:
         self.processes[name] = start_instance(

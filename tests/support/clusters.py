@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack
@@ -13,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from forked import Process, run, spawn
 from sqlalchemy import select
 
 from messaging import Database, MessageStore
@@ -62,18 +61,16 @@ def start_instance(
     log: Path | None = None,
     options: Sequence[str] = (),
     log_level: str = "WARNING",
-) -> subprocess.Popen[bytes]:
-    """Start ``projections run`` as a real OS process, with ``env`` added to its environment
-    (tests/support on its path), its log (stderr, from ``log_level`` up) written to ``log``
-    if given, and more ``options`` of ``run`` (``--admin-port``)."""
+) -> Process:
+    """Start ``projections run`` as a real OS process (forked, :mod:`forked`), with
+    ``env`` added to its environment (tests/support on its path), its log (stderr, from
+    ``log_level`` up) written to ``log`` if given, and more ``options`` of ``run``
+    (``--admin-port``)."""
     path = os.pathsep.join(filter(None, [str(SUPPORT), os.environ.get("PYTHONPATH")]))
     with ExitStack() as stack:
-        stderr = None if log is None else stack.enter_context(log.open("ab"))
-        process = subprocess.Popen(
+        stderr = 2 if log is None else stack.enter_context(log.open("ab")).fileno()
+        process = spawn(
             [
-                sys.executable,
-                "-m",
-                "projections.cli",
                 "--log-level",
                 log_level,
                 "run",
@@ -91,7 +88,7 @@ def start_instance(
     return process
 
 
-_STARTED: list[subprocess.Popen[bytes]] = []
+_STARTED: list[Process] = []
 """Every process :func:`start_instance` started, for :func:`kill_leftovers`."""
 
 
@@ -109,16 +106,14 @@ def kill_leftovers() -> list[int]:
 
 
 def cli(config: Path, *args: str) -> str:
-    """Run a ``projections`` command against ``config`` in a real process; its stdout."""
-    return subprocess.run(
-        [sys.executable, "-m", "projections.cli", *args, "--config", str(config)],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
+    """Run a ``projections`` command against ``config`` in a real process; its stdout
+    (CalledProcessError, with its stderr, if it fails)."""
+    done = run([*args, "--config", str(config)])
+    done.check_returncode()
+    return done.stdout
 
 
-def stop_instance(process: subprocess.Popen[Any], timeout: float = 30) -> int:
+def stop_instance(process: Process, timeout: float = 30) -> int:
     """SIGTERM a process and wait for its exit code."""
     process.send_signal(signal.SIGTERM)
     return process.wait(timeout=timeout)

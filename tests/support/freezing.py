@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import signal
 import sqlite3
-import subprocess
 from pathlib import Path
 
 from clusters import wait_until
+from forked import Process
 from sqlalchemy import make_url
 
 from messaging import Database
@@ -32,7 +32,7 @@ def stopped(pid: int) -> bool:
     return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
 
 
-def freeze(process: subprocess.Popen[bytes], db: Database) -> None:
+def freeze(process: Process, db: Database) -> None:
     """SIGSTOP ``process``; on SQLite at a moment it holds no write lock."""
     while True:
         process.send_signal(signal.SIGSTOP)

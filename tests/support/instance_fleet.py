@@ -3,13 +3,13 @@ replacement, a joiner (a handover), a clean stop; and a rebuild through the CLI.
 
 from __future__ import annotations
 
-import subprocess
 from collections import Counter
 from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
 
 from clusters import cli, registered, start_instance, stop_instance, wait_until
+from forked import Process
 from ledger_waits import CONSUMER
 
 from messaging import Database
@@ -26,7 +26,7 @@ class Fleet:
         self.configs = list(configs)
         self.logs = logs
         self.prefix = prefix
-        self.running: dict[str, subprocess.Popen[bytes]] = {}
+        self.running: dict[str, Process] = {}
         """Name → process, oldest first."""
         self.exits: dict[str, int] = {}
         """Name → exit code of each instance stopped cleanly."""
@@ -89,7 +89,7 @@ class Fleet:
             name = next(iter(self.running))
             self._stop(name, self.running.pop(name))
 
-    def _stop(self, name: str, process: subprocess.Popen[bytes]) -> None:
+    def _stop(self, name: str, process: Process) -> None:
         """SIGTERM an instance once it has registered (before, its Python may still be
         importing, with no handler for the signal yet)."""
         if process.poll() is None:

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import subprocess
 import time
 from collections import Counter
 from collections.abc import Mapping
@@ -12,6 +11,7 @@ from typing import Any
 
 import tally_app
 from clusters import start_instance, stop_instance, wait_until, write_config
+from forked import Process
 from sqlalchemy import select
 from sqlalchemy.exc import OperationalError, ProgrammingError
 
@@ -29,7 +29,7 @@ class TallyCluster:
         self.db = db
         self.tmp_path = tmp_path
         self.config = write_config(tmp_path / "config.yaml", db, consumer=consumer)
-        self.processes: dict[str, subprocess.Popen[bytes]] = {}
+        self.processes: dict[str, Process] = {}
         self.appended = 0
 
     def start(self, name: str, version: int) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 import attrs
@@ -89,11 +89,12 @@ class InstanceRow:
     liveness: str | None = None
     """Its liveness signal, or why a peer declared it gone (JSON; None: no signal)."""
 
-    def declares(self, consumer: str) -> bool:
-        """Whether its code runs ``consumer`` (or, for a version ``name@N``, ``name``): it
-        publishes the consumer or a version of it among what it runs."""
+    def declares(self, consumer: str, stale: Collection[str] = ()) -> bool:
+        """Whether its code declares ``consumer`` (or, for a version ``name@N``, ``name``):
+        it runs the consumer or a version of it, or holds a declaration of it that the
+        database replaced (``stale``, what it published: it applies nothing of those)."""
         name = consumer.partition("@")[0]
-        return any(c.partition("@")[0] == name for c in self.runs)
+        return name in stale or any(c.partition("@")[0] == name for c in self.runs)
 
     @property
     def gone_because(self) -> str | None:
@@ -220,6 +221,17 @@ class Membership:
             )
         )
         return {r.id: json.loads(r.in_memory) for r in rows}
+
+    def declaring(
+        self, conn: Connection, stale_timeout: float, consumer: str
+    ) -> tuple[list[InstanceRow], list[InstanceRow]]:
+        """The live instances, and those of them whose code declares ``consumer``
+        (:meth:`InstanceRow.declares`)."""
+        live = [m for m in self.instances(conn, stale_timeout) if m.live]
+        published = self.in_memory(conn)
+        return live, [
+            m for m in live if m.declares(consumer, published.get(m.id, {}).get("stale", ()))
+        ]
 
     def deregister(self, conn: Connection, instance_id: str) -> None:
         """Delete this instance's row (clean stop)."""

@@ -74,6 +74,8 @@ class Presence:
         self._db, self._membership, self._who, self._settings = db, membership, who, settings
         self._stopping, self._in_memory, self._retry = stopping, in_memory, retry
         self._stuck = stuck
+        self._stale: set[str] = set()
+        """The consumers its code declares that the database holds another declaration of."""
         self._published_stuck: list[dict[str, Any]] = []
         """The stuck batches the row names now (published when they change)."""
         self.info = info
@@ -140,8 +142,11 @@ class Presence:
 
     def forget(self, name: str) -> None:
         """Stop telling the peers that this instance runs ``name``: it applies nothing of
-        it, so nobody may plan partitions of it here."""
+        it, so nobody may plan partitions of it here. Its row still says that its code
+        declares it (``stale`` in what it publishes: ``projections remove`` is refused)."""
+        self._stale.add(name)
         self.publish_runs({c: run for c, run in self.info.runs.items() if c != name})
+        self.publish_in_memory()
 
     def heartbeat(self) -> None:
         """Stamp the row's heartbeat (and whether the instance is stopping); register again
@@ -186,7 +191,12 @@ class Presence:
         """The row's report of the in-memory consumers and of the batches stuck past their
         apply timeout (for ``health``: a stalled partition names where its handler is)."""
         consumers = {name: copy.snapshot() for name, copy in self._in_memory.items()}
-        published = {"admin": self.admin_url, "consumers": consumers, "stuck": stuck}
+        published = {
+            "admin": self.admin_url,
+            "consumers": consumers,
+            "stuck": stuck,
+            "stale": sorted(self._stale),
+        }
         self._membership.publish_in_memory(conn, self.info.id, published)
 
     def loop(self, watchdog: Watchdog, stop: threading.Event) -> None:
