@@ -55,7 +55,10 @@ def _spec(db: Database, version: int):  # type: ignore[no-untyped-def]
 def _register(db: Database, instance_id: str) -> None:
     with db.transaction() as conn:
         Membership(db).register(
-            conn, InstanceInfo(id=instance_id, name=instance_id, host="h", pid=1)
+            conn,
+            InstanceInfo(
+                id=instance_id, name=instance_id, host="h", pid=1, runs={"decl-notes": {}}
+            ),
         )
 
 

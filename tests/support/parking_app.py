@@ -92,7 +92,8 @@ def claimed(db: Database, worker: ConsumerWorker, *, first: bool = True) -> Cons
     with db.transaction() as conn:
         instances = db.schema.instances
         if conn.execute(select(instances.c.id).where(instances.c.id == ME)).first() is None:
-            Membership(db).register(conn, InstanceInfo(id=ME, name="me", host="h", pid=1))
+            me = InstanceInfo(id=ME, name="me", host="h", pid=1, runs={spec.name: {}})
+            Membership(db).register(conn, me)  # (its code declares the consumer)
         conn.execute(
             insert(db.schema.consumers).values(
                 tenant=db.tenant,

@@ -226,6 +226,7 @@ class Instance:
         step(self.db.prepare, "prepare the schema")
         runs = declared.fingerprint(self.db)
         self.presence.info = attrs.evolve(self.presence.info, runs=runs)
+        self.presence.declares = frozenset(runs)
         if loops:  # a liveness signal its peers watch (none for an instance driven by hand)
             beat = declared.consumer_settings.idle_poll_interval
             step(partial(self.presence.hold, beat), "hold the liveness signal")

@@ -74,8 +74,8 @@ class Presence:
         self._db, self._membership, self._who, self._settings = db, membership, who, settings
         self._stopping, self._in_memory, self._retry = stopping, in_memory, retry
         self._stuck = stuck
-        self._stale: set[str] = set()
-        """The consumers its code declares that the database holds another declaration of."""
+        self.declares: frozenset[str] = frozenset()
+        """The consumers its code declares, run or not (set at the start)."""
         self._published_stuck: list[dict[str, Any]] = []
         """The stuck batches the row names now (published when they change)."""
         self.info = info
@@ -131,22 +131,27 @@ class Presence:
         self.registered = True
 
     def publish_runs(self, runs: Mapping[str, Mapping[str, Any]]) -> None:
-        """Tell the peers which consumers (by name) this instance runs, and how."""
+        """Tell the peers which consumers (by name) this instance runs, and how, and which
+        of those its code declares it does not run (:meth:`stale`)."""
         self.info = attrs.evolve(self.info, runs=runs)
 
         def update() -> None:
             with self._db.transaction() as conn:
                 self._membership.update_runs(conn, self.info.id, runs)
+                self._publish_in_memory(conn, self._published_stuck)
 
         self._retry(update, "publish what it runs")
 
     def forget(self, name: str) -> None:
         """Stop telling the peers that this instance runs ``name``: it applies nothing of
-        it, so nobody may plan partitions of it here. Its row still says that its code
-        declares it (``stale`` in what it publishes: ``projections remove`` is refused)."""
-        self._stale.add(name)
+        it, so nobody may plan partitions of it here."""
         self.publish_runs({c: run for c, run in self.info.runs.items() if c != name})
-        self.publish_in_memory()
+
+    def stale(self) -> list[str]:
+        """The consumers its code declares that it does not run: the database holds another
+        declaration of them (peers read it: ``health``, ``projections remove``)."""
+        running = {unit.partition("@")[0] for unit in self.info.runs}
+        return sorted(self.declares - running)
 
     def heartbeat(self) -> None:
         """Stamp the row's heartbeat (and whether the instance is stopping); register again
@@ -195,7 +200,7 @@ class Presence:
             "admin": self.admin_url,
             "consumers": consumers,
             "stuck": stuck,
-            "stale": sorted(self._stale),
+            "stale": self.stale(),
         }
         self._membership.publish_in_memory(conn, self.info.id, published)
 
