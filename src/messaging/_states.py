@@ -114,6 +114,9 @@ class Verdict(enum.StrEnum):
     UNDECLARED = "undeclared"
     """Instances are live and none of them declares it: the running code no longer has it
     (``projections remove`` removes it)."""
+    OUTDATED = "outdated"
+    """A live instance has run a declaration of it that the database replaced for longer
+    than the stall timeout: it applies nothing of it until it runs the current code."""
     STALLED = "stalled"
     """Messages left to apply and no checkpoint committed for the stall timeout."""
     HALTED = "halted"
@@ -123,7 +126,7 @@ class Verdict(enum.StrEnum):
 
     @property
     def severity(self) -> Severity:
-        if self in (Verdict.PARKED, Verdict.UNDECLARED, Verdict.STALLED):
+        if self in (Verdict.PARKED, Verdict.UNDECLARED, Verdict.OUTDATED, Verdict.STALLED):
             return Severity.DEGRADED
         if self in (Verdict.HALTED, Verdict.UNOWNED):
             return Severity.CRITICAL

@@ -20,7 +20,7 @@ from messaging._overrides import check_overrides
 from messaging._plugins import import_module
 from messaging._settings import format_duration
 from messaging._states import ConsumerState, OwnerState, PartitionStatus
-from messaging.distribution._membership import Membership
+from messaging.distribution._membership import InstanceRow, Membership
 from messaging.distribution._needs import describe as describe_need
 from messaging.distribution._needs import pending_need
 from messaging.distribution._ownership import NOT_HALTED, Ownership
@@ -66,6 +66,7 @@ __all__ = [
     "STALE",
     "ConsumerState",
     "DatabaseCheck",
+    "InstanceRow",
     "ManualClock",
     "Membership",
     "NoRetiredVersion",

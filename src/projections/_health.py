@@ -19,6 +19,10 @@ stalled. A consumer's verdict is its partitions' most alarming one; the report's
 the worst severity (:class:`~messaging._states.Severity`), and at least ``degraded`` while
 the database refuses writes (a write that changes nothing is tried:
 :func:`~messaging.store._refusals.refused_writes`). A retired version is not reported.
+A consumer that a live instance has run a replaced declaration of (it applies nothing of
+it: old code after a cutover, or after a rollback) for longer than
+``health.stall-timeout`` is at least ``outdated`` (degraded), naming the instance: within
+the stall timeout, a rolling deploy's old instances raise no alarm.
 """
 
 from __future__ import annotations
@@ -26,9 +30,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from sqlalchemy import select
+
 from messaging import Database, ProjectionsError, Settings, Severity, Verdict
 from messaging.operations import (
     ConsumerState,
+    InstanceRow,
     Membership,
     OwnerState,
     PartitionStatus,
@@ -73,6 +80,7 @@ def health_report(db: Database, settings: Settings, consumer: str | None = None)
         members = membership.instances(conn, stale)
         silent = {r.id: stale - r.expires_in for r in members}
         published_by = membership.in_memory(conn)
+        now = float(conn.execute(select(db.clock.now())).scalar_one())
         stuck = {
             (instance_id, batch["consumer"], partition): batch
             for instance_id, published in published_by.items()
@@ -123,6 +131,12 @@ def health_report(db: Database, settings: Settings, consumer: str | None = None)
             "severity": worst.severity,
             "partitions": partitions,
         }
+        outdated = _outdated(entry["name"], live, published_by, now)
+        if outdated:
+            found["outdated"] = outdated
+        if any(o["for"] > limits["stall_timeout"] for o in outdated):
+            found["verdict"] = max(worst, Verdict.OUTDATED, key=_RANK.index)
+            found["severity"] = found["verdict"].severity
         if entry.get("parked_sources"):  # how many, and the oldest's age in seconds
             found["parked_sources"] = entry["parked_sources"]
             found["parked_age"] = entry["parked_age"]
@@ -193,6 +207,19 @@ def _verdict(
     return Verdict.CAUGHT_UP, "nothing to apply"
 
 
+def _outdated(
+    consumer: str, live: list[InstanceRow], published_by: dict[str, Any], now: float
+) -> list[dict[str, Any]]:
+    """The live instances whose code holds a declaration of ``consumer`` (a live version's
+    name) that the database replaced, each with how long: ``[{"instance", "for"}]``."""
+    found = []
+    for member in live:
+        stale = published_by.get(member.id, {}).get("stale", {})
+        if "@" not in consumer and isinstance(stale, dict) and consumer in stale:
+            found.append({"instance": member.name, "for": max(0.0, now - stale[consumer])})
+    return found
+
+
 def _undeclared(consumer: str, live: int) -> str:
     """Why a consumer (or a version of it) no live instance declares is reported so, and
     what to do."""
@@ -223,6 +250,13 @@ def format_health(report: dict[str, Any]) -> str:
             f"{consumer['name']}  {consumer['verdict']}  ({consumer['severity']}; version "
             f"{consumer['version']}{held})"
         )
+        for stale in consumer.get("outdated", []):
+            lines.append(
+                f"  instance {stale['instance']} runs a declaration of it the database "
+                f"replaced, for {stale['for']:.0f} s: it applies nothing of it until it runs "
+                f"the current code (or `projections rollback {consumer['name']}` makes its "
+                "declaration live again)"
+            )
         for p in consumer["partitions"]:
             if p["verdict"] != Verdict.CAUGHT_UP:
                 lines.append(f"  partition {p['partition']:>4}  {p['verdict']:<11} {p['reason']}")

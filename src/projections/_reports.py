@@ -287,16 +287,20 @@ def _total(db: Database, conn: Connection, topics: list[str], types: list[str]) 
 
 def instances_report(db: Database, settings: ConsumerSettings) -> dict[str, Any]:
     """``{"instances": [{"id", "name", "host", "pid", "started_at", "heartbeat_at", "live",
-    "stopping", "last_heard", "late", "gone", "reads", "upcasters"}]}``: ``last_heard`` is
-    the seconds since its last heartbeat by the database's clock; ``late`` a live instance
-    whose heartbeat is more than two intervals old (it may have died; it turns stale at
-    stale-instance-timeout);
-    ``gone`` why an instance is not live (``process gone (lock released)`` or ``heartbeat
-    stale``), None for a live one; ``reads``: per consumer it runs, the newest payload
-    version of each stored type name it can read (its upcasters' reach); ``upcasters``: per
-    consumer, the upcasters and renames it reads older payloads through."""
+    "stopping", "last_heard", "late", "gone", "reads", "upcasters", "applies_nothing_of"}]}``:
+    ``last_heard`` is the seconds since its last heartbeat by the database's clock; ``late``
+    a live instance whose heartbeat is more than two intervals old (it may have died; it
+    turns stale at stale-instance-timeout); ``gone`` why an instance is not live
+    (``process gone (lock released)`` or ``heartbeat stale``), None for a live one;
+    ``reads``: per consumer it runs, the newest payload version of each stored type name it
+    can read (its upcasters' reach); ``upcasters``: per consumer, the upcasters and renames
+    it reads older payloads through;
+    ``applies_nothing_of``: the consumers its code declares that it does not run, because
+    the database replaced their declaration."""
     with db.read() as conn:
-        rows = Membership(db).instances(conn, settings.stale_instance_timeout)
+        membership = Membership(db)
+        rows = membership.instances(conn, settings.stale_instance_timeout)
+        published = membership.in_memory(conn)
     late_after = LATE_HEARTBEATS * settings.heartbeat_interval
     return {
         "instances": [
@@ -316,6 +320,7 @@ def instances_report(db: Database, settings: ConsumerSettings) -> dict[str, Any]
                 "upcasters": {
                     c: list(run.get("upcasters", [])) for c, run in sorted(r.runs.items())
                 },
+                "applies_nothing_of": sorted(published.get(r.id, {}).get("stale", ())),
             }
             for r in rows
         ]
@@ -394,6 +399,11 @@ def format_instances(report: dict[str, Any]) -> str:
         heard = f"{row['last_heard']:.1f} s ago"
         where = f"{row['host']}:{row['pid']}"
         lines.append(f"{row['name']:<30} {state:<8} {heard:<18} {where:<24} {row['id']}")
+        for name in row.get("applies_nothing_of", []):
+            lines.append(
+                f"  applies nothing of {name}: the database replaced its declaration (deploy "
+                f"the current code to it, or `projections rollback {name}`)"
+            )
     return "\n".join(lines)
 
 

@@ -30,6 +30,7 @@ from messaging._settings import Settings
 from messaging._states import Severity, Verdict
 from projections import _operations as operations
 from projections._health import health_report
+from projections._reports import instances_report
 
 pytestmark = pytest.mark.multiprocess
 
@@ -353,3 +354,35 @@ def test_the_probes_while_an_instance_stops_and_once_its_apply_loop_died(
     assert health_app.probe(port, "health/ready")[0] == 200
     second.kill()
     second.wait(timeout=10)
+
+
+def test_an_instance_left_on_a_replaced_declaration_is_named_once_past_the_stall_timeout(
+    db: Database, tmp_path: Path
+) -> None:
+    """p1 runs version 1; p2 deploys version 2, which is built and takes over: p1 then
+    applies nothing of the consumer. Within the stall timeout that is a rolling deploy
+    (healthy); past it the consumer is ``outdated`` (degraded), naming p1, until p1 stops."""
+    config = _config(tmp_path, db, stale=3.0)
+    settings = load_settings(config, environ={})
+    old = _start(config, "p1", tmp_path)
+    health_app.append(db, 0, 200)
+    wait_until(lambda: health_app.applied(db) == 200, timeout=60, what="p1 to apply")
+    new = _start(config, "p2", tmp_path, version=2)
+    wait_until(lambda: live_version(db, CONSUMER) == 2, timeout=60, what="the cutover")
+    entry = wait_until(
+        lambda: (c := _consumer(db, settings)) and c["verdict"] == Verdict.OUTDATED and c,
+        timeout=STALL + 30,
+        what="p1 to be named outdated",
+    )
+    assert [o["instance"] for o in entry["outdated"]] == ["p1"]
+    assert entry["outdated"][0]["for"] > STALL
+    assert health_report(db, settings)["status"] == Severity.DEGRADED
+    listed = instances_report(db, settings.messaging.consumer)["instances"]
+    assert {i["name"]: i["applies_nothing_of"] for i in listed} == {"p1": [CONSUMER], "p2": []}
+    assert stop_instance(old) == 0
+    wait_until(
+        lambda: (c := _consumer(db, settings)) and c["verdict"] == Verdict.CAUGHT_UP,
+        timeout=30,
+        what="healthy once p1 stopped",
+    )
+    assert stop_instance(new) == 0

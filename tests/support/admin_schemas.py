@@ -145,6 +145,7 @@ INSTANCES = _object(
                         "type": "object",
                         "additionalProperties": {"type": "array", "items": {"type": "string"}},
                     },
+                    "applies_nothing_of": {"type": "array", "items": _ID},
                 }
             ),
         }

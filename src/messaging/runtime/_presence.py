@@ -17,7 +17,7 @@ from functools import partial
 from typing import Any, TypeVar
 
 import attrs
-from sqlalchemy import Connection
+from sqlalchemy import Connection, select
 
 from messaging._bounds import lock_wait_bound
 from messaging._errors import ProjectionsError
@@ -76,6 +76,7 @@ class Presence:
         self._stuck = stuck
         self.declares: frozenset[str] = frozenset()
         """The consumers its code declares, run or not (set at the start)."""
+        self._stale_since: dict[str, float] = {}
         self._published_stuck: list[dict[str, Any]] = []
         """The stuck batches the row names now (published when they change)."""
         self.info = info
@@ -147,11 +148,17 @@ class Presence:
         it, so nobody may plan partitions of it here."""
         self.publish_runs({c: run for c, run in self.info.runs.items() if c != name})
 
-    def stale(self) -> list[str]:
-        """The consumers its code declares that it does not run: the database holds another
-        declaration of them (peers read it: ``health``, ``projections remove``)."""
+    def stale(self, conn: Connection) -> dict[str, float]:
+        """The consumers its code declares that it does not run (the database holds another
+        declaration of them), each with the database time it first published so (peers
+        read it: ``health``, ``projections remove``)."""
         running = {unit.partition("@")[0] for unit in self.info.runs}
-        return sorted(self.declares - running)
+        stale = sorted(self.declares - running)
+        if any(name not in self._stale_since for name in stale):
+            now = float(conn.execute(select(self._db.clock.now())).scalar_one())
+            for name in stale:
+                self._stale_since.setdefault(name, now)
+        return {name: self._stale_since[name] for name in stale}
 
     def heartbeat(self) -> None:
         """Stamp the row's heartbeat (and whether the instance is stopping); register again
@@ -200,7 +207,7 @@ class Presence:
             "admin": self.admin_url,
             "consumers": consumers,
             "stuck": stuck,
-            "stale": self.stale(),
+            "stale": self.stale(conn),
         }
         self._membership.publish_in_memory(conn, self.info.id, published)
 
