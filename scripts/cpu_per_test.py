@@ -7,7 +7,9 @@ commands, Galera nodes), and a report of the biggest.
 
 Records go to ``$CPU_PER_TEST`` (``/tmp/cpu_per_test.jsonl`` by default), one JSON line
 per test, appended (remove the file before a new run). A process killed by a test
-(SIGKILL) is reaped, and counted, wherever it is waited for.
+(SIGKILL) is reaped, and counted, wherever it is waited for. Commands the tests' fork
+server starts (tests/support/forked.py) are its children, not the worker's: run with
+``PROJECTIONS_TEST_SPAWN=exec`` to count their CPU too.
 """
 
 from __future__ import annotations
