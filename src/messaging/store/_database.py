@@ -27,9 +27,12 @@ from sqlalchemy.pool import NullPool
 
 from messaging._bounds import answer_bound
 from messaging._errors import ConfigError
+from messaging._settings import ConflictRetrySettings
 from messaging.store._answers import AnswerBound
 from messaging.store._clock import Clock, DatabaseClock
+from messaging.store._migrations import check_schema, create_sqlite_schema
 from messaging.store._nodes import Failover, join_hosts, split_hosts
+from messaging.store._retry import for_command, retry_command
 from messaging.store._schema import Schema
 from messaging.store._sessions import Sessions
 from messaging.store._tenancy import CONSUMER_OPTION, ReadModels
@@ -322,9 +325,6 @@ class Database:
         within a one-shot command's budget (:func:`~messaging.store._retry.retry_command`:
         :class:`~messaging._errors.Unanswered` when the database does not answer).
         ``reads_only``: for a command that only reads (a report): one answer bound."""
-        from messaging._settings import ConflictRetrySettings
-        from messaging.store._migrations import check_schema, create_sqlite_schema
-        from messaging.store._retry import for_command, retry_command
 
         def attempt() -> None:
             if self.is_sqlite:

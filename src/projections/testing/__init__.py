@@ -38,7 +38,8 @@ from projections.testing.outcomes import (
     UnknownOutcome,
     unknown_outcome_error,
 )
-from projections.testing.parking import ParkingSteps, retry_parked_sources
+from projections.testing.parked import retry_parked_sources
+from projections.testing.parking import ParkingSteps
 from projections.testing.payloads import (
     Golden,
     golden_payloads,

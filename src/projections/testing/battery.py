@@ -13,7 +13,7 @@ from __future__ import annotations
 import inspect
 import math
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING
+from typing import ClassVar, Protocol
 
 import attrs
 from hypothesis import HealthCheck, Phase, find, settings
@@ -25,9 +25,7 @@ from messaging.kinds import ConsumerSpec, partition_of
 from messaging.operations import collect_specs
 from projections.testing.differences import ReadModelDiffers
 from projections.testing.events import Append
-
-if TYPE_CHECKING:
-    from projections.testing.machine import ClusterMachine
+from projections.testing.protocols import Machine
 
 
 @attrs.define(frozen=True)
@@ -63,7 +61,7 @@ class BatteryFailure(AssertionError):
 class Run:
     """One scenario's run: the machine, its samples, the steps so far as a program."""
 
-    def __init__(self, scenario: Scenario, machine: ClusterMachine, samples: Samples) -> None:
+    def __init__(self, scenario: Scenario, machine: Machine, samples: Samples) -> None:
         self.scenario = scenario
         self.machine = machine
         self.cluster = machine.cluster
@@ -409,7 +407,13 @@ earlier scenarios show too; it checks first of all the framework's own promise t
 batch whose commit had an unknown outcome takes effect exactly once."""
 
 
-def run_battery(machine: type[ClusterMachine], database_url: str | None = None) -> None:
+class BatteryMachine(Machine, Protocol):
+    """A machine with its battery of scenarios (``ClusterMachine.battery``)."""
+
+    battery: ClassVar[Sequence[Scenario]]
+
+
+def run_battery(machine: type[BatteryMachine], database_url: str | None = None) -> None:
     """Run ``machine.battery``, each applicable scenario on a fresh machine; raise
     :class:`BatteryFailure` for the first that fails."""
     samples = samples_of(machine.messages)

@@ -44,8 +44,8 @@ from projections.testing.events import (
 )
 from projections.testing.lineage import Lineage, handled
 from projections.testing.reads import check_reads
+from projections.testing.runner import TestCaseProperty
 from projections.testing.strategies import pauses, picks, ticks
-from projections.testing.testcase import TestCaseProperty
 from projections.testing.waiting import append_and_wait
 
 HANDOVERS = ("join", "stop", "crash", "freeze")

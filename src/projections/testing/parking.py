@@ -29,7 +29,9 @@ from messaging import Appended, OperationError, WaitRefused
 from projections import _parked_ops as ops
 from projections.testing.cluster import SimulatedCluster
 from projections.testing.events import Append
+from projections.testing.parked import parked_sources, retry_parked_sources
 from projections.testing.strategies import picks
+from projections.testing.waiting import wait_in
 
 UNREADABLE = '{"poisoned by the testing kit": '
 """The payload a poisoned message is stored with until it is fixed (not JSON)."""
@@ -38,33 +40,6 @@ _poisonable = st.runner().flatmap(
     lambda machine: machine.messages.filter(lambda batch: batch.topic in machine.poison_topics)
 )
 """The machine's own appends, of the topics it may poison."""
-
-
-def parked_sources(cluster: SimulatedCluster, consumers: Sequence[str]) -> list[tuple[str, str]]:
-    """(consumer, source) of every source parked by ``consumers`` (those not declared yet
-    have none)."""
-    found = []
-    for name in consumers:
-        with suppress(OperationError):  # not declared by any instance yet
-            found += [(name, e["source"]) for e in ops.parked(cluster.db, name)["parked"]]
-    return found
-
-
-def retry_parked_sources(
-    cluster: SimulatedCluster, consumers: Sequence[str], *, rounds: int = 5
-) -> None:
-    """Have an operator retry every parked source of ``consumers`` and settle, until none
-    is parked (after ``rounds`` tries, AssertionError naming those left)."""
-    for _ in range(rounds):
-        parked = parked_sources(cluster, consumers)
-        if not parked:
-            return
-        for name in sorted({name for name, _ in parked}):
-            with suppress(OperationError):  # all being retried already
-                ops.retry(cluster.db, name, who="testing kit")
-        cluster.settle()
-    left = parked_sources(cluster, consumers)
-    assert not left, f"parked after {rounds} retries, every message fixed: {left}"
 
 
 class ParkingSteps(RuleBasedStateMachine):
@@ -110,8 +85,6 @@ class ParkingSteps(RuleBasedStateMachine):
             with suppress(OperationError):  # being retried already
                 ops.retry(self.cluster.db, name, source=batch.source, who="testing kit")
         self.cluster.settle()
-        from projections.testing.waiting import wait_in  # (it reads parked sources here)
-
         try:
             wait_in(self.cluster, appended.token, names)
         except WaitRefused as refused:

@@ -8,15 +8,15 @@ import time
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import hypothesis
 from hypothesis.internal.conjecture import engine
 from hypothesis.reporting import current_reporter, with_reporter
 from hypothesis.stateful import run_state_machine_as_test
 
-from projections.testing.battery import run_battery
-from projections.testing.machine import ClusterMachine
-from projections.testing.testcase import machine_settings
+from projections.testing.battery import BatteryMachine, run_battery
+from projections.testing.testcase import MachineCase, machine_settings
 
 REPORT_SECONDS = 30.0
 """By default the search reports a failure within this many seconds of its start: it
@@ -82,7 +82,7 @@ def report_within(seconds: float) -> Iterator[None]:
 
 
 def run_cluster_machine(
-    machine: type[ClusterMachine],
+    machine: type[BatteryMachine],
     settings: hypothesis.settings | None = None,
     database_url: str | None = None,
     *,
@@ -97,3 +97,30 @@ def run_cluster_machine(
         run_state_machine_as_test(  # type: ignore[no-untyped-call]
             lambda: machine(database_url), settings=settings or machine_settings()
         )
+
+
+class TestCaseProperty:
+    """``Machine.TestCase``: a unittest case of the machine that runs its battery first
+    (one per machine class)."""
+
+    def __init__(self) -> None:
+        self._cases: dict[type, type[MachineCase]] = {}
+
+    def __get__(self, obj: Any, owner: type[Any]) -> type[MachineCase]:
+        # (``owner``: a ClusterMachine subclass, whatever the types of its own attributes)
+        machine: type[BatteryMachine] = owner if obj is None else type(obj)
+        if machine not in self._cases:
+            self._cases[machine] = _test_case(machine)
+        return self._cases[machine]
+
+
+def _test_case(machine: type[BatteryMachine]) -> type[MachineCase]:
+    class MachineTestCase(MachineCase):
+        settings = machine_settings()
+
+        def runTest(self) -> None:
+            run_cluster_machine(machine, self.settings)
+
+    MachineTestCase.__name__ = f"{machine.__name__}.TestCase"
+    MachineTestCase.__qualname__ = f"{machine.__qualname__}.TestCase"
+    return MachineTestCase

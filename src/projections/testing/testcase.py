@@ -1,20 +1,16 @@
 """How a :class:`~projections.testing.machine.ClusterMachine` is run by Hypothesis: its
-default settings, and ``Machine.TestCase``, the unittest case that runs its battery
-before the search."""
+default settings, and what ``Machine.TestCase`` is (:class:`MachineCase`; it is made by
+:class:`projections.testing.runner.TestCaseProperty`)."""
 
 from __future__ import annotations
 
 import unittest
-from functools import cache
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 import hypothesis
 from hypothesis import HealthCheck, Phase, settings
 
-if TYPE_CHECKING:
-    from projections.testing.machine import ClusterMachine
-
-__all__ = ["MachineCase", "TestCaseProperty", "machine_settings"]
+__all__ = ["MachineCase", "machine_settings"]
 
 
 def machine_settings(max_examples: int = 25, steps: int = 12) -> settings:
@@ -36,25 +32,3 @@ class MachineCase(unittest.TestCase):
     ``Machine.TestCase.settings = machine_settings(...)``) the battery and search run with."""
 
     settings: ClassVar[hypothesis.settings]
-
-
-class TestCaseProperty:
-    """``Machine.TestCase``: a unittest case of the machine that runs its battery first."""
-
-    def __get__(self, obj: ClusterMachine | None, owner: type[ClusterMachine]) -> type[MachineCase]:
-        return _test_case(owner if obj is None else type(obj))
-
-
-@cache
-def _test_case(machine: type[ClusterMachine]) -> type[MachineCase]:
-    from projections.testing.runner import run_cluster_machine  # it runs machines: imports this
-
-    class MachineTestCase(MachineCase):
-        settings = machine_settings()
-
-        def runTest(self) -> None:
-            run_cluster_machine(machine, self.settings)
-
-    MachineTestCase.__name__ = f"{machine.__name__}.TestCase"
-    MachineTestCase.__qualname__ = f"{machine.__qualname__}.TestCase"
-    return MachineTestCase

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
 
 from sqlalchemy import func, select
 
@@ -20,10 +19,8 @@ from messaging import ConsistencyToken, Progress, WaitRefused, wait_for
 from projections.testing.cluster import _CUTOVER_ROUNDS, SimulatedCluster
 from projections.testing.differences import ReadModelDiffers
 from projections.testing.events import Append
-from projections.testing.parking import parked_sources
-
-if TYPE_CHECKING:
-    from projections.testing.machine import ClusterMachine
+from projections.testing.parked import parked_sources
+from projections.testing.protocols import Machine
 
 __all__ = ["append_and_wait", "wait_in", "written"]
 
@@ -70,7 +67,7 @@ def written(cluster: SimulatedCluster) -> ConsistencyToken:
     return ConsistencyToken(cluster.db.tenant, tuple((t, None, int(p)) for t, p in rows))
 
 
-def append_and_wait(machine: ClusterMachine, batch: Append) -> None:
+def append_and_wait(machine: Machine, batch: Append) -> None:
     """Append ``batch`` and wait on its token (from the append itself), then on the token of
     every write, until every transactional consumer applied them: the read models must
     then equal the expected state of every message appended (read your own writes).

@@ -9,19 +9,33 @@ that is behind and names what is missing.
 from __future__ import annotations
 
 import re
+from contextlib import AbstractContextManager
 from importlib import resources
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import attrs
-from sqlalchemy import insert, inspect, select
+from sqlalchemy import Connection, Engine, insert, inspect, select
 
 from messaging._errors import SchemaError
-from messaging.store._schema import SCHEMA_VERSION
+from messaging.store._clock import Clock
+from messaging.store._schema import SCHEMA_VERSION, Schema
 
-if TYPE_CHECKING:
-    from sqlalchemy import Connection
 
-    from messaging.store._database import Database
+class Database(Protocol):
+    """What the migrations use of a :class:`~messaging.store._database.Database` (which
+    calls them: this module does not import it)."""
+
+    engine: Engine
+    schema: Schema
+    clock: Clock
+
+    @property
+    def is_sqlite(self) -> bool: ...
+
+    def read(self) -> AbstractContextManager[Connection]: ...
+
+    def transaction(self) -> AbstractContextManager[Connection]: ...
+
 
 _FILE_NAME = re.compile(r"^V(\d+)__(\w+)\.sql$")
 
