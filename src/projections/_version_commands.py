@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from sqlalchemy import Connection, select
+from sqlalchemy import Connection, inspect, select
 
 from messaging import ConsumerSettings, Database, OperationError
 from messaging.operations import (
@@ -54,21 +54,23 @@ def _projection(
 def versions_report(db: Database, settings: ConsumerSettings, consumer: str) -> dict[str, Any]:
     """``{"projection", "versions": [...]}``: each version of projection ``consumer``, live
     first: ``name``, ``version``, ``role`` (live, building, retired), ``state``,
-    ``declaration`` (its fingerprint), ``tables``; a building one's ``build`` (applied,
-    total, rate per second since it started, ``eta_seconds``, its ``halted`` partitions,
-    and its ``builders``: the live instances running it, none while no instance runs its
-    declaration);
-    a retired one's
-    ``retired_by`` and ``retired_at``. A consumer of a kind that is never rebuilt (a saga,
-    a route consumer) has one: the version its running code declares."""
+    ``declaration`` (its fingerprint), ``tables`` (those that exist); a building one's
+    ``build`` (applied, total, rate per second since it started, ``eta_seconds``, its
+    ``halted`` partitions, and its ``builders``: the live instances running it, none while
+    no instance runs its declaration); a retired one's ``retired_by`` and ``retired_at``.
+    A consumer of a kind that is never rebuilt (a saga, a route consumer) has one: the
+    version its running code declares."""
     with db.read() as conn:
         _, rows = _projection(db, conn, consumer, lock=False, any_kind=True)
         members = Membership(db).instances(conn, settings.stale_instance_timeout)
         r = db.schema.read_models
+        present = {t.lower() for t in inspect(conn).get_table_names()}
         live_tables = sorted(
-            conn.execute(
+            name
+            for name in conn.execute(
                 select(r.c.table_name).where(r.c.tenant == db.tenant, r.c.consumer == consumer)
             ).scalars()
+            if name.lower() in present  # (a table renamed by a later version is gone)
         )
     building = [row.unit for row in rows if row.building]
     reported = {
@@ -83,7 +85,7 @@ def versions_report(db: Database, settings: ConsumerSettings, consumer: str) -> 
             "role": _role(row),
             "state": row.state,
             "declaration": row.fingerprint,
-            "tables": live_tables if row.live else list(row.tables),
+            "tables": live_tables if row.live else [t for t in row.tables if t.lower() in present],
         }
         build = reported.get(row.unit, {}).get("build")
         if row.building and build is not None:

@@ -45,6 +45,7 @@ from messaging.store._rows import partition_of
 from messaging.versions._declarations import declare
 from messaging.versions._versions import unit_rows
 from projections import _operations as operations
+from projections._removal import remove
 
 pytestmark = [pytest.mark.faults, pytest.mark.mysql]
 STALE = 30.0
@@ -430,6 +431,25 @@ def test_forget_processed_whose_ack_is_lost_returns_what_it_forgot(
     assert [e["command"] for e in operations.audit_log(db, worker.spec.name)] == [
         "forget-processed"
     ]
+
+
+def test_a_remove_whose_ack_is_lost_answers_what_it_deleted_once(
+    db: Database, proxied: Database, proxy: AckProxy
+) -> None:
+    """The retry of ``remove`` after a lost ack deletes nothing more and answers with what
+    the first attempt deleted (recorded with its audit entry), not "unknown consumer"."""
+    _declared(db, fault_app.GuardedJobs)
+    worker = _worker(db, db, fault_app.GuardedJobs)
+    store = MessageStore(db)
+    with db.transaction() as conn:
+        for job in ("a", "b", "c"):
+            store.send(conn, worker.spec.name, fault_app.Job(job), message_id=job)
+    _drive(worker, lambda: len(effects(db, worker.spec.name)) == 3, "jobs")
+    proxy.arm(1, when=touches("audit", "'remove'"))
+    removed = remove(proxied, worker.spec.name, who="ops")
+    assert proxy.dropped == 1
+    assert removed["rows"]["processed_messages"] == 3 and removed["rows"]["consumers"] == 1
+    assert [e["command"] for e in operations.audit_log(db, worker.spec.name)] == ["remove"]
 
 
 def test_a_rebuild_whose_version_commits_lose_their_acks_takes_over_once(

@@ -14,7 +14,7 @@ from sqlalchemy import Column, Integer, MetaData, String, Table, insert, inspect
 
 from messaging import Database, HandlerContext, handler, message
 from messaging._consumers import consumer_spec
-from messaging._settings import Distribution
+from messaging._settings import ConsumerSettings, Distribution
 from messaging._states import DeclarationOutcome
 from messaging.distribution._claimable import SWAPPING
 from messaging.distribution._membership import InstanceInfo, Membership
@@ -25,6 +25,7 @@ from messaging.versions._declarations import declare, start_requested_rebuild
 from messaging.versions._versions import create_version_tables, split_unit, unit_rows
 from projections import _operations as operations
 from projections import projection
+from projections._version_commands import versions_report
 
 P = Distribution.PARTITIONED
 
@@ -35,9 +36,9 @@ class Noted:
     text: str
 
 
-def _spec(db: Database, version: int):  # type: ignore[no-untyped-def]
+def _spec(db: Database, version: int, table_name: str = "decl_notes"):  # type: ignore[no-untyped-def]
     table = Table(
-        f"{db.schema.prefix}decl_notes",
+        f"{db.schema.prefix}{table_name}",
         MetaData(),
         Column("id", Integer, primary_key=True),
         Column("text", String(50)),
@@ -265,3 +266,24 @@ def test_a_table_in_the_way_of_the_swap_holds_it_until_moved(
 def _live(db: Database) -> int:
     with db.read() as conn:
         return next(u.version for u in unit_rows(db, conn, ["decl-notes"]) if u.live)
+
+
+def test_versions_lists_only_tables_that_exist_after_a_version_renamed_one(db: Database) -> None:
+    """Version 2 names its table anew: once it is live, ``versions`` lists the new name for
+    the live version (the old name is gone: it was renamed for the retired version), and
+    every table it lists exists."""
+    v1, old = _spec(db, 1)
+    v2, new = _spec(db, 2, "decl_notes_renamed")
+    _register(db, "a")
+    declare(db, v1, P, "a", instance_name="a")
+    _cut_over(db, v2, declare(db, v2, P, "a", instance_name="a").unit)
+    report = versions_report(db, ConsumerSettings(), "decl-notes")
+    with db.read() as conn:
+        present = set(inspect(conn).get_table_names())
+    listed = {v["role"]: v["tables"] for v in report["versions"]}
+    try:
+        assert listed["live"] == [new.name]
+        assert old.name not in present
+        assert all(t in present for tables in listed.values() for t in tables), listed
+    finally:
+        drop_tables_if_exist(db, [t for tables in listed.values() for t in tables])

@@ -169,5 +169,5 @@ def test_a_saga_deadline_newer_than_the_code_waits_for_an_instance_that_reads_it
     said = logs["old1"].read_text()
     assert "halt" not in said.lower(), said
     stops = [line for line in said.splitlines() if "is left to another instance" in line]
-    assert len(stops) == 4, said  # once per partition
+    assert len(stops) == 1, said  # one line per cause a minute (four partitions left for it)
     assert "needs a newer" not in logs["new1-again"].read_text()

@@ -4,6 +4,8 @@ and once the older instances stop everything is applied exactly once."""
 
 from __future__ import annotations
 
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -108,3 +110,58 @@ def test_a_rolling_deploy_to_a_newer_payload_version_never_misreads(
         lines = [line.split(": ", 1)[1] for line in text.splitlines() if "waits: it" in line]
         assert len(lines) == len(set(lines)) <= 8, lines
     assert "needs a newer" not in logs["new1"].read_text()
+
+
+def test_mixed_code_under_a_stream_of_newer_payloads_moves_each_partition_once(
+    db: Database, tmp_path: Path
+) -> None:
+    """Two instances on the older code, one on the newer, while newer payloads keep coming
+    to every partition (a few every 50 ms for 4 s): each partition an older instance
+    holds moves to the newer one once, when it first meets one, and stays there (it used
+    to come back at the next rebalance and leave again at the next newer payload: epochs
+    in the hundreds); each older instance says why in one line per cause a minute."""
+    write_generations(db, times=1)
+    config = write_config(tmp_path / "config.yaml", db)
+    logs = {name: tmp_path / f"{name}.log" for name in ("old1", "old2", "new1")}
+    old = [start_instance(config, n, "shapes_app", log=logs[n]) for n in ("old1", "old2")]
+    new = start_instance(config, "new1", "shapes_newer_app", log=logs["new1"])
+    seen: dict[int, list[str]] = {p: [] for p in range(4)}
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.wait(0.02):
+            for partition, (name, _) in owners(db, CONSUMER).items():
+                if name is not None and (not seen[partition] or seen[partition][-1] != name):
+                    seen[partition].append(name)
+
+    sampler = threading.Thread(target=sample)
+    try:
+        wait_until(
+            lambda: {n for n, _ in owners(db, CONSUMER).values()} == {"old1", "old2", "new1"},
+            timeout=60,
+            what="the three instances to share shop-sales",
+        )
+        sampler.start()
+        sent = 0
+        for _ in range(80):  # 4 s of newer payloads, 4 at a time
+            with db.transaction() as conn:
+                MessageStore(db).append_encoded(conn, newer_sales(4, first=sent))
+            sent += 4
+            time.sleep(0.05)  # (the pace of the traffic, not a wait for anything)
+        wait_until(lambda: sales_count(db) == 4 + sent, timeout=60, what="every sale applied")
+    finally:
+        stop.set()
+        if sampler.is_alive():
+            sampler.join()
+        for process in [*old, new]:
+            stop_instance(process)
+    moves = {p: len(names) - 1 for p, names in seen.items()}
+    assert all(m <= 1 for m in moves.values()), seen
+    assert all(names[-1] == "new1" for names in seen.values()), seen
+    for name in ("old1", "old2"):
+        lines = [
+            line
+            for line in logs[name].read_text().splitlines()
+            if f"consumer {CONSUMER} " in line and "is left to another" in line
+        ]
+        assert len(lines) <= 1, lines  # one cause: shop-sales cannot read shop.sale v3

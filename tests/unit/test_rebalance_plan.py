@@ -133,6 +133,27 @@ def test_a_partition_needing_a_newer_declaration_goes_only_to_an_instance_that_h
     assert alone.target == {0, 2, 3}
 
 
+def test_a_partition_that_needed_a_newer_declaration_stays_with_those_that_have_it() -> None:
+    """Partitions 1 and 2 needed ``t`` version 3 and their checkpoints passed those
+    messages: the stream carries payloads ``old`` cannot read, so ``new`` takes every
+    partition (any may meet one next; balance would hand some to ``old``, which would
+    leave them again); with no instance that reads it live, ``old`` takes them all."""
+    owners = {"c1": {0: "old", 1: "new", 2: "new", 3: "old"}}
+    old, new = member("old", c1=P), member("new", c1=P)
+    new = attrs.evolve(new, runs={"c1": {**new.runs["c1"], "reads": {"t": 3}}})
+    old = attrs.evolve(old, runs={"c1": {**old.runs["c1"], "reads": {"t": 2}}})
+    recorded = {"c1": {1: ("t", 3), 2: ("t", 3)}}
+    reads = {"old": {"c1": {"t": 2}}, "new": {"c1": {"t": 3}}}
+    plans = {
+        me: plan(me, [old, new], owners, {"c1": 4}, {"c1": P}, FP, {}, reads[me], recorded)["c1"]
+        for me in ("old", "new")
+    }
+    assert plans["new"].target == {0, 1, 2, 3} and not plans["old"].target
+    assert plans["old"].release == {0, 3}
+    alone = plan("old", [old], owners, {"c1": 4}, {"c1": P}, FP, {}, reads["old"], recorded)
+    assert alone["c1"].target == {0, 1, 2, 3}
+
+
 def test_an_elected_single_owner_leaves_a_partition_it_cannot_read_waiting() -> None:
     """Single-owner: the elected instance claims every partition but one needing a newer
     declaration than its own (which it would only release again)."""

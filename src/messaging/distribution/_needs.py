@@ -8,7 +8,10 @@ Every instance publishes, per consumer, the newest version of each stored type i
 read (``runs[consumer]["reads"]`` of its instance row); the rebalance plan gives such a
 partition only to an instance that can read what it needs, and to none while no live
 instance can (it waits, and the reports show why). Once its checkpoint passed that
-position the record has no effect: nothing is left behind. A saga's deadline has no
+position the record no longer holds the partition back; but while live instances read
+every payload recorded for a consumer, the plan gives all its partitions to them alone
+(its stream carries newer payloads and more will likely come to any partition: handing
+one to older code would move it again at the next one). A saga's deadline has no
 position: its record goes when an instance that reads it delivers the partition's due
 deadlines.
 """
@@ -108,6 +111,19 @@ def pending(rows: Iterable[PartitionRow]) -> dict[str, dict[int, Need]]:
         need = pending_need(row.needs, row.checkpoint)
         if need is not None:
             found.setdefault(row.consumer, {})[row.partition] = need
+    return found
+
+
+def recorded(rows: Iterable[PartitionRow]) -> dict[str, dict[int, Need]]:
+    """Per consumer, the partitions whose row records a need, passed or not: their stream
+    holds payloads that older code cannot read, and will likely hold more (the plan keeps
+    them with members that read them, so that mixed code does not hand them back and
+    forth at each new one)."""
+    found: dict[str, dict[int, Need]] = {}
+    for row in rows:
+        if row.needs is not None:
+            record = json.loads(row.needs)
+            found.setdefault(row.consumer, {})[row.partition] = (record["type"], record["version"])
     return found
 
 

@@ -52,6 +52,7 @@ def plan(
     fingerprints: Mapping[str, str],
     needs: Mapping[str, Mapping[int, Need]] | None = None,
     my_reads: Mapping[str, Mapping[str, int]] | None = None,
+    recorded: Mapping[str, Mapping[int, Need]] | None = None,
 ) -> dict[str, Plan]:
     """Plans for the consumers ``me`` runs (``distributions``: consumer → its mode here).
 
@@ -62,6 +63,9 @@ def plan(
     (``messaging.distribution._needs``): such a partition goes only to a member that can
     read it (``my_reads``: what ``me`` reads of each consumer), to none if none can; a
     single-owner consumer with such a partition is elected to a member that can read it.
+    ``recorded`` maps consumer → partition → a need its row records, passed or not: while
+    members read every need recorded for a consumer, its partitions go only to them (its
+    stream carries payloads the others cannot read: any partition may meet one next).
     """
     members = {i.id for i in live} | {me}
     # Every instance reading the same rows ranks the consumers alike: the rank turns the
@@ -83,13 +87,18 @@ def plan(
             current = {p: o for p, o in owners.get(consumer, {}).items() if o in members}
             rotation = rank[consumer] * (len(units) % len(members_here))
             waiting = (needs or {}).get(consumer, {})
-            free = [p for p in units if p not in waiting]
-            target = assign(free, members_here, current, rotation=rotation)
             reads = _reads(me, live, my_reads, consumer)
+            # Its stream carries payloads some members cannot read: the others take it all.
+            seen = {*(recorded or {}).get(consumer, {}).values(), *waiting.values()}
+            able_all = [m for m in members_here if all(can_read(reads.get(m, {}), n) for n in seen)]
+            assignees = able_all if seen and able_all else members_here
+            free = [p for p in units if p not in waiting]
+            keep = {p: o for p, o in current.items() if o in assignees}
+            target = assign(free, assignees, keep, rotation=rotation)
             for p, need in sorted(waiting.items()):
                 able = [m for m in members_here if can_read(reads.get(m, {}), need)]
-                holder = current.get(p)
-                if able:  # kept by a holder that can read it, else spread over those that can
+                if able:
+                    holder = current.get(p)
                     target[p] = holder if holder in able and holder else able[p % len(able)]
             mine = frozenset(p for p, owner in target.items() if owner == me)
             plans[consumer] = Plan(

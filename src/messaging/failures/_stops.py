@@ -18,6 +18,9 @@ from messaging.store._database import Database
 from messaging.store._rows import POSITION
 from messaging.store._store import MessageStore
 
+SAY_EVERY = 60.0
+"""Seconds between two lines about partitions left for the same newer payload."""
+
 log = logging.getLogger("messaging.runtime.worker")
 
 Need = tuple[str, int]
@@ -41,7 +44,9 @@ class Stops:
         self.left: dict[int, tuple[Need, float]] = {}
         """Partitions left for a newer declaration: what each needs, and when (monotonic).
         A rebalance round that read the rows before that does not claim them back."""
-        self._said: set[tuple[int, str]] = set()  # the leaves logged: (partition, where)
+        self._said: dict[Need, tuple[float, int]] = {}
+        """Per need, when a leave for it was last logged (monotonic) and how many leaves
+        for it went unsaid since: one line per cause a minute (:data:`SAY_EVERY`)."""
 
     def stop_before(self, poison: Poison, claims: Mapping[int, Claim]) -> None:
         """Stop ``poison``'s partition at it: leave it to an instance that can read a
@@ -71,17 +76,23 @@ class Stops:
         where = f"position {error.position}" if deadline is None else deadline
         name, partition = self._spec.name, claim.partition
         if leave(self._db, name, claim, self._who.id, error, deadline):
-            self.left[partition] = ((error.type_name, error.version), time.monotonic())
-            if (partition, where) not in self._said:  # left again after a re-claim
-                self._said.add((partition, where))
+            need, now = (error.type_name, error.version), time.monotonic()
+            self.left[partition] = (need, now)
+            said_at, unsaid = self._said.get(need, (-SAY_EVERY, 0))
+            if now - said_at < SAY_EVERY:
+                self._said[need] = (said_at, unsaid + 1)
+            else:
+                self._said[need] = (now, 0)
+                more = f"; {unsaid} more left for it since the last line" if unsaid else ""
                 log.warning(
                     "consumer %s partition %d stops before %s and is left to another "
-                    "instance: it %s (instance %s)",
+                    "instance: it %s (instance %s%s)",
                     name,
                     partition,
                     where,
-                    describe((error.type_name, error.version)),
+                    describe(need),
                     self._who.name,
+                    more,
                 )
         self._drop([partition])
 

@@ -21,7 +21,15 @@ from messaging._lifecycle import Identity, partition_event
 from messaging._states import ConsumerState, PartitionStatus
 from messaging.applying._outage import Outage
 from messaging.distribution._membership import InstanceRow, Membership
-from messaging.distribution._needs import Need, can_read, describe, pending, readable, reads_of
+from messaging.distribution._needs import (
+    Need,
+    can_read,
+    describe,
+    pending,
+    readable,
+    reads_of,
+    recorded,
+)
 from messaging.distribution._ownership import Ownership, PartitionRow
 from messaging.distribution._pulse import read_generation
 from messaging.distribution._rebalance import plan
@@ -242,6 +250,7 @@ class Rebalancer:
             },
             needs,
             reads,
+            recorded(rows),
         )
         self._say_needs(needs, live, reads)
         for name, target in plans.items():
