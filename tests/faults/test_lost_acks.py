@@ -412,11 +412,9 @@ def test_pause_and_resume_whose_acks_are_lost_are_applied_once(
     assert state == "running"
 
 
-def test_forget_processed_whose_ack_is_lost_returns_what_it_forgot(
-    db: Database, proxied: Database, proxy: AckProxy
-) -> None:
-    """The retry of ``forget-processed`` after a lost ack deletes nothing more and answers
-    with the first attempt's count (recorded with its audit entry), not 0."""
+def _three_jobs_handled(db: Database) -> Any:
+    """The idempotent route consumer's worker, once it handled three jobs (their ids
+    recorded)."""
     _declared(db, fault_app.GuardedJobs)
     worker = _worker(db, db, fault_app.GuardedJobs)
     store = MessageStore(db)
@@ -424,6 +422,15 @@ def test_forget_processed_whose_ack_is_lost_returns_what_it_forgot(
         for job in ("a", "b", "c"):
             store.send(conn, worker.spec.name, fault_app.Job(job), message_id=job)
     _drive(worker, lambda: len(effects(db, worker.spec.name)) == 3, "jobs")
+    return worker
+
+
+def test_forget_processed_whose_ack_is_lost_returns_what_it_forgot(
+    db: Database, proxied: Database, proxy: AckProxy
+) -> None:
+    """The retry of ``forget-processed`` after a lost ack deletes nothing more and answers
+    with the first attempt's count (recorded with its audit entry), not 0."""
+    worker = _three_jobs_handled(db)
     proxy.arm(1, when=touches("audit", "'forget-processed'"))
     forgotten = operations.forget_processed(proxied, worker.spec.name, older_than=0, who="ops")
     assert proxy.dropped == 1
@@ -438,13 +445,7 @@ def test_a_remove_whose_ack_is_lost_answers_what_it_deleted_once(
 ) -> None:
     """The retry of ``remove`` after a lost ack deletes nothing more and answers with what
     the first attempt deleted (recorded with its audit entry), not "unknown consumer"."""
-    _declared(db, fault_app.GuardedJobs)
-    worker = _worker(db, db, fault_app.GuardedJobs)
-    store = MessageStore(db)
-    with db.transaction() as conn:
-        for job in ("a", "b", "c"):
-            store.send(conn, worker.spec.name, fault_app.Job(job), message_id=job)
-    _drive(worker, lambda: len(effects(db, worker.spec.name)) == 3, "jobs")
+    worker = _three_jobs_handled(db)
     proxy.arm(1, when=touches("audit", "'remove'"))
     removed = remove(proxied, worker.spec.name, who="ops")
     assert proxy.dropped == 1
