@@ -27,6 +27,7 @@ from messaging.distribution._ownership import Claim
 from messaging.failures._poison import Poison
 from messaging.store import _fastpath as fastpath
 from messaging.store._clock import cached_now, now_params
+from messaging.store._database import take_write_lock
 from messaging.store._retry import is_transient
 from messaging.store._rows import (
     PAYLOAD,
@@ -79,6 +80,7 @@ __all__ = [
     "quick_decoder",
     "register_kind",
     "strict_converter",
+    "take_write_lock",
     "unreadable",
     "upcasting_decoder",
 ]

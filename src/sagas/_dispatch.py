@@ -35,6 +35,7 @@ from messaging.kinds import (
     partition_of,
     quick_decoder,
     strict_converter,
+    take_write_lock,
     unreadable,
 )
 from sagas._context import SagaContext
@@ -263,6 +264,9 @@ class SagaBatch:
         """Store every changed instance with its deadlines (ConcurrentUpdate if one moved
         on): one statement per kind of change, whatever the number of instances."""
         store, conn, now = self.dispatcher.store, self.ctx.connection, self.now
+        # SQLite: the handlers ran without the write lock; the states they read can change
+        # only by this partition's owner, whose fenced checkpoint commits with them
+        take_write_lock(conn)
         ended: list[str] = []
         cancelled: list[tuple[str, str]] = []
         scheduled: list[Deadline] = []

@@ -52,7 +52,6 @@ class SagaWorker(ConsumerWorker):
     """Applies a saga's owned partitions: their messages, then their due deadlines."""
 
     dispatcher_class = SagaDispatcher
-    deferred_handlers = False  # its dispatcher reads and writes saga state as it goes
     dispatcher: SagaDispatcher
     timed = True  # deadlines fall due with time: polled every idle-poll-interval
 

@@ -548,11 +548,12 @@ def _statements(db: Database) -> Iterator[list[tuple[str, int]]]:
 
 def _round_trips(db: Database, sent: list[tuple[str, int]]) -> int:
     """The round trips made for ``sent``: one per statement (SQLite runs an executemany in
-    the process), but PyMySQL makes one per parameter set for an executemany that is not an
-    ``INSERT ... VALUES`` (it joins only those into one multi-row statement, as its own
-    pattern tells)."""
+    the process; the ``COMMIT`` and ``BEGIN IMMEDIATE`` with which a batch begun deferred
+    takes the write lock are not counted: MySQL sends neither), but PyMySQL makes one per
+    parameter set for an executemany that is not an ``INSERT ... VALUES`` (it joins only
+    those into one multi-row statement, as its own pattern tells)."""
     if db.is_sqlite:
-        return len(sent)
+        return len(sent) - 2 * sum(1 for statement, _ in sent if statement == "BEGIN IMMEDIATE")
     return sum(
         1 if sets == 0 or RE_INSERT_VALUES.match(statement) else sets for statement, sets in sent
     )
