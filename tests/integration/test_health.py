@@ -361,12 +361,15 @@ def test_an_instance_left_on_a_replaced_declaration_is_named_once_past_the_stall
 ) -> None:
     """p1 runs version 1; p2 deploys version 2, which is built and takes over: p1 then
     applies nothing of the consumer. Within the stall timeout that is a rolling deploy
-    (healthy); past it the consumer is ``outdated`` (degraded), naming p1, until p1 stops."""
+    (healthy); past it the consumer is ``outdated`` (degraded), naming p1, and p1's
+    readiness says why it is not ready, until p1 stops."""
     config = _config(tmp_path, db, stale=3.0)
     settings = load_settings(config, environ={})
-    old = _start(config, "p1", tmp_path)
+    port = health_app.free_port()
+    old = _start(config, "p1", tmp_path, admin_port=port)
     health_app.append(db, 0, 200)
     wait_until(lambda: health_app.applied(db) == 200, timeout=60, what="p1 to apply")
+    wait_until(lambda: health_app.probe(port, "health/ready")[0] == 200, timeout=60, what="ready")
     new = _start(config, "p2", tmp_path, version=2)
     wait_until(lambda: live_version(db, CONSUMER) == 2, timeout=60, what="the cutover")
     entry = wait_until(
@@ -379,6 +382,12 @@ def test_an_instance_left_on_a_replaced_declaration_is_named_once_past_the_stall
     assert health_report(db, settings)["status"] == Severity.DEGRADED
     listed = instances_report(db, settings.messaging.consumer)["instances"]
     assert {i["name"]: i["applies_nothing_of"] for i in listed} == {"p1": [CONSUMER], "p2": []}
+    _, ready = wait_until(  # p1's own readiness says so too, past the stall timeout
+        lambda: (answer := health_app.probe(port, "health/ready"))[0] == 503 and answer,
+        timeout=30,
+        what="p1 not ready",
+    )
+    assert [r.split(" for ")[0] for r in ready["reasons"]] == [f"applies nothing of {CONSUMER}"]
     assert stop_instance(old) == 0
     wait_until(
         lambda: (c := _consumer(db, settings)) and c["verdict"] == Verdict.CAUGHT_UP,

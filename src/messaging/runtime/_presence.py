@@ -77,6 +77,7 @@ class Presence:
         self.declares: frozenset[str] = frozenset()
         """The consumers its code declares, run or not (set at the start)."""
         self._stale_since: dict[str, float] = {}
+        self._stale_noticed: dict[str, float] = {}  # the same, by time.monotonic()
         self._published_stuck: list[dict[str, Any]] = []
         """The stuck batches the row names now (published when they change)."""
         self.info = info
@@ -152,13 +153,27 @@ class Presence:
         """The consumers its code declares that it does not run (the database holds another
         declaration of them), each with the database time it first published so (peers
         read it: ``health``, ``projections remove``)."""
-        running = {unit.partition("@")[0] for unit in self.info.runs}
-        stale = sorted(self.declares - running)
+        stale = self._stale_names()
         if any(name not in self._stale_since for name in stale):
             now = float(conn.execute(select(self._db.clock.now())).scalar_one())
             for name in stale:
                 self._stale_since.setdefault(name, now)
+                self._stale_noticed.setdefault(name, time.monotonic())
         return {name: self._stale_since[name] for name in stale}
+
+    def stale_for(self) -> dict[str, float]:
+        """From memory (for the readiness probe): seconds since each consumer its code
+        declares and does not run was first published as such."""
+        now = time.monotonic()
+        return {
+            name: now - self._stale_noticed[name]
+            for name in self._stale_names()
+            if name in self._stale_noticed
+        }
+
+    def _stale_names(self) -> list[str]:
+        running = {unit.partition("@")[0] for unit in self.info.runs}
+        return sorted(self.declares - running)
 
     def heartbeat(self) -> None:
         """Stamp the row's heartbeat (and whether the instance is stopping); register again

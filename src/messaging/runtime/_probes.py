@@ -67,7 +67,9 @@ class DatabaseCheck:
 
 def readiness(instance: Instance | None, check: DatabaseCheck) -> list[str]:
     """Why ``instance`` (or, without one, this server: ``check``) is not ready (empty when
-    it is)."""
+    it is): among the reasons, a consumer its code declares that it has applied nothing of
+    for longer than ``health.stall-timeout``, because the database holds another
+    declaration of it."""
     if instance is None:
         return check.reasons()
     reasons = []
@@ -81,4 +83,11 @@ def readiness(instance: Instance | None, check: DatabaseCheck) -> list[str]:
     silent = instance.presence.silence()
     if silent is not None:
         reasons.append(f"the database has not answered a heartbeat for {silent:.1f} s")
+    grace = instance.declared.settings.health.stall_timeout
+    for name, seconds in sorted(instance.presence.stale_for().items()):
+        if seconds > grace:  # (within it: a rolling deploy's old instance, about to go)
+            reasons.append(
+                f"applies nothing of {name} for {seconds:.0f} s: the database holds another "
+                f"declaration of it (deploy the current code, or `projections rollback {name}`)"
+            )
     return reasons + sorted(str(cause) for cause in causes)
