@@ -20,7 +20,7 @@ from messaging._overrides import check_overrides
 from messaging._plugins import import_module
 from messaging._settings import format_duration
 from messaging._states import ConsumerState, OwnerState, PartitionStatus
-from messaging.distribution._membership import InstanceRow, Membership
+from messaging.distribution._membership import InstanceRow, Membership, stale_of
 from messaging.distribution._needs import describe as describe_need
 from messaging.distribution._needs import pending_need
 from messaging.distribution._ownership import NOT_HALTED, Ownership
@@ -112,6 +112,7 @@ __all__ = [
     "seconds_now",
     "settings_from_mapping",
     "split_unit",
+    "stale_of",
     "unit_rows",
     "unknown_consumer",
     "versions_changing",

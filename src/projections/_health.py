@@ -41,6 +41,7 @@ from messaging.operations import (
     PartitionStatus,
     format_duration,
     refused_writes,
+    stale_of,
     unknown_consumer,
 )
 from projections._reports import consumers_report
@@ -97,7 +98,7 @@ def health_report(db: Database, settings: Settings, consumer: str | None = None)
         if entry["state"] == ConsumerState.RETIRED:
             continue  # a version a cutover replaced: applied by no one, on purpose
         undeclared = bool(live) and not any(
-            m.declares(entry["name"], published_by.get(m.id, {}).get("stale", ())) for m in live
+            m.declares(entry["name"], stale_of(published_by, m.id)) for m in live
         )
         partitions = []
         for p in entry["partitions"]:
@@ -212,12 +213,13 @@ def _outdated(
 ) -> list[dict[str, Any]]:
     """The live instances whose code holds a declaration of ``consumer`` (a live version's
     name) that the database replaced, each with how long: ``[{"instance", "for"}]``."""
-    found = []
-    for member in live:
-        stale = published_by.get(member.id, {}).get("stale", {})
-        if "@" not in consumer and isinstance(stale, dict) and consumer in stale:
-            found.append({"instance": member.name, "for": max(0.0, now - stale[consumer])})
-    return found
+    if "@" in consumer:
+        return []
+    return [
+        {"instance": member.name, "for": max(0.0, now - since)}
+        for member in live
+        if (since := stale_of(published_by, member.id).get(consumer)) is not None
+    ]
 
 
 def _undeclared(consumer: str, live: int) -> str:

@@ -29,6 +29,7 @@ from messaging.operations import (
     pending_need,
     seconds_now,
     split_unit,
+    stale_of,
 )
 
 LATE_HEARTBEATS = 2
@@ -320,7 +321,7 @@ def instances_report(db: Database, settings: ConsumerSettings) -> dict[str, Any]
                 "upcasters": {
                     c: list(run.get("upcasters", [])) for c, run in sorted(r.runs.items())
                 },
-                "applies_nothing_of": sorted(published.get(r.id, {}).get("stale", ())),
+                "applies_nothing_of": sorted(stale_of(published, r.id)),
             }
             for r in rows
         ]

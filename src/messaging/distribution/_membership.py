@@ -102,6 +102,13 @@ class InstanceRow:
         return None if self.live else gone_reason(self.liveness) or STALE
 
 
+def stale_of(published: Mapping[str, Mapping[str, Any]], instance_id: str) -> dict[str, float]:
+    """What instance ``instance_id`` published (``published``: :meth:`Membership.in_memory`)
+    of the consumers its code declares and does not run: name → the database time since."""
+    stale = published.get(instance_id, {}).get("stale", {})
+    return dict(stale) if isinstance(stale, Mapping) else {}
+
+
 class Membership:
     """Reads and writes the ``instances`` table of one tenant."""
 
@@ -229,9 +236,7 @@ class Membership:
         (:meth:`InstanceRow.declares`)."""
         live = [m for m in self.instances(conn, stale_timeout) if m.live]
         published = self.in_memory(conn)
-        return live, [
-            m for m in live if m.declares(consumer, published.get(m.id, {}).get("stale", ()))
-        ]
+        return live, [m for m in live if m.declares(consumer, stale_of(published, m.id))]
 
     def deregister(self, conn: Connection, instance_id: str) -> None:
         """Delete this instance's row (clean stop)."""
